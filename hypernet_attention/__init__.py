@@ -1,0 +1,1 @@
+"""Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax."""

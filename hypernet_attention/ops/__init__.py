@@ -1,0 +1,1 @@
+"""Attention ops: one contract (`reference.attention`), several implementations."""

@@ -1,0 +1,148 @@
+"""Reference attention: the paper's equations as plain einsums.
+
+This is the ground truth that every fast implementation (blockwise, Pallas) is tested
+against, and the path `MultiHeadAttention` takes when it must expose the latent code
+(probing) or apply dropout to it. It materializes the (B, H, Q, K) latent code and, for the
+MLP value networks, the (B, Q, K, V) hidden activations, so it is memory-hungry by design.
+
+Shape letters:
+  B batch, Q query positions, K key positions, H heads, D per-head query/key width,
+  V per-head value width.
+
+The computation, for every query q, key k and head h (PAPER.md §1):
+  s_hqk = <q_qh, k_kh> / sqrt(D) + bias_hqk
+  a_hqk = normalize(s)_hqk                      # the latent code of pair (q, k)
+  linear value network:   y_qh = sum_k a_hqk v_kh
+  mlp value network:      z_qk = phi(sum_h a_hqk v_kh);  y_qh = sum_k a_hqk z_qk
+  deep_mlp value network: z_qk = phi(sum_h a_hqk W'_h phi(sum_h a_hqk v_kh));
+                          y_qh = sum_k a_hqk z_qk
+The per-head output projection W_h^out is applied by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+NORMALIZATIONS = ("softmax", "linear", "rms_head")
+VALUE_NETWORKS = ("linear", "mlp", "deep_mlp")
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": jax.nn.gelu,
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh,
+    "identity": lambda x: x,
+}
+RMS_HEAD_EPS = 1e-6
+
+
+def _check_choice(name: str, value: str, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"Unknown {name} {value!r}; allowed: {', '.join(allowed)}.")
+
+
+def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  _check_choice("activation", name, tuple(ACTIVATIONS))
+  return ACTIVATIONS[name]
+
+
+def attention_scores(
+    query_BQHD: jax.Array,
+    key_BKHD: jax.Array,
+    bias: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Scaled dot-product scores (B, H, Q, K), plus `bias` (broadcastable to it)."""
+  depth = query_BQHD.shape[-1]
+  scores_BHQK = jnp.einsum(
+      "bqhd,bkhd->bhqk", query_BQHD / math.sqrt(depth), key_BKHD
+  )
+  if bias is not None:
+    scores_BHQK = scores_BHQK + bias.astype(scores_BHQK.dtype)
+  return scores_BHQK
+
+
+def normalize_scores(
+    scores_BHQK: jax.Array,
+    mask: Optional[jax.Array] = None,
+    normalization: str = "rms_head",
+    eps: float = RMS_HEAD_EPS,
+) -> jax.Array:
+  """Turns scores into the latent code a_hqk (B, H, Q, K); masked pairs get exactly 0.
+
+  `mask` is boolean, broadcastable to (B, H, Q, K), True where the query may attend.
+  softmax normalizes over keys (masked scores act as -inf; a fully masked row gives 0);
+  linear is the identity; rms_head divides each (q, k) pair's vector of scores across heads
+  by its root mean square, with no learnable scale. Masked pairs are zeroed *before* the
+  RMS so that a masked key never changes the code of an unmasked one (it cannot: RMSHead
+  is local to the pair, but the zeroing keeps padded garbage out of the statistics).
+  """
+  _check_choice("normalization", normalization, NORMALIZATIONS)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, scores_BHQK.shape)
+  if normalization == "softmax":
+    # Softmax in float32 at least: bf16 exponentials lose the tail.
+    dtype = jnp.promote_types(scores_BHQK.dtype, jnp.float32)
+    s = scores_BHQK.astype(dtype)
+    if mask is not None:
+      s = jnp.where(mask, s, jnp.finfo(dtype).min)
+    a = jax.nn.softmax(s, axis=-1)
+    if mask is not None:
+      a = jnp.where(mask, a, 0.0)
+    return a.astype(scores_BHQK.dtype)
+  s = scores_BHQK if mask is None else jnp.where(mask, scores_BHQK, 0.0)
+  if normalization == "linear":
+    return s
+  dtype = jnp.promote_types(s.dtype, jnp.float32)
+  s32 = s.astype(dtype)
+  ms = jnp.mean(jnp.square(s32), axis=1, keepdims=True)
+  return (s32 * jax.lax.rsqrt(ms + eps)).astype(s.dtype)
+
+
+def apply_value_network(
+    code_BHQK: jax.Array,
+    value_BKHV: jax.Array,
+    value_network: str = "mlp",
+    activation: str = "relu",
+    value_weight_HVV: Optional[jax.Array] = None,
+) -> jax.Array:
+  """Applies the value network configured by the latent code; returns (B, Q, H, V)."""
+  _check_choice("value_network", value_network, VALUE_NETWORKS)
+  if value_network == "linear":
+    return jnp.einsum("bhqk,bkhv->bqhv", code_BHQK, value_BKHV)
+  phi = get_activation(activation)
+  hidden_BQKV = phi(jnp.einsum("bhqk,bkhv->bqkv", code_BHQK, value_BKHV))
+  if value_network == "deep_mlp":
+    if value_weight_HVV is None:
+      raise ValueError("value_network='deep_mlp' needs value_weight_HVV (H, V, V).")
+    # sum_h a_hqk W'_h z_qk, without materializing a (B, Q, K, H, V) tensor twice.
+    mixed_BQKHV = jnp.einsum("bqkv,hvw->bqkhw", hidden_BQKV, value_weight_HVV)
+    hidden_BQKV = phi(jnp.einsum("bhqk,bqkhw->bqkw", code_BHQK, mixed_BQKHV))
+  return jnp.einsum("bhqk,bqkv->bqhv", code_BHQK, hidden_BQKV)
+
+
+def attention(
+    query_BQHD: jax.Array,
+    key_BKHD: jax.Array,
+    value_BKHV: jax.Array,
+    *,
+    bias: Optional[jax.Array] = None,
+    mask: Optional[jax.Array] = None,
+    normalization: str = "rms_head",
+    value_network: str = "mlp",
+    activation: str = "relu",
+    value_weight_HVV: Optional[jax.Array] = None,
+    eps: float = RMS_HEAD_EPS,
+) -> jax.Array:
+  """Full attention, (B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
+
+  This signature is the contract of every implementation in `ops`.
+  """
+  scores_BHQK = attention_scores(query_BQHD, key_BKHD, bias)
+  code_BHQK = normalize_scores(scores_BHQK, mask, normalization, eps)
+  return apply_value_network(
+      code_BHQK, value_BKHV, value_network, activation, value_weight_HVV
+  )

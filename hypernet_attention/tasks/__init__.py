@@ -1,0 +1,1 @@
+"""Synthetic tasks of the paper: fuzzy logic and SRAVEN."""
