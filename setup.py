@@ -29,7 +29,10 @@ EXTRAS = {
         "seqio==0.0.20",
         "sentencepiece>=0.2,<0.3",
     ],
-    "launch": ["xmanager"],
+    "launch": ["xmanager>=0.8.5,<0.9"],
+    # Accelerator builds of jaxlib (the base install is CPU-only).
+    "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
     "dev": [
         "pytest>=9,<10",
         "pytest-xdist>=3.8,<4",
