@@ -1,0 +1,345 @@
+"""Multi-head attention, HYLA and every ablation of the paper in one Linen module.
+
+Shape letters:
+  B batch, Q query positions, K key positions, H heads, D per-head query/key width,
+  V per-head value width, E input width (`embed`), O output width.
+
+The module is `flax.linen.MultiHeadDotProductAttention` with two knobs turned by a preset
+(PAPER.md §1, Table A1): the *normalization* that turns scores s_hqk into the latent code
+a_hqk (softmax over keys, identity, or RMSHead across heads), and the *value network* that
+the latent code configures (linear = standard attention; a one-hidden-layer MLP whose two
+layers are both generated = HYLA; a two-hidden-layer one = HYLA+). Parameters are named and
+shaped exactly as flax's module (`query`, `key`, `value`, `out`), so weights move between the
+two; HYLA+ adds `value_hidden` and the T5 position bias adds `relative_position`.
+
+Latent code probing: when the `intermediates` collection is mutable, the (B, H, Q, K) latent
+code is sown as `intermediates/.../latent_code` (after dropout, i.e. the code the value network
+actually used; with `deterministic=True` there is no dropout).
+
+Dropout, as in the authors' code (smonsays/hypernetwork-attention, checked for facts): their
+attention module applies dropout (rate 0.1 by default, never overridden by their configs,
+active in training steps) to the *normalized* attention weights, i.e. to the latent code,
+after softmax / RMSHead / identity and before the value network, with one (Q, K) keep-mask
+broadcast over batch and heads; for HYLA the same dropped code then enters both generated
+layers, and the sown weights are the dropped ones. We do the same. The fused kernels in
+`ops` take no dropout, so training with dropout runs the reference einsums (fine at the
+synthetic tasks' lengths; set the rate to 0 for long sequences).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hypernet_attention import positions
+from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import reference
+
+Dtype = Any
+Initializer = Callable[..., jax.Array]
+
+# 'nonlinear_value' is the one value network the ops do not know: phi is applied to each
+# head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
+VALUE_NETWORKS = reference.VALUE_NETWORKS + ("nonlinear_value",)
+POSITIONS = ("none", "t5", "rope")
+
+
+class AttentionPreset(NamedTuple):
+  """One row of Table A1: how scores become the latent code, and what it configures."""
+  normalization: str  # reference.NORMALIZATIONS
+  value_network: str  # VALUE_NETWORKS
+  activation: str  # reference.ACTIVATIONS; 'identity' for linear value networks
+  table_row: str  # the row's name in Table A1
+
+
+PRESETS: dict[str, AttentionPreset] = {
+    "softmax": AttentionPreset("softmax", "linear", "identity", "Softmax attention"),
+    "linear": AttentionPreset("linear", "linear", "identity", "Linear attention"),
+    "hyla": AttentionPreset("rms_head", "mlp", "relu", "HYLA"),
+    "linear_rmshead": AttentionPreset(
+        "rms_head", "linear", "identity", "Linear attention + RMSHead"),
+    # Table A1's "Linear attention + RMSHead + nonlinear value". The authors' repository
+    # (smonsays/hypernetwork-attention) has no configuration for this row: its sequence
+    # mixers are softmax/linear attention, linear attention + RMSHead, HYLA (+/- RMSHead,
+    # +/- nonlinearity), softmax + HYLA, and a 'swiglu_hypatt' whose target network the
+    # attention module does not define. We read the row as the natural control for HYLA:
+    # keep the value network linear *in the latent code* but make the values nonlinear,
+    # y_q = sum_h W_h^out sum_k a_hqk phi(W_h^v x_k). In hypernetwork terms only the
+    # read-out layer is generated; the hidden layer phi(W_h^v x) is fixed per head. So
+    # the nonlinearity alone, without a generated hidden layer, is what it ablates.
+    "linear_rmshead_nonlinear_value": AttentionPreset(
+        "rms_head", "nonlinear_value", "relu",
+        "Linear attention + RMSHead + nonlinear value"),
+    "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu", "HYLA - RMSHead"),
+    "hyla_linear_value": AttentionPreset(
+        "rms_head", "mlp", "identity", "HYLA - nonlinearity"),
+    "hyla_linear_value_no_rmshead": AttentionPreset(
+        "linear", "mlp", "identity", "HYLA - nonlinearity - RMSHead"),
+    "softmax_hyla": AttentionPreset("softmax", "mlp", "relu", "HYLA - RMSHead + softmax"),
+    "hyla_deep": AttentionPreset(
+        "rms_head", "deep_mlp", "relu", "HYLA + deep value network"),
+}
+
+
+def resolve_preset(name: str, activation: Optional[str] = None) -> AttentionPreset:
+  """The preset called `name`, with its activation replaced by `activation` if given.
+
+  The override is validated but has no effect on linear value networks (they have no phi).
+  """
+  if name not in PRESETS:
+    raise ValueError(f"Unknown attention preset {name!r}; allowed: {', '.join(PRESETS)}.")
+  preset = PRESETS[name]
+  if activation is None:
+    return preset
+  reference.get_activation(activation)
+  if preset.value_network == "linear":
+    return preset
+  return preset._replace(activation=activation)
+
+
+def head_widths(num_heads: int, qk_features: int, v_features: int) -> tuple[int, int]:
+  """Per-head (D, V) from the total widths; they must divide by the number of heads."""
+  if num_heads < 1:
+    raise ValueError(f"num_heads={num_heads}; allowed: a positive integer.")
+  for name, width in (("qk_features", qk_features), ("v_features", v_features)):
+    if width % num_heads:
+      raise ValueError(
+          f"{name}={width} is not divisible by num_heads={num_heads}; allowed: "
+          f"multiples of {num_heads}."
+      )
+  return qk_features // num_heads, v_features // num_heads
+
+
+def check_mask(
+    mask: Optional[jax.Array], full_shape: tuple[int, ...], name: str = "mask"
+) -> None:
+  """`mask` must be broadcastable to (B, H, Q, K); raise a ValueError saying so if not."""
+  if mask is None:
+    return
+  ok = mask.ndim <= 4 and all(
+      m in (1, f) for m, f in zip(mask.shape[::-1], full_shape[::-1])
+  )
+  if not ok:
+    raise ValueError(
+        f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Q, K) = "
+        f"{full_shape}; allowed: up to 4 dims, each 1 or the matching size."
+    )
+
+
+def causal_mask(q_len: int, k_len: int) -> jax.Array:
+  """(Q, K) bool, query i sees keys <= i counted from the first position of both."""
+  return jnp.tril(jnp.ones((q_len, k_len), bool))
+
+
+def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
+  present = [m.astype(bool) for m in masks if m is not None]
+  if not present:
+    return None
+  return functools.reduce(jnp.logical_and, present)
+
+
+def latent_code_dropout(
+    code_BHQK: jax.Array, rate: float, rng: jax.Array, broadcast: bool = True
+) -> jax.Array:
+  """Inverted dropout on the latent code, one (Q, K) mask shared across batch and heads.
+
+  As the authors' code does (its default `broadcast_dropout=True`): the mask has shape
+  (1, 1, Q, K), so a dropped pair loses its whole latent code, and for HYLA the same
+  dropped code configures both generated layers.
+  """
+  keep_prob = 1.0 - rate
+  shape = (1, 1) + code_BHQK.shape[2:] if broadcast else code_BHQK.shape
+  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  return code_BHQK * (keep.astype(code_BHQK.dtype) / jnp.asarray(keep_prob, code_BHQK.dtype))
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with a latent-code normalization and value network by preset.
+
+  Attributes:
+    num_heads: H.
+    attention: preset name, a key of `PRESETS`.
+    activation: overrides the preset's value-network activation (see `resolve_preset`).
+    qk_features, v_features: TOTAL query/key and value widths over heads (default: input
+      width), as in flax.
+    out_features: output width (default: input width).
+    dropout_rate: dropout on the latent code during training (`deterministic=False`).
+    broadcast_dropout: share the dropout mask across batch and heads (the authors' choice).
+    position: 'none', 't5' (relative-position bias table per module) or 'rope'.
+    num_buckets, max_distance, bidirectional: T5 bias settings.
+    rope_max_wavelength: RoPE base.
+    decode: autoregressive decoding with a key/value cache in the `cache` collection, as
+      flax's module: `init` with a full-length input sizes the cache, then `apply` one
+      token at a time with `mutable=['cache']`. Only meaningful for causal attention.
+    implementation: passed to `ops.dispatch.attention` on the fast path.
+    eps: RMSHead epsilon.
+  """
+
+  num_heads: int
+  attention: str = "softmax"
+  activation: Optional[str] = None
+  qk_features: Optional[int] = None
+  v_features: Optional[int] = None
+  out_features: Optional[int] = None
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  position: str = "none"
+  num_buckets: int = 32
+  max_distance: int = 128
+  bidirectional: bool = False
+  rope_max_wavelength: float = 10_000.0
+  decode: bool = False
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Initializer = nn.linear.default_kernel_init
+  bias_init: Initializer = nn.initializers.zeros_init()
+  use_bias: bool = True
+  precision: Any = None
+  implementation: str = "auto"
+  eps: float = reference.RMS_HEAD_EPS
+
+  @property
+  def preset(self) -> AttentionPreset:
+    return resolve_preset(self.attention, self.activation)
+
+  def _dense(self, features, axis, names, name):
+    return nn.DenseGeneral(
+        features=features, axis=axis, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=nn.with_logical_partitioning(self.kernel_init, names),
+        bias_init=nn.with_logical_partitioning(self.bias_init, names[-len(
+            features if isinstance(features, tuple) else (features,)):]),
+        use_bias=self.use_bias, precision=self.precision, name=name,
+    )
+
+  def _decode_step(self, query, key, value):
+    """Writes this step's key/value into the cache; returns the full cache and positions.
+
+    Returns (query_positions_Q, key_positions_K, key, value, cache_mask) where the cache
+    mask hides the slots not written yet. On the initializing call the cache is only
+    created and the input is attended to as a whole.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return None
+    batch, max_length, _, _ = cached_key.value.shape
+    if query.shape[1] != 1 or query.shape[0] != batch:
+      raise ValueError(
+          f"decode=True expects one token per call, query of shape ({batch}, 1, ...); "
+          f"got {query.shape[:2]}."
+      )
+    index = cache_index.value
+    query_positions = index[None]
+    if self.position == "rope":
+      query = positions.apply_rope(query, query_positions, self.rope_max_wavelength)
+      key = positions.apply_rope(key, query_positions, self.rope_max_wavelength)
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    cached_key.value, cached_value.value = key, value
+    cache_index.value = index + 1
+    cache_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
+    return query_positions, jnp.arange(max_length), query, key, value, cache_mask
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs_q: jax.Array,
+      inputs_k: Optional[jax.Array] = None,
+      inputs_v: Optional[jax.Array] = None,
+      *,
+      mask: Optional[jax.Array] = None,
+      bias: Optional[jax.Array] = None,
+      is_causal: bool = False,
+      deterministic: bool = True,
+  ) -> jax.Array:
+    """(B, Q, E) queries, (B, K, E) keys/values (default: self-attention) -> (B, Q, O).
+
+    mask: bool broadcastable to (B, H, Q, K), True = attend (flax's convention).
+    bias: float broadcastable to (B, H, Q, K), added to the scores with the position bias.
+    is_causal: also hide keys after each query (ignored on decode steps, where the cache
+      position does it).
+    """
+    preset = self.preset
+    if self.position not in POSITIONS:
+      raise ValueError(f"Unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}.")
+    inputs_k = inputs_q if inputs_k is None else inputs_k
+    inputs_v = inputs_k if inputs_v is None else inputs_v
+    qk_features = self.qk_features or inputs_q.shape[-1]
+    v_features = self.v_features or inputs_q.shape[-1]
+    out_features = self.out_features or inputs_q.shape[-1]
+    head_qk, head_v = head_widths(self.num_heads, qk_features, v_features)
+    heads = self.num_heads
+
+    proj = ("embed", "heads", "kv")
+    query_BQHD = self._dense((heads, head_qk), -1, proj, "query")(inputs_q)
+    key_BKHD = self._dense((heads, head_qk), -1, proj, "key")(inputs_k)
+    value_BKHV = self._dense((heads, head_v), -1, proj, "value")(inputs_v)
+
+    step = self._decode_step(query_BQHD, key_BKHD, value_BKHV) if self.decode else None
+    if step is not None:
+      query_pos, key_pos, query_BQHD, key_BKHD, value_BKHV, cache_mask = step
+      mask = combine_masks(mask, cache_mask)
+      is_causal = False
+    else:
+      query_pos = jnp.arange(query_BQHD.shape[1])
+      key_pos = jnp.arange(key_BKHD.shape[1])
+      if self.position == "rope":
+        query_BQHD = positions.apply_rope(query_BQHD, query_pos, self.rope_max_wavelength)
+        key_BKHD = positions.apply_rope(key_BKHD, key_pos, self.rope_max_wavelength)
+
+    full_shape = (query_BQHD.shape[0], heads, query_BQHD.shape[1], key_BKHD.shape[1])
+    check_mask(mask, full_shape)
+    check_mask(bias, full_shape, "bias")
+    if self.position == "t5":
+      position_bias = positions.RelativePositionBias(
+          num_heads=heads, num_buckets=self.num_buckets, max_distance=self.max_distance,
+          bidirectional=self.bidirectional, dtype=self.dtype or jnp.float32,
+          param_dtype=self.param_dtype, name="relative_position",
+      )(query_pos, key_pos)
+      bias = position_bias if bias is None else bias + position_bias
+
+    value_network, activation = preset.value_network, preset.activation
+    if value_network == "nonlinear_value":
+      value_BKHV = reference.get_activation(activation)(value_BKHV)
+      value_network, activation = "linear", "identity"
+    value_weight_HVV = None
+    if value_network == "deep_mlp":
+      # W_h^v' of Eq. 10, indexed [head, input unit, output unit]. Fan-in is H*V because
+      # the generated layer sums over heads: sum_h a_hqk W_h^v' keeps unit scale when the
+      # latent code has unit RMS across heads (RMSHead).
+      value_weight_HVV = self.param(
+          "value_hidden",
+          nn.with_logical_partitioning(
+              nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                               in_axis=(0, 1), out_axis=2),
+              ("heads", "kv", None)),
+          (heads, head_v, head_v), self.param_dtype,
+      )
+      value_weight_HVV = jnp.asarray(value_weight_HVV, value_BKHV.dtype)
+
+    use_dropout = not deterministic and self.dropout_rate > 0.0
+    if use_dropout or self.is_mutable_collection("intermediates"):
+      # The slow path: materialize the latent code, drop out pairs, expose it.
+      mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
+      scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
+      code_BHQK = reference.normalize_scores(scores_BHQK, mask, preset.normalization, self.eps)
+      if use_dropout:
+        code_BHQK = latent_code_dropout(
+            code_BHQK, self.dropout_rate, self.make_rng("dropout"), self.broadcast_dropout)
+      self.sow("intermediates", "latent_code", code_BHQK)
+      out_BQHV = reference.apply_value_network(
+          code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
+    else:
+      out_BQHV = dispatch.attention(
+          query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, is_causal=is_causal,
+          normalization=preset.normalization, value_network=value_network,
+          activation=activation, value_weight_HVV=value_weight_HVV, eps=self.eps,
+          implementation=self.implementation,
+      )
+    return self._dense(out_features, (-2, -1), ("heads", "kv", "embed"), "out")(out_BQHV)
