@@ -1,0 +1,96 @@
+r"""Statistics of the synthetic tasks: split sizes, SRAVEN ambiguity and ceilings, speed.
+
+  python experiments/task_stats.py --num_problems=20480 --ceiling_problems=8192
+
+Prints the split sizes of both tasks; the SRAVEN ambiguity rate for K=4 and F in {8, 4}
+under our definition ('panel': some reading of the context predicts a different answer
+panel) and the authors' ('authors': some reading predicts a different value in every slot),
+next to Table A2; per split the accuracy ceiling of uniform guessing among consistent
+answers (mean 1/#consistent answers) and the Bayes-optimal accuracy; and
+generation speed in batches of 128 per second (jitted, after compile, on this host).
+"""
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
+from hypernet_attention.tasks.sraven import SRaven
+
+TABLE_A2 = {8: 0.0032, 4: 0.0642}  # K=4 (PAPER.md §4)
+
+
+def ambiguity_rate(task, key, num_problems, definition, batch_size=2048):
+  flags = []
+  for step in range(-(-num_problems // batch_size)):
+    grid = task.sample(jax.random.fold_in(key, step), batch_size, 'train')['grid']
+    flags.append(np.asarray(task.is_ambiguous(grid, definition)))
+  flags = np.concatenate(flags)[:num_problems]
+  return flags.mean(), flags.std() / np.sqrt(len(flags))
+
+
+def batches_per_second(sample, batch_size=128, seconds=2.0):
+  jax.block_until_ready(sample(jax.random.key(0), batch_size))  # compile
+  count, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    jax.block_until_ready(sample(jax.random.key(count), batch_size))
+    count += 1
+  return count / (time.perf_counter() - start)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--num_problems', type=int, default=20480)
+  parser.add_argument('--ceiling_problems', type=int, default=8192)
+  parser.add_argument('--seed', type=int, default=0)
+  args = parser.parse_args()
+  key = jax.random.key(args.seed)
+
+  print('== split sizes')
+  for F in (8, 4):
+    task = SRaven(num_values=F, seed=args.seed)
+    print(f'SRAVEN K=4 F={F}: ' + ', '.join(
+        f'{s}={len(task.combinations(s))}' for s in ('train', 'test', 'ood')))
+  for fraction in (0.3, 0.5, 0.7):
+    task = FuzzyLogic(holdout_fraction=fraction, seed=args.seed)
+    print(f'fuzzy logic holdout={fraction}: ' + ', '.join(
+        f'{s}={len(task.combinations(s))}' for s in task.splits))
+
+  print(f'== SRAVEN ambiguity, K=4, train split, {args.num_problems} problems')
+  for F in (8, 4):
+    task = SRaven(num_values=F, seed=args.seed)
+    for definition in ('panel', 'authors'):
+      start = time.perf_counter()
+      rate, se = ambiguity_rate(task, key, args.num_problems, definition)
+      print(f'F={F} {definition:8s} rate={rate:.4f} +- {se:.4f}  (Table A2: {TABLE_A2[F]})'
+            f'  [{time.perf_counter() - start:.1f}s]')
+
+  print(f'== SRAVEN accuracy ceilings, {args.ceiling_problems} problems: mean 1/#consistent '
+        'answers, and the Bayes-optimal accuracy (mean max posterior)')
+  for F in (8, 4):
+    task = SRaven(num_values=F, seed=args.seed)
+    for split in ('train', 'ood'):
+      start = time.perf_counter()
+      k = jax.random.fold_in(key, 1)
+      ceiling = task.accuracy_ceiling(k, args.ceiling_problems, split)
+      bayes = task.bayes_accuracy(k, args.ceiling_problems, split)
+      bayes_all = task.bayes_accuracy(k, args.ceiling_problems, split, prior='all')
+      print(f'F={F} {split:5s} uniform-guess ceiling={ceiling:.4f}  Bayes={bayes:.4f}  '
+            f'Bayes(prior over all combinations)={bayes_all:.4f}  '
+            f'[{time.perf_counter() - start:.1f}s]')
+
+  print(f'== generation speed on {jax.default_backend()}, batches of 128 per second')
+  sraven, fuzzy = SRaven(seed=args.seed), FuzzyLogic(num_examples=32, seed=args.seed)
+  for name, fn in [('sraven', lambda k, b: sraven.sample(k, b, 'train')),
+                   ('sraven+encode', jax.jit(lambda k, b: sraven.encode(sraven.sample(
+                       k, b, 'train')), static_argnums=1)),
+                   ('fuzzy N=32', lambda k, b: fuzzy.sample(k, b, 'train')),
+                   ('fuzzy N=32+encode', jax.jit(lambda k, b: fuzzy.encode(fuzzy.sample(
+                       k, b, 'train')), static_argnums=1))]:
+    print(f'{name}: {batches_per_second(fn):.0f} batches/s')
+
+
+if __name__ == '__main__':
+  main()

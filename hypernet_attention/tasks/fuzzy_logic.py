@@ -1,0 +1,127 @@
+"""Fuzzy logic in-context regression (PAPER.md §3), as a jittable JAX generator.
+
+Shape letters:
+  B batch, N examples per sequence, L variables, K terms per task.
+
+A *term* is a conjunction over all L variables, each plain or negated; there are 2**L of
+them, indexed in binary order with variable 0 as the most significant bit (bit 1 = plain,
+0 = negated), as in the authors' code. A *task* is a disjunction of K distinct terms,
+evaluated with Zadeh semantics (AND = min, OR = max, NOT x = 1 - x) on x ~ U[0,1]^L.
+
+Splits (the last `num_unseen_terms` terms are never used in training):
+  train         the train tasks (combinations of known terms), fresh samples;
+  test          the same train tasks, fresh samples;
+  ood           held-out combinations of known terms: the paper's "OOD R^2";
+  unseen_terms  combinations made only of never-seen terms (all K unseen), as in the
+                authors' code, whose own name for this split is `ood` (and `test` for ours).
+The split name is folded into the key, so equal keys give different batches per split.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SPLITS = ('train', 'test', 'ood', 'unseen_terms')
+
+
+class FuzzyLogic:
+  """Generator of fuzzy-logic regression sequences with compositional splits."""
+
+  splits = SPLITS
+
+  def __init__(self, num_variables: int = 4, num_terms: int = 2, num_examples: int = 16,
+               holdout_fraction: float = 0.5, num_unseen_terms: int = 4, seed: int = 0):
+    if not isinstance(num_variables, int) or num_variables < 1:
+      raise ValueError(f'num_variables={num_variables!r}; allowed: an int >= 1.')
+    if not isinstance(num_examples, int) or num_examples < 2:
+      raise ValueError(f'num_examples={num_examples!r}; allowed: an int >= 2.')
+    if not 0.0 < holdout_fraction < 1.0:
+      raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
+    num_all = 2 ** num_variables
+    if not isinstance(num_terms, int) or not 1 <= num_terms < num_all:
+      raise ValueError(f'num_terms={num_terms!r}; allowed: 1 <= num_terms < {num_all}.')
+    if not isinstance(num_unseen_terms, int) or not (
+        num_terms <= num_unseen_terms <= num_all - num_terms - 1):
+      raise ValueError(
+          f'num_unseen_terms={num_unseen_terms!r}; allowed: {num_terms} (= num_terms, so '
+          f'`unseen_terms` has a task) to {num_all - num_terms - 1} (so that the known '
+          f'terms still form at least two tasks).')
+    self.num_variables = num_variables
+    self.num_terms = num_terms
+    self.num_examples = num_examples
+    self.holdout_fraction = holdout_fraction
+    self.num_unseen_terms = num_unseen_terms
+    self.seed = seed
+    # (2**L, L) in {0, 1}; term t's bit for variable l is (t >> (L-1-l)) & 1.
+    self.terms_table = np.array(list(itertools.product([0, 1], repeat=num_variables)),
+                                dtype=np.int32)
+    num_known = num_all - num_unseen_terms
+    known = np.array(list(itertools.combinations(range(num_known), num_terms)), np.int32)
+    unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)),
+                      np.int32)
+    num_ood = int(math.floor(len(known) * holdout_fraction + 1e-9))
+    if num_ood < 1 or num_ood >= len(known):
+      raise ValueError(
+          f'holdout_fraction={holdout_fraction} holds out {num_ood} of the {len(known)} '
+          'combinations of known terms; allowed: a fraction that leaves both splits nonempty.')
+    order = np.random.default_rng(seed).permutation(len(known))
+    train, ood = known[np.sort(order[num_ood:])], known[np.sort(order[:num_ood])]
+    self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
+    self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
+    self._terms = jnp.asarray(self.terms_table)
+
+  def _check_split(self, split):
+    if split not in SPLITS:
+      raise ValueError(f'Unknown split {split!r}; allowed: {SPLITS}.')
+    return split
+
+  def combinations(self, split: str) -> np.ndarray:
+    """Term indices (n, K) of the tasks of a split; `train` and `test` share theirs."""
+    return self._combinations[self._check_split(split)].copy()
+
+  @staticmethod
+  def evaluate(terms_BKL: jax.Array, x_BNL: jax.Array) -> jax.Array:
+    """Zadeh semantics: y = max_k min_l (x_l if plain else 1 - x_l); (B, N)."""
+    literals_BNKL = jnp.where(terms_BKL[:, None] == 1, x_BNL[:, :, None], 1.0 - x_BNL[:, :, None])
+    return literals_BNKL.min(-1).max(-1)
+
+  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
+  def sample(self, key: jax.Array, batch_size: int, split: str) -> dict[str, jax.Array]:
+    """A batch: x (B, N, L) in [0, 1), y (B, N), terms (B, K, L) in {0, 1} (1 = plain)."""
+    B, N, L = batch_size, self.num_examples, self.num_variables
+    # One draw of random words: each separate jax.random call costs ~1 s of CPU compile.
+    bits = jax.random.bits(jax.random.fold_in(key, SPLITS.index(self._check_split(split))),
+                           (B, 1 + N * L), jnp.uint32)
+    table = self._tables[split]
+    task = table[(bits[:, 0] % jnp.uint32(table.shape[0])).astype(jnp.int32)]
+    terms_BKL = self._terms[task]
+    # Uniform floats in [0, 1) from the top 23 bits, as jax.random.uniform makes them.
+    mantissa = (bits[:, 1:] >> 9) | jnp.uint32(0x3F800000)
+    x_BNL = (jax.lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0).reshape(B, N, L)
+    return {'x': x_BNL, 'y': self.evaluate(terms_BKL, x_BNL), 'terms': terms_BKL}
+
+  def encode(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """Tokens (B, N, L+1) = [x; y] with the query's y zeroed, and the target y[:, -1]."""
+    y_BN = batch['y']
+    tokens_BNT = jnp.concatenate([batch['x'], y_BN[..., None]], -1).at[:, -1, -1].set(0.0)
+    return tokens_BNT.astype(jnp.float32), y_BN[:, -1].astype(jnp.float32)
+
+  def r2_per_sequence(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence).
+
+    The variance is the population variance over all N targets of the sequence, query
+    included (the authors' `base_mse`): the MSE of predicting the sequence's mean.
+    """
+    y_BN = batch['y']
+    pred = jnp.reshape(pred, y_BN.shape[:1])
+    return 1.0 - (y_BN[:, -1] - pred) ** 2 / jnp.var(y_BN, axis=-1)
+
+  def r2(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    """Mean per-sequence R^2 (PAPER.md §3)."""
+    return jnp.mean(self.r2_per_sequence(pred, batch))

@@ -1,0 +1,128 @@
+"""Tests of the fuzzy-logic generator against the definition, recomputed here."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
+
+
+@pytest.fixture(scope='module')
+def task():
+  return FuzzyLogic(num_variables=4, num_terms=2, num_examples=16, holdout_fraction=0.5)
+
+
+def term_index(bits):
+  """Term id with variable 0 as the most significant bit (the authors' ordering)."""
+  return int(sum(int(b) << (len(bits) - 1 - l) for l, b in enumerate(bits)))
+
+
+@pytest.mark.parametrize('fraction,num_ood', [(0.3, 19), (0.5, 33), (0.7, 46)])
+def test_split_sizes_and_disjointness(fraction, num_ood):
+  t = FuzzyLogic(holdout_fraction=fraction)
+  train = {tuple(c) for c in t.combinations('train')}
+  ood = {tuple(c) for c in t.combinations('ood')}
+  unseen = {tuple(c) for c in t.combinations('unseen_terms')}
+  known = set(itertools.combinations(range(12), 2))
+  assert (len(train), len(ood), len(unseen)) == (66 - num_ood, num_ood, 6)
+  assert not train & ood and train | ood == known
+  assert unseen == set(itertools.combinations(range(12, 16), 2))
+  assert {tuple(c) for c in t.combinations('test')} == train
+  used_in_training = {i for c in train for i in c}
+  assert used_in_training.isdisjoint(range(12, 16))
+
+
+def test_split_depends_only_on_seed(task):
+  np.testing.assert_array_equal(FuzzyLogic(num_examples=64).combinations('ood'),
+                                task.combinations('ood'))
+  assert not np.array_equal(FuzzyLogic(seed=1).combinations('ood'), task.combinations('ood'))
+
+
+def test_terms_table_ordering(task):
+  np.testing.assert_array_equal(task.terms_table[0], [0, 0, 0, 0])
+  np.testing.assert_array_equal(task.terms_table[15], [1, 1, 1, 1])
+  np.testing.assert_array_equal(task.terms_table[12], [1, 1, 0, 0])
+  for t in range(16):
+    assert term_index(task.terms_table[t]) == t
+
+
+@pytest.mark.parametrize('split', ['train', 'test', 'ood', 'unseen_terms'])
+def test_targets_follow_zadeh_semantics(task, split):
+  batch = jax.tree.map(np.asarray, task.sample(jax.random.key(4), 64, split))
+  x, y, terms = batch['x'].astype(np.float64), batch['y'], batch['terms']
+  assert x.shape == (64, 16, 4) and y.shape == (64, 16) and terms.shape == (64, 2, 4)
+  assert x.min() >= 0.0 and x.max() < 1.0
+  allowed = {tuple(c) for c in task.combinations(split)}
+  for b in range(64):
+    ids = tuple(sorted(term_index(t) for t in terms[b]))
+    assert ids in allowed and ids[0] != ids[1]
+    for n in range(16):
+      disjuncts = []
+      for term in terms[b]:
+        literals = [x[b, n, l] if term[l] == 1 else 1.0 - x[b, n, l] for l in range(4)]
+        disjuncts.append(min(literals))
+      assert y[b, n] == pytest.approx(max(disjuncts), abs=1e-6)
+
+
+def test_inputs_look_uniform(task):
+  x = np.asarray(task.sample(jax.random.key(0), 512, 'train')['x'])
+  assert abs(x.mean() - 0.5) < 0.01 and abs(x.var() - 1 / 12) < 0.005
+  hist = np.histogram(x, bins=10, range=(0, 1))[0] / x.size
+  np.testing.assert_allclose(hist, 0.1, atol=0.005)
+
+
+def test_encoding_layout(task):
+  batch = task.sample(jax.random.key(1), 8, 'train')
+  tokens, target = jax.tree.map(np.asarray, task.encode(batch))
+  x, y = np.asarray(batch['x']), np.asarray(batch['y'])
+  assert tokens.shape == (8, 16, 5) and tokens.dtype == np.float32
+  np.testing.assert_array_equal(tokens[:, :, :4], x)
+  np.testing.assert_array_equal(tokens[:, :-1, 4], y[:, :-1])
+  np.testing.assert_array_equal(tokens[:, -1, 4], 0.0)
+  np.testing.assert_array_equal(target, y[:, -1])
+
+
+def test_r2_per_sequence(task):
+  batch = jax.tree.map(np.asarray, task.sample(jax.random.key(2), 32, 'ood'))
+  pred = np.asarray(jax.random.uniform(jax.random.key(3), (32,)))
+  y = batch['y'].astype(np.float64)
+  expected = np.array([1.0 - (y[b, -1] - pred[b]) ** 2 / np.mean((y[b] - y[b].mean()) ** 2)
+                       for b in range(32)])
+  np.testing.assert_allclose(task.r2_per_sequence(pred, batch), expected, rtol=1e-4)
+  assert float(task.r2(pred, batch)) == pytest.approx(expected.mean(), rel=1e-4)
+  assert float(task.r2(batch['y'][:, -1], batch)) == pytest.approx(1.0)
+
+
+def test_deterministic_and_traceable_in_scan(task):
+  key = jax.random.key(5)
+  a, b = task.sample(key, 8, 'train'), task.sample(key, 8, 'train')
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  assert not np.array_equal(a['x'], task.sample(key, 8, 'test')['x'])
+  assert not np.array_equal(a['x'], task.sample(jax.random.key(6), 8, 'train')['x'])
+
+  def body(carry, step):
+    batch = task.sample(jax.random.fold_in(key, step), 8, 'train')
+    return carry, batch['y']
+
+  _, ys = jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(2)))()
+  for step in range(2):
+    np.testing.assert_array_equal(ys[step], task.sample(jax.random.fold_in(key, step), 8,
+                                                         'train')['y'])
+
+
+def test_bad_arguments_raise(task):
+  with pytest.raises(ValueError, match='ood_conj'):
+    task.sample(jax.random.key(0), 4, 'ood_conj')
+  with pytest.raises(ValueError, match='holdout_fraction'):
+    FuzzyLogic(holdout_fraction=1.0)
+  with pytest.raises(ValueError, match='holdout_fraction'):
+    FuzzyLogic(holdout_fraction=0.001)  # holds out none of the 66 combinations
+  with pytest.raises(ValueError, match='num_unseen_terms'):
+    FuzzyLogic(num_unseen_terms=17)
+  with pytest.raises(ValueError, match='num_unseen_terms'):
+    FuzzyLogic(num_unseen_terms=1)  # fewer than num_terms: no unseen task exists
+  with pytest.raises(ValueError, match='num_terms'):
+    FuzzyLogic(num_terms=16)
