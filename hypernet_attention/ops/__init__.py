@@ -1,1 +1,6 @@
-"""Attention ops: one contract (`reference.attention`), several implementations."""
+"""Attention ops: one contract (`reference.attention`), several implementations.
+
+`dispatch.attention` is the entry point: `reference` (einsums), `blockwise` (pure-JAX
+tiles, recomputing custom VJP), `pallas` (fused Triton kernels, forward and backward), and
+`auto`. `benchmark` measures them (experiments/benchmark_attention.py).
+"""

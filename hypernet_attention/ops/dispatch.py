@@ -1,7 +1,15 @@
 """One entry point for attention; picks an implementation (reference, blockwise, pallas).
 
-PLACEHOLDER being replaced by the fast-kernels work (issue 5): for now every call goes to
-`reference.attention`.
+Implementations (all with `reference.attention`'s contract, plus `is_causal`):
+  reference  the einsums of the paper; materializes (B, H, Q, K) and, for MLP value
+             networks, (B, Q, K, V). Fastest for short sequences with narrow heads.
+  blockwise  pure-JAX tiles with a recomputing custom VJP (`blockwise.py`); any backend.
+  pallas     fused Pallas kernels, forward and backward (`pallas_kernel.py`): Triton on
+             GPU, interpreted on CPU; `auto` picks it on GPU only.
+  auto       softmax + linear value network (plain softmax attention) goes to
+             `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
+             call); otherwise `choose_implementation` picks by backend and shape.
+`deep_mlp` (HYLA+) has no tiled kernel: every implementation runs the reference for it.
 """
 
 from __future__ import annotations
@@ -9,10 +17,77 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 
+from hypernet_attention.ops import blockwise
+from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
+from hypernet_attention.ops import tiling
 
-IMPLEMENTATIONS = ("auto", "reference")
+IMPLEMENTATIONS = ("auto", "reference", "blockwise", "pallas")
+
+# Measured on the 2-core CPU (B=32, H in 2..8, d in 4..64, fwd+bwd): at T=16 the two tie,
+# from T=36 (SRAVEN's length) blockwise wins fwd+bwd 1.4-2x (forward alone ties until
+# T~64), and its lead grows with T. So only very short sequences take the reference.
+REFERENCE_MAX_PAIRS = 24 * 24
+# Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
+# tiles large enough to feed the matrix units.
+CPU_BLOCKS = (32, 64)
+ACCELERATOR_BLOCKS = (128, 128)
+
+
+def _causal_mask(q_len: int, k_len: int) -> jax.Array:
+  return jnp.tril(jnp.ones((q_len, k_len), bool))
+
+
+def _with_causal(mask, is_causal, q_len, k_len):
+  if not is_causal:
+    return mask
+  causal_QK = _causal_mask(q_len, k_len)
+  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+
+
+def choose_implementation(
+    q_len: int, k_len: int, normalization: str, value_network: str,
+    backend: Optional[str] = None,
+) -> str:
+  """The `auto` choice for everything except plain softmax attention."""
+  del normalization
+  backend = backend or jax.default_backend()
+  if value_network not in tiling.TILED_VALUE_NETWORKS:
+    return "reference"
+  if q_len * k_len <= REFERENCE_MAX_PAIRS:
+    return "reference"
+  if backend in ("gpu", "cuda"):
+    return "pallas"
+  # CPU, and TPU: the kernel is written for Triton and its Mosaic TPU lowering is untested.
+  return "blockwise"
+
+
+def _softmax_attention(query, key, value, bias, mask, is_causal):
+  """Softmax attention through `jax.nn.dot_product_attention` (cuDNN when it applies).
+
+  Unlike the reference, a query row with no visible key averages all values (XLA) instead
+  of returning 0; such rows only occur for padding.
+  """
+  full = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+  bias4 = tiling.as_rank4(bias, "bias", full)
+  mask4 = tiling.as_rank4(mask, "mask", full)
+  if mask4 is not None:
+    mask4 = mask4.astype(bool)
+  use_cudnn = (
+      jax.default_backend() == "gpu"
+      and query.dtype in (jnp.bfloat16, jnp.float16)
+      and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128
+      and mask4 is None
+      and (bias4 is None or bias4.shape[2:] == full[2:])
+  )
+  if bias4 is not None:
+    bias4 = bias4.astype(query.dtype)
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=bias4, mask=mask4, is_causal=is_causal,
+      implementation="cudnn" if use_cudnn else None,
+  )
 
 
 def attention(
@@ -33,20 +108,34 @@ def attention(
   """(B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
   `mask`: bool broadcastable to (B, H, Q, K), True = attend. `is_causal`: additionally
-  apply a causal mask (requires Q == K; query i sees keys <= i), as in
-  `jax.nn.dot_product_attention`; fast implementations use it to skip masked tiles.
+  apply a causal mask (query i sees keys <= i, counted from the first position of both,
+  as in `jax.nn.dot_product_attention`); fast implementations use it to skip masked tiles.
   `bias`: float broadcastable to (B, H, Q, K), added to the scores before normalization.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"Unknown implementation {implementation!r}; allowed: {', '.join(IMPLEMENTATIONS)}."
+  reference._check_choice("implementation", implementation, IMPLEMENTATIONS)
+  reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
+  reference._check_choice("value_network", value_network, reference.VALUE_NETWORKS)
+  reference.get_activation(activation)
+  q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
+  if implementation == "auto":
+    if (normalization == "softmax" and value_network == "linear"
+        and query_BQHD.shape[-1] == value_BKHV.shape[-1]):
+      return _softmax_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, is_causal)
+    implementation = choose_implementation(q_len, k_len, normalization, value_network)
+  if value_network not in tiling.TILED_VALUE_NETWORKS:
+    implementation = "reference"
+  if implementation == "reference":
+    return reference.attention(
+        query_BQHD, key_BKHD, value_BKHV, bias=bias,
+        mask=_with_causal(mask, is_causal, q_len, k_len),
+        normalization=normalization, value_network=value_network, activation=activation,
+        value_weight_HVV=value_weight_HVV, eps=eps,
     )
-  if is_causal:
-    q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
-    causal_QK = jax.numpy.tril(jax.numpy.ones((q_len, k_len), bool))
-    mask = causal_QK if mask is None else jax.numpy.logical_and(mask, causal_QK)
-  return reference.attention(
-      query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
-      normalization=normalization, value_network=value_network, activation=activation,
-      value_weight_HVV=value_weight_HVV, eps=eps,
-  )
+  kwargs = dict(bias=bias, mask=mask, is_causal=is_causal, normalization=normalization,
+                value_network=value_network, activation=activation, eps=eps)
+  if implementation == "blockwise":
+    on_cpu = jax.default_backend() == "cpu"
+    block_q, block_k = CPU_BLOCKS if on_cpu else ACCELERATOR_BLOCKS
+    return blockwise.attention(query_BQHD, key_BKHD, value_BKHV, block_q=block_q,
+                               block_k=block_k, **kwargs)
+  return pallas_kernel.attention(query_BQHD, key_BKHD, value_BKHV, **kwargs)

@@ -1,0 +1,62 @@
+r"""Attention benchmark: softmax, linear, HYLA reference / blockwise / Pallas over T.
+
+Issue 5's CPU target (B=4, H=8, d=64, causal, float32, fwd+bwd):
+  python experiments/benchmark_attention.py --seq_lens=256,512,1024,2048,4096 \
+    --batch=4 --heads=8 --head_dim=64 --causal --dtype=float32 --repeats=5 \
+    --out_dir=/tmp/bench_attention
+GPU target (bf16): add --dtype=bfloat16 --batch=8 --seq_lens=2048,4096,8192.
+Prints one line per cell, then a markdown table and the target ratios at --target_len;
+writes results.json and attention_benchmark.png to --out_dir. hyla_pallas runs only on
+GPU unless --pallas_interpret (slow; tiny shapes only).
+"""
+
+import argparse
+import json
+
+import jax
+
+from hypernet_attention.ops import benchmark
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seq_lens", default="256,512,1024,2048,4096")
+  parser.add_argument("--batch", type=int, default=4)
+  parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+  parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--implementations", default=",".join(benchmark.IMPLEMENTATIONS))
+  parser.add_argument("--out_dir", default="/tmp/benchmark_attention")
+  parser.add_argument("--max_temp_gb", type=float, default=6.0,
+                      help="skip (and stop the column) when compiled temp memory exceeds this")
+  parser.add_argument("--pallas_interpret", action="store_true",
+                      help="run hyla_pallas in interpret mode off GPU (very slow)")
+  parser.add_argument("--target_len", type=int, default=1024)
+  args = parser.parse_args()
+
+  names = [n for n in args.implementations.split(",") if n]
+  backend = jax.default_backend()
+  if "hyla_pallas" in names and backend != "gpu" and not args.pallas_interpret:
+    print(f"hyla_pallas skipped on {backend} (pass --pallas_interpret to interpret it).")
+    names.remove("hyla_pallas")
+  device = jax.devices()[0]
+  meta = dict(device=f"{device.platform}:{device.device_kind}", backend=backend,
+              jax=jax.__version__, batch=args.batch, heads=args.heads,
+              head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
+              repeats=args.repeats, max_temp_gb=args.max_temp_gb)
+  print(json.dumps(meta))
+  rows = benchmark.run(
+      [int(t) for t in args.seq_lens.split(",")], names, batch=args.batch, heads=args.heads,
+      head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, repeats=args.repeats,
+      max_temp_bytes=args.max_temp_gb * 2**30, interpret=args.pallas_interpret)
+  print(benchmark.markdown_table(rows))
+  meta["ratios_at_target_len"] = benchmark.ratios(rows, args.target_len)
+  print(f"ratios at T={args.target_len}:", json.dumps(meta["ratios_at_target_len"], indent=1))
+  json_path, png_path = benchmark.write_outputs(rows, args.out_dir, meta)
+  print("wrote", json_path, png_path)
+
+
+if __name__ == "__main__":
+  main()

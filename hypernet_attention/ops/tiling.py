@@ -1,0 +1,151 @@
+"""Shared plumbing for the tiled implementations (blockwise, Pallas).
+
+Both tile the (Q, K) plane; this module decides the tile sizes, pads the sequences so they
+divide, and brings `bias` / `mask` (broadcastable to (B, H, Q, K)) to a rank-4 form whose
+size-1 dimensions stay size 1, so that a tile of them is a cheap slice that still broadcasts.
+
+Shape letters: B batch, H heads, Q / K query / key positions (padded: Qp, Kp), D per-head
+query/key width, V per-head value width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from hypernet_attention.ops import reference
+
+# The blockwise and Pallas kernels cover these; deep_mlp goes to the reference.
+TILED_VALUE_NETWORKS = ("linear", "mlp")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+  """Static description of one tiled attention call (hashable: a custom_vjp nondiff arg)."""
+  normalization: str
+  value_network: str
+  activation: str
+  eps: float
+  is_causal: bool
+  scale: float
+  q_len: int
+  k_len: int
+  block_q: int
+  block_k: int
+  # Accumulation dtype: float32, or float64 for float64 inputs (x64 tests).
+  compute_dtype_name: str = "float32"
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.compute_dtype_name)
+
+  @property
+  def num_q_blocks(self) -> int:
+    return -(-self.q_len // self.block_q)
+
+  @property
+  def num_k_blocks(self) -> int:
+    return -(-self.k_len // self.block_k)
+
+  @property
+  def q_padded(self) -> int:
+    return self.num_q_blocks * self.block_q
+
+  @property
+  def k_padded(self) -> int:
+    return self.num_k_blocks * self.block_k
+
+
+def balanced_block(length: int, block: int) -> int:
+  """Largest useful tile <= `block` that splits `length` into equal-ish tiles.
+
+  Splitting 130 into tiles of 128 would pad to 256; two tiles of 65 pad nothing.
+  """
+  if block < 1:
+    raise ValueError(f"block size must be >= 1, got {block}.")
+  length = max(length, 1)
+  num = -(-length // block)
+  return -(-length // num)
+
+
+def make_config(
+    q_len, k_len, depth, *, normalization, value_network, activation, eps, is_causal,
+    block_q, block_k, balance=True, dtype=jnp.float32,
+) -> TileConfig:
+  """Validates the choices; `balance=False` keeps the tile sizes exactly as given."""
+  reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
+  reference._check_choice("value_network", value_network, TILED_VALUE_NETWORKS)
+  reference.get_activation(activation)
+  return TileConfig(
+      normalization=normalization, value_network=value_network, activation=activation,
+      eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
+      q_len=q_len, k_len=k_len,
+      block_q=balanced_block(q_len, block_q) if balance else block_q,
+      block_k=balanced_block(k_len, block_k) if balance else block_k,
+      compute_dtype_name=jnp.dtype(jnp.promote_types(dtype, jnp.float32)).name,
+  )
+
+
+def as_rank4(x: Optional[jax.Array], name: str, full_shape) -> Optional[jax.Array]:
+  """Left-pads `x`'s rank to 4 and checks that it broadcasts to (B, H, Q, K)."""
+  if x is None:
+    return None
+  if x.ndim > 4:
+    raise ValueError(f"{name} must have rank <= 4 (broadcastable to {full_shape}), got {x.shape}.")
+  x4 = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  for got, want in zip(x4.shape, full_shape):
+    if got not in (1, want):
+      raise ValueError(
+          f"{name} of shape {x.shape} does not broadcast to (B, H, Q, K) = {full_shape}.")
+  return x4
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
+  """Pads `x` along `axis` to `size`, unless that axis is a broadcast (size-1) axis."""
+  if x.shape[axis] == 1 or x.shape[axis] == size:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def pad_pair_operand(x4: Optional[jax.Array], cfg: TileConfig, value) -> Optional[jax.Array]:
+  if x4 is None:
+    return None
+  return pad_axis(pad_axis(x4, 2, cfg.q_padded, value), 3, cfg.k_padded, value)
+
+
+def pair_tile(x4: Optional[jax.Array], q_start, k_start, cfg: TileConfig) -> Optional[jax.Array]:
+  """The (.., bq, bk) tile of a rank-4 bias/mask; broadcast axes stay size 1."""
+  if x4 is None:
+    return None
+  sizes = (
+      x4.shape[0], x4.shape[1],
+      1 if x4.shape[2] == 1 else cfg.block_q,
+      1 if x4.shape[3] == 1 else cfg.block_k,
+  )
+  starts = (
+      0, 0,
+      0 if x4.shape[2] == 1 else q_start,
+      0 if x4.shape[3] == 1 else k_start,
+  )
+  return jax.lax.dynamic_slice(x4, starts, sizes)
+
+
+def causal_k_blocks(q_block, cfg: TileConfig):
+  """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
+  if not cfg.is_causal:
+    return cfg.num_k_blocks
+  last_q = (q_block + 1) * cfg.block_q - 1
+  return jnp.minimum(last_q // cfg.block_k + 1, cfg.num_k_blocks)
+
+
+def causal_first_q_block(k_block, cfg: TileConfig):
+  """First query tile that can see key tile `k_block` (0 when not causal)."""
+  if not cfg.is_causal:
+    return 0
+  return (k_block * cfg.block_k) // cfg.block_q

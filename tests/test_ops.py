@@ -1,0 +1,279 @@
+"""Every attention implementation against the reference: outputs and gradients.
+
+Shapes are tiny and lengths odd (they do not divide the tile sizes), so the padding,
+broadcast bias/mask slicing and causal tile skipping are all exercised. Relative error is
+||x - ref|| / ||ref|| over the whole array.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypernet_attention.ops import blockwise
+from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import pallas_kernel
+from hypernet_attention.ops import reference
+
+F32_TOL = 1e-5
+BF16_TOL = 2e-2
+
+
+def rel_err(x, ref):
+  x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+  return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def make_inputs(seed, batch=2, q_len=19, k_len=13, heads=3, depth=8, v_dim=5,
+                bias_shape=None, mask_shape=None, dtype=jnp.float32):
+  """Random (q, k, v, bias, mask, output cotangent); numpy RNG (no per-shape compiles)."""
+  rng = np.random.default_rng(seed)
+  normal = lambda shape, dt=dtype: jnp.asarray(rng.standard_normal(shape), dt)
+  q = normal((batch, q_len, heads, depth))
+  k = normal((batch, k_len, heads, depth))
+  v = normal((batch, k_len, heads, v_dim))
+  bias = None if bias_shape is None else normal(bias_shape, jnp.float32)
+  mask = None if mask_shape is None else jnp.asarray(rng.random(mask_shape) < 0.75)
+  cot = normal((batch, q_len, heads, v_dim))
+  return q, k, v, bias, mask, cot
+
+
+def reference_fn(mask, is_causal, **kw):
+  """The reference with the causal mask built here, independently of `dispatch`."""
+  def fn(q, k, v, bias):
+    m = mask
+    if is_causal:
+      tril = np.tril(np.ones((q.shape[1], k.shape[1]), bool))
+      m = tril if m is None else jnp.logical_and(m, tril)
+    return reference.attention(q, k, v, bias=bias, mask=m, **kw)
+  return fn
+
+
+def value_and_grads(fn, q, k, v, bias, cot):
+  """Output and d<out, cot>/d(q, k, v[, bias]), in float32, from one compiled function."""
+  def run(q, k, v, bias):
+    primals = (q, k, v) if bias is None else (q, k, v, bias)
+    out, vjp = jax.vjp(lambda *a: fn(*a, *(() if bias is not None else (None,))), *primals)
+    return out, vjp(cot.astype(out.dtype))
+  return jax.jit(run)(q, k, v, bias)
+
+
+def assert_close(fn, ref_fn, inputs, tol):
+  """`fn` matches the reference evaluated in float64 to `tol`, or, where float32 itself
+  cannot (RMSHead's gradient amplifies rounding when a pair's scores are ~0 across
+  heads), is at most 1.5x as far from it as the float32 reference is."""
+  q, k, v, bias, _, cot = inputs
+  out, grads = value_and_grads(fn, q, k, v, bias, cot)
+  as32 = lambda x: None if x is None else x.astype(jnp.float32)
+  ref32 = value_and_grads(ref_fn, as32(q), as32(k), as32(v), as32(bias), as32(cot))
+  previous = jax.config.jax_enable_x64
+  jax.config.update("jax_enable_x64", True)
+  try:
+    as64 = lambda x: None if x is None else jnp.asarray(np.asarray(x, np.float64))
+    ref64 = value_and_grads(ref_fn, as64(q), as64(k), as64(v), as64(bias), as64(cot))
+    ref64 = jax.tree.map(np.asarray, ref64)
+  finally:
+    jax.config.update("jax_enable_x64", previous)
+  names = ("out", "dq", "dk", "dv", "dbias")
+  for name, x, r32, r64 in zip(names, (out, *grads), (ref32[0], *ref32[1]),
+                               (ref64[0], *ref64[1])):
+    assert x.shape == r64.shape, name
+    bound = max(tol, 1.5 * rel_err(r32, r64))
+    assert rel_err(x, r64) < bound, (name, rel_err(x, r64), rel_err(r32, r64))
+
+
+# (normalization, value network, activation) x masking cases.
+VARIANTS = [(n, vn, "relu") for n, vn in itertools.product(
+    ("rms_head", "linear", "softmax"), ("mlp", "linear"))]
+CASES = {
+    # name: (q_len, k_len, is_causal, bias_shape, mask_shape)
+    "plain_q_ne_k": (19, 13, False, None, None),
+    "causal_bias_mask": (23, 23, True, (1, 3, 23, 23), (2, 1, 1, 23)),
+    "full_bias_pair_mask": (17, 21, False, (2, 3, 17, 21), (2, 3, 17, 21)),
+    "broadcast_bias_causal": (21, 21, True, (3, 1, 21), None),
+    "key_bias_head_mask": (19, 13, False, (2, 1, 19, 1), (1, 3, 19, 13)),
+}
+
+
+@pytest.mark.parametrize("normalization,value_network,activation", VARIANTS)
+@pytest.mark.parametrize("case", ["causal_bias_mask", "plain_q_ne_k"])
+def test_blockwise_matches_reference(normalization, value_network, activation, case):
+  q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
+  inputs = make_inputs(0, q_len=q_len, k_len=k_len, bias_shape=bias_shape,
+                       mask_shape=mask_shape)
+  kw = dict(normalization=normalization, value_network=value_network, activation=activation)
+  fn = lambda q, k, v, b: blockwise.attention(
+      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=8, block_k=5, **kw)
+  assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs, F32_TOL)
+
+
+@pytest.mark.parametrize("case,activation", [
+    ("full_bias_pair_mask", "gelu"), ("broadcast_bias_causal", "sigmoid"),
+    ("key_bias_head_mask", "tanh"), ("broadcast_bias_causal", "silu")])
+def test_blockwise_bias_shapes_and_activations(case, activation):
+  q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
+  inputs = make_inputs(1, q_len=q_len, k_len=k_len, bias_shape=bias_shape,
+                       mask_shape=mask_shape)
+  kw = dict(normalization="rms_head", value_network="mlp", activation=activation)
+  fn = lambda q, k, v, b: blockwise.attention(
+      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=6, block_k=16, **kw)
+  assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs, F32_TOL)
+
+
+@pytest.mark.parametrize("implementation,normalization", [
+    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("pallas", "rms_head")])
+def test_bfloat16(implementation, normalization):
+  """bf16 inputs, float32 accumulation: close to the reference on the same inputs."""
+  inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
+                       dtype=jnp.bfloat16)
+  kw = dict(normalization=normalization, value_network="mlp", activation="relu")
+  module = blockwise if implementation == "blockwise" else pallas_kernel
+  fn = lambda q, k, v, b: module.attention(
+      q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw)
+  out = jax.jit(fn)(*inputs[:4])
+  assert out.dtype == jnp.bfloat16
+  assert_close(fn, reference_fn(None, True, **kw), inputs, BF16_TOL)
+
+
+def test_fully_masked_rows_are_zero():
+  q, k, v, _, _, _ = make_inputs(3, q_len=9, k_len=7)
+  mask = np.ones((1, 1, 9, 7), bool)
+  mask[..., 4, :] = False
+  for normalization in ("rms_head", "softmax"):
+    out = jax.jit(lambda q, k, v: blockwise.attention(
+        q, k, v, mask=mask, normalization=normalization, block_q=4, block_k=4))(q, k, v)
+    ref = reference.attention(q, k, v, mask=mask, normalization=normalization)
+    np.testing.assert_array_equal(np.asarray(out[:, 4]), 0.0)
+    assert rel_err(out, ref) < F32_TOL
+
+
+@pytest.mark.parametrize("normalization,value_network,case", [
+    ("rms_head", "mlp", "causal_bias_mask"),
+    ("softmax", "mlp", "full_bias_pair_mask"),
+    ("linear", "linear", "broadcast_bias_causal"),
+    ("softmax", "linear", "plain_q_ne_k"),
+    # Not softmax: a per-query bias shifts a softmax row uniformly, so its gradient is 0.
+    ("rms_head", "linear", "key_bias_head_mask"),
+])
+def test_pallas_interpret_matches_reference(normalization, value_network, case):
+  q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
+  # Two heads: the kernel unrolls its per-head code, and interpret mode compiles it all.
+  shrink = lambda shape: None if shape is None else tuple(
+      2 if n == 3 else n for n in shape)
+  inputs = make_inputs(4, q_len=q_len, k_len=k_len, heads=2, bias_shape=shrink(bias_shape),
+                       mask_shape=shrink(mask_shape))
+  kw = dict(normalization=normalization, value_network=value_network, activation="relu")
+  fn = lambda q, k, v, b: pallas_kernel.attention(
+      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=16, block_k=16,
+      interpret=True, **kw)
+  assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs, F32_TOL)
+
+
+@pytest.mark.parametrize("normalization,value_network", [("rms_head", "mlp"),
+                                                        ("softmax", "linear")])
+def test_pallas_lowers_to_triton(normalization, value_network):
+  """Forward, dk/dv and dq kernels lower to Triton calls for CUDA (lowered, not run, here)."""
+  q = jax.ShapeDtypeStruct((1, 64, 4, 16), jnp.bfloat16)
+  bias = jax.ShapeDtypeStruct((1, 4, 64, 64), jnp.float32)
+  fn = lambda q, k, v, b: pallas_kernel.attention(
+      q, k, v, bias=b, is_causal=True, normalization=normalization,
+      value_network=value_network, interpret=False)
+  grad = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2, 3))
+  lowered = jax.jit(grad).trace(q, q, q, bias).lower(lowering_platforms=("cuda",))
+  assert lowered.as_text().count("xla.gpu.triton") == 3
+
+
+def _temp_bytes(fn, seq_len):
+  shape = (1, seq_len, 2, 16)
+  spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+  grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v)), (0, 1, 2)))
+  return grad.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_blockwise_memory_is_subquadratic():
+  """Forward+backward temp memory: reference grows ~T^2 (x16 for 4x T), blockwise ~T."""
+  blk = lambda q, k, v: blockwise.attention(q, k, v, is_causal=True, block_q=32, block_k=32)
+  ref = reference_fn(None, True)
+  ref = (lambda f: lambda q, k, v: f(q, k, v, None))(ref)
+  short, long = 128, 512
+  blk_growth = _temp_bytes(blk, long) / _temp_bytes(blk, short)
+  ref_growth = _temp_bytes(ref, long) / _temp_bytes(ref, short)
+  assert ref_growth > 10, ref_growth
+  assert blk_growth < 6, blk_growth
+  assert _temp_bytes(blk, long) * 10 < _temp_bytes(ref, long)
+
+
+def naive_hyla_float64(q, k, v, mask):
+  """Loops over (q, k) pairs in float64: RMSHead + ReLU MLP value network (PAPER.md §1)."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  batch, q_len, heads, depth = q.shape
+  out = np.zeros((batch, q_len, heads, v.shape[-1]))
+  for b, i in itertools.product(range(batch), range(q_len)):
+    for j in range(k.shape[1]):
+      if not mask[i, j]:
+        continue
+      s = np.array([q[b, i, h] @ k[b, j, h] for h in range(heads)]) / np.sqrt(depth)
+      a = s / np.sqrt(np.mean(s**2) + reference.RMS_HEAD_EPS)
+      z = np.maximum(np.einsum("h,hv->v", a, v[b, j]), 0.0)
+      out[b, i] += a[:, None] * z[None, :]
+  return out
+
+
+@pytest.mark.parametrize("implementation", ["reference", "blockwise", "pallas", "auto"])
+def test_dispatch_against_float64_loops(implementation):
+  q, k, v, _, _, _ = make_inputs(5, batch=1, q_len=11, k_len=11)
+  out = dispatch.attention(q, k, v, is_causal=True, normalization="rms_head",
+                           value_network="mlp", implementation=implementation)
+  expected = naive_hyla_float64(q, k, v, np.tril(np.ones((11, 11), bool)))
+  assert rel_err(out, expected) < F32_TOL
+
+
+def test_blockwise_float64_accumulates_in_float64(x64):
+  q, k, v, _, _, _ = make_inputs(9, batch=1, q_len=11, k_len=11, dtype=jnp.float64)
+  out = blockwise.attention(q, k, v, is_causal=True, block_q=4, block_k=3)
+  assert out.dtype == jnp.float64
+  expected = naive_hyla_float64(q, k, v, np.tril(np.ones((11, 11), bool)))
+  assert rel_err(out, expected) < 1e-12
+
+
+def test_dispatch_auto_softmax_uses_dot_product_attention_numerics():
+  inputs = make_inputs(6, q_len=15, k_len=15, v_dim=8, bias_shape=(1, 3, 15, 15))
+  kw = dict(normalization="softmax", value_network="linear", activation="relu")
+  fn = lambda q, k, v, b: dispatch.attention(q, k, v, bias=b, is_causal=True, **kw)
+  assert_close(fn, reference_fn(None, True, **kw), inputs, F32_TOL)
+
+
+def test_dispatch_deep_mlp_runs_reference():
+  q, k, v, _, _, _ = make_inputs(7, q_len=9, k_len=9)
+  w = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5, 5)), jnp.float32)
+  for implementation in ("blockwise", "pallas"):
+    out = dispatch.attention(q, k, v, value_network="deep_mlp", value_weight_HVV=w,
+                             implementation=implementation)
+    ref = reference.attention(q, k, v, value_network="deep_mlp", value_weight_HVV=w)
+    assert rel_err(out, ref) < F32_TOL
+
+
+def test_auto_choice_by_shape_and_backend():
+  choose = dispatch.choose_implementation
+  assert choose(16, 16, "rms_head", "mlp", backend="cpu") == "reference"
+  assert choose(36, 36, "rms_head", "mlp", backend="cpu") == "blockwise"
+  assert choose(1024, 1024, "rms_head", "mlp", backend="cpu") == "blockwise"
+  assert choose(1024, 1024, "rms_head", "mlp", backend="gpu") == "pallas"
+  assert choose(1024, 1024, "rms_head", "mlp", backend="tpu") == "blockwise"
+  assert choose(4096, 4096, "rms_head", "deep_mlp", backend="gpu") == "reference"
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    (dict(implementation="flash"), "implementation"),
+    (dict(normalization="layer"), "normalization"),
+    (dict(value_network="conv"), "value_network"),
+    (dict(activation="swish"), "activation"),
+    (dict(bias=np.zeros((4, 4, 4))), "bias"),
+])
+def test_bad_arguments_raise(kwargs, word):
+  q, k, v, _, _, _ = make_inputs(8, q_len=4, k_len=4)
+  impl = kwargs.pop("implementation", "blockwise")
+  with pytest.raises(ValueError, match=word):
+    dispatch.attention(q, k, v, implementation=impl, **kwargs)
