@@ -1,0 +1,35 @@
+r"""Trains one fuzzy-logic in-context regression model; see configs/fuzzy_logic.py.
+
+  python experiments/fuzzy_logic.py \
+    --config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper --workdir=workdirs/fuzzy_hyla
+With no flags: HYLA at `size=local` into ./workdirs/fuzzy_logic_<time>. Rerunning with the
+same --workdir resumes; multi-process flags as in sraven_scaling.py.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from hypernet_attention.train import loop
+from hypernet_attention.train import runtime
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__),
+                           "configs/fuzzy_logic.py:model=hyla,size=local"),
+    "Experiment config file and its argument.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
+                               "under ./workdirs/).")
+
+
+def main(argv):
+  del argv
+  runtime.initialize_from_flags()
+  runtime.log_topology()
+  workdir = _WORKDIR.value or runtime.fresh_workdir("fuzzy_logic")
+  loop.train_and_evaluate(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

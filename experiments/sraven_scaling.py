@@ -1,0 +1,40 @@
+r"""Trains one SRAVEN model (one point of the paper's scaling grid); see configs/sraven.py.
+
+With no flags: HYLA at `size=local` (~15 min on a 2-core CPU) into ./workdirs/sraven_<time>:
+  python experiments/sraven_scaling.py
+Paper size on a GPU/TPU:
+  python experiments/sraven_scaling.py \
+    --config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4 \
+    --workdir=workdirs/sraven_hyla_w1_d4
+Rerunning with the same --workdir resumes from the newest checkpoint. Several processes:
+add --coordinator_address=HOST:PORT --num_processes=N --process_id=I (or --multi_process
+on TPU pods / SLURM) and the same --workdir on shared storage.
+"""
+
+import os
+
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from hypernet_attention.train import loop
+from hypernet_attention.train import runtime
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs/sraven.py:model=hyla,size=local"),
+    "Experiment config file and its argument.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
+                               "under ./workdirs/).")
+
+
+def main(argv):
+  del argv
+  runtime.initialize_from_flags()
+  runtime.log_topology()
+  workdir = _WORKDIR.value or runtime.fresh_workdir("sraven")
+  loop.train_and_evaluate(_CONFIG.value, workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,11 @@
+"""Training system: configs -> sharded train state -> scanned jit steps -> CLU logs -> Orbax.
+
+Modules (each reads in one sitting):
+  config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig.
+  objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic), by name.
+  state          TrainState, AdamW with warmup + cosine to 0.1x, weight-decay mask.
+  sharding       mesh, logical axis rules -> NamedSharding, host-local -> global arrays.
+  checkpointing  Orbax CheckpointManager: async atomic saves, resume, foreign-workdir guard.
+  runtime        `jax.distributed` start-up and topology logging for the entry points.
+  loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
+"""

@@ -1,0 +1,99 @@
+"""Helpers for `experiments/configs/*.py`: parse `get_config(arg)` strings, build models.
+
+`get_config("model=hyla,size=local")` style arguments follow big_vision: comma-separated
+`key=value` pairs with defaults; an unknown key or value is a `ValueError` that lists what
+is allowed, raised before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Sequence
+
+import jax.numpy as jnp
+import ml_collections
+
+
+def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = None,
+              **defaults: Any) -> ml_collections.ConfigDict:
+  """Parses `"k1=v1,k2=v2"` into a ConfigDict, typed like `defaults`.
+
+  Args:
+    arg: the string after the colon in `--config=path.py:arg` (None or '' for defaults).
+    allowed: optional `key -> allowed values`; other values raise.
+    **defaults: every accepted key with its default (the type of the default is used
+      to convert the string).
+  """
+  result = dict(defaults)
+  for item in (arg or "").split(","):
+    item = item.strip()
+    if not item:
+      continue
+    if "=" not in item:
+      raise ValueError(f"config argument {item!r} is not key=value; keys: {sorted(defaults)}")
+    key, value = (s.strip() for s in item.split("=", 1))
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; allowed: {sorted(defaults)}")
+    kind = type(defaults[key])
+    try:
+      result[key] = value if kind is str else kind(value)
+    except ValueError as e:
+      raise ValueError(f"config argument {key}={value!r} is not a {kind.__name__}") from e
+  for key, values in (allowed or {}).items():
+    if result[key] not in values:
+      raise ValueError(
+          f"config argument {key}={result[key]!r} is not allowed; choose from {list(values)}")
+  return ml_collections.ConfigDict(result)
+
+
+def check_preset(name: str) -> str:
+  """Raises unless `name` is an attention preset of `hypernet_attention.attention`."""
+  from hypernet_attention import attention  # pylint: disable=g-import-not-at-top
+  if name not in attention.PRESETS:
+    raise ValueError(f"unknown attention preset {name!r}; allowed: {sorted(attention.PRESETS)}")
+  return name
+
+
+def transformer_config(model: Mapping[str, Any], **overrides: Any):
+  """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
+  from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
+  fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
+  kwargs = dict(model)
+  kwargs.update(overrides)
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise ValueError(f"unknown model config keys {unknown}; allowed: {sorted(fields)}")
+  for key in ("dtype", "param_dtype"):
+    if isinstance(kwargs.get(key), str):
+      kwargs[key] = jnp.dtype(kwargs[key])
+  check_preset(kwargs["attention"])
+  return transformer.TransformerConfig(**kwargs)
+
+
+def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
+  """Fields every experiment config has; the experiment file fills in the values."""
+  c = ml_collections.ConfigDict()
+  c.experiment = experiment
+  c.seed = seed  # Initialization, training data order and dropout.
+  c.task = ml_collections.ConfigDict()
+  c.model = ml_collections.ConfigDict()
+  c.batch_size = 128
+  c.num_train_steps = 1000
+  # Optimizer steps per host call (one jitted lax.scan); intervals below need not divide it.
+  c.steps_per_loop = 50
+  c.log_every_steps = 500
+  c.eval_every_steps = 5000
+  c.checkpoint_every_steps = 5000
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
+  # Test hook: stop this invocation at this step (as if killed); rerun to resume.
+  c.stop_after_steps = ml_collections.config_dict.placeholder(int)
+  c.optimizer = ml_collections.ConfigDict(dict(
+      learning_rate=1e-3, warmup_steps=1000, end_lr_fraction=0.1, weight_decay=0.1,
+      b1=0.9, b2=0.999, eps=1e-8, grad_clip_norm=0.0))  # 0: no clipping.
+  c.eval = ml_collections.ConfigDict(dict(
+      splits=("test", "ood"), num_problems=51_200, batch_size=1024,
+      ceiling_problems=0))  # > 0: estimate each split's accuracy ceiling once per run.
+  # Device mesh: `data` x `fsdp` (-1 = all remaining devices).
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  return c

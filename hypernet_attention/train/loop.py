@@ -1,0 +1,298 @@
+"""`train_and_evaluate(config, workdir)`: the program both experiments run.
+
+Speed: the models are small, so host overhead per step would dominate on an accelerator.
+One jitted call runs `steps_per_loop` optimizer steps in a `lax.scan`, generating each
+step's batch on device from `fold_in(seed, step)`; the state is donated and its shardings
+are explicit. Metrics stay on device until a log step. Because a batch is a pure function
+of (seed, step), resuming from a checkpoint replays exactly the same data.
+
+Order of work: validate everything (config, mesh, batch divisibility, workdir) -> build the
+state abstractly -> restore or initialize it sharded -> train / evaluate / checkpoint ->
+summary.json. Only process 0 writes logs and the summary.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any, Optional
+
+from absl import logging
+from clu import metric_writers
+from clu import parameter_overview
+from clu import periodic_actions
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hypernet_attention import transformer
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import objectives
+from hypernet_attention.train import sharding
+from hypernet_attention.train import state as state_lib
+
+
+def _check_intervals(config: ml_collections.ConfigDict) -> None:
+  for key in ("num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
+              "checkpoint_every_steps"):
+    if int(config[key]) <= 0:
+      raise ValueError(f"config.{key}={config[key]} must be positive")
+  if config.eval.num_problems % config.eval.batch_size:
+    raise ValueError(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
+                     f"config.eval.batch_size={config.eval.batch_size}")
+
+
+def _constrain_batch(tree: Any, mesh) -> Any:
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), tree)
+
+
+class Trainer:
+  """Jitted train chunks and evaluation for one (config, objective, mesh)."""
+
+  def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
+               state_shardings):
+    self.config, self.objective, self.model, self.tx, self.mesh = (
+        config, objective, model, tx, mesh)
+    self.state_shardings = state_shardings
+    self.rng = jax.random.key(config.seed)
+    self.eval_splits = tuple(config.eval.splits)
+
+  def _loss(self, params, batch, dropout_key):
+    inputs, _ = self.objective.encode(batch)
+    outputs = self.model.apply({"params": params}, inputs, deterministic=False,
+                               rngs={"dropout": dropout_key})
+    metrics = self.objective.metrics_fn(outputs, batch)
+    return metrics["loss"].mean(), jax.tree.map(jnp.mean, metrics)
+
+  def _train_step(self, state: state_lib.TrainState, _):
+    key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), state.step)
+    data_key, dropout_key = jax.random.split(key)
+    batch = self.objective.task.sample(data_key, self.config.batch_size, "train")
+    batch = _constrain_batch(batch, self.mesh)
+    grads, metrics = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = jax.tree.map(lambda p, u: p + u, state.params, updates)
+    metrics["grad_norm"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads)))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  @functools.cached_property
+  def _train_chunk_jit(self):
+    def chunk(state, length):
+      return jax.lax.scan(self._train_step, state, None, length=length)
+    return jax.jit(chunk, static_argnums=1, donate_argnums=0,
+                   in_shardings=(self.state_shardings,),
+                   out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
+
+  def train_chunk(self, state, length: int):
+    """`length` steps; returns the new state and per-step metrics {name: (length,)}."""
+    return self._train_chunk_jit(state, length)
+
+  def _eval_split(self, params, split_index: int, split: str):
+    num_batches = self.config.eval.num_problems // self.config.eval.batch_size
+    split_key = jax.random.fold_in(jax.random.fold_in(self.rng, 2), split_index)
+
+    def batch_sums(i):
+      batch = self.objective.task.sample(
+          jax.random.fold_in(split_key, i), self.config.eval.batch_size, split)
+      batch = _constrain_batch(batch, self.mesh)
+      inputs, _ = self.objective.encode(batch)
+      outputs = self.model.apply({"params": params}, inputs, deterministic=True)
+      return jax.tree.map(jnp.sum, self.objective.metrics_fn(outputs, batch))
+
+    def body(sums, i):
+      return jax.tree.map(jnp.add, sums, batch_sums(i)), None
+
+    sums, _ = jax.lax.scan(body, batch_sums(0), jnp.arange(1, num_batches))
+    return jax.tree.map(lambda s: s / self.config.eval.num_problems, sums)
+
+  @functools.cached_property
+  def _eval_jit(self):
+    def evaluate(params):
+      return {split: self._eval_split(params, i, split)
+              for i, split in enumerate(self.eval_splits)}
+    return jax.jit(evaluate, in_shardings=(self.state_shardings.params,),
+                   out_shardings=sharding.replicated(self.mesh))
+
+  def evaluate(self, params) -> dict[str, float]:
+    """Mean metrics on a fixed set of `eval.num_problems` problems per split."""
+    results = jax.device_get(self._eval_jit(params))
+    return {f"{split}/{k}": float(v) for split, ms in results.items() for k, v in ms.items()}
+
+
+def _next_boundary(step: int, config) -> int:
+  ends = [config.num_train_steps, step + config.steps_per_loop]
+  for every in (config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps):
+    ends.append((step // every + 1) * every)
+  if config.get("stop_after_steps"):
+    ends.append(max(config.stop_after_steps, step + 1))
+  return min(ends)
+
+
+def _first_nonfinite(chunks) -> Optional[int]:
+  """1-based number of the first step whose training loss is NaN/Inf, or None."""
+  for start, metrics in chunks:
+    # A finite loss with a non-finite gradient would make the *next* state non-finite.
+    finite = np.isfinite(metrics["loss"]) & np.isfinite(metrics["grad_norm"])
+    bad = np.flatnonzero(~finite)
+    if bad.size:
+      return start + int(bad[0]) + 1
+  return None
+
+
+def setup(config: ml_collections.ConfigDict, devices=None):
+  """Everything that validates input: objective, model, optimizer, mesh. No side effects."""
+  _check_intervals(config)
+  objective = objectives.build(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  sharding.check_batch_size(config.batch_size, mesh)
+  sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
+  unknown = sorted(set(config.eval.splits) - set(objective.task.splits))
+  if unknown:
+    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.task.splits)}")
+  example = jax.eval_shape(
+      lambda k: objective.encode(objective.task.sample(k, config.batch_size, "train"))[0],
+      jax.random.key(0))
+  overrides = dict(objective.model_overrides)
+  for key in ("num_buckets", "max_distance"):  # The authors: both = sequence length.
+    if config.model.get(key) is None:
+      overrides[key] = example.shape[1]
+  model_config = config_lib.transformer_config(
+      {k: v for k, v in config.model.items() if v is not None}, **overrides)
+  model = transformer.Transformer(model_config)
+  tx = state_lib.make_optimizer(config)
+  init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
+  abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
+  shardings = sharding.state_shardings(abstract_boxed, mesh)
+  return objective, model, tx, mesh, init_fn, abstract_boxed, shardings
+
+
+def _accuracy_ceilings(config, objective, workdir) -> dict[str, float]:
+  """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
+
+  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
+  """
+  if not hasattr(objective.task, "accuracy_ceiling") or config.eval.ceiling_problems <= 0:
+    return {}
+  path = os.path.join(workdir, "accuracy_ceilings.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  ceilings = {}
+  for i, split in enumerate(config.eval.splits):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
+    ceilings[f"{split}/accuracy_ceiling"] = float(
+        objective.task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
+  logging.info("Accuracy ceilings (%d problems per split): %s",
+               config.eval.ceiling_problems, ceilings)
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(ceilings, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+  return ceilings
+
+
+def init_state(config, init_fn, shardings) -> state_lib.TrainState:
+  """A fresh state, materialized directly with its shardings (never whole on one device)."""
+  init = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)
+  return init(jax.random.fold_in(jax.random.key(config.seed), 0))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       devices=None) -> dict[str, Any]:
+  """Trains (resuming from `workdir` if it holds this run), evaluates, writes summary.json.
+
+  `devices` (default: all) is the device set the mesh is built from. Returns the summary;
+  it also carries the final state under the key `state` (not written to disk).
+  """
+  start_time = time.time()
+  objective, model, tx, mesh, init_fn, abstract_boxed, shardings = setup(config, devices)
+  checkpointing.check_workdir(workdir, config)
+
+  ckpt = checkpointing.Checkpointer(
+      workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
+      use_async=config.async_checkpoints)
+  abstract_state = checkpointing.abstract_with_shardings(nn.meta.unbox(abstract_boxed), shardings)
+  state = ckpt.restore_latest(abstract_state)
+  if state is None:
+    state = init_state(config, init_fn, shardings)
+    logging.info("Initialized a new run in %s", workdir)
+  step = start_step = int(jax.device_get(state.step))
+  summary_path = os.path.join(workdir, "summary.json")
+  if step >= config.num_train_steps and os.path.exists(summary_path):
+    ckpt.close()
+    logging.info("%s already holds a finished run (step %d); nothing to do", workdir, step)
+    with open(summary_path) as f:
+      return {**json.load(f), "state": state}
+  is_chief = jax.process_index() == 0
+  writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief)
+  num_params = state_lib.count_params(state.params)
+  logging.info("Parameters (%d):\n%s", num_params, parameter_overview.get_parameter_overview(
+      state.params, include_stats=False))
+  if step == 0:
+    flat_config = checkpointing.flatten(checkpointing.config_to_json(config))
+    writer.write_hparams({k: v for k, v in flat_config.items()
+                          if isinstance(v, (int, float, str, bool))})
+
+  ceilings = _accuracy_ceilings(config, objective, workdir)
+  if ceilings:
+    writer.write_scalars(step, ceilings)
+
+  trainer = Trainer(config, objective, model, tx, mesh, shardings)
+  report = periodic_actions.ReportProgress(num_train_steps=config.num_train_steps, writer=writer)
+  pending, last_train, eval_metrics = [], {}, {}
+  while step < config.num_train_steps:
+    if config.get("stop_after_steps") and step >= config.stop_after_steps:
+      break
+    end = _next_boundary(step, config)
+    state, metrics = trainer.train_chunk(state, end - step)
+    pending.append((step, metrics))
+    step = end
+    is_last = step == config.num_train_steps
+    saving = ckpt.should_save(step) or is_last
+    if saving or step % config.log_every_steps == 0:
+      # Checked before any save, so a checkpoint never holds a diverged state.
+      pending = jax.device_get(pending)
+      bad = _first_nonfinite(pending)
+      if bad is not None:
+        ckpt.wait()
+        raise FloatingPointError(f"non-finite training loss at step {bad}; stopping "
+                                 f"(checkpoints up to step {ckpt.latest_step()} are intact)")
+    if saving:
+      ckpt.save(step, state, force=is_last)
+    report(step)
+    if step % config.log_every_steps == 0 or is_last:
+      last_train = {f"train/{k}": float(np.mean(np.concatenate([m[k] for _, m in pending])))
+                    for k in pending[0][1]}
+      last_train["train/learning_rate"] = float(
+          state_lib.learning_rate_schedule(config)(step))
+      writer.write_scalars(step, last_train)
+      pending = []
+    if step % config.eval_every_steps == 0 or is_last:
+      with report.timed("eval"):
+        eval_metrics = trainer.evaluate(state.params)
+      writer.write_scalars(step, eval_metrics)
+      logging.info("step %d: %s", step, eval_metrics)
+  if step >= config.num_train_steps and not eval_metrics:  # Killed after the final save.
+    eval_metrics = trainer.evaluate(state.params)
+  ckpt.close()
+  writer.flush()
+
+  wall_time = time.time() - start_time
+  summary = {"step": step, "wall_time_s": wall_time, "params": num_params,
+             # Including compilation, evaluation and checkpointing.
+             "steps_per_s_overall": (step - start_step) / wall_time,
+             "num_devices": jax.device_count(), "num_processes": jax.process_count(),
+             **last_train, **eval_metrics, **ceilings}
+  if step >= config.num_train_steps and is_chief:
+    with open(summary_path + ".tmp", "w") as f:
+      json.dump(summary, f, indent=2, sort_keys=True)
+    os.replace(summary_path + ".tmp", summary_path)
+  writer.close()
+  return {**summary, "state": state}
+

@@ -1,0 +1,106 @@
+"""Mesh, logical-axis shardings and global batches.
+
+One mesh with axes (`data`, `fsdp`). Batches are split over both (every device holds a
+slice of the batch); with `fsdp` > 1 the model width (`embed`) of parameters and optimizer
+moments is split over `fsdp` as well (ZeRO-3 style; XLA inserts the all-gathers). The
+logical names are the ones `transformer.py` annotates its parameters with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp")
+BATCH_AXES = ("data", "fsdp")
+# Logical parameter axis -> mesh axis. Everything not listed is replicated.
+LOGICAL_AXIS_RULES = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("heads", None), ("kv", None), ("mlp", None), ("vocab", None), ("input", None),
+    ("output", None), ("relpos_buckets", None), ("experts", None), ("norm", None),
+)
+
+
+def make_mesh(mesh_config: ml_collections.ConfigDict,
+              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+  """`mesh_config.data` / `.fsdp` sizes; -1 (at most one) takes the remaining devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = [int(mesh_config.data), int(mesh_config.fsdp)]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} invalid: use positive "
+                     "sizes and at most one -1")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if len(devices) % known:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide the "
+                     f"{len(devices)} devices")
+  sizes = [len(devices) // known if s == -1 else s for s in sizes]
+  if int(np.prod(sizes)) != len(devices):
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} "
+                     f"devices, have {len(devices)}")
+  return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
+                       # Auto: XLA propagates shardings from the annotated inputs and outputs.
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def check_batch_size(batch_size: int, mesh: jax.sharding.Mesh, what: str = "batch_size"):
+  shards = int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
+  if batch_size % shards:
+    raise ValueError(f"{what}={batch_size} is not divisible by the {shards} devices the "
+                     f"batch is split over (mesh {dict(mesh.shape)}); use a multiple of {shards}")
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 1) -> NamedSharding:
+  """Leading (batch) axis split over all devices, the rest replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def state_shardings(abstract_boxed_state: Any, mesh: jax.sharding.Mesh,
+                    rules=LOGICAL_AXIS_RULES) -> Any:
+  """Boxed abstract state (from `jax.eval_shape`) -> NamedSharding per unboxed leaf.
+
+  Raises when a sharded dimension does not divide its mesh axis, naming the parameter.
+  """
+  specs = nn.get_partition_spec(abstract_boxed_state)
+  shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  unboxed = nn.meta.unbox(abstract_boxed_state)
+  for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(unboxed),
+                                    jax.tree.leaves(shardings)):
+    for dim, axes in zip(leaf.shape, sharding.spec):
+      size = int(np.prod([mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else
+                                                   (axes or ()))]))
+      if dim % size:
+        raise ValueError(f"parameter {jax.tree_util.keystr(path)} of shape {leaf.shape} "
+                         f"cannot be split {size} ways over mesh axes {axes}; choose a "
+                         f"mesh whose fsdp size divides the model width")
+  return shardings
+
+
+def host_local_to_global(local_batch: Any, mesh: jax.sharding.Mesh) -> Any:
+  """This process's slice of a batch (leading axis) -> global arrays split over `data`.
+
+  Every process passes its own `global_batch / process_count` examples; the result has the
+  global batch size. Raises when the local slice does not divide this process's devices.
+  """
+  num_local = len(mesh.local_devices)
+
+  def to_global(x):
+    x = np.asarray(x)
+    if x.shape[0] % num_local:
+      raise ValueError(f"host-local batch of {x.shape[0]} does not divide the "
+                       f"{num_local} local devices")
+    global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+    return jax.make_array_from_process_local_data(
+        batch_sharding(mesh, x.ndim), x, global_shape)
+
+  return jax.tree.map(to_global, local_batch)

@@ -1,0 +1,107 @@
+"""Distributed training on CPU: 4 fake devices, and 2 processes on 127.0.0.1.
+
+Fake devices must be configured before jax starts, so these run `tests/train_helper.py`
+in subprocesses (the pytest process keeps its single device). Every subprocess is
+bounded in time and killed by the test that started it.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import flax.linen as nn
+import numpy as np
+import pytest
+
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
+import train_testlib as tl
+
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import loop
+
+HELPER = os.path.join(tl.REPO, "tests", "train_helper.py")
+TIMEOUT_S = 420
+
+
+def _run(args, out_dir, name):
+  log = open(os.path.join(out_dir, f"log_{name}.txt"), "w")
+  return subprocess.Popen([sys.executable, HELPER, *map(str, args)], env=tl.subprocess_env(),
+                          stdout=log, stderr=subprocess.STDOUT, cwd=tl.REPO), log
+
+
+def _wait_all(procs, out_dir):
+  try:
+    for proc, _ in procs:
+      proc.wait(timeout=TIMEOUT_S)
+  finally:
+    for proc, log in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+  for proc, log in procs:
+    if proc.returncode != 0:
+      with open(log.name) as f:
+        pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{f.read()[-4000:]}")
+
+
+def test_four_fake_devices_data_parallel_and_fsdp_match_one_device(tmp_path):
+  _wait_all([_run(["devices", tmp_path], tmp_path, "devices")], tmp_path)
+  with open(tmp_path / "result.json") as f:
+    result = json.load(f)
+  one = np.array(result["one"])
+  assert one.shape == (8,) and np.all(np.isfinite(one))
+  for mesh in ("data4", "fsdp4", "data2_fsdp2"):
+    np.testing.assert_allclose(result[mesh], one, rtol=2e-5, err_msg=mesh)
+  # Saved on a 2x2 (data x fsdp) mesh at step 4, resumed and finished on 1 device.
+  assert result["resume_4to1_step"] == 8
+  assert result["resume_4to1_max_abs_diff"] < 1e-5
+  assert "batch_size=6 is not divisible by the 4 devices" in result["bad_batch_error"]
+  assert not result["bad_batch_workdir_exists"]
+
+
+def test_two_processes_match_one_process(tmp_path):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  workdir = tmp_path / "wd"
+  procs = [_run(["process", port, i, workdir, tmp_path], tmp_path, f"process{i}")
+           for i in (0, 1)]
+  _wait_all(procs, tmp_path)
+  with open(tmp_path / "summary.json") as f:
+    summary = json.load(f)
+  assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["4", "8"]
+  assert len([f for f in os.listdir(workdir) if f.startswith("events")]) == 1  # process 0
+  two = dict(np.load(tmp_path / "params.npz"))
+
+  config = tl.smoke("sraven", **{"eval.ceiling_problems": 0})
+  single = loop.train_and_evaluate(config, str(tmp_path / "single"))
+  one = tl.flat_params(single["state"].params)
+  assert one.keys() == two.keys()
+  for k in one:
+    np.testing.assert_allclose(two[k], one[k], atol=2e-5, err_msg=k)
+
+  # The checkpoint the two processes wrote restores in this one-device process.
+  _, _, _, _, _, abstract_boxed, shardings = loop.setup(config)
+  ckpt = checkpointing.Checkpointer(str(workdir), save_every=4, keep=3)
+  restored = ckpt.restore_latest(checkpointing.abstract_with_shardings(
+      nn.meta.unbox(abstract_boxed), shardings))
+  ckpt.close()
+  assert int(restored.step) == 8
+  for k, v in tl.flat_params(restored.params).items():
+    np.testing.assert_array_equal(v, two[k], err_msg=k)
+
+
+def test_entry_point_rejects_unknown_config_key_before_any_work(tmp_path):
+  workdir = tmp_path / "wd"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(tl.REPO, "experiments", "sraven_scaling.py"),
+       "--config=" + os.path.join(tl.REPO, "experiments/configs/sraven.py") + ":size=smoke",
+       "--config.not_a_key=1", f"--workdir={workdir}"],
+      env=tl.subprocess_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+  assert proc.returncode != 0
+  assert "not_a_key" in proc.stderr
+  assert not workdir.exists()

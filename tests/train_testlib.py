@@ -1,0 +1,79 @@
+"""Shared helpers for the training tests (not a test module).
+
+Compilation dominates these tests on a 2-core CPU, so they share a persistent XLA
+compilation cache (also handed to their subprocesses): identical programs compile once.
+"""
+
+import os
+import sys
+import tempfile
+
+import jax
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+# pylint: disable=wrong-import-position
+from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402
+from experiments.configs import sraven as sraven_config  # noqa: E402
+# pylint: enable=wrong-import-position
+
+CACHE_DIR = os.path.join(tempfile.gettempdir(), "hypernet_attention_test_xla_cache")
+CACHE_ENV = {
+    "JAX_COMPILATION_CACHE_DIR": CACHE_DIR,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def compilation_cache():
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
+
+
+def subprocess_env() -> dict:
+  env = dict(os.environ, **CACHE_ENV)
+  env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def smoke(experiment: str = "sraven", model: str = "hyla", **updates):
+  """The smoke config of an experiment, with top-level or dotted-key updates."""
+  module = sraven_config if experiment == "sraven" else fuzzy_config
+  config = module.get_config(f"model={model},size=smoke")
+  with config.unlocked():
+    for key, value in updates.items():
+      node = config
+      *parents, leaf = key.split(".")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  return config
+
+
+def flat_params(params) -> dict:
+  return {jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
+          for p, x in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def snapshot(directory: str) -> dict:
+  """path -> (size, mtime) of every file under `directory`."""
+  out = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      st = os.stat(path)
+      out[path] = (st.st_size, st.st_mtime_ns)
+  return out
