@@ -35,7 +35,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       attention=arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16,
       mlp_dim=256, feed_forward="gelu_mlp", position="t5", bidirectional=False, causal=False,
-      attention_dropout=0.1, dtype="float32", implementation="auto"))
+      attention_dropout=0.1, dtype="float32", implementation="auto",
+      # Overrides the preset's value-network activation (relu, gelu, silu, ...).
+      activation=ml_collections.config_dict.placeholder(str),
+      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
   c.batch_size = 128
   c.num_train_steps = 50_000
   c.steps_per_loop = 250

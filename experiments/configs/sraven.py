@@ -52,7 +52,10 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       attention=arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w,
       qk_dim=64 * w, v_dim=64 * w, mlp_dim=256 * w, feed_forward="gelu_mlp",
       position="t5", bidirectional=False, causal=False, attention_dropout=0.1,
-      dtype="float32", implementation="auto"))
+      dtype="float32", implementation="auto",
+      # Overrides the preset's value-network activation (the rebuttal's phi sweep).
+      activation=ml_collections.config_dict.placeholder(str),
+      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
   c.batch_size = 128
   c.num_train_steps = 156_250
   c.steps_per_loop = 250

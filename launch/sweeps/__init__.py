@@ -7,8 +7,6 @@ override. One point is one job.
 """
 
 import importlib
-import itertools
-from typing import Any
 
 SWEEPS = (
     "table_a1_sraven",
@@ -17,12 +15,6 @@ SWEEPS = (
     "fig4_sraven_scaling",
     "activations_sraven",
 )
-
-
-def product(**axes: list[Any]) -> list[dict[str, Any]]:
-  """The cartesian product of named axes as a list of dicts (the last axis varies fastest)."""
-  names = list(axes)
-  return [dict(zip(names, values)) for values in itertools.product(*axes.values())]
 
 
 def load(name: str):
