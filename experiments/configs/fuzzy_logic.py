@@ -27,18 +27,12 @@ SIZES = ("paper", "local", "smoke")
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
-  config_lib.check_preset(arg.model)
   c = config_lib.base_config(experiment="fuzzy_logic")
   c.task = ml_collections.ConfigDict(dict(
       num_variables=4, num_terms=2, num_examples=32, holdout_fraction=0.7,
       num_unseen_terms=4, seed=0))
-  c.model = ml_collections.ConfigDict(dict(
-      attention=arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16,
-      mlp_dim=256, feed_forward="gelu_mlp", position="t5", bidirectional=False, causal=False,
-      attention_dropout=0.1, dtype="float32", implementation="auto",
-      # Overrides the preset's value-network activation (relu, gelu, silu, ...).
-      activation=ml_collections.config_dict.placeholder(str),
-      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
+  c.model = config_lib.model_config(
+      arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)
   c.batch_size = 128
   c.num_train_steps = 50_000
   c.steps_per_loop = 250

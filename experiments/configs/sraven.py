@@ -40,7 +40,6 @@ LOCAL = dict(
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local", width=1, depth=4)
-  config_lib.check_preset(arg.model)
   if arg.width < 1 or arg.depth < 1:
     raise ValueError(f"width={arg.width} and depth={arg.depth} must be positive integers")
   c = config_lib.base_config(experiment="sraven")
@@ -48,14 +47,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       num_features=4, num_values=8, grid_size=3, holdout_fraction=0.25,
       permute_features=True, seed=0))
   w = arg.width
-  c.model = ml_collections.ConfigDict(dict(
-      attention=arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w,
-      qk_dim=64 * w, v_dim=64 * w, mlp_dim=256 * w, feed_forward="gelu_mlp",
-      position="t5", bidirectional=False, causal=False, attention_dropout=0.1,
-      dtype="float32", implementation="auto",
-      # Overrides the preset's value-network activation (the rebuttal's phi sweep).
-      activation=ml_collections.config_dict.placeholder(str),
-      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
+  c.model = config_lib.model_config(
+      arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w, qk_dim=64 * w,
+      v_dim=64 * w, mlp_dim=256 * w)
   c.batch_size = 128
   c.num_train_steps = 156_250
   c.steps_per_loop = 250

@@ -344,6 +344,20 @@ class SRaven:
     (two rows of zeros are far likelier under `constant` than under `addition`), so a model
     that learned those likelihoods and the rule prior can score above it.
     """
+    def batch_total(grid):
+      ambiguous = np.asarray(self.is_ambiguous(grid))
+      total = float((~ambiguous).sum())
+      if ambiguous.any():
+        total += sum(1.0 / len(a) for a in self.consistent_answers(grid[ambiguous]))
+      return total
+
+    return self._mean_over_problems(batch_total, key, num_problems, split, batch_size)
+
+  def _mean_over_problems(self, batch_total, key, num_problems, split, batch_size):
+    """Mean of a per-problem quantity over `num_problems` sampled problems of `split`.
+
+    `batch_total(grid)` sums the quantity over a host-numpy batch of grids (B, G, G, K).
+    """
     self._check_split(split)
     if num_problems < 1:
       raise ValueError(f'num_problems={num_problems}; allowed: >= 1.')
@@ -351,10 +365,7 @@ class SRaven:
     while done < num_problems:
       grid = self.sample(jax.random.fold_in(key, step), batch_size, split)['grid']
       grid = np.asarray(grid)[:num_problems - done]
-      ambiguous = np.asarray(self.is_ambiguous(grid))
-      total += float((~ambiguous).sum())
-      if ambiguous.any():
-        total += sum(1.0 / len(a) for a in self.consistent_answers(grid[ambiguous]))
+      total += batch_total(grid)
       done += grid.shape[0]
       step += 1
     return total / num_problems
@@ -425,14 +436,6 @@ class SRaven:
   def bayes_accuracy(self, key: jax.Array, num_problems: int, split: str,
                      prior: str = 'split', batch_size: int = 1024) -> float:
     """Expected accuracy of the Bayes-optimal predictor: mean max posterior probability."""
-    self._check_split(split)
-    if num_problems < 1:
-      raise ValueError(f'num_problems={num_problems}; allowed: >= 1.')
-    total, done, step = 0.0, 0, 0
-    while done < num_problems:
-      grid = self.sample(jax.random.fold_in(key, step), batch_size, split)['grid']
-      grid = np.asarray(grid)[:num_problems - done]
-      total += float(self.bayes_predict(grid, split, prior)[1].sum())
-      done += grid.shape[0]
-      step += 1
-    return total / num_problems
+    return self._mean_over_problems(
+        lambda grid: float(self.bayes_predict(grid, split, prior)[1].sum()),
+        key, num_problems, split, batch_size)

@@ -70,6 +70,23 @@ def transformer_config(model: Mapping[str, Any], **overrides: Any):
   return transformer.TransformerConfig(**kwargs)
 
 
+def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
+  """`config.model` of the synthetic tasks: the paper's fixed choices, plus `sizes`.
+
+  Fixed as in the authors' code (PAPER.md Sec. 2): GeLU MLP, T5 relative bias with
+  `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32.
+  """
+  check_preset(attention)
+  model = ml_collections.ConfigDict(dict(
+      attention=attention, feed_forward="gelu_mlp", position="t5", bidirectional=False,
+      causal=False, attention_dropout=0.1, dtype="float32", implementation="auto",
+      # Overrides the preset's value-network activation (the rebuttal's phi sweep).
+      activation=ml_collections.config_dict.placeholder(str),
+      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
+  model.update(sizes)
+  return model
+
+
 def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   """Fields every experiment config has; the experiment file fills in the values."""
   c = ml_collections.ConfigDict()
