@@ -4,6 +4,11 @@ One mesh with axes (`data`, `fsdp`). Batches are split over both (every device h
 slice of the batch); with `fsdp` > 1 the model width (`embed`) of parameters and optimizer
 moments is split over `fsdp` as well (ZeRO-3 style; XLA inserts the all-gathers). The
 logical names are the ones `transformer.py` annotates its parameters with.
+
+The synthetic tasks need no host input pipeline: each step's batch is generated inside
+the jitted step and constrained to `batch_sharding`, so with JAX's partitionable threefry
+every device draws only its own slice, on any number of hosts, and the batch is still a
+pure function of (seed, step) independent of the device count.
 """
 
 from __future__ import annotations
@@ -84,23 +89,3 @@ def state_shardings(abstract_boxed_state: Any, mesh: jax.sharding.Mesh,
                          f"cannot be split {size} ways over mesh axes {axes}; choose a "
                          f"mesh whose fsdp size divides the model width")
   return shardings
-
-
-def host_local_to_global(local_batch: Any, mesh: jax.sharding.Mesh) -> Any:
-  """This process's slice of a batch (leading axis) -> global arrays split over `data`.
-
-  Every process passes its own `global_batch / process_count` examples; the result has the
-  global batch size. Raises when the local slice does not divide this process's devices.
-  """
-  num_local = len(mesh.local_devices)
-
-  def to_global(x):
-    x = np.asarray(x)
-    if x.shape[0] % num_local:
-      raise ValueError(f"host-local batch of {x.shape[0]} does not divide the "
-                       f"{num_local} local devices")
-    global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
-    return jax.make_array_from_process_local_data(
-        batch_sharding(mesh, x.ndim), x, global_shape)
-
-  return jax.tree.map(to_global, local_batch)
