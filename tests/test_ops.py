@@ -277,3 +277,25 @@ def test_bad_arguments_raise(kwargs, word):
   impl = kwargs.pop("implementation", "blockwise")
   with pytest.raises(ValueError, match=word):
     dispatch.attention(q, k, v, implementation=impl, **kwargs)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "identity"])
+def test_reference_mlp_value_network_matches_formula_in_float64(x64, activation):
+  """The reference's (re-laid-out) MLP value network and its autodiff gradients against an
+  independent formula written with broadcast products instead of einsums, in float64."""
+  rng = np.random.default_rng(3)
+  code = jnp.asarray(rng.standard_normal((2, 3, 7, 5)))  # (B, H, Q, K)
+  value = jnp.asarray(rng.standard_normal((2, 5, 3, 4)))  # (B, K, H, V)
+  cot = jnp.asarray(rng.standard_normal((2, 7, 3, 4)))  # (B, Q, H, V)
+  phi = reference.get_activation(activation)
+
+  def formula(a, v):
+    u = (a[:, :, :, :, None] * jnp.transpose(v, (0, 2, 1, 3))[:, :, None]).sum(1)  # BQKV
+    return (a[..., None] * phi(u)[:, None]).sum(3).transpose(0, 2, 1, 3)  # BQHV
+
+  out, vjp = jax.vjp(
+      lambda a, v: reference.apply_value_network(a, v, "mlp", activation), code, value)
+  want, want_vjp = jax.vjp(formula, code, value)
+  np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+  for got, expected in zip(vjp(cot), want_vjp(cot)):
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
