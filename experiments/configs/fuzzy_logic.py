@@ -51,11 +51,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   elif arg.size == "smoke":
     c.task.update(num_examples=8)
     c.model.update(emb_dim=32, num_heads=4, qk_dim=8, v_dim=8, mlp_dim=64)
-    c.batch_size = 16
-    c.num_train_steps = 8
-    c.steps_per_loop = 4
-    c.log_every_steps = 4
-    c.eval_every_steps = c.checkpoint_every_steps = 4
-    c.optimizer.update(warmup_steps=2)
-    c.eval.update(num_problems=32, batch_size=16)
+    config_lib.use_smoke_schedule(c)
   return c.lock()

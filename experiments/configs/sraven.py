@@ -77,11 +77,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.eval.update(num_problems=LOCAL["eval_problems"], batch_size=512, ceiling_problems=2048)
   elif arg.size == "smoke":
     c.model.update(num_layers=2, emb_dim=32, num_heads=4, qk_dim=16, v_dim=16, mlp_dim=64)
-    c.batch_size = 16
-    c.num_train_steps = 8
-    c.steps_per_loop = 4
-    c.log_every_steps = 4
-    c.eval_every_steps = c.checkpoint_every_steps = 4
-    c.optimizer.update(warmup_steps=2)
-    c.eval.update(num_problems=32, batch_size=16, ceiling_problems=32)
+    config_lib.use_smoke_schedule(c)
+    c.eval.update(ceiling_problems=32)
   return c.lock()

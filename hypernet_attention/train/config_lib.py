@@ -87,6 +87,18 @@ def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
   return model
 
 
+def use_smoke_schedule(c: ml_collections.ConfigDict) -> None:
+  """The loop settings every `size=smoke` config shares: 8 steps at batch 16, logged,
+  evaluated and checkpointed every 4, on 32 eval problems. Seconds on a CPU; tests use it."""
+  c.batch_size = 16
+  c.num_train_steps = 8
+  c.steps_per_loop = 4
+  c.log_every_steps = 4
+  c.eval_every_steps = c.checkpoint_every_steps = 4
+  c.optimizer.update(warmup_steps=2)
+  c.eval.update(num_problems=32, batch_size=16)
+
+
 def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   """Fields every experiment config has; the experiment file fills in the values."""
   c = ml_collections.ConfigDict()
