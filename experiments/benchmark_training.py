@@ -12,16 +12,34 @@ e.g. `model.implementation=reference`.
 
 import argparse
 import json
+import os
+import sys
 
 import jax
 
-from hypernet_attention.train import benchmark
-from hypernet_attention.train import runtime
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from experiments.configs import fuzzy_logic  # noqa: E402
+from experiments.configs import sraven  # noqa: E402
+from hypernet_attention.train import benchmark  # noqa: E402
+from hypernet_attention.train import config_lib  # noqa: E402
+from hypernet_attention.train import runtime  # noqa: E402
+
+CONFIGS = {"sraven": sraven, "fuzzy_logic": fuzzy_logic}
+
+
+def load_config(experiment, arg, overrides):
+  """get_config(arg) with comma-separated dotted `key=value` overrides."""
+  config = CONFIGS[experiment].get_config(arg)
+  for item in (s for s in overrides.split(",") if s.strip()):
+    key, value = (t.strip() for t in item.split("=", 1))
+    config_lib.set_dotted(config, key, value)
+  return config
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="sraven", choices=sorted(benchmark.CONFIGS))
+  parser.add_argument("--experiment", default="sraven", choices=sorted(CONFIGS))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--models", default="softmax,linear,hyla")
   parser.add_argument("--steps", type=int, default=200, help="steps per timed chunk")
@@ -32,9 +50,9 @@ def main():
   print(runtime.log_topology())
   rows = []
   for model in [m for m in args.models.split(",") if m]:
-    row = benchmark.train_steps_per_second(
-        args.experiment, f"model={model},size={args.size}", steps=args.steps,
-        repeats=args.repeats, overrides=args.config_overrides)
+    config = load_config(args.experiment, f"model={model},size={args.size}",
+                         args.config_overrides)
+    row = benchmark.train_steps_per_second(config, steps=args.steps, repeats=args.repeats)
     print(json.dumps(row), flush=True)
     rows.append(row)
   print(f"\n| experiment | size | model | params | batch | steps/s | problems/s | compile s |")

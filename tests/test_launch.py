@@ -21,18 +21,12 @@ EXPECTED_JOBS = {"table_a1_sraven": 13 * 3, "table_a1_fuzzy": 13 * 3,
 
 
 def _resolve(experiment, point):
-  """The config a job would run: the config argument, then each override on the locked dict
-  (so an unknown key raises, as `--config.<key>=` would)."""
+  """The config a job would run: the config argument, then each override (an unknown key
+  raises, as `--config.<key>=` would)."""
   point = dict(point)
   config = CONFIG_MODULES[experiment].get_config(point.pop("config"))
   for key, value in point.items():
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    if leaf not in node:
-      raise KeyError(f"{key} is not a config key")
-    node[leaf] = value
+    config_lib.set_dotted(config, key, value)
   return config
 
 

@@ -265,3 +265,16 @@ def test_workdir_guard_ignores_only_resume_free_keys(tmp_path):
                                                 **{"mesh.data": 1}))
   with pytest.raises(ValueError, match="batch_size: 16 -> 32"):
     checkpointing.check_workdir(workdir, tl.smoke("sraven", batch_size=32))
+
+
+def test_set_dotted_validates_keys_and_converts_strings():
+  config = tl.smoke("sraven")
+  config_lib.set_dotted(config, "optimizer.warmup_steps", "7")
+  config_lib.set_dotted(config, "optimizer.learning_rate", "3e-4")
+  config_lib.set_dotted(config, "async_checkpoints", "false")
+  config_lib.set_dotted(config, "model.activation", "gelu")
+  assert (config.optimizer.warmup_steps, config.optimizer.learning_rate) == (7, 3e-4)
+  assert config.async_checkpoints is False and config.model.activation == "gelu"
+  for key in ("optimizer.nope", "nope.learning_rate", "seed.x"):
+    with pytest.raises(ValueError, match=f"unknown config key '{key}'"):
+      config_lib.set_dotted(config, key, 1)

@@ -46,6 +46,21 @@ def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = 
   return ml_collections.ConfigDict(result)
 
 
+def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  """`config.<key> = value` for a dotted `key` (e.g. 'model.activation'), as
+  `--config.<key>=` would set it: an unknown key is a ValueError, never a new field, and
+  a string given for a number or bool field is converted to that field's type."""
+  *parents, leaf = key.split(".")
+  node = config
+  for name in parents + [leaf]:
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      raise ValueError(f"unknown config key {key!r}")
+    parent, node = node, node[name]
+  if isinstance(value, str) and isinstance(node, (bool, int, float)):
+    value = (value.lower() in ("1", "true")) if isinstance(node, bool) else type(node)(value)
+  parent[leaf] = value
+
+
 def check_preset(name: str) -> str:
   """Raises unless `name` is an attention preset of `hypernet_attention.attention`."""
   from hypernet_attention import attention  # pylint: disable=g-import-not-at-top
