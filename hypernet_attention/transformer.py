@@ -60,6 +60,9 @@ class TransformerConfig:
   bidirectional: bool = False
   rope_max_wavelength: float = 10_000.0
   causal: bool = False
+  # The longest sequence the model is built for (the data's row length, the decode
+  # cache's size); longer inputs are refused. None: no limit.
+  max_len: Optional[int] = None
   attention_dropout: float = 0.1
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -78,6 +81,8 @@ class TransformerConfig:
     if self.tied_embedding and self.input_kind != "embed":
       raise ValueError("tied_embedding=True needs input_kind='embed'; got "
                        f"{self.input_kind!r}.")
+    if self.max_len is not None and self.max_len < 1:
+      raise ValueError(f"max_len={self.max_len}; allowed: a positive integer or None.")
     if self.decode and not self.causal:
       raise ValueError("decode=True needs causal=True; allowed: decode only for causal "
                        "models.")
@@ -172,6 +177,9 @@ class Transformer(nn.Module):
           f"inputs of shape {inputs.shape} for input_kind={c.input_kind!r}; allowed: "
           f"{'(B, T, input_dim) floats' if expected_ndim == 3 else '(B, T) int tokens'}."
       )
+    if c.max_len is not None and inputs.shape[1] > c.max_len:
+      raise ValueError(f"inputs of length {inputs.shape[1]} exceed max_len={c.max_len}; "
+                       f"allowed: at most {c.max_len} positions.")
     mask = None
     if padding_mask is not None:
       if padding_mask.shape != inputs.shape[:2]:

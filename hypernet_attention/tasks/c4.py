@@ -1,0 +1,329 @@
+"""Language-modeling data (PAPER.md §6): seqio Tasks `c4_lm` and `text_lm`, packed rows.
+
+Two seqio Tasks, registered by name:
+  c4_lm    TFDS `c4/en` (field `text`) from a `data_dir` that is a local folder or a
+           `gs://` bucket where `tfds build c4/en --data_dir=DIR` has run; splits `train`,
+           `validation`.
+  text_lm  local text files: `.txt` (one document per line) or `.jsonl` (one JSON object
+           per line, the document in its `text` field, as C4's own json dumps); one file
+           pattern per split.
+Both tokenize with a SentencePiece vocabulary (a `.model` file, e.g. the 32k C4 vocabulary
+of T5; or one trained from the task's own text with `train_vocabulary`, see
+`experiments/train_vocabulary.py`), append EOS to every document, then *concatenate and
+split*: the token stream of all documents is cut into rows of exactly `sequence_length`
+tokens, so every token is used once and no row is padded (only the stream's last partial
+row is dropped). Inputs are the rows shifted right by one (seqio's `LMFeatureConverter`,
+BOS = pad id 0), so a row of T tokens gives T predictions.
+
+Order and sharding: files and rows are shuffled from `seed` (deterministic: the same seed
+gives the same batches); process `i` of `n` reads shard `seqio.ShardInfo(i, n)`, disjoint
+from the others. `DataIterator` yields per-process numpy batches and saves / restores its
+position with a per-process `tf.train.Checkpoint` of the tf.data iterator (as t5x does),
+so a resumed run neither replays nor skips data.
+
+Shape letters: B batch (per process), T tokens per row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Iterable, Iterator, Mapping, Optional
+
+import numpy as np
+import seqio
+import sentencepiece as spm
+import tensorflow as tf
+
+TASKS = ("c4_lm", "text_lm")
+SPLITS = ("train", "validation")
+TEXT_SUFFIXES = (".txt", ".jsonl")
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # T5's SentencePiece ids, which seqio assumes.
+VOCABULARY_HELP = ("a SentencePiece .model file with pad=0, eos=1 (the T5 C4 vocabulary, "
+                   "or one made by `python experiments/train_vocabulary.py`)")
+
+
+def _one_line(message: str) -> str:
+  return " ".join(message.split())
+
+
+# --- vocabulary ---------------------------------------------------------------------------
+
+
+def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
+  """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable."""
+  if not path or not tf.io.gfile.exists(path):
+    raise FileNotFoundError(_one_line(
+        f"vocabulary file {path!r} does not exist; allowed: {VOCABULARY_HELP}."))
+  vocabulary = seqio.SentencePieceVocabulary(path)
+  try:
+    processor = vocabulary.tokenizer
+  except Exception as e:  # sentencepiece raises RuntimeError/OSError on a bad file.
+    raise ValueError(_one_line(
+        f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
+        f"{VOCABULARY_HELP}.")) from None
+  if (processor.pad_id(), processor.eos_id()) != (PAD_ID, EOS_ID):
+    raise ValueError(_one_line(
+        f"vocabulary {path!r} has pad={processor.pad_id()}, eos={processor.eos_id()}; "
+        f"allowed: {VOCABULARY_HELP}."))
+  return vocabulary
+
+
+def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32_000,
+                     max_lines: int = 2_000_000) -> seqio.SentencePieceVocabulary:
+  """Trains a unigram SentencePiece model on `texts` and writes it to `model_path`.
+
+  T5's conventions (pad=0, eos=1, unk=2, no bos) so that seqio treats it as the C4
+  vocabulary; byte fallback so that no text maps to unk. Documents are fed line by line
+  (SentencePiece skips "sentences" longer than 4192 bytes), at most `max_lines` of them.
+  """
+  def lines():
+    count = 0
+    for text in texts:
+      for line in text.splitlines():
+        if line.strip() and count < max_lines:
+          count += 1
+          yield line
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
+      model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+      byte_fallback=True, character_coverage=0.9995, num_threads=1,
+      minloglevel=2)  # Keeps SentencePiece's per-iteration log out of the console.
+  directory = os.path.dirname(model_path)
+  if directory:
+    tf.io.gfile.makedirs(directory)
+  with tf.io.gfile.GFile(model_path, "wb") as f:
+    f.write(model.getvalue())
+  return load_vocabulary(model_path)
+
+
+def token_byte_lengths(vocabulary: seqio.SentencePieceVocabulary) -> np.ndarray:
+  """(vocab_size,) UTF-8 bytes each token adds to the (normalized) text, for bits/byte.
+
+  A piece's word-start marker counts as the one space it stands for; byte-fallback pieces
+  count one byte; pad/eos/unk and other control pieces count zero.
+  """
+  processor = vocabulary.tokenizer
+  lengths = np.zeros(vocabulary.vocab_size, np.int32)
+  for i in range(processor.get_piece_size()):
+    if processor.is_control(i) or processor.is_unknown(i):
+      continue
+    if processor.is_byte(i):
+      lengths[i] = 1
+    else:
+      lengths[i] = len(processor.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
+  return lengths
+
+
+# --- sources ------------------------------------------------------------------------------
+
+
+def c4_source(data_dir: str) -> seqio.TfdsDataSource:
+  """TFDS `c4/en` (the newest version prepared under `data_dir`); one clear error if none."""
+  found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*",
+                                        "dataset_info.json"))
+  if not data_dir or not found:
+    raise FileNotFoundError(_one_line(
+        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
+        f"`tfds build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
+        f"bucket; set --config.task.data_dir), or train on local files with "
+        f"--config.task.name=text_lm --config.task.train_files=... "
+        f"--config.task.validation_files=..."))
+  versions = sorted((os.path.basename(os.path.dirname(p)) for p in found),
+                    key=lambda v: tuple(int(x) for x in v.split(".")))
+  return seqio.TfdsDataSource(tfds_name=f"c4/en:{versions[-1]}", tfds_data_dir=data_dir,
+                              splits=SPLITS)
+
+
+def text_files(pattern: str, split: str) -> list[str]:
+  """The files matching the comma-separated glob(s) `pattern`; errors for none / empty."""
+  files = sorted({f for p in pattern.split(",") if p.strip()
+                  for f in tf.io.gfile.glob(p.strip())})
+  if not files:
+    raise FileNotFoundError(_one_line(
+        f"no files match {split} pattern {pattern!r}; allowed: comma-separated globs of "
+        f"{'/'.join(TEXT_SUFFIXES)} files (--config.task.{split}_files)."))
+  suffixes = {os.path.splitext(f)[1] for f in files}
+  if len(suffixes) != 1 or not suffixes <= set(TEXT_SUFFIXES):
+    raise ValueError(_one_line(
+        f"{split} files {pattern!r} have suffixes {sorted(suffixes)}; allowed: all "
+        f"{TEXT_SUFFIXES[0]} or all {TEXT_SUFFIXES[1]}."))
+  if not any(tf.io.gfile.stat(f).length for f in files):
+    raise ValueError(_one_line(
+        f"empty corpus: the {len(files)} {split} file(s) matching {pattern!r} hold no "
+        f"text; allowed: files with at least one non-empty document."))
+  return files
+
+
+def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:
+  return seqio.TextLineDataSource(
+      {"train": text_files(train_files, "train"),
+       "validation": text_files(validation_files, "validation")})
+
+
+def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
+  def parse(line_bytes):
+    return json.loads(line_bytes.numpy().decode("utf-8")).get("text", "")
+  return tf.py_function(parse, [line], tf.string)
+
+
+def to_text(source: seqio.DataSource, dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """A source's records -> {'text': document}, dropping empty documents."""
+  if isinstance(source, seqio.TfdsDataSource):
+    dataset = dataset.map(lambda ex: {"text": ex["text"]})
+  else:
+    jsonl = source.list_shards("train")[0].endswith(".jsonl")
+    parse = _parse_json_text if jsonl else tf.identity
+    dataset = dataset.map(lambda line: {"text": tf.ensure_shape(parse(line), [])},
+                          num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.filter(lambda ex: tf.strings.length(tf.strings.strip(ex["text"])) > 0)
+
+
+def documents(source: seqio.DataSource, split: str = "train",
+              max_documents: Optional[int] = None) -> Iterator[str]:
+  """The split's documents as Python strings, in file order (e.g. to train a vocabulary)."""
+  dataset = to_text(source, source.get_dataset(split, shuffle=False))
+  if max_documents:
+    dataset = dataset.take(max_documents)
+  for example in dataset.as_numpy_iterator():
+    yield example["text"].decode("utf-8")
+
+
+# --- tasks --------------------------------------------------------------------------------
+
+
+@seqio.map_over_dataset
+def _rekey_targets(example):
+  return {"targets": example["text"]}
+
+
+def concatenate_and_split(dataset: tf.data.Dataset,
+                          sequence_length: Mapping[str, int]) -> tf.data.Dataset:
+  """Token streams of consecutive documents -> rows of exactly sequence_length['targets'].
+
+  A running remainder carries the tokens that did not fill a row into the next document,
+  so every token lands in exactly one row, in order; only the last partial row is lost.
+  """
+  length = sequence_length["targets"]
+
+  def step(carry_T, example):
+    tokens_T = tf.concat([carry_T, tf.cast(example["targets"], tf.int32)], 0)
+    rows = tf.shape(tokens_T)[0] // length
+    return tokens_T[rows * length:], {"targets": tf.reshape(tokens_T[:rows * length],
+                                                            [rows, length])}
+
+  return dataset.scan(tf.zeros([0], tf.int32), step).unbatch()
+
+
+def register(name: str, source: seqio.DataSource,
+             vocabulary: seqio.SentencePieceVocabulary) -> seqio.Task:
+  """(Re-)registers Task `name` on `source` with `vocabulary` and returns it.
+
+  Re-registering replaces the previous definition, so a process can build tasks for
+  different data directories (tests, eval on another corpus) under the same name.
+  """
+  if name not in TASKS:
+    raise ValueError(f"unknown LM task {name!r}; allowed: {', '.join(TASKS)}.")
+  seqio.TaskRegistry.remove(name)
+
+  def text_preprocessor(dataset):
+    return to_text(source, dataset)
+
+  return seqio.TaskRegistry.add(
+      name, source=source,
+      preprocessors=[text_preprocessor, _rekey_targets, seqio.preprocessors.tokenize,
+                     seqio.preprocessors.append_eos, concatenate_and_split],
+      output_features={"targets": seqio.Feature(vocabulary, add_eos=True)})
+
+
+def build_task(task_config) -> seqio.Task:
+  """`config.task` (name, data_dir or *_files, vocabulary) -> the registered seqio Task."""
+  if task_config.name not in TASKS:
+    raise ValueError(f"unknown config.task.name {task_config.name!r}; allowed: "
+                     f"{', '.join(TASKS)}.")
+  vocabulary = load_vocabulary(task_config.vocabulary)
+  if task_config.name == "c4_lm":
+    source = c4_source(task_config.data_dir)
+  else:
+    source = text_source(task_config.train_files, task_config.validation_files)
+  return register(task_config.name, source, vocabulary)
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: int,
+            seed: int, shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1),
+            shuffle: bool = True, num_epochs: Optional[int] = None) -> tf.data.Dataset:
+  """Per-process batches {'inputs', 'targets', 'weights'}: (B, T) int32, B = batch_size.
+
+  `num_epochs=None` repeats forever (training); evaluation takes a fixed number of batches
+  of one pass with `shuffle=False`.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
+  if sequence_length < 2 or batch_size < 1:
+    raise ValueError(f"sequence_length={sequence_length}, batch_size={batch_size}; "
+                     "allowed: sequence_length >= 2, batch_size >= 1.")
+  dataset = seqio.get_dataset(
+      task, task_feature_lengths={"targets": sequence_length},
+      feature_converter=seqio.LMFeatureConverter(pack=False), dataset_split=split,
+      shuffle=shuffle, num_epochs=num_epochs, shard_info=shard_info, seed=seed,
+      batch_size=batch_size, verbose=False)
+  dataset = dataset.map(lambda ex: {"inputs": ex["decoder_input_tokens"],
+                                    "targets": ex["decoder_target_tokens"],
+                                    "weights": ex["decoder_loss_weights"]})
+  options = tf.data.Options()
+  options.deterministic = True
+  # The only external state is the jsonl parser's py_function, which holds none between
+  # elements; without this the iterator could not be checkpointed.
+  options.experimental_external_state_policy = (
+      tf.data.experimental.ExternalStatePolicy.IGNORE)
+  return dataset.with_options(options).prefetch(2)
+
+
+class DataIterator:
+  """Numpy batches from a tf.data pipeline, with a position that can be saved and restored.
+
+  `save(directory)` writes this process's iterator state (`{directory}/process_{i}-of-
+  {n}.*`, the t5x layout); `restore(directory)` on an iterator over the same pipeline
+  continues exactly where the saved one was.
+  """
+
+  def __init__(self, dataset: tf.data.Dataset,
+               shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
+    self._iterator = iter(dataset)
+    self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+    self._name = f"process_{shard_info.index}-of-{shard_info.num_shards}"
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in next(self._iterator).items()}
+
+  def path(self, directory: str) -> str:
+    return os.path.join(directory, self._name)
+
+  def save(self, directory: str) -> None:
+    tf.io.gfile.makedirs(directory)
+    self._checkpoint.write(self.path(directory))
+
+  def restore(self, directory: str) -> None:
+    if not tf.io.gfile.exists(self.path(directory) + ".index"):
+      raise FileNotFoundError(_one_line(
+          f"no data iterator state {self.path(directory)!r}; allowed: a directory written "
+          f"by DataIterator.save with the same process count."))
+    self._checkpoint.read(self.path(directory)).assert_consumed()
+
+
+def check_sequence_length(sequence_length: int, max_len: Optional[int]) -> None:
+  """Rows may not be longer than the model's positions support (`model.max_len`)."""
+  if max_len is not None and sequence_length > max_len:
+    raise ValueError(_one_line(
+        f"task.sequence_length={sequence_length} exceeds model.max_len={max_len} (the "
+        f"longest sequence the model's positions and decode cache support); allowed: "
+        f"sequence_length <= {max_len}, or raise --config.model.max_len."))
+

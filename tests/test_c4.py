@@ -1,0 +1,245 @@
+"""Language-modeling data (`tasks/c4.py`) and the C4 config.
+
+The `c4_lm` Task runs on `tfds.testing.mock_data` (short random texts, so enough examples
+to fill packed rows) against metadata written the way `tfds build` writes it; `text_lm`
+runs on a generated corpus of random words with a vocabulary trained on it. Expected
+token streams are computed independently with the `sentencepiece` processor.
+"""
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+import seqio
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from hypernet_attention import transformer
+from hypernet_attention.tasks import c4
+from hypernet_attention.train import config_lib
+
+from experiments.configs import c4_lm as c4_config
+
+SEQ = 16
+
+
+def _documents(seed, count):
+  rng = np.random.default_rng(seed)
+  words = ["".join(rng.choice(list("abcdefghijkl"), size=rng.integers(2, 7)))
+           for _ in range(200)]
+  return [" ".join(rng.choice(words, size=rng.integers(3, 40))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """{'train': path, 'validation': path, 'docs': train documents} of a jsonl corpus."""
+  root = tmp_path_factory.mktemp("corpus")
+  out = {"docs": _documents(0, 120)}
+  for split, docs in (("train", out["docs"]), ("validation", _documents(1, 30))):
+    out[split] = str(root / f"{split}.jsonl")
+    with open(out[split], "w") as f:
+      f.writelines(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs))
+  source = c4.text_source(out["train"], out["validation"])
+  out["vocabulary"] = str(root / "vocabulary.model")
+  c4.train_vocabulary(c4.documents(source), out["vocabulary"], vocab_size=300)
+  return out
+
+
+def _task_config(**changes):
+  config = ml_collections.ConfigDict(dict(
+      name="text_lm", data_dir="", train_files="", validation_files="", vocabulary=""))
+  config.update(changes)
+  return config
+
+
+def _text_task(corpus, train=None):
+  return c4.build_task(_task_config(
+      train_files=train or corpus["train"], validation_files=corpus["validation"],
+      vocabulary=corpus["vocabulary"]))
+
+
+def _rows(task, shard=seqio.ShardInfo(0, 1), **kwargs):
+  kwargs = dict(split="train", sequence_length=SEQ, batch_size=1, seed=0, shuffle=False,
+                num_epochs=1, shard_info=shard) | kwargs
+  return np.concatenate([b["targets"] for b in
+                         c4.batches(task, **kwargs).as_numpy_iterator()])
+
+
+def _stream(corpus, docs):
+  processor = spm.SentencePieceProcessor(model_file=corpus["vocabulary"])
+  return np.concatenate([processor.encode(d) + [c4.EOS_ID] for d in docs])
+
+
+def test_trained_vocabulary_round_trips_and_counts_bytes(corpus):
+  vocabulary = c4.load_vocabulary(corpus["vocabulary"])
+  assert vocabulary.vocab_size == 300
+  assert (vocabulary.pad_id, vocabulary.eos_id) == (c4.PAD_ID, c4.EOS_ID)
+  lengths = c4.token_byte_lengths(vocabulary)
+  for doc in corpus["docs"][:20]:
+    ids = vocabulary.encode(doc)
+    assert vocabulary.decode(ids) == doc
+    # Word-start markers count as spaces: the document plus the one before its first word.
+    assert lengths[ids].sum() == len(doc.encode("utf-8")) + 1
+  assert lengths[[c4.PAD_ID, c4.EOS_ID, c4.UNK_ID]].sum() == 0
+
+
+def test_packing_keeps_every_token_once_in_order(corpus):
+  rows_NT = _rows(_text_task(corpus))
+  stream = _stream(corpus, corpus["docs"])
+  assert rows_NT.shape[1] == SEQ and len(stream) - rows_NT.size < SEQ
+  np.testing.assert_array_equal(rows_NT.reshape(-1), stream[:rows_NT.size])
+
+
+def test_txt_files_give_the_jsonl_stream(corpus, tmp_path):
+  txt = tmp_path / "train.txt"
+  txt.write_text("".join(d + "\n" for d in corpus["docs"]))
+  np.testing.assert_array_equal(_rows(_text_task(corpus, str(txt))),
+                                _rows(_text_task(corpus)))
+
+
+def test_inputs_are_targets_shifted_right(corpus):
+  batch = next(c4.batches(_text_task(corpus), split="train", sequence_length=SEQ,
+                          batch_size=4, seed=0).as_numpy_iterator())
+  assert batch["targets"].shape == batch["inputs"].shape == (4, SEQ)
+  np.testing.assert_array_equal(batch["inputs"][:, 0], c4.PAD_ID)
+  np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+  np.testing.assert_array_equal(batch["weights"], 1)
+
+
+def _first_batches(task, seed, count=4):
+  iterator = c4.DataIterator(c4.batches(task, split="train", sequence_length=SEQ,
+                                        batch_size=4, seed=seed))
+  return np.stack([next(iterator)["targets"] for _ in range(count)])
+
+
+def test_order_is_a_function_of_the_seed(corpus):
+  task = _text_task(corpus)
+  np.testing.assert_array_equal(_first_batches(task, 0), _first_batches(task, 0))
+  assert not np.array_equal(_first_batches(task, 0), _first_batches(task, 1))
+
+
+def test_two_shards_read_disjoint_documents(corpus):
+  task = _text_task(corpus)
+  for index in range(2):
+    rows_NT = _rows(task, seqio.ShardInfo(index, 2))
+    # Each process packs its own documents: every other line of the file.
+    expected = _stream(corpus, corpus["docs"][index::2])
+    np.testing.assert_array_equal(rows_NT.reshape(-1), expected[:rows_NT.size])
+
+
+def test_iterator_restore_continues_exactly(corpus, tmp_path):
+  def iterator():
+    return c4.DataIterator(c4.batches(_text_task(corpus), split="train",
+                                      sequence_length=SEQ, batch_size=8, seed=3))
+  first = iterator()
+  for _ in range(3):
+    next(first)
+  first.save(str(tmp_path / "data"))
+  # 40 more batches of 8 rows cross the end of the ~70-row epoch several times.
+  expected = [next(first)["targets"] for _ in range(40)]
+  resumed = iterator()
+  resumed.restore(str(tmp_path / "data"))
+  np.testing.assert_array_equal([next(resumed)["targets"] for _ in range(40)], expected)
+  fresh = iterator()
+  assert not np.array_equal(next(fresh)["targets"], expected[0])
+
+
+def _mock_c4_dir(root, num_examples):
+  """The metadata `tfds build c4/en` writes, for a build of `num_examples` per split."""
+  builder = tfds.builder("c4/en", data_dir=str(root))
+  builder.info.set_splits(tfds.core.SplitDict([
+      tfds.core.SplitInfo(name=split, shard_lengths=[num_examples], num_bytes=0,
+                          filename_template=tfds.core.ShardedFileTemplate(
+                              data_dir=builder.data_dir, dataset_name="c4", split=split,
+                              filetype_suffix="tfrecord"))
+      for split in c4.SPLITS]))
+  os.makedirs(builder.data_dir)
+  builder.info.write_to_directory(builder.data_dir)
+  return str(root)
+
+
+def test_c4_task_on_mock_tfds(corpus, tmp_path):
+  num_examples = 256  # Mock texts are a few words: ~10 tokens each.
+  data_dir = _mock_c4_dir(tmp_path, num_examples)
+  with tfds.testing.mock_data(num_examples=num_examples, data_dir=data_dir):
+    task = c4.build_task(_task_config(name="c4_lm", data_dir=data_dir,
+                                      vocabulary=corpus["vocabulary"]))
+    assert seqio.get_mixture_or_task("c4_lm") is task
+    for split in c4.SPLITS:
+      batches = list(c4.batches(task, split=split, sequence_length=SEQ, batch_size=8,
+                                seed=0, num_epochs=1, shuffle=False).as_numpy_iterator())
+      assert len(batches) >= 10
+      targets = np.concatenate([b["targets"] for b in batches])
+      assert targets.min() >= 1 and targets.max() < 300
+      assert (targets == c4.EOS_ID).sum() >= num_examples * 0.8  # One per document.
+
+
+def _error_line(error):
+  message = str(error.value)
+  assert "\n" not in message
+  return message
+
+
+def test_missing_c4_data_names_the_directory_and_both_remedies(corpus, tmp_path):
+  with pytest.raises(FileNotFoundError) as error:
+    c4.build_task(_task_config(name="c4_lm", data_dir=str(tmp_path / "tfds"),
+                               vocabulary=corpus["vocabulary"]))
+  message = _error_line(error)
+  assert str(tmp_path / "tfds") in message
+  assert "tfds build c4/en" in message and "text_lm" in message
+
+
+@pytest.mark.parametrize("kind", ["missing", "not_a_model"])
+def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
+  path = tmp_path / "vocabulary.model"
+  if kind == "not_a_model":
+    path.write_bytes(b"not a sentencepiece model")
+  with pytest.raises((FileNotFoundError, ValueError)) as error:
+    c4.build_task(_task_config(train_files=corpus["train"],
+                               validation_files=corpus["validation"], vocabulary=str(path)))
+  assert str(path) in _error_line(error) and "SentencePiece" in _error_line(error)
+
+
+@pytest.mark.parametrize("kind", ["empty", "no_match", "mixed"])
+def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
+  (tmp_path / "a.txt").write_text("")
+  (tmp_path / "b.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+  pattern = {"empty": "a.txt", "no_match": "c*.txt", "mixed": "*"}[kind]
+  with pytest.raises((FileNotFoundError, ValueError)) as error:
+    c4.build_task(_task_config(train_files=str(tmp_path / pattern),
+                               validation_files=corpus["validation"],
+                               vocabulary=corpus["vocabulary"]))
+  assert pattern in _error_line(error)
+  assert {"empty": "empty corpus", "no_match": "no files", "mixed": "suffixes"}[kind] in (
+      _error_line(error))
+
+
+def test_sequence_length_above_max_len_is_refused():
+  with pytest.raises(ValueError, match="sequence_length=1024 exceeds model.max_len=512"):
+    c4.check_sequence_length(1024, 512)
+  c4.check_sequence_length(512, 512)
+  model = transformer.Transformer(transformer.TransformerConfig(
+      input_kind="embed", vocab_size=10, output_dim=10, max_len=8, causal=True))
+  with pytest.raises(ValueError, match="exceed max_len=8"):
+    model.init(jax.random.PRNGKey(0), np.zeros((1, 9), np.int32))
+
+
+def _count_params(size, tied):
+  config = c4_config.get_config(f"model=hyla,size={size}")
+  model_config = config_lib.transformer_config(
+      config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000,
+      tied_embedding=tied)
+  shapes = jax.eval_shape(lambda: transformer.init_params(model_config, seq_len=8))
+  return transformer.count_params(shapes)
+
+
+def test_50m_parameter_count_matches_the_formula():
+  v, e, layers, m = 32_000, 512, 6, 2048
+  per_layer = 4 * (e * e + e) + (e * m + m) + (m * e + e) + 4 * e
+  tied = v * e + layers * per_layer + 2 * e
+  assert _count_params("50m", tied=False) == tied + e * v + v == 51_715_328
+  assert _count_params("50m", tied=True) == tied == 35_299_328
