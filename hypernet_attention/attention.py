@@ -239,8 +239,10 @@ class MultiHeadAttention(nn.Module):
     if self.position == "rope":
       query = positions.apply_rope(query, query_positions, self.rope_max_wavelength)
       key = positions.apply_rope(key, query_positions, self.rope_max_wavelength)
-    key = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    # Start indices of one integer type (a literal 0 is int64 under jax_enable_x64).
+    start = (jnp.zeros_like(index), index, jnp.zeros_like(index), jnp.zeros_like(index))
+    key = jax.lax.dynamic_update_slice(cached_key.value, key, start)
+    value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
     cached_key.value, cached_value.value = key, value
     cache_index.value = index + 1
     cache_mask = (jnp.arange(max_length) <= index)[None, None, None, :]

@@ -243,3 +243,15 @@ def test_50m_parameter_count_matches_the_formula():
   tied = v * e + layers * per_layer + 2 * e
   assert _count_params("50m", tied=False) == tied + e * v + v == 51_715_328
   assert _count_params("50m", tied=True) == tied == 35_299_328
+
+
+def test_resolve_writes_a_docstring_corpus_and_vocabulary_once(tmp_path):
+  task = c4_config.get_config("size=smoke").task.to_dict() | dict(docstring_corpus_mb=0.1)
+  resolved = c4.resolve(ml_collections.ConfigDict(task), str(tmp_path))
+  assert resolved.name == "text_lm" and resolved.vocabulary == str(tmp_path / "vocabulary.model")
+  assert c4.load_vocabulary(resolved.vocabulary).vocab_size == task["vocab_size"]
+  train_docs = list(c4.documents(c4.source(resolved), "train"))
+  assert len(train_docs) > 20 and sum(map(len, train_docs)) > 0.05 * 2**20
+  stamp = os.path.getmtime(resolved.vocabulary)
+  assert c4.resolve(ml_collections.ConfigDict(task), str(tmp_path)) == resolved
+  assert os.path.getmtime(resolved.vocabulary) == stamp

@@ -80,7 +80,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.optimizer.update(learning_rate=3e-3, warmup_steps=100)
     c.eval.update(num_problems=256, batch_size=32)
   elif arg.size == "smoke":
-    c.task.update(name="text_lm", vocabulary="", vocab_size=300, vocab_documents=1000,
+    c.task.update(name="text_lm", vocabulary="", vocab_size=512, vocab_documents=1000,
                   sequence_length=16)
     c.model.update(num_layers=2, emb_dim=32, num_heads=4, qk_dim=32, v_dim=32, mlp_dim=64,
                    dtype="float32", max_len=16)

@@ -31,10 +31,13 @@ import json
 import os
 from typing import Iterable, Iterator, Mapping, Optional
 
+import ml_collections
 import numpy as np
 import seqio
 import sentencepiece as spm
 import tensorflow as tf
+
+from hypernet_attention.tasks import docstring_corpus
 
 TASKS = ("c4_lm", "text_lm")
 SPLITS = ("train", "validation")
@@ -86,16 +89,22 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
           count += 1
           yield line
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
-      model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-      byte_fallback=True, character_coverage=0.9995, num_threads=1,
-      minloglevel=2)  # Keeps SentencePiece's per-iteration log out of the console.
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        byte_fallback=True, character_coverage=0.9995, num_threads=1,
+        minloglevel=2)  # Keeps SentencePiece's per-iteration log out of the console.
+  except RuntimeError as e:  # E.g. fewer pieces than the text has characters.
+    raise ValueError(_one_line(f"cannot train a vocab_size={vocab_size} vocabulary on this "
+                               f"text: {e}")) from None
   directory = os.path.dirname(model_path)
   if directory:
     tf.io.gfile.makedirs(directory)
-  with tf.io.gfile.GFile(model_path, "wb") as f:
+  # Written aside and renamed, so an interrupted run leaves no half-written vocabulary.
+  with tf.io.gfile.GFile(model_path + ".tmp", "wb") as f:
     f.write(model.getvalue())
+  tf.io.gfile.rename(model_path + ".tmp", model_path, overwrite=True)
   return load_vocabulary(model_path)
 
 
@@ -238,17 +247,44 @@ def register(name: str, source: seqio.DataSource,
       output_features={"targets": seqio.Feature(vocabulary, add_eos=True)})
 
 
-def build_task(task_config) -> seqio.Task:
-  """`config.task` (name, data_dir or *_files, vocabulary) -> the registered seqio Task."""
+def source(task_config) -> seqio.DataSource:
+  """`config.task` (name, data_dir or *_files) -> its seqio DataSource."""
   if task_config.name not in TASKS:
     raise ValueError(f"unknown config.task.name {task_config.name!r}; allowed: "
                      f"{', '.join(TASKS)}.")
-  vocabulary = load_vocabulary(task_config.vocabulary)
   if task_config.name == "c4_lm":
-    source = c4_source(task_config.data_dir)
-  else:
-    source = text_source(task_config.train_files, task_config.validation_files)
-  return register(task_config.name, source, vocabulary)
+    return c4_source(task_config.data_dir)
+  return text_source(task_config.train_files, task_config.validation_files)
+
+
+def build_task(task_config) -> seqio.Task:
+  """`config.task` (name, data_dir or *_files, vocabulary) -> the registered seqio Task.
+
+  The vocabulary is checked first, then the data, so either error comes before any work.
+  """
+  vocabulary = load_vocabulary(task_config.vocabulary)
+  return register(task_config.name, source(task_config), vocabulary)
+
+
+def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
+  """`config.task` with its defaults made concrete, writing what they need to `workdir`.
+
+  `docstring_corpus_mb > 0`: text_lm on that much docstring text, written (once) to
+  `{workdir}/corpus/`. `vocabulary=''`: a SentencePiece model of `vocab_size` pieces is
+  trained (once) on the first `vocab_documents` training documents into
+  `{workdir}/vocabulary.model`. Run it on one process, then let the others read.
+  """
+  task = ml_collections.ConfigDict(task_config.to_dict())
+  if task.docstring_corpus_mb > 0:
+    train, validation = docstring_corpus.write(os.path.join(workdir, "corpus"),
+                                               task.docstring_corpus_mb)
+    task.update(name="text_lm", train_files=train, validation_files=validation)
+  if not task.vocabulary:
+    task.vocabulary = os.path.join(workdir, "vocabulary.model")
+    if not tf.io.gfile.exists(task.vocabulary):
+      train_vocabulary(documents(source(task), "train", task.vocab_documents),
+                       task.vocabulary, task.vocab_size)
+  return task
 
 
 # --- batches ------------------------------------------------------------------------------

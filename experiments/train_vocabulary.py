@@ -1,0 +1,44 @@
+r"""Trains the SentencePiece vocabulary of a language-modeling config on its own text.
+
+For users without the 32k C4 vocabulary (T5's gs://t5-data/vocabs/cc_all.32000/), or with
+another corpus. Unigram model, T5's special ids (pad=0, eos=1, unk=2), byte fallback; reads
+the first `task.vocab_documents` training documents (see `tasks/c4.py:train_vocabulary`).
+
+  python experiments/train_vocabulary.py --config=experiments/configs/c4_lm.py:size=50m \
+    --config.task.data_dir=gs://BUCKET/tensorflow_datasets --output=gs://BUCKET/c4_32k.model
+  python experiments/train_vocabulary.py --config=experiments/configs/c4_lm.py:size=50m \
+    --config.task.name=text_lm --config.task.train_files='corpus/*.jsonl' \
+    --config.task.validation_files=corpus/val.jsonl --output=corpus/vocabulary.model
+
+Then pass --config.task.vocabulary=<output> to experiments/c4_lm.py. (Leaving
+task.vocabulary empty there trains one into the workdir the same way.)
+"""
+
+import os
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from hypernet_attention.tasks import c4
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),
+    "Language-modeling config file and its argument.", lock_config=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Path of the .model file to write.",
+                              required=True)
+
+
+def main(argv):
+  del argv
+  task = _CONFIG.value.task
+  print(f"training a {task.vocab_size}-piece vocabulary on the first "
+        f"{task.vocab_documents} {task.name} training documents ...", flush=True)
+  vocabulary = c4.train_vocabulary(
+      c4.documents(c4.source(task), "train", task.vocab_documents), _OUTPUT.value,
+      task.vocab_size)
+  print(f"wrote {_OUTPUT.value}: {vocabulary.vocab_size} pieces")
+
+
+if __name__ == "__main__":
+  app.run(main)

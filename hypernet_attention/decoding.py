@@ -1,0 +1,87 @@
+"""Autoregressive decoding of a causal `Transformer` with the attention key/value cache.
+
+Shape letters: B batch, T positions (prompt + generated), P prompt length, V vocabulary.
+
+Each step feeds one token through `Transformer(config.replace(decode=True))`, whose
+attention modules append that token's key and value to the `cache` collection and attend
+to the cache (see `attention.MultiHeadAttention._decode_step`), so a step costs O(T)
+instead of re-running the O(T^2) prefix. Prompt tokens are fed the same way (teacher
+forcing), so `decode_logits` of a whole sequence equals the full forward pass: the test
+that the cache is right.
+
+The language models here read inputs shifted right with BOS = 0 (seqio's convention), so a
+prompt starts with token 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hypernet_attention import transformer
+
+
+def _decode_model(config: transformer.TransformerConfig) -> transformer.Transformer:
+  if not config.causal or config.input_kind != "embed":
+    raise ValueError(f"decoding needs causal=True and input_kind='embed'; got causal="
+                     f"{config.causal}, input_kind={config.input_kind!r}.")
+  return transformer.Transformer(config.replace(decode=True))
+
+
+def init_cache(config: transformer.TransformerConfig, batch_size: int, length: int) -> Any:
+  """An empty cache for `batch_size` sequences of up to `length` tokens."""
+  if config.max_len is not None and length > config.max_len:
+    raise ValueError(f"decoding {length} positions; allowed: at most max_len="
+                     f"{config.max_len}.")
+  model = _decode_model(config)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((batch_size, length), jnp.int32))["cache"])
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _step(model, params, cache, token_B):
+  logits_B1V, variables = model.apply(
+      {"params": params, "cache": cache}, token_B[:, None], mutable=["cache"])
+  return variables["cache"], logits_B1V[:, 0].astype(jnp.float32)
+
+
+def decode_logits(config: transformer.TransformerConfig, params: Any,
+                  tokens_BT: jax.Array) -> jax.Array:
+  """(B, T, V) logits of `tokens_BT` computed one position at a time through the cache."""
+  model = _decode_model(config)
+  cache = init_cache(config, *tokens_BT.shape)
+
+  def body(cache, token_B):
+    return _step(model, params, cache, token_B)
+
+  _, logits_TBV = jax.lax.scan(body, cache, tokens_BT.T)
+  return logits_TBV.transpose(1, 0, 2)
+
+
+def sample(config: transformer.TransformerConfig, params: Any, prompt_BP: jax.Array,
+           num_tokens: int, rng: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """(B, P + num_tokens) tokens: the prompt followed by samples (temperature 0: greedy)."""
+  if num_tokens < 1 or temperature < 0:
+    raise ValueError(f"num_tokens={num_tokens}, temperature={temperature}; allowed: "
+                     "num_tokens >= 1, temperature >= 0.")
+  batch, prompt_len = prompt_BP.shape
+  total = prompt_len + num_tokens
+  model = _decode_model(config)
+  tokens_BT = jnp.zeros((batch, total), jnp.int32).at[:, :prompt_len].set(prompt_BP)
+
+  def body(carry, t):
+    cache, tokens_BT = carry
+    cache, logits_BV = _step(model, params, cache, tokens_BT[:, t])
+    if temperature == 0:
+      chosen_B = jnp.argmax(logits_BV, -1)
+    else:
+      chosen_B = jax.random.categorical(jax.random.fold_in(rng, t), logits_BV / temperature)
+    # Inside the prompt the next token is given; after it, the sample is kept.
+    next_B = jnp.where(t + 1 < prompt_len, tokens_BT[:, t + 1], chosen_B.astype(jnp.int32))
+    return (cache, tokens_BT.at[:, t + 1].set(next_B)), None
+
+  (_, tokens_BT), _ = jax.lax.scan(
+      body, (init_cache(config, batch, total), tokens_BT), jnp.arange(total - 1))
+  return tokens_BT
