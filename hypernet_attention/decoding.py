@@ -85,3 +85,25 @@ def sample(config: transformer.TransformerConfig, params: Any, prompt_BP: jax.Ar
   (_, tokens_BT), _ = jax.lax.scan(
       body, (init_cache(config, batch, total), tokens_BT), jnp.arange(total - 1))
   return tokens_BT
+
+
+def sample_text(config: transformer.TransformerConfig, params: Any, vocabulary: Any,
+                prompt: str, num_tokens: int, *, temperature: float = 1.0, seed: int = 0,
+                num_samples: int = 1) -> list[str]:
+  """Continuations of `prompt` (text) as text; `vocabulary` has seqio's encode / decode /
+  eos_id. At most `config.max_len` positions in all; a sample ends at its first EOS."""
+  prompt_ids = [0] + list(vocabulary.encode(prompt))  # BOS = 0, as in training.
+  if config.max_len is not None:
+    num_tokens = min(num_tokens, config.max_len - len(prompt_ids))
+    if num_tokens < 1:
+      raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room; allowed: "
+                       f"prompts of fewer than max_len={config.max_len} tokens.")
+  tokens_BT = jax.device_get(sample(
+      config, params, jnp.asarray([prompt_ids] * num_samples, jnp.int32), num_tokens,
+      jax.random.PRNGKey(seed), temperature))
+  texts = []
+  for row in tokens_BT[:, len(prompt_ids):].tolist():
+    if vocabulary.eos_id in row:
+      row = row[:row.index(vocabulary.eos_id)]
+    texts.append(vocabulary.decode(row))
+  return texts

@@ -26,11 +26,14 @@ Shape letters: B batch (per process), T tokens per row.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
 from typing import Iterable, Iterator, Mapping, Optional
 
+import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import seqio
@@ -38,6 +41,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from hypernet_attention.tasks import docstring_corpus
+from hypernet_attention.train.config_lib import BadInput
 
 TASKS = ("c4_lm", "text_lm")
 SPLITS = ("train", "validation")
@@ -57,17 +61,17 @@ def _one_line(message: str) -> str:
 def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
   """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable."""
   if not path or not tf.io.gfile.exists(path):
-    raise FileNotFoundError(_one_line(
+    raise BadInput(_one_line(
         f"vocabulary file {path!r} does not exist; allowed: {VOCABULARY_HELP}."))
   vocabulary = seqio.SentencePieceVocabulary(path)
   try:
     processor = vocabulary.tokenizer
   except Exception as e:  # sentencepiece raises RuntimeError/OSError on a bad file.
-    raise ValueError(_one_line(
+    raise BadInput(_one_line(
         f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
         f"{VOCABULARY_HELP}.")) from None
   if (processor.pad_id(), processor.eos_id()) != (PAD_ID, EOS_ID):
-    raise ValueError(_one_line(
+    raise BadInput(_one_line(
         f"vocabulary {path!r} has pad={processor.pad_id()}, eos={processor.eos_id()}; "
         f"allowed: {VOCABULARY_HELP}."))
   return vocabulary
@@ -96,7 +100,7 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
         byte_fallback=True, character_coverage=0.9995, num_threads=1,
         minloglevel=2)  # Keeps SentencePiece's per-iteration log out of the console.
   except RuntimeError as e:  # E.g. fewer pieces than the text has characters.
-    raise ValueError(_one_line(f"cannot train a vocab_size={vocab_size} vocabulary on this "
+    raise BadInput(_one_line(f"cannot train a vocab_size={vocab_size} vocabulary on this "
                                f"text: {e}")) from None
   directory = os.path.dirname(model_path)
   if directory:
@@ -134,7 +138,7 @@ def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*",
                                         "dataset_info.json"))
   if not data_dir or not found:
-    raise FileNotFoundError(_one_line(
+    raise BadInput(_one_line(
         f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
         f"`tfds build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
         f"bucket; set --config.task.data_dir), or train on local files with "
@@ -151,16 +155,16 @@ def text_files(pattern: str, split: str) -> list[str]:
   files = sorted({f for p in pattern.split(",") if p.strip()
                   for f in tf.io.gfile.glob(p.strip())})
   if not files:
-    raise FileNotFoundError(_one_line(
+    raise BadInput(_one_line(
         f"no files match {split} pattern {pattern!r}; allowed: comma-separated globs of "
         f"{'/'.join(TEXT_SUFFIXES)} files (--config.task.{split}_files)."))
   suffixes = {os.path.splitext(f)[1] for f in files}
   if len(suffixes) != 1 or not suffixes <= set(TEXT_SUFFIXES):
-    raise ValueError(_one_line(
+    raise BadInput(_one_line(
         f"{split} files {pattern!r} have suffixes {sorted(suffixes)}; allowed: all "
         f"{TEXT_SUFFIXES[0]} or all {TEXT_SUFFIXES[1]}."))
   if not any(tf.io.gfile.stat(f).length for f in files):
-    raise ValueError(_one_line(
+    raise BadInput(_one_line(
         f"empty corpus: the {len(files)} {split} file(s) matching {pattern!r} hold no "
         f"text; allowed: files with at least one non-empty document."))
   return files
@@ -234,7 +238,7 @@ def register(name: str, source: seqio.DataSource,
   different data directories (tests, eval on another corpus) under the same name.
   """
   if name not in TASKS:
-    raise ValueError(f"unknown LM task {name!r}; allowed: {', '.join(TASKS)}.")
+    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(TASKS)}.")
   seqio.TaskRegistry.remove(name)
 
   def text_preprocessor(dataset):
@@ -250,7 +254,7 @@ def register(name: str, source: seqio.DataSource,
 def source(task_config) -> seqio.DataSource:
   """`config.task` (name, data_dir or *_files) -> its seqio DataSource."""
   if task_config.name not in TASKS:
-    raise ValueError(f"unknown config.task.name {task_config.name!r}; allowed: "
+    raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
                      f"{', '.join(TASKS)}.")
   if task_config.name == "c4_lm":
     return c4_source(task_config.data_dir)
@@ -287,6 +291,18 @@ def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
   return task
 
 
+def prepare_config(config: ml_collections.ConfigDict,
+                   workdir: str) -> ml_collections.ConfigDict:
+  """`config` (locked copy) with `config.task` resolved by `resolve`: process 0 writes the
+  corpus / vocabulary first, the others wait, then every process reads the same files."""
+  if jax.process_index() == 0:
+    resolve(config.task, workdir)
+  multihost_utils.sync_global_devices("c4_prepare_config")
+  out = copy.deepcopy(config)  # Keeps the config's field types and lock.
+  out.task.update(resolve(config.task, workdir).to_dict())
+  return out
+
+
 # --- batches ------------------------------------------------------------------------------
 
 
@@ -299,9 +315,9 @@ def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: i
   of one pass with `shuffle=False`.
   """
   if split not in SPLITS:
-    raise ValueError(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
+    raise BadInput(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
   if sequence_length < 2 or batch_size < 1:
-    raise ValueError(f"sequence_length={sequence_length}, batch_size={batch_size}; "
+    raise BadInput(f"sequence_length={sequence_length}, batch_size={batch_size}; "
                      "allowed: sequence_length >= 2, batch_size >= 1.")
   dataset = seqio.get_dataset(
       task, task_feature_lengths={"targets": sequence_length},
@@ -349,7 +365,7 @@ class DataIterator:
 
   def restore(self, directory: str) -> None:
     if not tf.io.gfile.exists(self.path(directory) + ".index"):
-      raise FileNotFoundError(_one_line(
+      raise BadInput(_one_line(
           f"no data iterator state {self.path(directory)!r}; allowed: a directory written "
           f"by DataIterator.save with the same process count."))
     self._checkpoint.read(self.path(directory)).assert_consumed()
@@ -358,7 +374,7 @@ class DataIterator:
 def check_sequence_length(sequence_length: int, max_len: Optional[int]) -> None:
   """Rows may not be longer than the model's positions support (`model.max_len`)."""
   if max_len is not None and sequence_length > max_len:
-    raise ValueError(_one_line(
+    raise BadInput(_one_line(
         f"task.sequence_length={sequence_length} exceeds model.max_len={max_len} (the "
         f"longest sequence the model's positions and decode cache support); allowed: "
         f"sequence_length <= {max_len}, or raise --config.model.max_len."))

@@ -1,8 +1,10 @@
 """Checkpoints: one Orbax `CheckpointManager` for the train state, and the workdir guard.
 
-A checkpoint holds the `TrainState` (step, params, optimizer state) and a small JSON record.
-Nothing else is needed to resume exactly: every training batch is a pure function of
-(seed, step), so the step *is* the data-iterator position.
+A checkpoint holds the `TrainState` (step, params, optimizer state), a small JSON record and,
+for host-side data (language modeling), every process's input-iterator position (item
+`data`, `data.DataIteratorHandler`), finalized atomically with the state. Synthetic tasks
+need no iterator item: every batch is a pure function of (seed, step), so the step *is*
+their data position.
 
 Resume order (`Checkpointer.restore_latest`): newest finalized step first. Its metadata is
 compared with the state the code builds *before* anything is read: a different tree, shape or
@@ -33,8 +35,11 @@ from jax.experimental import multihost_utils
 import ml_collections
 import orbax.checkpoint as ocp
 
+from hypernet_attention.train import data as data_lib
+
 CONFIG_FILE = "config.json"
-ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler)
+ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler,
+                     data=data_lib.DataIteratorHandler)
 CHECKPOINT_DIR = "checkpoints"
 # Config keys that may change between a run and its resumption (they do not change
 # results): where to stop this invocation, the device layout, NaN hunting.
@@ -169,14 +174,17 @@ class Checkpointer:
         self.directory, options=options,
         item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
 
-  def save(self, step: int, state: Any, *, force: bool = False) -> bool:
-    """Starts saving `state` at `step` if the interval says so (or `force`)."""
+  def save(self, step: int, state: Any, *, force: bool = False,
+           data_iterator: Any = None) -> bool:
+    """Starts saving `state` (and `data_iterator`'s position, if given) at `step` if the
+    interval says so (or `force`). The iterator must be at the position of `step`."""
     if step in self.manager.all_steps():  # Resumed exactly at a saved step.
       return False
-    args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
-    return self.manager.save(step, args=args, force=force)
+    items = dict(state=ocp.args.StandardSave(state),
+                 meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
+    if data_iterator is not None:
+      items["data"] = data_lib.DataIteratorArgs(data_iterator)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -189,15 +197,26 @@ class Checkpointer:
       raise ValueError(f"no readable state metadata in step {step}")
     return tree
 
-  def restore(self, step: int, abstract_state: Any) -> Any:
-    """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved."""
+  def restore(self, step: int, abstract_state: Any, data_iterator: Any = None) -> Any:
+    """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved.
+
+    With `data_iterator`, its position is restored too; a step saved without one (or by
+    a different number of processes) cannot resume a host-data run and raises.
+    """
     check_compatible(self._saved_tree(step), abstract_state,
                      f"checkpoint step {step} in {self.directory}")
-    restored = self.manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-    return restored["state"]
+    items = dict(state=ocp.args.StandardRestore(abstract_state))
+    if data_iterator is not None:
+      position = data_iterator.path(os.path.join(self.directory, str(step), "data"))
+      if not os.path.exists(position + ".index"):
+        raise CheckpointMismatchError(
+            f"checkpoint step {step} in {self.directory} holds no data-iterator position "
+            f"{os.path.basename(position)!r}; allowed: resume a host-data run from its own "
+            "checkpoints with the same number of processes")
+      items["data"] = data_lib.DataIteratorArgs(data_iterator)
+    return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
 
-  def restore_latest(self, abstract_state: Any) -> Optional[Any]:
+  def restore_latest(self, abstract_state: Any, data_iterator: Any = None) -> Optional[Any]:
     """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None.
 
     A checkpoint that reads but does not fit the model raises `CheckpointMismatchError`
@@ -206,7 +225,7 @@ class Checkpointer:
     self.manager.wait_until_finished()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        state = self.restore(step, abstract_state)
+        state = self.restore(step, abstract_state, data_iterator)
       except (CheckpointMismatchError, MemoryError):
         raise
       except Exception as e:  # pylint: disable=broad-except

@@ -1,10 +1,16 @@
-"""`train_and_evaluate(config, workdir)`: the program both experiments run.
+"""`train_and_evaluate(config, workdir)`: the program every experiment runs.
 
-Speed: the models are small, so host overhead per step would dominate on an accelerator.
-One jitted call runs `steps_per_loop` optimizer steps in a `lax.scan`, generating each
-step's batch on device from `fold_in(seed, step)`; the state is donated and its shardings
-are explicit. Metrics stay on device until a log step. Because a batch is a pure function
-of (seed, step), resuming from a checkpoint replays exactly the same data.
+Data comes from the objective's source (`data.py`), of one of two kinds:
+  on device (synthetic tasks): the models are small, so host overhead per step would
+    dominate on an accelerator. One jitted call runs `steps_per_loop` optimizer steps in
+    a `lax.scan`, generating each step's batch on device from `fold_in(seed, step)`.
+    Because a batch is a pure function of (seed, step), resuming replays exactly the data.
+  on the host (language modeling): each process reads its slice, `data.to_global` makes
+    global arrays, and one jitted step per batch takes it as an argument with its
+    sharding; the next batch is read and transferred while the device runs the current
+    step. The iterator's position is saved in every checkpoint and restored with it.
+Either way the state is donated and its shardings are explicit, and metrics stay on
+device until a log step.
 
 Order of work: validate everything (config, mesh, batch divisibility, workdir) -> build the
 state abstractly -> restore or initialize it sharded -> train / evaluate / checkpoint ->
@@ -38,6 +44,7 @@ import numpy as np
 from hypernet_attention import transformer
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
+from hypernet_attention.train import data
 from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
@@ -60,7 +67,11 @@ def _constrain_batch(tree: Any, mesh) -> Any:
 
 
 class Trainer:
-  """Jitted train chunks and evaluation for one (config, objective, mesh)."""
+  """Jitted train chunks and evaluation for one (config, objective, mesh).
+
+  For a host source it owns this process's training iterator (`self.data_iterator`),
+  whose position the checkpoints save and restore.
+  """
 
   def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
                state_shardings):
@@ -69,6 +80,12 @@ class Trainer:
     self.state_shardings = state_shardings
     self.rng = jax.random.key(config.seed)
     self.eval_splits = tuple(config.eval.splits)
+    self.source = objective.source
+    self.data_iterator = None
+    if not self.source.on_device:
+      self.data_iterator = self.source.train(
+          config.seed, data.local_batch_size(config.batch_size), jax.process_index(),
+          jax.process_count())
 
   def _loss(self, params, batch, dropout_key):
     inputs, _ = self.objective.encode(batch)
@@ -77,11 +94,15 @@ class Trainer:
     metrics = self.objective.metrics_fn(outputs, batch)
     return metrics["loss"].mean(), jax.tree.map(jnp.mean, metrics)
 
-  def _train_step(self, state: state_lib.TrainState, _):
+  def _train_step(self, state: state_lib.TrainState, host_batch=None):
+    """One optimizer step; the batch is sampled on device unless `host_batch` is given."""
     key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), state.step)
     data_key, dropout_key = jax.random.split(key)
-    batch = self.objective.task.sample(data_key, self.config.batch_size, "train")
-    batch = _constrain_batch(batch, self.mesh)
+    if host_batch is None:
+      batch = self.source.sample(data_key, self.config.batch_size, "train")
+      batch = _constrain_batch(batch, self.mesh)
+    else:
+      batch = host_batch
     grads, metrics = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = jax.tree.map(lambda p, u: p + u, state.params, updates)
@@ -96,21 +117,46 @@ class Trainer:
                    in_shardings=(self.state_shardings,),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
 
+  @functools.cached_property
+  def _host_step_jit(self):
+    batch_shardings = data.global_shardings(self.source.example(self.config.batch_size),
+                                            self.mesh)
+    return jax.jit(self._train_step, donate_argnums=0,
+                   in_shardings=(self.state_shardings, batch_shardings),
+                   out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
+
+  def _next_batch(self):
+    return data.to_global(next(self.data_iterator), self.mesh, self.config.batch_size)
+
   def train_chunk(self, state, length: int):
-    """`length` steps; returns the new state and per-step metrics {name: (length,)}."""
-    return self._train_chunk_jit(state, length)
+    """`length` steps; returns the new state and per-step metrics {name: (length,)}.
+
+    Host source: the iterator advances by exactly `length` batches, so at a chunk end its
+    position matches `state.step` (what a checkpoint there records).
+    """
+    if self.source.on_device:
+      return self._train_chunk_jit(state, length)
+    per_step, batch = [], self._next_batch()
+    for i in range(length):
+      state, metrics = self._host_step_jit(state, batch)  # Dispatched asynchronously.
+      per_step.append(metrics)
+      if i + 1 < length:
+        batch = self._next_batch()  # Read and transfer while the device works.
+    return state, jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
+
+  def _batch_sums(self, params, batch):
+    inputs, _ = self.objective.encode(batch)
+    outputs = self.model.apply({"params": params}, inputs, deterministic=True)
+    return jax.tree.map(jnp.sum, self.objective.metrics_fn(outputs, batch))
 
   def _eval_split(self, params, split_index: int, split: str):
     num_batches = self.config.eval.num_problems // self.config.eval.batch_size
     split_key = jax.random.fold_in(jax.random.fold_in(self.rng, 2), split_index)
 
     def batch_sums(i):
-      batch = self.objective.task.sample(
+      batch = self.source.sample(
           jax.random.fold_in(split_key, i), self.config.eval.batch_size, split)
-      batch = _constrain_batch(batch, self.mesh)
-      inputs, _ = self.objective.encode(batch)
-      outputs = self.model.apply({"params": params}, inputs, deterministic=True)
-      return jax.tree.map(jnp.sum, self.objective.metrics_fn(outputs, batch))
+      return self._batch_sums(params, _constrain_batch(batch, self.mesh))
 
     def body(sums, i):
       return jax.tree.map(jnp.add, sums, batch_sums(i)), None
@@ -126,10 +172,36 @@ class Trainer:
     return jax.jit(evaluate, in_shardings=(self.state_shardings.params,),
                    out_shardings=sharding.replicated(self.mesh))
 
+  @functools.cached_property
+  def _host_eval_jit(self):
+    example = self.source.example(self.config.eval.batch_size)
+    return jax.jit(self._batch_sums, in_shardings=(
+        self.state_shardings.params, data.global_shardings(example, self.mesh)),
+                   out_shardings=sharding.replicated(self.mesh))
+
+  def _host_evaluate(self, params) -> dict[str, dict[str, jax.Array]]:
+    """Sums over the split's first `eval.num_problems` rows, read by every process."""
+    eval_config = self.config.eval
+    results = {}
+    for split in self.eval_splits:
+      sums = None
+      for local in self.source.evaluate(
+          split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
+          eval_config.num_problems // eval_config.batch_size, jax.process_index(),
+          jax.process_count()):
+        batch_sums = self._host_eval_jit(
+            params, data.to_global(local, self.mesh, eval_config.batch_size))
+        sums = batch_sums if sums is None else jax.tree.map(jnp.add, sums, batch_sums)
+      results[split] = jax.tree.map(lambda x: x / eval_config.num_problems, sums)
+    return results
+
   def evaluate(self, params) -> dict[str, float]:
-    """Mean metrics on a fixed set of `eval.num_problems` problems per split."""
-    results = jax.device_get(self._eval_jit(params))
-    return {f"{split}/{k}": float(v) for split, ms in results.items() for k, v in ms.items()}
+    """Mean metrics on a fixed set of `eval.num_problems` problems per split (and what
+    the objective derives from them)."""
+    results = jax.device_get(self._eval_jit(params) if self.source.on_device
+                             else self._host_evaluate(params))
+    return {f"{split}/{k}": float(v) for split, ms in results.items()
+            for k, v in self.objective.finalize(ms).items()}
 
 
 def _next_boundary(step: int, config) -> int:
@@ -189,49 +261,22 @@ def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
   mesh = sharding.make_mesh(config.mesh, devices)
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
-  unknown = sorted(set(config.eval.splits) - set(objective.task.splits))
+  if not objective.source.on_device:  # Every process reads an equal slice.
+    data.local_batch_size(config.batch_size)
+    data.local_batch_size(config.eval.batch_size, "eval.batch_size")
+  unknown = sorted(set(config.eval.splits) - set(objective.source.splits))
   if unknown:
-    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.task.splits)}")
-  example = jax.eval_shape(
-      lambda k: objective.encode(objective.task.sample(k, config.batch_size, "train"))[0],
-      jax.random.key(0))
-  overrides = dict(objective.model_overrides)
-  for key in ("num_buckets", "max_distance"):  # The authors: both = sequence length.
-    if config.model.get(key) is None:
-      overrides[key] = example.shape[1]
+    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
+  example = jax.eval_shape(lambda b: objective.encode(b)[0],
+                           objective.source.example(config.batch_size))
   model_config = config_lib.transformer_config(
-      {k: v for k, v in config.model.items() if v is not None}, **overrides)
+      {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
   model = transformer.Transformer(model_config)
   tx = state_lib.make_optimizer(config)
   init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
   abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
   shardings = sharding.state_shardings(abstract_boxed, mesh)
   return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
-
-
-def _accuracy_ceilings(config, objective, workdir) -> dict[str, float]:
-  """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
-
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
-  """
-  if not hasattr(objective.task, "accuracy_ceiling") or config.eval.ceiling_problems <= 0:
-    return {}
-  path = os.path.join(workdir, "accuracy_ceilings.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  ceilings = {}
-  for i, split in enumerate(config.eval.splits):
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
-    ceilings[f"{split}/accuracy_ceiling"] = float(
-        objective.task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
-  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
-               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
-  if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(ceilings, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
-  return ceilings
 
 
 def init_state(config, init_fn, shardings) -> state_lib.TrainState:
@@ -252,8 +297,9 @@ def _debug_nans(enabled: bool):
     jax.config.update("jax_debug_nans", previous)
 
 
-def _restore_or_init(config, s: Setup, ckpt: checkpointing.Checkpointer, workdir: str):
-  state = ckpt.restore_latest(s.restore_target())
+def _restore_or_init(config, s: Setup, ckpt: checkpointing.Checkpointer, workdir: str,
+                     data_iterator=None):
+  state = ckpt.restore_latest(s.restore_target(), data_iterator=data_iterator)
   if state is None:
     logging.info("New run in %s", workdir)
     return init_state(config, s.init_fn, s.shardings)
@@ -272,8 +318,8 @@ class _Progress:
     now = time.time()
     rate = (step - self.step) / max(now - self.time - self.excluded, 1e-9)
     self.step, self.time, self.excluded = step, now, 0.0
-    metrics = " ".join(f"{k} {train[f'train/{k}']:.4f}" for k in ("loss", main_metric)
-                       if f"train/{k}" in train)
+    metrics = " ".join(f"{k} {train[f'train/{k}']:.4f}" for k in dict.fromkeys(
+        ("loss", main_metric)) if f"train/{k}" in train)
     return (f"step {step:,}/{self.total:,} | {metrics} | {rate:.2f} steps/s | "
             f"ETA {console.duration((self.total - step) / max(rate, 1e-9))}")
 
@@ -327,7 +373,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 def _train(config, workdir: str, s: Setup, ckpt: checkpointing.Checkpointer,
            watcher: preemption.Watcher, start_time: float) -> dict[str, Any]:
   """The loop proper: restore, train in chunks, log, evaluate, checkpoint, summarize."""
-  state = _restore_or_init(config, s, ckpt, workdir)
+  trainer = Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  state = _restore_or_init(config, s, ckpt, workdir, trainer.data_iterator)
   step = start_step = int(jax.device_get(state.step))
   summary_path = os.path.join(workdir, "summary.json")
   if step >= config.num_train_steps and os.path.exists(summary_path):
@@ -345,11 +392,10 @@ def _train(config, workdir: str, s: Setup, ckpt: checkpointing.Checkpointer,
     writer.write_hparams({k: v for k, v in flat_config.items()
                           if isinstance(v, (int, float, str, bool))})
 
-  ceilings = _accuracy_ceilings(config, s.objective, workdir)
+  ceilings = s.objective.run_metrics(config, workdir)
   if ceilings:
     writer.write_scalars(step, ceilings)
 
-  trainer = Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   report = periodic_actions.ReportProgress(num_train_steps=config.num_train_steps, writer=writer)
   progress = _Progress(step, config.num_train_steps)
   main_metric = s.objective.main_metric
@@ -373,12 +419,14 @@ def _train(config, workdir: str, s: Setup, ckpt: checkpointing.Checkpointer,
         raise FloatingPointError(
             f"non-finite training loss at step {bad}; stopping (checkpoints up to step "
             f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
-    if saving and ckpt.save(step, state, force=is_last or preempted):
+    if saving and ckpt.save(step, state, force=is_last or preempted,
+                            data_iterator=trainer.data_iterator):
       logging.info("checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
     report(step)
     if step % config.log_every_steps == 0 or is_last:
-      last_train = {f"train/{k}": float(np.mean(np.concatenate([m[k] for _, m in pending])))
-                    for k in pending[0][1]}
+      last_train = {f"train/{k}": float(v) for k, v in s.objective.finalize(
+          {k: np.mean(np.concatenate([m[k] for _, m in pending])) for k in pending[0][1]}
+      ).items()}
       last_train["train/learning_rate"] = float(
           state_lib.learning_rate_schedule(config)(step))
       writer.write_scalars(step, last_train)

@@ -1,34 +1,57 @@
 """Per-experiment task, loss and metrics, picked by `config.experiment`.
 
 Metrics are returned per example (shape (B,)) so that evaluation can sum them over many
-batches and divide once; training logs their batch means.
+batches and divide once; training logs their batch means. Everything task-specific lives
+here (data source, encoding, model fields the task fixes, derived and per-run metrics), so
+the loop has no task branches.
 
-Shape letters: B batch, T tokens, K query features (SRAVEN), F values per feature.
+Shape letters: B batch, T tokens, K query features (SRAVEN), F values per feature,
+V vocabulary.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import json
+import os
 from typing import Any, Callable, Mapping
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
+
+from hypernet_attention.train import data
+
+
+def _identity(metrics):
+  return metrics
+
+
+def _no_run_metrics(config, workdir):
+  del config, workdir
+  return {}
 
 
 @dataclasses.dataclass(frozen=True)
 class Objective:
-  """What the loop needs to know about an experiment."""
-  task: Any
+  """What the loop needs to know about an experiment; nothing else is task-specific."""
+  source: data.OnDeviceSource | data.HostSource  # Where batches come from.
+  encode: Callable[[Any], tuple[Any, Any]]  # batch -> (model inputs, targets)
   # outputs (B, T, output_dim), batch dict -> per-example metrics {name: (B,)}, incl. 'loss'.
   metrics_fn: Callable[[jax.Array, Mapping[str, jax.Array]], dict[str, jax.Array]]
   main_metric: str  # Reported per split in summary.json: e.g. 'test/accuracy'.
   model_overrides: dict[str, Any]  # Fields of TransformerConfig the task fixes.
-
-  def encode(self, batch):
-    return self.task.encode(batch)
+  # Metrics derived from the means over a log window or an eval split (e.g. perplexity =
+  # exp(mean loss)): {name: mean} -> {name: value}.
+  finalize: Callable[[dict[str, float]], dict[str, float]] = _identity
+  # (config, workdir) -> constants reported once per run (SRAVEN's accuracy ceilings).
+  run_metrics: Callable[[Any, str], dict[str, float]] = _no_run_metrics
+  task: Any = None  # The task object, for analysis code.
 
 
 def _make_task(cls, task_config: ml_collections.ConfigDict):
@@ -39,9 +62,45 @@ def _make_task(cls, task_config: ml_collections.ConfigDict):
   return cls(**task_config.to_dict())
 
 
+def _synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
+  """Task-fixed model fields; T5 buckets = max distance = sequence length unless the
+  config sets them (the authors' choice for the synthetic tasks)."""
+  inputs = jax.eval_shape(lambda b: encode(b)[0], source.example(1))
+  for key in ("num_buckets", "max_distance"):
+    if config.model.get(key) is None:
+      fixed[key] = inputs.shape[1]
+  return fixed
+
+
+def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
+  """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
+
+  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
+  """
+  if config.eval.ceiling_problems <= 0:
+    return {}
+  path = os.path.join(workdir, "accuracy_ceilings.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  ceilings = {}
+  for i, split in enumerate(config.eval.splits):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
+    ceilings[f"{split}/accuracy_ceiling"] = float(
+        task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
+  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
+               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(ceilings, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+  return ceilings
+
+
 def _sraven(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import sraven  # pylint: disable=g-import-not-at-top
   task = _make_task(sraven.SRaven, config.task)
+  source = data.OnDeviceSource(task)
 
   def metrics_fn(logits_BTF, batch):
     _, targets_BK = task.encode(batch)
@@ -54,13 +113,17 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
       out[f"accuracy_feature{k}"] = correct_BK[:, k].astype(jnp.float32)
     return out
 
-  return Objective(task, metrics_fn, "accuracy",
-                   dict(input_kind="dense", output_dim=task.num_values))
+  return Objective(
+      source, task.encode, metrics_fn, "accuracy",
+      _synthetic_overrides(config, source, task.encode, input_kind="dense",
+                           output_dim=task.num_values),
+      run_metrics=functools.partial(_accuracy_ceilings, task), task=task)
 
 
 def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import fuzzy_logic  # pylint: disable=g-import-not-at-top
   task = _make_task(fuzzy_logic.FuzzyLogic, config.task)
+  source = data.OnDeviceSource(task)
 
   def metrics_fn(outputs_BT1, batch):
     _, target_B = task.encode(batch)
@@ -68,10 +131,75 @@ def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
     return {"loss": jnp.square(pred_B - target_B),
             "r2": task.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
 
-  return Objective(task, metrics_fn, "r2", dict(input_kind="dense", output_dim=1))
+  return Objective(source, task.encode, metrics_fn, "r2",
+                   _synthetic_overrides(config, source, task.encode, input_kind="dense",
+                                        output_dim=1), task=task)
 
 
-OBJECTIVES = {"sraven": _sraven, "fuzzy_logic": _fuzzy_logic}
+def _lm_source(task, sequence_length: int) -> data.HostSource:
+  """`c4.batches` of a registered seqio Task as a host source (train: shuffled from the
+  seed, endless; eval: the split's first rows, unshuffled, repeated if it is short)."""
+  # pylint: disable=g-import-not-at-top
+  import seqio
+  from hypernet_attention.tasks import c4
+  # pylint: enable=g-import-not-at-top
+
+  def train(seed, batch_size, process_index, process_count):
+    shard = seqio.ShardInfo(process_index, process_count)
+    return c4.DataIterator(c4.batches(task, split="train", sequence_length=sequence_length,
+                                      batch_size=batch_size, seed=seed, shard_info=shard),
+                           shard)
+
+  def evaluate(split, batch_size, num_batches, process_index, process_count):
+    dataset = c4.batches(task, split=split, sequence_length=sequence_length,
+                         batch_size=batch_size, seed=0, shuffle=False,
+                         shard_info=seqio.ShardInfo(process_index, process_count))
+    return dataset.take(num_batches).as_numpy_iterator()
+
+  def example(batch_size):
+    row = jax.ShapeDtypeStruct((batch_size, sequence_length), jnp.int32)
+    return {"inputs": row, "targets": row, "weights": row}
+
+  return data.HostSource(train, evaluate, c4.SPLITS, example)
+
+
+def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
+  """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
+  and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
+  perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios)."""
+  from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
+  c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
+  task = c4.build_task(config.task)
+  vocabulary = task.output_features["targets"].vocabulary
+  bytes_V = jnp.asarray(c4.token_byte_lengths(vocabulary))
+
+  def metrics_fn(logits_BTV, batch):
+    targets_BT, weights_BT = batch["targets"], batch["weights"].astype(jnp.float32)
+    logits_BTV = logits_BTV.astype(jnp.float32)
+    nats_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    correct_BT = (jnp.argmax(logits_BTV, -1) == targets_BT).astype(jnp.float32)
+    tokens_B = jnp.maximum(weights_BT.sum(-1), 1.0)
+    nats_B = (nats_BT * weights_BT).sum(-1)
+    return {"loss": nats_B / tokens_B, "accuracy": (correct_BT * weights_BT).sum(-1) / tokens_B,
+            "row_nats": nats_B, "row_bytes": (bytes_V[targets_BT] * weights_BT).sum(-1)}
+
+  def finalize(metrics):
+    metrics = dict(metrics)
+    nats, num_bytes = metrics.pop("row_nats"), metrics.pop("row_bytes")
+    metrics["perplexity"] = float(np.exp(metrics["loss"]))
+    if num_bytes > 0:
+      metrics["bits_per_byte"] = nats / num_bytes / np.log(2)
+    return metrics
+
+  return Objective(
+      _lm_source(task, config.task.sequence_length),
+      lambda batch: (batch["inputs"], batch["targets"]), metrics_fn, "loss",
+      dict(input_kind="embed", vocab_size=vocabulary.vocab_size,
+           output_dim=vocabulary.vocab_size),
+      finalize=finalize, task=task)
+
+
+OBJECTIVES = {"sraven": _sraven, "fuzzy_logic": _fuzzy_logic, "c4_lm": _c4_lm}
 
 
 def build(config: ml_collections.ConfigDict) -> Objective:

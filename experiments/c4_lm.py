@@ -1,0 +1,54 @@
+r"""Trains a decoder-only language model on C4 (or local text); see configs/c4_lm.py.
+
+With no flags: HYLA at `size=local` (minutes on a 2-core CPU: ~4 MB of docstrings of the
+installed packages, a vocabulary trained on them) into ./workdirs/c4_lm_<time>, then
+prints a sample:
+  python experiments/c4_lm.py
+The paper's 50M model on TFDS c4/en:
+  python experiments/c4_lm.py --config=experiments/configs/c4_lm.py:model=hyla,size=50m \
+    --config.task.data_dir=gs://BUCKET/tensorflow_datasets --workdir=gs://BUCKET/c4_hyla
+Sample from a run's newest checkpoint (with the attention key/value cache):
+  python experiments/c4_lm.py --generate --workdir=workdirs/c4_lm_<time> --prompt="Return"
+Rerunning with the same --workdir resumes, data position included. Several processes: as
+in sraven_scaling.py (--coordinator_address, --num_processes, --process_id).
+"""
+
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import lm
+from hypernet_attention.train import runtime
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:model=hyla,size=local"),
+    "Experiment config file and its argument.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
+                               "under ./workdirs/).")
+_GENERATE = flags.DEFINE_bool("generate", False, "Only sample from --workdir's newest "
+                              "checkpoint.")
+_PROMPT = flags.DEFINE_string("prompt", "The", "Text the samples continue.")
+_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 64, "Tokens to sample.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0: greedy).")
+
+
+def main(argv):
+  del argv
+  runtime.initialize_from_flags()
+  runtime.log_topology()
+  sampling = dict(prompt=_PROMPT.value, num_tokens=_NUM_TOKENS.value,
+                  temperature=_TEMPERATURE.value)
+  if _GENERATE.value:
+    if not _WORKDIR.value:
+      raise config_lib.BadInput("--generate needs the --workdir of a training run")
+    print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
+    return
+  workdir = _WORKDIR.value or runtime.fresh_workdir("c4_lm")
+  lm.train_and_sample(_CONFIG.value, workdir, **sampling)
+
+
+if __name__ == "__main__":
+  cli.run(main)

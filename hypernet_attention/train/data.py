@@ -1,0 +1,116 @@
+"""Where training batches come from: one interface, two kinds of source.
+
+  OnDeviceSource  a synthetic task (SRAVEN, fuzzy logic) whose batch is a pure function
+                  of (key, batch size, split), generated *inside* the jitted train step:
+                  no host input pipeline, and the step number is the data position.
+  HostSource      a host-side pipeline (seqio / tf.data, `tasks/c4.py`): every process
+                  reads its own slice (shard `process_index` of `process_count`),
+                  `to_global` turns the slices into one global `jax.Array` per feature on
+                  the mesh, and the jitted step takes the batch as an argument. The
+                  iterator's position is saved inside each Orbax checkpoint
+                  (`DataIteratorArgs`), so a resumed run neither replays nor skips data.
+
+The loop asks only `source.on_device`; everything task-specific stays in the objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterable, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from hypernet_attention.train import sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class OnDeviceSource:
+  """A jittable task: `task.sample(key, batch_size, split)` and `task.splits`."""
+  task: Any
+  on_device: ClassVar[bool] = True
+
+  @property
+  def splits(self) -> tuple[str, ...]:
+    return tuple(self.task.splits)
+
+  def sample(self, key: jax.Array, batch_size: int, split: str) -> Any:
+    return self.task.sample(key, batch_size, split)
+
+  def example(self, batch_size: int) -> Any:
+    """Shapes and dtypes of a global training batch (nothing is computed)."""
+    return jax.eval_shape(lambda k: self.sample(k, batch_size, "train"), jax.random.key(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSource:
+  """Per-process numpy batches from a host pipeline.
+
+  train(seed, local_batch_size, process_index, process_count): an endless iterator with
+    `save(directory)` / `restore(directory)` of its position (e.g. `c4.DataIterator`).
+  evaluate(split, local_batch_size, num_batches, process_index, process_count): the
+    split's first `num_batches` batches, the same ones every time.
+  example(global_batch_size): shapes and dtypes of a global batch.
+  """
+  train: Callable[..., Any]
+  evaluate: Callable[..., Iterable[Mapping[str, np.ndarray]]]
+  splits: tuple[str, ...]
+  example: Callable[[int], Any]
+  on_device: ClassVar[bool] = False
+
+
+def local_batch_size(global_batch_size: int, what: str = "batch_size") -> int:
+  """This process's share of a global batch; raises unless every process gets the same."""
+  count = jax.process_count()
+  if global_batch_size % count:
+    raise ValueError(f"{what}={global_batch_size} is not divisible by the {count} "
+                     f"processes that each read a slice; use a multiple of {count}.")
+  return global_batch_size // count
+
+
+def to_global(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh,
+              global_batch_size: int) -> dict[str, jax.Array]:
+  """Host-local slices (leading axis = this process's rows) -> global arrays on `mesh`.
+
+  Rows are split over the mesh's batch axes (`sharding.batch_sharding`); each process's
+  slice lands on its own devices. Fails loudly, naming the feature, when the slices do
+  not make up the global batch or the batch does not divide over the devices.
+  """
+  sharding.check_batch_size(global_batch_size, mesh)
+  out = {}
+  for name, x in local_batch.items():
+    x = np.asarray(x)
+    if x.shape[0] * jax.process_count() != global_batch_size:
+      raise ValueError(
+          f"host batch feature {name!r} has {x.shape[0]} rows x {jax.process_count()} "
+          f"processes != global batch_size={global_batch_size}; allowed: "
+          f"{global_batch_size // jax.process_count()} rows per process.")
+    out[name] = jax.make_array_from_process_local_data(
+        sharding.batch_sharding(mesh, x.ndim), x, (global_batch_size,) + x.shape[1:])
+  return out
+
+
+def global_shardings(example: Any, mesh: jax.sharding.Mesh) -> Any:
+  """The `in_shardings` of a global batch shaped like `example`."""
+  return jax.tree.map(lambda x: sharding.batch_sharding(mesh, len(x.shape)), example)
+
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+  """Orbax item handler: every process writes / reads its own iterator state file
+  (`process_{i}-of-{n}.*`, see `c4.DataIterator`) inside the checkpoint step's folder, so
+  the data position is finalized (or lost) atomically with the model state."""
+
+  def save(self, directory: epath.Path, args: "DataIteratorArgs"):
+    args.iterator.save(str(directory))
+
+  def restore(self, directory: epath.Path, args: "DataIteratorArgs"):
+    args.iterator.restore(str(directory))
+    return args.iterator
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorArgs(ocp.args.CheckpointArgs):
+  iterator: Any
