@@ -90,8 +90,9 @@ def sample(config: transformer.TransformerConfig, params: Any, prompt_BP: jax.Ar
 def sample_text(config: transformer.TransformerConfig, params: Any, vocabulary: Any,
                 prompt: str, num_tokens: int, *, temperature: float = 1.0, seed: int = 0,
                 num_samples: int = 1) -> list[str]:
-  """Continuations of `prompt` (text) as text; `vocabulary` has seqio's encode / decode /
-  eos_id. At most `config.max_len` positions in all; a sample ends at its first EOS."""
+  """`num_samples` texts: `prompt` and its sampled continuation, decoded together (so the
+  word boundary between them is kept); `vocabulary` has seqio's encode / decode / eos_id.
+  At most `config.max_len` positions in all; a sample ends at its first EOS."""
   prompt_ids = [0] + list(vocabulary.encode(prompt))  # BOS = 0, as in training.
   if config.max_len is not None:
     num_tokens = min(num_tokens, config.max_len - len(prompt_ids))
@@ -102,8 +103,8 @@ def sample_text(config: transformer.TransformerConfig, params: Any, vocabulary: 
       config, params, jnp.asarray([prompt_ids] * num_samples, jnp.int32), num_tokens,
       jax.random.PRNGKey(seed), temperature))
   texts = []
-  for row in tokens_BT[:, len(prompt_ids):].tolist():
-    if vocabulary.eos_id in row:
-      row = row[:row.index(vocabulary.eos_id)]
+  for row in tokens_BT[:, 1:].tolist():
+    if vocabulary.eos_id in row[len(prompt_ids) - 1:]:
+      row = row[:row.index(vocabulary.eos_id, len(prompt_ids) - 1)]
     texts.append(vocabulary.decode(row))
   return texts

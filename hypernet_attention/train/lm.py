@@ -20,8 +20,8 @@ def _vocabulary(objective) -> Any:
   return objective.task.output_features["targets"].vocabulary
 
 
-def _format(prompt: str, texts: list[str]) -> str:
-  return "\n".join(f"sample {i}: {prompt}{text}" for i, text in enumerate(texts))
+def _format(texts: list[str]) -> str:
+  return "\n".join(f"sample {i}: {text}" for i, text in enumerate(texts))
 
 
 def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt: str,
@@ -33,7 +33,7 @@ def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt:
   texts = decoding.sample_text(
       built.model.config, summary["state"].params, _vocabulary(built.objective), prompt,
       num_tokens, temperature=temperature, seed=config.seed, num_samples=num_samples)
-  print(_format(prompt, texts), flush=True)
+  print(_format(texts), flush=True)
   return summary
 
 
@@ -44,4 +44,4 @@ def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperatu
   texts = decoding.sample_text(
       run.model.config, run.params, _vocabulary(run.objective), prompt, num_tokens,
       temperature=temperature, seed=run.config.seed, num_samples=num_samples)
-  return f"step {run.step} of {workdir}\n" + _format(prompt, texts)
+  return f"step {run.step} of {workdir}\n" + _format(texts)

@@ -1,0 +1,52 @@
+"""Learning curves from a run's TensorBoard events (what CLU's writer recorded), as a PNG.
+
+`experiments/plot_curves.py` is the command; the README's curves are made with it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
+
+
+def read_scalars(workdir: str, tags: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{tag: (steps, values)} for each of `tags` found in the event files of `workdir`."""
+  events = event_accumulator.EventAccumulator(
+      workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
+  events.Reload()
+  available = set(events.Tags()["tensors"]) | set(events.Tags()["scalars"])
+  missing = sorted(set(tags) - available)
+  if missing:
+    raise ValueError(f"no scalars {missing} in the events under {workdir!r}; allowed: "
+                     f"{sorted(available)}")
+  out = {}
+  for tag in tags:
+    if tag in events.Tags()["tensors"]:
+      records = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                 for e in events.Tensors(tag)]
+    else:
+      records = [(e.step, e.value) for e in events.Scalars(tag)]
+    steps, values = zip(*sorted(dict(records).items()))  # Last write per step wins.
+    out[tag] = (np.asarray(steps), np.asarray(values))
+  return out
+
+
+def plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: str, title: str,
+         ylabel: str = "loss (nats per token)") -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for tag, (steps, values) in curves.items():
+    ax.plot(steps, values, marker="o", markersize=3, label=tag)
+  ax.set_xlabel("step")
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
