@@ -8,6 +8,13 @@ jitted `lax.scan` chunk with on-device data generation and dropout), compiles it
 `--repeats` chunks of `--steps` steps and prints the median steps/s (and problems/s) per
 model. No workdir, checkpoints or evaluation. `--config_overrides` takes `key=value` pairs,
 e.g. `model.implementation=reference`.
+
+Language models (`--experiment=c4_lm`) also print tokens/s, model FLOPs utilization (the
+FLOP formula is in `hypernet_attention/train/benchmark.py`; the peak is looked up by device
+kind or given with --peak_tflops) and the host input pipeline's tokens/s alone. Their data
+(corpus, vocabulary) is resolved into --data_dir first, e.g. on a machine without C4:
+  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --steps=2 \
+    --repeats=1 --config_overrides=task.docstring_corpus_mb=4,task.vocabulary=V.model
 """
 
 import argparse
@@ -19,13 +26,15 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from experiments.configs import c4_lm  # noqa: E402
 from experiments.configs import fuzzy_logic  # noqa: E402
 from experiments.configs import sraven  # noqa: E402
+from hypernet_attention.tasks import c4  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
 
-CONFIGS = {"sraven": sraven, "fuzzy_logic": fuzzy_logic}
+CONFIGS = {"sraven": sraven, "fuzzy_logic": fuzzy_logic, "c4_lm": c4_lm}
 
 
 def load_config(experiment, arg, overrides):
@@ -46,21 +55,35 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--config_overrides", default="",
                       help="comma-separated dotted key=value overrides")
+  parser.add_argument("--data_dir", default=os.path.join("workdirs", "benchmark_data"),
+                      help="c4_lm: where a corpus / vocabulary the config asks for is written")
+  parser.add_argument("--peak_tflops", type=float, default=None,
+                      help="device peak for MFU (default: looked up by device kind)")
   args = parser.parse_args()
   print(runtime.log_topology())
-  rows = []
+  rows, pipeline = [], None
   for model in [m for m in args.models.split(",") if m]:
     config = load_config(args.experiment, f"model={model},size={args.size}",
                          args.config_overrides)
+    if args.experiment == "c4_lm":
+      config = c4.prepare_config(config, args.data_dir)
+      if pipeline is None:
+        pipeline = benchmark.input_tokens_per_second(config)
     row = benchmark.train_steps_per_second(config, steps=args.steps, repeats=args.repeats)
+    row["mfu"] = benchmark.mfu(row, args.peak_tflops)
     print(json.dumps(row), flush=True)
     rows.append(row)
-  print(f"\n| experiment | size | model | params | batch | steps/s | problems/s | compile s |")
-  print("|---|---|---|---|---|---|---|---|")
+  print(f"\n| experiment | size | model | params | batch | steps/s | problems/s | compile s |"
+        + (" tokens/s | MFU |" if pipeline else ""))
+  print("|---|---|---|---|---|---|---|---|" + ("---|---|" if pipeline else ""))
   for r in rows:
     print(f"| {r['experiment']} | {args.size} | {r['model']} | {r['params']:,} | "
-          f"{r['batch_size']} | {r['steps_per_s']:.2f} | {r['problems_per_s']:.0f} | "
-          f"{r['compile_s']:.1f} |")
+          f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['problems_per_s']:.3g} | "
+          f"{r['compile_s']:.1f} |" + (
+              f" {r['tokens_per_s']:,.0f} | " + (f"{r['mfu']:.2%} |" if r["mfu"] else "- |")
+              if pipeline else ""))
+  if pipeline:
+    print(f"input pipeline alone: {pipeline:,.0f} tokens/s (this process)")
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
 
 

@@ -1,14 +1,21 @@
 """The training loop on host-side language-modeling data (`c4_lm` / `text_lm`).
 
-End to end on a mocked TFDS c4/en, resume that neither replays nor skips batches, and the
-host-to-global batch helper's errors.
+End to end on a mocked TFDS c4/en, resume that neither replays nor skips batches, two
+processes (2 fake devices each) reading their own shards, the host-to-global batch
+helper's errors, and the benchmark's FLOP formula.
 """
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+import seqio
 import tensorflow_datasets as tfds
 
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -16,7 +23,9 @@ import c4_testlib
 import train_testlib as tl
 
 from experiments.configs import c4_lm as c4_config
+from hypernet_attention import transformer
 from hypernet_attention.tasks import c4
+from hypernet_attention.train import benchmark
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
@@ -95,3 +104,49 @@ def test_to_global_fails_loudly_when_the_batch_does_not_divide():
   with pytest.raises(ValueError, match="'targets' has 4 rows x 1 processes != global "
                                        "batch_size=6"):
     data.to_global(rows, mesh, 6)
+
+
+def test_flops_per_token_of_the_50m_model_is_the_stated_formula():
+  config = c4_config.get_config("model=hyla,size=50m")
+  model_config = config_lib.transformer_config(
+      config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000)
+  params = jax.eval_shape(lambda: transformer.init_params(model_config, seq_len=8))
+  non_embedding = 51_715_328 - 32_000 * 512
+  assert benchmark.flops_per_token(model_config, params, 512) == (
+      6 * non_embedding + 12 * 6 * 512 * 512)
+
+
+def test_two_processes_read_their_own_shards(corpus, tmp_path):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  helper = os.path.join(tl.REPO, "tests", "c4_process_helper.py")
+  corpus_dir = os.path.dirname(corpus["train"])
+  logs = [open(tmp_path / f"log{i}.txt", "w") for i in (0, 1)]
+  procs = [subprocess.Popen(
+      [sys.executable, helper, str(port), str(i), corpus_dir, str(tmp_path / "wd"),
+       str(tmp_path)], env=tl.subprocess_env(), stdout=logs[i], stderr=subprocess.STDOUT)
+           for i in (0, 1)]
+  try:
+    for proc in procs:
+      proc.wait(timeout=420)
+  finally:
+    for proc, log in zip(procs, logs):
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+  for i, proc in enumerate(procs):
+    assert proc.returncode == 0, (tmp_path / f"log{i}.txt").read_text()[-3000:]
+  with open(tmp_path / "summary.json") as f:
+    summary = json.load(f)
+  assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)
+  task = c4.build_task(_config(corpus).task)
+  for i in (0, 1):
+    seen_NBT = np.load(tmp_path / f"batches_{i}.npy")
+    assert seen_NBT.shape == (8, 8, 16)  # 8 steps of half the batch of 16.
+    # Exactly what shard i of 2 holds, read alone.
+    expected = c4.DataIterator(c4.batches(task, split="train", sequence_length=16,
+                                          batch_size=8, seed=0,
+                                          shard_info=seqio.ShardInfo(i, 2)))
+    np.testing.assert_array_equal(seen_NBT, [next(expected)["targets"] for _ in range(8)])
