@@ -23,7 +23,7 @@ written on N devices restores on M devices.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import os
 import time
@@ -154,6 +154,10 @@ def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_tree, shardings)
 
 
+class CheckpointWriteError(RuntimeError):
+  """A save failed (full disk, lost permissions, ...); finalized steps are untouched."""
+
+
 class Checkpointer:
   """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
@@ -177,14 +181,33 @@ class Checkpointer:
   def save(self, step: int, state: Any, *, force: bool = False,
            data_iterator: Any = None) -> bool:
     """Starts saving `state` (and `data_iterator`'s position, if given) at `step` if the
-    interval says so (or `force`). The iterator must be at the position of `step`."""
-    if step in self.manager.all_steps():  # Resumed exactly at a saved step.
-      return False
-    items = dict(state=ocp.args.StandardSave(state),
-                 meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
-    if data_iterator is not None:
-      items["data"] = data_lib.DataIteratorArgs(data_iterator)
-    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    interval says so (or `force`). The iterator must be at the position of `step`.
+
+    An earlier asynchronous save that failed is reported here (or by `wait`/`close`) as a
+    `CheckpointWriteError`.
+    """
+    with self._write_errors(f"saving step {step}"):
+      self.manager.check_for_errors()
+      if step in self.manager.all_steps():  # Resumed exactly at a saved step.
+        return False
+      items = dict(state=ocp.args.StandardSave(state),
+                   meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
+      if data_iterator is not None:
+        items["data"] = data_lib.DataIteratorArgs(data_iterator)
+      return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+  @contextlib.contextmanager
+  def _write_errors(self, what: str):
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      finalized = sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+      first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
+      raise CheckpointWriteError(
+          f"checkpoint write failed while {what} in {self.directory} ({first_line}); "
+          f"finalized steps {finalized or 'none'} are intact (a partial write is never "
+          "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
+          "resume") from e
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -262,8 +285,11 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._write_errors("finishing the last save"):
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()
