@@ -13,3 +13,9 @@ def x64():
     yield
   finally:
     jax.config.update("jax_enable_x64", previous)
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "gpu: needs a CUDA GPU (compiles the Pallas kernels with Triton); skipped "
+      "cleanly elsewhere")

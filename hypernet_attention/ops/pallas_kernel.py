@@ -22,9 +22,13 @@ logsumexp, so nothing quadratic is stored and no atomics are needed. Softmax's r
 statistic sum_k a da is the blockwise JAX pass (one extra sweep, softmax only).
 
 Lowering: Triton on GPU (tiles padded to powers of two >= 16, as `tl.dot` needs);
-`interpret=True` runs the same kernels on CPU for tests. Checked to lower to Triton IR
-(tests lower for CUDA on CPU), but not compiled by Triton, tuned or timed on a GPU. The
-MLP tiles hold (bq, bk, V) values per program, hence the small default tiles for it.
+`interpret=True` runs the same kernels on CPU for tests. Compiled and run on an H100
+(jax 0.11.2, Triton 3.6): tests/test_ops_gpu.py passes every variant there. But it is slow:
+at T=4096, B=4, H=8, d=64, bf16, causal the MLP kernel took 208 / 1261 ms (fwd / fwd+bwd)
+against blockwise's 32 / 66 ms, because the MLP's (bq, bk, V) products run on the vector
+units (and Triton compiles them slowly) while XLA maps blockwise's einsums to the matrix
+units; `dispatch` therefore never picks it. jax 0.11 also marks Pallas's Triton backend
+deprecated (Mosaic GPU is its successor).
 
 Shape letters: B batch, H heads, Q / K (padded Qp / Kp) positions, D query/key width
 (padded Dp), V value width (padded Vp); q / k for positions inside a tile.
@@ -32,6 +36,7 @@ Shape letters: B batch, H heads, Q / K (padded Qp / Kp) positions, D query/key w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -43,8 +48,20 @@ from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import tiling
 
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """Triton launch parameters (threads per program, software-pipelining depth)."""
+  num_warps: int = 4
+  num_stages: int = 2
+
+
 # (block_q, block_k) per value network: the MLP keeps (bq, bk, V) tensors in registers.
-DEFAULT_BLOCKS = {"mlp": (16, 16), "linear": (64, 64)}
+# Linear: 64x64 tiles with two pipeline stages asked an H100 for 328 KiB of shared memory
+# at H=8, d=64 (227 KiB available): every head's tiles are live at once. 32x32 with one
+# stage needs about an eighth of that.
+DEFAULT_BLOCKS = {"mlp": (16, 16), "linear": (32, 32)}
+DEFAULT_LAUNCH = {"mlp": Launch(num_stages=1), "linear": Launch(num_stages=1)}
 _MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
 _F32 = jnp.float32
 
@@ -247,7 +264,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref
     lse_h = [lse_ref[h] for h in range(heads)]
     row_h = [row_ref[h] for h in range(heads)]
   if dbias_ref is not None:
-    dbias_ref[...] = jnp.zeros(dbias_ref.shape, dbias_ref.dtype)
+    _zero_dbias(dbias_ref, cfg)
 
   def body(kj, dq_h):
     k_start = kj * bk
@@ -266,6 +283,24 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref
   dq_h = jax.lax.fori_loop(0, tiling.causal_k_blocks(qi, cfg), body, init)
   for h in range(heads):
     dq_ref[h] = dq_h[h]
+
+
+def _zero_dbias(dbias_ref, cfg):
+  """Zeroes the bias-gradient block tile by tile: Triton arrays must have power-of-two
+  sizes, and the block's head count and padded key length need not."""
+  rows = dbias_ref.shape[1]
+  if dbias_ref.shape[2] == 1:
+    for h in range(dbias_ref.shape[0]):
+      dbias_ref[h] = jnp.zeros((rows, 1), dbias_ref.dtype)
+    return
+
+  def body(kj, carry):
+    for h in range(dbias_ref.shape[0]):
+      dbias_ref[h, :, pl.ds(kj * cfg.block_k, cfg.block_k)] = jnp.zeros(
+          (rows, cfg.block_k), dbias_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, cfg.num_k_blocks, body, 0)
 
 
 def _accumulate_dbias(dbias_ref, ds_h, k_start, bk):
@@ -291,15 +326,16 @@ def _padded_widths(depth, v_dim):
   return max(_MIN_DOT, _next_pow2(depth)), max(_MIN_DOT, _next_pow2(v_dim))
 
 
-def _compiler_params(interpret):
+def _compiler_params(interpret, launch):
   if interpret or jax.default_backend() == "tpu":
     return None
   # Written for Triton: without these params Pallas would pick its Mosaic GPU backend.
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
-  return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  return plgpu.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
-def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg, *, interpret=False):
+def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg, *, interpret=False,
+            launch=None):
   """blockwise.Kernels.forward: (out (B, H, Qp, V) f32, lse (B, H, Qp) | None)."""
   batch, heads, _, depth = q_BHQD.shape
   v_dim = v_BHKV.shape[-1]
@@ -326,14 +362,15 @@ def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg, *, interpret=False):
 
   outs = pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch, cfg.num_q_blocks), in_specs=in_specs,
-      out_specs=out_specs, interpret=interpret, compiler_params=_compiler_params(interpret),
+      out_specs=out_specs, interpret=interpret,
+      compiler_params=_compiler_params(interpret, launch),
       name=f"hyla_{cfg.normalization}_{cfg.value_network}_forward",
   )(q, k, v, bias4, mask4)
   return outs[0][..., :v_dim], (outs[1] if softmax else None)
 
 
 def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
-             interpret=False):
+             interpret=False, launch=None):
   """blockwise.Kernels.backward as two Pallas kernels: dk/dv by key tile, dq/dbias by
   query tile (each recomputes its tiles; no atomics). Softmax's row statistic `row` comes
   from blockwise's pass."""
@@ -351,7 +388,7 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
   if cfg.normalization == "softmax":
     stat_whole = pl.BlockSpec((None, heads, cfg.q_padded), lambda b, i: (b, 0, 0))
     stat_tile = pl.BlockSpec((None, heads, cfg.block_q), lambda b, i: (b, 0, i))
-  params = _compiler_params(interpret)
+  params = _compiler_params(interpret, launch)
   name = f"hyla_{cfg.normalization}_{cfg.value_network}"
 
   dk, dv = pl.pallas_call(
@@ -402,12 +439,11 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
   return outs[0][..., :depth], dk[..., :depth], dv[..., :v_dim], dbias4
 
 
-_KERNELS = {
-    interpret: blockwise.Kernels(
-        forward=functools.partial(forward, interpret=interpret),
-        backward=functools.partial(backward, interpret=interpret))
-    for interpret in (False, True)
-}
+@functools.lru_cache(maxsize=None)
+def _kernels(interpret: bool, launch: Launch) -> blockwise.Kernels:
+  return blockwise.Kernels(
+      forward=functools.partial(forward, interpret=interpret, launch=launch),
+      backward=functools.partial(backward, interpret=interpret, launch=launch))
 
 
 def attention(
@@ -425,8 +461,10 @@ def attention(
     block_q: Optional[int] = None,
     block_k: Optional[int] = None,
     interpret: Optional[bool] = None,
+    launch: Optional[Launch] = None,
 ) -> jax.Array:
-  """Same contract as `blockwise.attention`. `interpret` defaults to True off GPU."""
+  """Same contract as `blockwise.attention`. `interpret` defaults to True off GPU;
+  `launch` defaults to `DEFAULT_LAUNCH[value_network]`."""
   reference._check_choice("value_network", value_network, tiling.TILED_VALUE_NETWORKS)
   default_q, default_k = DEFAULT_BLOCKS[value_network]
   block_q, block_k = block_q or default_q, block_k or default_k
@@ -441,4 +479,5 @@ def attention(
       value_network=value_network, activation=activation, eps=eps, is_causal=is_causal,
       block_q=block_q, block_k=block_k, balance=False)
   return blockwise.tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
-                                   _KERNELS[bool(interpret)])
+                                   _kernels(bool(interpret),
+                                            launch or DEFAULT_LAUNCH[value_network]))
