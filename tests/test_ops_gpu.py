@@ -113,3 +113,13 @@ def test_auto_uses_the_choice_for_gpu():
   fn = lambda q, k, v, b: dispatch.attention(q, k, v, bias=b, is_causal=True, **kw)
   assert_close(fn, reference_fn(None, True, **kw), inputs)
   np.testing.assert_array_equal(jnp.isfinite(jax.jit(fn)(*inputs[:4])), True)
+
+
+@pytest.mark.parametrize("normalization,value_network", [("rms_head", "mlp"),
+                                                        ("softmax", "linear")])
+def test_dropout_matches_reference(normalization, value_network):
+  """Dropout's hash mask recomputed inside the Triton kernels equals the reference's."""
+  inputs = make_inputs(26, q_len=77, k_len=77, heads=3, bias_shape=(1, 3, 77, 77))
+  kw = dict(normalization=normalization, value_network=value_network, activation="relu",
+            dropout_rate=0.1, dropout_seed=jnp.int32(5))
+  assert_close(_pallas(None, True, **kw), reference_fn(None, True, **kw), inputs)

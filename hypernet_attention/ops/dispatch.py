@@ -15,14 +15,17 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from hypernet_attention.ops import blockwise
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
+from hypernet_attention.ops import sharded
 from hypernet_attention.ops import tiling
 
 IMPLEMENTATIONS = ("auto", "reference", "blockwise", "pallas")
@@ -107,6 +110,8 @@ def attention(
     value_weight_HVV: Optional[jax.Array] = None,
     eps: float = reference.RMS_HEAD_EPS,
     implementation: str = "auto",
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
   """(B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
@@ -114,14 +119,20 @@ def attention(
   apply a causal mask (query i sees keys <= i, counted from the first position of both,
   as in `jax.nn.dot_product_attention`); fast implementations use it to skip masked tiles.
   `bias`: float broadcastable to (B, H, Q, K), added to the scores before normalization.
+  `dropout_rate`, `dropout_seed`: dropout on the latent code with one (Q, K) mask shared by
+  batch and heads, drawn by `dropout.py`'s hash of (seed, q, k): every implementation
+  drops the same pairs, and the tiled ones recompute the mask per tile.
   """
   reference._check_choice("implementation", implementation, IMPLEMENTATIONS)
   reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
   reference._check_choice("value_network", value_network, reference.VALUE_NETWORKS)
   reference.get_activation(activation)
+  dropout.check_rate(dropout_rate)
+  if dropout_rate and dropout_seed is None:
+    raise ValueError(f"dropout_rate={dropout_rate} needs dropout_seed (an int32 scalar).")
   q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
   if implementation == "auto":
-    if (normalization == "softmax" and value_network == "linear"
+    if (normalization == "softmax" and value_network == "linear" and not dropout_rate
         and query_BQHD.shape[-1] == value_BKHV.shape[-1]):
       return _softmax_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, is_causal)
     implementation = choose_implementation(q_len, k_len, normalization, value_network)
@@ -132,13 +143,20 @@ def attention(
         query_BQHD, key_BKHD, value_BKHV, bias=bias,
         mask=_with_causal(mask, is_causal, q_len, k_len),
         normalization=normalization, value_network=value_network, activation=activation,
-        value_weight_HVV=value_weight_HVV, eps=eps,
+        value_weight_HVV=value_weight_HVV, eps=eps, dropout_rate=dropout_rate,
+        dropout_seed=dropout_seed,
     )
-  kwargs = dict(bias=bias, mask=mask, is_causal=is_causal, normalization=normalization,
-                value_network=value_network, activation=activation, eps=eps)
+  kwargs = dict(is_causal=is_causal, normalization=normalization,
+                value_network=value_network, activation=activation, eps=eps,
+                dropout_rate=dropout_rate)
   if implementation == "blockwise":
     on_cpu = jax.default_backend() == "cpu"
     block_q, block_k = CPU_BLOCKS if on_cpu else ACCELERATOR_BLOCKS
-    return blockwise.attention(query_BQHD, key_BKHD, value_BKHV, block_q=block_q,
-                               block_k=block_k, **kwargs)
-  return pallas_kernel.attention(query_BQHD, key_BKHD, value_BKHV, **kwargs)
+    kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
+  else:
+    kernel = pallas_kernel.attention
+  # Under a batch-sharded mesh (`jax.set_mesh`), one kernel call per device.
+  return sharded.per_device(
+      lambda q, k, v, b, m, seed: kernel(q, k, v, bias=b, mask=m, dropout_seed=seed,
+                                         **kwargs),
+      query_BQHD, key_BKHD, value_BKHV, bias, mask, dropout_seed)
