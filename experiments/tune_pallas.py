@@ -4,10 +4,11 @@ r"""Tile sizes and Triton launch parameters of the Pallas kernels, timed against
       --configs=mlp:16x16:4:2,mlp:32x32:8:2,linear:64x64:4:1 --out=/tmp/tune.jsonl
 
 Times (median of --repeats after compilation, bf16, causal) the forward and forward+backward
-of `pallas_kernel.attention` for every --configs entry `value_network:block_qxblock_k:num_warps:num_stages`, beside softmax
-attention through cuDNN flash attention and HYLA's blockwise JAX kernel, and prints one
-sorted table per value network. A configuration that Triton cannot compile (registers,
-shared memory) is listed as failed, not fatal. Needs a GPU.
+of `pallas_kernel.attention` for every --configs entry
+`value_network:block_qxblock_k:num_warps:num_stages`, beside softmax attention through cuDNN
+flash attention and HYLA's blockwise JAX kernel; writes one JSON line per configuration to
+--out as it finishes and prints a sorted table at the end. A configuration that Triton cannot
+compile (registers, shared memory) is listed as failed, not fatal. Needs a GPU.
 """
 
 import argparse

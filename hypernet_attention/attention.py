@@ -24,7 +24,7 @@ broadcast over batch and heads; for HYLA the same dropped code then enters both 
 layers, and the sown weights are the dropped ones. We do the same. The broadcast mask is
 drawn by `ops/dropout.py`'s counter-based hash of (seed, q, k), with the seed drawn from
 the `dropout` rng: the tiled kernels recompute it per tile (forward and backward), so
-training with dropout takes the same fast path as without it, and the materialized path
+training with dropout takes `ops.dispatch`'s fast path at any length, and the materialized path
 (probing) draws the very same mask. `broadcast_dropout=False` (a mask per batch element and
 head) uses `jax.random.bernoulli` on the materialized code.
 """

@@ -146,3 +146,10 @@ def test_pallas_dropout_lowers_to_triton():
   lowered = jax.jit(grad).trace(q, q, q, jax.ShapeDtypeStruct((), jnp.int32)).lower(
       lowering_platforms=("cuda",))
   assert lowered.as_text().count("xla.gpu.triton") == 3
+
+
+def test_auto_with_dropout_keeps_short_sequences_on_the_reference():
+  choose = dispatch.choose_implementation
+  assert choose(36, 36, "rms_head", "mlp", backend="cpu", dropout=True) == "reference"
+  assert choose(36, 36, "rms_head", "mlp", backend="cpu") == "blockwise"
+  assert choose(1024, 1024, "rms_head", "mlp", backend="gpu", dropout=True) == "blockwise"
