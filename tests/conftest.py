@@ -1,5 +1,7 @@
 """Shared fixtures for the model tests."""
 
+import os
+
 import jax
 import pytest
 
@@ -19,3 +21,11 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "gpu: needs a CUDA GPU (compiles the Pallas kernels with Triton); skipped "
       "cleanly elsewhere")
+
+
+def pytest_collection_modifyitems(config, items):
+  """`TESTS_REVERSED=1` runs the suite in reverse order: no test may depend on another
+  having run first (or on which process compiled first)."""
+  del config
+  if os.environ.get("TESTS_REVERSED") == "1":
+    items.reverse()
