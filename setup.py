@@ -20,6 +20,7 @@ BASE = [
     "tensorboard>=2.21,<2.22",
     "matplotlib>=3.9",
     "numpy>=2.0",
+    "scikit-learn>=1.9,<2", "scipy>=1.17,<2", "tqdm>=4.66,<5",  # latent-code probing
 ]
 
 EXTRAS = {
