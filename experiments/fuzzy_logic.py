@@ -8,10 +8,10 @@ same --workdir resumes; multi-process flags as in sraven_scaling.py.
 
 import os
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.train import cli
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
 
@@ -32,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

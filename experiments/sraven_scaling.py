@@ -14,10 +14,10 @@ on TPU pods / SLURM) and the same --workdir on shared storage.
 import os
 
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.train import cli
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
 
@@ -37,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

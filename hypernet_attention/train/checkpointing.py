@@ -37,8 +37,8 @@ CONFIG_FILE = "config.json"
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler)
 CHECKPOINT_DIR = "checkpoints"
 # Config keys that may change between a run and its resumption (they do not change
-# results): where to stop this invocation, and the device layout.
-RESUME_FREE_KEYS = ("stop_after_steps", "mesh")
+# results): where to stop this invocation, the device layout, NaN hunting.
+RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
