@@ -10,13 +10,11 @@ A sweep root (its runs one level below) writes ROOT/probe/ unless --output_dir i
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """
 
-import sys
-
-from absl import app
 from absl import flags
-from absl import logging
 
 from hypernet_attention.probing import report
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
                                      "or a sweep root.", required=True)
@@ -30,14 +28,12 @@ _PERMUTATIONS = flags.DEFINE_integer("permutations", 100, "Permutations of the d
 
 def main(argv):
   del argv
-  if not flags.FLAGS["verbosity"].present:  # Keep checkpoint-library chatter off the console.
-    logging.set_verbosity(logging.ERROR)
   try:
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
                                   permutations=_PERMUTATIONS.value)
     probes = report.probe_workdirs(_WORKDIR.value, _STEP.value, options, _OUTPUT_DIR.value)
-  except ValueError as e:
-    sys.exit(f"probe_latents: {e}")
+  except ValueError as e:  # restore's and the probe's bad input: one line, exit 2
+    raise config_lib.BadInput(str(e)) from e
   for p in probes:
     best = max(p.analysis.items(), key=lambda kv: report.score_of(
         kv[1]["decode"], report.headline(p.codes)[-1]))
@@ -49,4 +45,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

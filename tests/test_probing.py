@@ -113,7 +113,7 @@ def test_planted_codes_decode_and_are_topographic():
   assert result.scores["accuracy"] > 0.97 and result.scores["balanced_accuracy"] > 0.97
   assert result.p_value["accuracy"] == pytest.approx(1 / 31)  # above every shuffle
   assert result.chance["most_frequent"]["accuracy"] < 0.4
-  sel = decode.selectivity(fit)
+  sel = decode.selectivity(fit, result.c)
   assert sel["real"] > 0.97 and sel["selectivity"] > 0.3
   ids, means = stats.task_means(score.x_NC, score.task_N, score.stratum_N)
   topo = stats.topographic_similarity(means, tasks[ids], num_permutations=199)
@@ -179,8 +179,9 @@ from hypernet_attention.train import loop, restore
 config = tl.smoke("sraven", **{"eval.ceiling_problems": 0, "mesh.data": 2, "mesh.fsdp": 2})
 summary = loop.train_and_evaluate(config, sys.argv[2], devices=jax.devices())
 assert len(jax.devices()) == 4
-objective, model = loop.setup(config, jax.devices())[:2]
-live = restore.RestoredRun(sys.argv[2], 8, config, summary["state"].params, model, objective)
+setup = loop.setup(config, jax.devices())
+live = restore.RestoredRun(sys.argv[2], 8, config, summary["state"].params, setup.model,
+                           setup.objective)
 extract.extract_codes(live, num_problems=16, progress=False).save(sys.argv[3])
 """
 
@@ -227,8 +228,9 @@ def test_cli_end_to_end_writes_every_file(runs, tmp_path):
 def test_bad_input_one_line_nonzero_exit_nothing_written(runs, tmp_path):
   before = tl.snapshot(runs["sraven"])
   proc = _cli(f"--workdir={runs['sraven']}", "--step=5")
-  assert proc.returncode != 0
-  assert proc.stderr.strip().splitlines()[-1].startswith("probe_latents: no checkpoint at step 5")
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "probe_latents.py: error: no checkpoint at step 5")
   assert "available steps: [4, 8]" in proc.stderr
   assert tl.snapshot(runs["sraven"]) == before
 

@@ -21,9 +21,10 @@ held-out-task split. Scored against:
               real unit labels shuffled within strata, so the label distribution is the
               real one), same probe; both probes on one 50/50 *sample-level* split of the
               in-distribution samples (a control label can only be memorised per unit, so
-              it must be scored on units seen in fitting); C by 5-fold CV. Selectivity =
-              real - control accuracy on that split: how much of the probe's success is more
-              than memorising units.
+              it must be scored on units seen in fitting); both with the C the real
+              decoder chose (one probe, as Hewitt & Liang fix the probe's hyperparameters).
+              Selectivity = real - control accuracy on that split: how much of the probe's
+              success is more than memorising units.
 Multi-label (fuzzy logic): one binary probe per known term, the same machinery per term
 with F1 as the score; macro-F1 over the terms that at least two fitting tasks contain and
 two do not (others cannot be cross-validated and are reported as skipped).
@@ -166,16 +167,22 @@ def decode_multiclass(fit: Side, score: Side, num_classes: int, num_permutations
       num_permutations=num_permutations)
 
 
-def selectivity(side: Side, seed: int = 0) -> dict[str, float]:
-  """Real vs control-task accuracy on one sample-level split of `side` (module docstring)."""
-  rng = np.random.default_rng(seed)
-  control_y = stats.permute_units(side.unit_N, side.y, side.stratum_N, rng)
+def _control(side: Side, seed: int):
+  """Control labels (a fixed random unit -> label map) and a 50/50 sample-level split."""
+  control_y = stats.permute_units(side.unit_N, side.y, side.stratum_N,
+                                  np.random.default_rng(seed))
   first, second = model_selection.train_test_split(
       np.arange(len(side.y)), test_size=0.5, random_state=seed)
+  return control_y, first, second
+
+
+def selectivity(side: Side, c: float, seed: int = 0) -> dict[str, float]:
+  """Real vs control-task accuracy of the probe with inverse regularization `c` (the real
+  decoder's) on one sample-level split of `side` (module docstring)."""
+  control_y, first, second = _control(side, seed)
   out = {}
   for name, y in (("real", side.y), ("control", control_y)):
-    labelled = dataclasses.replace(side, y=y)
-    probe, _ = fit_probe(labelled.take(first), "accuracy", seed, grouped=False)
+    probe = _refit(c, side.take(first), y[first])
     out[name] = float(metrics.accuracy_score(y[second], probe.predict(side.x_NC[second])))
   out["selectivity"] = out["real"] - out["control"]
   return out
@@ -242,23 +249,15 @@ def decode_multilabel(fit: Side, score: Side, num_permutations: int, seed: int =
       skipped_terms=[t for t in range(fit.y.shape[1]) if t not in terms])
 
 
-def selectivity_multilabel(side: Side, seed: int = 0) -> dict[str, float]:
+def selectivity_multilabel(side: Side, cs: list, seed: int = 0) -> dict[str, float]:
   """Per-term control task (whole presence vectors re-assigned per task), mean accuracy over
-  the terms with at least 2 positive and 2 negative samples in the fitting half."""
-  rng = np.random.default_rng(seed)
-  control_y = stats.permute_units(side.unit_N, side.y, side.stratum_N, rng)
-  first, second = model_selection.train_test_split(
-      np.arange(len(side.y)), test_size=0.5, random_state=seed)
+  the decoded terms (`cs`: each term's C, None = skipped) with both classes in the half."""
+  control_y, first, second = _control(side, seed)
   out = {}
   for name, y in (("real", side.y), ("control", control_y)):
-    accs = []
-    for t in range(y.shape[1]):
-      labelled = dataclasses.replace(side, y=y[:, t]).take(first)
-      try:
-        probe, _ = fit_probe(labelled, "accuracy", seed, grouped=False)
-      except ValueError:  # fewer than 2 samples of a class in the half: cannot be tuned
-        continue
-      accs.append(metrics.accuracy_score(y[second, t], probe.predict(side.x_NC[second])))
+    accs = [metrics.accuracy_score(y[second, t], _refit(c, side.take(first), y[first, t])
+                                   .predict(side.x_NC[second]))
+            for t, c in enumerate(cs) if c is not None and len(np.unique(y[first, t])) == 2]
     out[name] = float(np.mean(accs)) if accs else float("nan")
   out["selectivity"] = out["real"] - out["control"]
   return out

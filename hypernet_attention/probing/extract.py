@@ -30,6 +30,7 @@ Settings (PROBING.md; one registry entry per experiment kind, `SETTINGS`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any
 
@@ -181,8 +182,12 @@ def make_setting(experiment: str, task, features: str = "all"):
   return SETTINGS[experiment](task, features)
 
 
-def code_collector(model, query_P: np.ndarray, key_P: np.ndarray):
-  """Jitted (params, inputs) -> (outputs, codes (B, L, H, P)) through the materialized path."""
+@functools.lru_cache(maxsize=8)
+def code_collector(model, query_P: tuple[int, ...], key_P: tuple[int, ...]):
+  """Jitted (params, inputs) -> (outputs, codes (B, L, H, P)) through the materialized path.
+
+  Cached per (model, pairs): a run's trained and step-0 parameters share one compilation.
+  """
   query_P, key_P = jnp.asarray(query_P), jnp.asarray(key_P)
 
   @jax.jit
@@ -203,7 +208,8 @@ def extract_codes(run: Any, num_problems: int, batch_size: int = 256, features: 
   if num_problems < 1:
     raise ValueError(f"num_problems={num_problems}; allowed: a positive integer")
   setting = make_setting(run.config.experiment, run.objective.task, features)
-  collect = code_collector(run.model, setting.query_P, setting.key_P)
+  collect = code_collector(run.model, tuple(setting.query_P.tolist()),
+                           tuple(setting.key_P.tolist()))
   task = run.objective.task
   sizes = [min(batch_size, num_problems - s) for s in range(0, num_problems, batch_size)]
   parts = []

@@ -69,19 +69,21 @@ def _topographic(codes, x_NC, keep, options) -> stats.Topographic:
                                       options.mantel_permutations, options.seed)
 
 
-def analyse(codes: extract.Codes, options: ProbeOptions) -> dict[str, dict[str, Any]]:
+def analyse(codes: extract.Codes, options: ProbeOptions, permutations: Optional[int] = None
+            ) -> dict[str, dict[str, Any]]:
   """Per feature set: decoder result, selectivity, topographic similarity (held-out, all)."""
+  permutations = options.permutations if permutations is None else permutations
   out = {}
   for name, x_NC in feature_sets(codes).items():
     fit, score = _side(codes, x_NC, 0), _side(codes, x_NC, 1)
     if codes.multilabel:
-      result = decode.decode_multilabel(fit, score, options.permutations, options.seed)
-      control = decode.selectivity_multilabel(fit, options.seed)
+      result = decode.decode_multilabel(fit, score, permutations, options.seed)
+      control = decode.selectivity_multilabel(fit, result.c, options.seed)
       extra = {"ridge_r2_authors_metric": decode.ridge_r2(fit.x_NC, fit.y)}
     else:
-      result = decode.decode_multiclass(fit, score, len(codes.class_names),
-                                        options.permutations, options.seed)
-      control, extra = decode.selectivity(fit, options.seed), {}
+      result = decode.decode_multiclass(fit, score, len(codes.class_names), permutations,
+                                        options.seed)
+      control, extra = decode.selectivity(fit, result.c, options.seed), {}
     topo = {"held-out tasks": _topographic(codes, x_NC, codes.split_N == 1, options),
             "all tasks": _topographic(codes, x_NC, np.ones(len(x_NC), bool), options)}
     out[name] = dict(decode=result, selectivity=control, topographic=topo, **extra)
@@ -159,7 +161,8 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
   # with them on a loaded 2-core machine).
   with threadpoolctl.threadpool_limits(1):
     analysis = analyse(codes, options)
-    analysis0 = analysis if run.step == 0 else analyse(codes0, options)
+    # The step-0 row is a baseline score: no permutation null of its own.
+    analysis0 = analysis if run.step == 0 else analyse(codes0, options, permutations=0)
     probe = RunProbe(name, run.workdir, codes, codes0, analysis, analysis0, gen,
                      time.time() - start)
     figures.decoder_vs_layer([probe.curves()], os.path.join(out_dir, "decoder_vs_layer.png"))
@@ -210,7 +213,7 @@ def table(probes: Sequence[RunProbe]) -> str:
   metric = "macro-F1" if multilabel else "accuracy / balanced acc."
   head = (f"| run | code | {metric} | step 0 | chance (most freq. / strat."
           f"{' / always-pos.' if multilabel else ' / feature prior'}) | perm. p | "
-          "selectivity (real - control) | topographic rho (p), held-out tasks |")
+          "selectivity (real - control) | topographic rho (p; ceiling), held-out tasks |")
   rows = [head, "|" + "---|" * 8]
   for p in probes:
     for name, a in p.analysis.items():
@@ -228,7 +231,7 @@ def table(probes: Sequence[RunProbe]) -> str:
       s, t = a["selectivity"], a["topographic"]["held-out tasks"]
       rows.append(f"| {p.name} | {name} | {score} | {step0} | {chance} | {pval} | "
                   f"{_fmt(s['selectivity'])} ({_fmt(s['real'])} - {_fmt(s['control'])}) | "
-                  f"{_fmt(t.rho)} ({_fmt(t.p_value)}) |")
+                  f"{_fmt(t.rho)} ({_fmt(t.p_value)}; {_fmt(t.rho_ceiling, 2)}) |")
   return "\n".join(rows)
 
 
