@@ -168,7 +168,8 @@ def test_grouped_folds_and_unit_permutations():
 # ------------------------------------------------------- restore across device counts
 _FAKE_DEVICES = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=4")
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
 import jax

@@ -211,8 +211,8 @@ def table(probes: Sequence[RunProbe]) -> str:
   """One markdown row per (run, feature set): held-out score vs chance, step 0, controls."""
   multilabel = probes[0].codes.multilabel
   metric = "macro-F1" if multilabel else "accuracy / balanced acc."
-  head = (f"| run | code | {metric} | step 0 | chance (most freq. / strat."
-          f"{' / always-pos.' if multilabel else ' / feature prior'}) | perm. p | "
+  first = next(iter(probes[0].analysis.values()))["decode"]
+  head = (f"| run | code | {metric} | step 0 | chance ({' / '.join(first.chance)}) | perm. p | "
           "selectivity (real - control) | topographic rho (p; ceiling), held-out tasks |")
   rows = [head, "|" + "---|" * 8]
   for p in probes:
@@ -220,8 +220,7 @@ def table(probes: Sequence[RunProbe]) -> str:
       d, d0 = a["decode"], p.analysis0[name]["decode"]
       if multilabel:
         score, step0 = _fmt(d.macro_f1), _fmt(d0.macro_f1)
-        chance = " / ".join(_fmt(d.chance[k]) for k in ("most_frequent", "stratified",
-                                                         "always_positive"))
+        chance = " / ".join(_fmt(v) for v in d.chance.values())
         pval = _fmt(d.p_value)
       else:
         score = f"{_fmt(d.scores['accuracy'])} / {_fmt(d.scores['balanced_accuracy'])}"
