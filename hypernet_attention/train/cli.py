@@ -7,6 +7,8 @@
   `config_lib.BadInput` the library raises before work starts) print one line,
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
+- A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
+  steps and exits with status 1.
 - A preempted run (`preemption.Preempted`, after its checkpoint is committed) exits with
   `preemption.EXIT_CODE` (75).
 - The console is configured (`console.configure`) before `main` runs.
@@ -24,6 +26,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
+from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import console
 from hypernet_attention.train import preemption
@@ -94,6 +97,11 @@ def run(main: Callable[[list[str]], None]) -> None:
       if logging.get_verbosity() >= 1:
         logging.exception("bad input")
       _fail(str(e))
+    except checkpointing.CheckpointWriteError as e:
+      if logging.get_verbosity() >= 1:
+        logging.exception("checkpoint write failed")
+      print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr, flush=True)
+      sys.exit(1)
     except preemption.Preempted as e:
       logging.warning("%s", e)
       sys.exit(preemption.EXIT_CODE)
