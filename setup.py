@@ -23,6 +23,7 @@ BASE = [
     # Latent-code probing: decoders, cross-validation, t-SNE, statistics.
     "scikit-learn>=1.6,<2",
     "scipy>=1.13,<2",
+    "tqdm>=4.66,<5",  # the probe's progress bar
 ]
 
 LM = [

@@ -17,6 +17,12 @@ def x64():
     jax.config.update("jax_enable_x64", previous)
 
 
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "gpu: needs a CUDA GPU (compiles the Pallas kernels with Triton); skipped "
+      "cleanly elsewhere")
+
+
 def pytest_collection_modifyitems(config, items):
   """`TESTS_REVERSED=1` runs the suite in reverse order: no test may depend on another
   having run first (or on which process compiled first)."""
