@@ -87,7 +87,11 @@ def test_extracted_codes_are_the_hypernetwork_latent_codes(runs, experiment):
     code_BHQK = np.asarray(hypernetwork.latent_code(module, params, inputs))
     want_BHP = code_BHQK[:, :, setting.query_P, setting.key_P]
     got = setting.samples(batch, want_BHP[:, None])["codes_NLC"][:, 0]
-    np.testing.assert_allclose(codes.split(0).codes_NLC[:, layer], got, rtol=1e-5, atol=1e-6)
+    # Two float32 evaluations of the same scores: within the float32 reordering bound of
+    # the score reduction (tests/numerics.py), whatever the CPU.
+    n = run.config.model.qk_dim * run.config.model.num_heads
+    assert numerics.rel_err(codes.split(0).codes_NLC[:, layer], got) < numerics.error_bound(
+        0.0, n, np.float32)
   # In-distribution and held-out problems never share a task.
   assert not set(codes.split(0).task_N) & set(codes.split(1).task_N)
 
