@@ -30,8 +30,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fr
 
 def main(argv):
   del argv
-  runtime.initialize_from_flags()
-  runtime.log_topology()
+  runtime.start()
   workdir = _WORKDIR.value or runtime.fresh_workdir("sraven")
   loop.train_and_evaluate(_CONFIG.value, workdir)
 

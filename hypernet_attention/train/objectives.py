@@ -31,17 +31,28 @@ class Objective:
     return self.task.encode(batch)
 
 
-def _make_task(cls, task_config: ml_collections.ConfigDict):
-  allowed = [p for p in inspect.signature(cls).parameters]
-  unknown = sorted(set(task_config) - set(allowed))
+def split_seed(config: ml_collections.ConfigDict) -> int:
+  """The seed of the task's held-out split: `task.split_seed`, or the run's `seed` when it
+  is None (the paper's practice: each seed re-draws its split, so error bars over seeds
+  include split variance)."""
+  fixed = config.task.get("split_seed")
+  return config.seed if fixed is None else fixed
+
+
+def _make_task(cls, config: ml_collections.ConfigDict):
+  """The task class built from `config.task`; its `split_seed` becomes the task's `seed`."""
+  kwargs = config.task.to_dict()
+  kwargs.pop("split_seed", None)
+  allowed = [p for p in inspect.signature(cls).parameters if p != "seed"] + ["split_seed"]
+  unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
     raise ValueError(f"unknown task config keys {unknown} for {cls.__name__}; allowed: {allowed}")
-  return cls(**task_config.to_dict())
+  return cls(**kwargs, seed=split_seed(config))
 
 
 def _sraven(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import sraven  # pylint: disable=g-import-not-at-top
-  task = _make_task(sraven.SRaven, config.task)
+  task = _make_task(sraven.SRaven, config)
 
   def metrics_fn(logits_BTF, batch):
     _, targets_BK = task.encode(batch)
@@ -60,7 +71,7 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
 
 def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import fuzzy_logic  # pylint: disable=g-import-not-at-top
-  task = _make_task(fuzzy_logic.FuzzyLogic, config.task)
+  task = _make_task(fuzzy_logic.FuzzyLogic, config)
 
   def metrics_fn(outputs_BT1, batch):
     _, target_B = task.encode(batch)
@@ -71,6 +82,7 @@ def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
   return Objective(task, metrics_fn, "r2", dict(input_kind="dense", output_dim=1))
 
 
+# Keyed by `hypernet_attention.train.registry` names (a test checks that they agree).
 OBJECTIVES = {"sraven": _sraven, "fuzzy_logic": _fuzzy_logic}
 
 
