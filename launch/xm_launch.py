@@ -141,14 +141,14 @@ def main(argv: list[str]) -> None:
     def make_unit(point):
       async def add_jobs(work_unit):
         workdir = f"{_WORKDIR_ROOT.value}/{experiment.experiment_id}/{jobs.point_name(point)}"
-        # Kubernetes pods are reachable as <job label>.experiments (xmanager's service).
-        address = lambda name: (f"{kubernetes.convert_to_valid_label(work_unit.get_full_job_name(name))}"
-                                ".experiments")
+        def address(name):  # Kubernetes pods answer at <job label>.experiments.
+          label = kubernetes.convert_to_valid_label(work_unit.get_full_job_name(name))
+          return f"{label}.experiments"
         host_jobs = jobs.xm_jobs(point, experiment_name, workdir, executor=_EXECUTOR.value,
                                  num_hosts=_NUM_HOSTS.value, host_address=address)
         work_unit.add(xm.JobGroup(**{
-            job.name: xm.Job(executable=executable, executor=_executor(xm, xm_local, job.replicas),
-                             args=job.args)
+            job.name: xm.Job(executable=executable, args=job.args,
+                             executor=_executor(xm, xm_local, job.replicas))
             for job in host_jobs}))
       return add_jobs
 

@@ -30,9 +30,11 @@ class Experiment:
   # summary.json reports it per split (`test/<metric>`, `ood/<metric>`); tables show x100.
   metric: str
 
-  def config_flag(self, arg: str) -> str:
-    """The entry point's `--config=` value for `get_config(arg)`."""
-    return f"{self.config_file}:{arg}"
+  def config_flag(self, arg: str, absolute: bool = False) -> str:
+    """The entry point's `--config=` value for `get_config(arg)` (relative to the
+    repository root, as launchers run it, or absolute, for a default valid from any cwd)."""
+    path = os.path.join(REPO, self.config_file) if absolute else self.config_file
+    return f"{path}:{arg}"
 
   def get_config(self, arg: str | None = None):
     """`get_config(arg)` of the config file, loaded by path as `--config=` does."""
