@@ -4,10 +4,16 @@ A checkpoint holds the `TrainState` (step, params, optimizer state) and a small 
 Nothing else is needed to resume exactly: every training batch is a pure function of
 (seed, step), so the step *is* the data-iterator position.
 
-Resume order (`Checkpointer.restore_latest`): newest finalized step first; if it cannot be
-read (corrupt or partial files), it is moved to `<workdir>/corrupt_checkpoints/` and the
-next newest is tried. Orbax writes each step into a temporary directory and renames it when
+Resume order (`Checkpointer.restore_latest`): newest finalized step first. Its metadata is
+compared with the state the code builds *before* anything is read: a different tree, shape or
+dtype (e.g. code that added a parameter) is a `CheckpointMismatchError` naming the first
+differing leaf, and nothing is moved. Only a step that cannot be read at all (corrupt or
+truncated files) is moved to `<workdir>/corrupt_checkpoints/` (never deleted) and the next
+newest is tried. Orbax writes each step into a temporary directory and renames it when
 complete, so a kill during a save leaves the previous steps intact.
+
+`restore_params(workdir, step)` is the read-only path for analysis (probing): it opens the
+checkpoints without creating, cleaning or moving anything.
 
 Restore targets are abstract arrays that carry the *current* shardings, so a checkpoint
 written on N devices restores on M devices.
@@ -15,6 +21,7 @@ written on N devices restores on M devices.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -27,6 +34,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 CONFIG_FILE = "config.json"
+ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler)
 CHECKPOINT_DIR = "checkpoints"
 # Config keys that may change between a run and its resumption (they do not change
 # results): where to stop this invocation, and the device layout.
@@ -46,16 +54,35 @@ def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Raises if `workdir` holds another experiment's run; otherwise records the config.
+def read_config_json(workdir: str) -> Optional[dict[str, Any]]:
+  """The run's recorded config, None if there is none; a clear error if it is corrupt."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      config = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not readable JSON ({e}); it was left as it is: restore it "
+                     "or use a fresh --workdir") from None
+  if not isinstance(config, dict) or "experiment" not in config:
+    raise ValueError(f"{path} is not a hypernet-attention config (no 'experiment' key); it "
+                     "was left as it is: use a fresh --workdir")
+  return config
 
-  Call before any work: a foreign workdir is left untouched.
+
+def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
+
+  Call before any work: a refused workdir is left untouched.
   """
   path = os.path.join(workdir, CONFIG_FILE)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
+                     "(new or holding this run)")
   new = config_to_json(config)
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
+  old = read_config_json(workdir)
+  if old is not None:
     old_flat, new_flat = flatten(old), flatten(new)
     differ = sorted(
         k for k in set(old_flat) | set(new_flat)
@@ -72,13 +99,49 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
     if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
       raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG_FILE}; refusing "
                        "to mix runs: use a fresh --workdir")
-  if jax.process_index() == 0 and not os.path.exists(path):
-    os.makedirs(workdir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(new, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)  # Atomic: never a half-written config.json.
+  if jax.process_index() == 0:
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      if old is None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+          json.dump(new, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)  # Atomic: never a half-written config.json.
+      elif not os.access(workdir, os.W_OK):
+        raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
+    except OSError as e:
+      raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
+                       "directory you can write to") from None
   multihost_utils.sync_global_devices("check_workdir")
+
+
+class CheckpointMismatchError(ValueError):
+  """A readable checkpoint whose tree, shapes or dtypes differ from the state the code builds."""
+
+
+def _leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+  """'params/layers_0/attention/query/kernel' -> (shape, dtype) for every array leaf."""
+  def name(key):
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        return str(getattr(key, attr))
+    return str(key)
+  return {"/".join(name(k) for k in path): (tuple(leaf.shape), str(jax.numpy.dtype(leaf.dtype)))
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def check_compatible(saved_tree: Any, abstract_state: Any, where: str) -> None:
+  """Raises `CheckpointMismatchError` naming the first leaf that differs (in tree order)."""
+  saved, wanted = _leaf_specs(saved_tree), _leaf_specs(abstract_state)
+  for key in [*wanted, *(k for k in saved if k not in wanted)]:
+    if saved.get(key) == wanted.get(key):
+      continue
+    describe = lambda spec: "absent" if spec is None else f"shape {spec[0]} {spec[1]}"
+    raise CheckpointMismatchError(
+        f"{where} does not match the model this code builds: '{key}' is "
+        f"{describe(saved.get(key))} in the checkpoint but {describe(wanted.get(key))} in the "
+        "model. Nothing was moved or deleted; run the code and config that wrote it, or use a "
+        "fresh --workdir")
 
 
 def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
@@ -87,16 +150,24 @@ def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
 
 
 class Checkpointer:
-  """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest."""
+  """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
-  def __init__(self, workdir: str, *, save_every: int, keep: int, use_async: bool = True):
-    self.workdir = workdir
+  `read_only=True` opens existing checkpoints for restoring only: no directory is created,
+  no temporary directory cleaned, nothing quarantined.
+  """
+
+  def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
+               use_async: bool = True, read_only: bool = False):
+    self.workdir, self.read_only = workdir, read_only
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=save_every, max_to_keep=keep, create=True,
+        save_interval_steps=save_every, max_to_keep=keep, create=not read_only,
+        read_only=read_only,
         # A kill during a save leaves `<step>.orbax-checkpoint-tmp*`; remove it on start.
-        cleanup_tmp_directories=True, enable_async_checkpointing=use_async)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+        cleanup_tmp_directories=not read_only, enable_async_checkpointing=use_async)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
 
   def save(self, step: int, state: Any, *, force: bool = False) -> bool:
     """Starts saving `state` at `step` if the interval says so (or `force`)."""
@@ -107,23 +178,54 @@ class Checkpointer:
         meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
     return self.manager.save(step, args=args, force=force)
 
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def _saved_tree(self, step: int) -> Any:
+    """The step's array metadata tree; raises if its metadata cannot be read."""
+    metadata = self.manager.item_metadata(step)["state"]
+    tree = getattr(metadata, "tree", metadata)
+    if tree is None:
+      raise ValueError(f"no readable state metadata in step {step}")
+    return tree
+
+  def restore(self, step: int, abstract_state: Any) -> Any:
+    """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved."""
+    check_compatible(self._saved_tree(step), abstract_state,
+                     f"checkpoint step {step} in {self.directory}")
+    restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+    return restored["state"]
+
   def restore_latest(self, abstract_state: Any) -> Optional[Any]:
-    """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None."""
+    """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None.
+
+    A checkpoint that reads but does not fit the model raises `CheckpointMismatchError`
+    (nothing moved); only unreadable steps are quarantined and skipped.
+    """
     self.manager.wait_until_finished()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
-        logging.info("Restored checkpoint at step %d from %s", step, self.directory)
-        return restored["state"]
+        state = self.restore(step, abstract_state)
+      except (CheckpointMismatchError, MemoryError):
+        raise
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("Checkpoint at step %d is unreadable (%s: %s); trying an older one",
-                        step, type(e).__name__, e)
-        self._quarantine(step)
+        self._unreadable(step, e)  # Its metadata or array files are corrupt or truncated.
+        continue
+      logging.info("Restored checkpoint at step %d from %s", step, self.directory)
+      return state
     return None
+
+  def _unreadable(self, step: int, error: Exception) -> None:
+    logging.warning("Checkpoint at step %d is unreadable (%s: %s); moving it to "
+                    "corrupt_checkpoints/ and trying an older one", step,
+                    type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+    self._quarantine(step)
 
   def _quarantine(self, step: int) -> None:
     """Moves an unreadable step out of the way (kept for inspection, never deleted)."""
+    if self.read_only:
+      raise ValueError(f"checkpoint step {step} in {self.directory} is unreadable")
     if jax.process_index() == 0:
       src = os.path.join(self.directory, str(step))
       dst_dir = os.path.join(self.workdir, "corrupt_checkpoints")

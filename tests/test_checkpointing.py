@@ -1,0 +1,105 @@
+"""Restore safety: mismatches are errors that move nothing, only unreadable steps are
+quarantined, and the read-only `restore_params` never writes."""
+
+import os
+import shutil
+
+import flax.linen as nn
+import numpy as np
+import pytest
+
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
+import train_testlib as tl
+
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import loop
+from hypernet_attention.train import restore
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A finished smoke run (checkpoints at steps 4 and 8)."""
+  workdir = str(tmp_path_factory.mktemp("ckpt") / "wd")
+  summary = loop.train_and_evaluate(tl.smoke("sraven", **{"eval.ceiling_problems": 0}),
+                                    workdir)
+  return workdir, summary
+
+
+def _abstract_state(config):
+  setup = loop.setup(config)
+  return checkpointing.abstract_with_shardings(nn.meta.unbox(setup[5]), setup[6])
+
+
+@pytest.mark.parametrize("change, message", [
+    # A wider MLP: same tree, different shape.
+    ({"model.mlp_dim": 128}, r"'params/layers_0/feed_forward/down/kernel' is shape \(64, 32\) "
+                             r"float32 in the checkpoint but shape \(128, 32\) float32"),
+    # Code that adds a layer: a parameter the checkpoint does not have.
+    ({"model.num_layers": 3}, r"'params/layers_2/attention/key/bias' is absent in the "
+                              r"checkpoint but shape \(4, 4\) float32 in the model"),
+])
+def test_mismatched_checkpoint_is_an_error_and_nothing_moves(run, tmp_path, change, message):
+  workdir = str(tmp_path / "wd")
+  shutil.copytree(run[0], workdir)
+  before = tl.snapshot(workdir)
+  ckpt = checkpointing.Checkpointer(workdir, save_every=4, keep=3)
+  with pytest.raises(checkpointing.CheckpointMismatchError, match=message):
+    ckpt.restore_latest(_abstract_state(tl.smoke("sraven", **change)))
+  ckpt.close()
+  assert tl.snapshot(workdir) == before
+  assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
+
+
+def test_truncated_array_files_are_quarantined(run, tmp_path):
+  """Metadata intact, array data truncated: unreadable, so moved aside; step 4 restores."""
+  workdir = str(tmp_path / "wd")
+  shutil.copytree(run[0], workdir)
+  data_files = [os.path.join(root, name)
+                for root, _, files in os.walk(os.path.join(workdir, "checkpoints", "8", "state"))
+                for name in files if os.path.basename(root) == "d"]
+  assert data_files, "no OCDBT data files found to truncate"
+  for path in data_files:
+    with open(path, "r+b") as f:
+      f.truncate(max(os.path.getsize(path) // 3, 1))
+  ckpt = checkpointing.Checkpointer(workdir, save_every=4, keep=3)
+  state = ckpt.restore_latest(_abstract_state(tl.smoke("sraven", **{"eval.ceiling_problems": 0})))
+  ckpt.close()
+  assert int(state.step) == 4
+  assert os.listdir(os.path.join(workdir, "corrupt_checkpoints"))[0].startswith("8-")
+
+
+def test_restore_params_is_read_only_and_exact(run):
+  workdir, summary = run
+  before = tl.snapshot(workdir)
+  latest = restore.restore_params(workdir)
+  assert latest.step == 8 and latest.config.experiment == "sraven"
+  want, got = tl.flat_params(summary["state"].params), tl.flat_params(latest.params)
+  assert want.keys() == got.keys()
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert restore.restore_params(workdir, step=4).step == 4
+  # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
+  init = restore.restore_params(workdir, step=0)
+  setup = loop.setup(init.config)
+  fresh = tl.flat_params(loop.init_state(init.config, setup[4], setup[6]).params)
+  for k, v in tl.flat_params(init.params).items():
+    np.testing.assert_array_equal(v, fresh[k], err_msg=k)
+  assert tl.snapshot(workdir) == before
+
+
+def test_restore_params_bad_input(run, tmp_path):
+  workdir = run[0]
+  with pytest.raises(ValueError, match=r"no checkpoint at step 5 .*available steps: \[4, 8\]"):
+    restore.restore_params(workdir, step=5)
+  with pytest.raises(ValueError, match="does not exist"):
+    restore.restore_params(str(tmp_path / "nope"))
+  with pytest.raises(ValueError, match="holds no config.json"):
+    restore.restore_params(str(tmp_path))
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  shutil.copy(os.path.join(workdir, "config.json"), empty / "config.json")
+  with pytest.raises(ValueError, match="no checkpoints in .*use step=0"):
+    restore.restore_params(str(empty))
+  (empty / "config.json").write_text('{"experiment": "sraven", "model": ')
+  with pytest.raises(ValueError, match="config.json is not readable JSON"):
+    restore.restore_params(str(empty))
