@@ -7,8 +7,10 @@ r"""Runs a sweep's points on this machine as subprocesses, N at a time, resumabl
 Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its console output in
 `run_local.log` there. A point whose `summary.json` exists is skipped; any other is started
 with the same --workdir, so a half-done point resumes from its newest checkpoint (the entry
-points do that themselves). So after a crash or Ctrl-C, rerun the same command. Each
-finished process's wall and CPU time go to `run_local.json` beside its summary.
+points do that themselves). So after a crash or Ctrl-C (which stops the running points
+too), rerun the same command. Each process's wall and CPU time go to `run_local.json`
+beside its summary. On one GPU, `--jobs=N` runs N small jobs side by side, each limited to
+its share of the GPU memory.
 """
 
 from __future__ import annotations
@@ -47,8 +49,18 @@ def is_finished(workdir: str) -> bool:
   return os.path.exists(os.path.join(workdir, SUMMARY))
 
 
+def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+  """The training processes' environment: with several jobs at once on one GPU, each may
+  take only its share of the GPU memory (JAX preallocates 75% per process by default)."""
+  env = dict(os.environ if env is None else env)
+  if num_jobs > 1:
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / num_jobs:.3f}")
+  return env
+
+
 def run_point(point: Mapping[str, Any], experiment: str, root: str,
-              extra_flags: Sequence[str] = (), python: str = sys.executable) -> Outcome:
+              extra_flags: Sequence[str] = (), python: str = sys.executable,
+              env: Optional[Mapping[str, str]] = None) -> Outcome:
   """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
   name = jobs.point_name(point)
   workdir = os.path.join(root, name)
@@ -62,7 +74,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
               f"{jobs.shell_line(argv)}\n")
     log.flush()
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                               cwd=sweeps.REPO)
+                               cwd=sweeps.REPO, env=env)
     # wait4 gives this child's own CPU time, also when several run at once.
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -85,7 +97,9 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
       f"{len(points) - done}, {num_jobs} at a time")
   outcomes = []
   with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
-    futures = [pool.submit(run_point, p, experiment, root, extra_flags) for p in points]
+    env = child_env(num_jobs)
+    futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env)
+               for p in points]
     for future in concurrent.futures.as_completed(futures):
       outcome = future.result()
       outcomes.append(outcome)

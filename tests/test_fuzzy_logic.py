@@ -160,3 +160,15 @@ def test_split_seed_follows_run_seed_unless_fixed():
   np.testing.assert_array_equal(ood[1, None], ood[1, 1])
   np.testing.assert_array_equal(ood[2, 1], ood[1, 1])
   assert not np.array_equal(ood[2, None], ood[1, None])
+
+
+def test_legacy_task_seed_in_config_json_still_builds():
+  """config.json files written before `split_seed` hold `task.seed` (a fixed split)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
+  config = registry.get('fuzzy_logic').get_config('size=smoke').to_dict()
+  del config['task']['split_seed']
+  config['task']['seed'], config['seed'] = 1, 2
+  task = objectives.build(ml_collections.ConfigDict(config)).task
+  np.testing.assert_array_equal(task.combinations('ood'), FuzzyLogic(seed=1).combinations('ood'))

@@ -56,3 +56,11 @@ def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
   assert again.returncode == 0 and out.splitlines()[-1].startswith(
       "0 finished, 2 skipped (done before), 0 failed"), out
   assert "2 finished runs" in collect.report(root, "smoke_fuzzy", "ood", str(tmp_path / "t"))
+
+
+def test_parallel_jobs_share_gpu_memory():
+  from launch import run_local  # pylint: disable=g-import-not-at-top
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in run_local.child_env(1, {})
+  assert run_local.child_env(3, {})["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
+  assert run_local.child_env(3, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"})[
+      "XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2"  # The user's choice wins.

@@ -35,7 +35,8 @@ def split_seed(config: ml_collections.ConfigDict) -> int:
   """The seed of the task's held-out split: `task.split_seed`, or the run's `seed` when it
   is None (the paper's practice: each seed re-draws its split, so error bars over seeds
   include split variance)."""
-  fixed = config.task.get("split_seed")
+  # `task.seed`: the same switch in config.json files written before `split_seed` existed.
+  fixed = config.task.get("split_seed", config.task.get("seed"))
   return config.seed if fixed is None else fixed
 
 
@@ -43,6 +44,7 @@ def _make_task(cls, config: ml_collections.ConfigDict):
   """The task class built from `config.task`; its `split_seed` becomes the task's `seed`."""
   kwargs = config.task.to_dict()
   kwargs.pop("split_seed", None)
+  kwargs.pop("seed", None)
   allowed = [p for p in inspect.signature(cls).parameters if p != "seed"] + ["split_seed"]
   unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
