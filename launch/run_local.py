@@ -60,7 +60,7 @@ def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[st
 
 def run_point(point: Mapping[str, Any], experiment: str, root: str,
               extra_flags: Sequence[str] = (), python: str = sys.executable,
-              env: Optional[Mapping[str, str]] = None) -> Outcome:
+              env: Optional[Mapping[str, str]] = None, log=None) -> Outcome:
   """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
   name = jobs.point_name(point)
   workdir = os.path.join(root, name)
@@ -68,6 +68,8 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
     return Outcome(name, "skipped")
   os.makedirs(workdir, exist_ok=True)
   argv = jobs.local_command(python, point, experiment, workdir, extra_flags)
+  if log is not None:
+    log(f"started: {name} (console output in its {LOG})")
   start = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
@@ -98,7 +100,7 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
   outcomes = []
   with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
     env = child_env(num_jobs)
-    futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env)
+    futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env, log=log)
                for p in points]
     for future in concurrent.futures.as_completed(futures):
       outcome = future.result()

@@ -171,4 +171,5 @@ def test_legacy_task_seed_in_config_json_still_builds():
   del config['task']['split_seed']
   config['task']['seed'], config['seed'] = 1, 2
   task = objectives.build(ml_collections.ConfigDict(config)).task
-  np.testing.assert_array_equal(task.combinations('ood'), FuzzyLogic(seed=1).combinations('ood'))
+  expected = FuzzyLogic(holdout_fraction=config['task']['holdout_fraction'], seed=1)
+  np.testing.assert_array_equal(task.combinations('ood'), expected.combinations('ood'))
