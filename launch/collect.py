@@ -184,9 +184,10 @@ def _setting_str(setting: dict[str, Any]) -> str:
 
 def markdown(cells: Sequence[Cell], select: str, metric: str) -> str:
   lines = [f"OOD {metric} x100 of each row's best setting (picked by `{select}/{metric}`), "
-           "mean ± s.e. over seeds; paper: Table A1.", "",
-           "| row | seeds | best setting (of tried) | OOD (ours) | test (ours) | paper OOD |",
-           "|---|---|---|---|---|---|"]
+           "mean ± s.e. over seeds (a row with one seed is a single run: no s.e.). The "
+           "paper's column is its Table A1 (paper size, best of its grid, 3 seeds).", "",
+           "| row | seeds | best setting (settings tried) | OOD (ours) | test (ours) | "
+           "paper OOD |", "|---|---|---|---|---|---|"]
   for c in cells:
     paper = "" if c.paper is None else f"{c.paper[0]:.2f} ± {c.paper[1]:.2f}"
     lines.append(f"| {c.label} | {len(c.seeds)} ({','.join(map(str, c.seeds))}) | "

@@ -23,8 +23,9 @@ read -r script config_file < <(cd "$repo" && python3 -m hypernet_attention.train
 extra=$(printf ' %q' "$@")
 
 # Copy the working tree to every host, install it, then start the same command everywhere.
-tar -C "$(dirname "$repo")" --exclude="$name/.venv" --exclude="$name/workdirs" -czf /tmp/"$name".tgz "$name"
-gcloud compute tpus tpu-vm scp /tmp/"$name".tgz "$tpu":~ --zone="$zone" --worker=all
+archive="${TMPDIR:-/tmp}/$name.tgz"
+tar -C "$(dirname "$repo")" --exclude="$name/.venv" --exclude="$name/workdirs" -czf "$archive" "$name"
+gcloud compute tpus tpu-vm scp "$archive" "$tpu":~ --zone="$zone" --worker=all
 gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all --command="
   set -e
   tar -xzf ~/$name.tgz -C ~
