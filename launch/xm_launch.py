@@ -113,7 +113,6 @@ def main(argv: list[str]) -> None:
   # Imported here so that --dry_run and the sweep definitions need no XManager install.
   from xmanager import xm  # pylint: disable=g-import-not-at-top
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top
-  from xmanager.cloud import kubernetes  # pylint: disable=g-import-not-at-top
 
   sweep = sweeps.load(_SWEEP.value)
   points = sweep.get_sweep()[: _MAX_JOBS.value]
@@ -142,6 +141,7 @@ def main(argv: list[str]) -> None:
       async def add_jobs(work_unit):
         workdir = f"{_WORKDIR_ROOT.value}/{experiment.experiment_id}/{jobs.point_name(point)}"
         def address(name):  # Kubernetes pods answer at <job label>.experiments.
+          from xmanager.cloud import kubernetes  # pylint: disable=g-import-not-at-top
           label = kubernetes.convert_to_valid_label(work_unit.get_full_job_name(name))
           return f"{label}.experiments"
         host_jobs = jobs.xm_jobs(point, experiment_name, workdir, executor=_EXECUTOR.value,
