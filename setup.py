@@ -20,6 +20,10 @@ BASE = [
     "tensorboard>=2.21,<2.22",
     "matplotlib>=3.9",
     "numpy>=2.0",
+    # Latent-code probing: decoders, cross-validation, t-SNE, statistics.
+    "scikit-learn>=1.6,<2",
+    "scipy>=1.13,<2",
+    "tqdm>=4.66,<5",  # the probe's progress bar
 ]
 
 EXTRAS = {
@@ -29,7 +33,14 @@ EXTRAS = {
         "seqio==0.0.20",
         "sentencepiece>=0.2,<0.3",
     ],
-    "launch": ["xmanager>=0.8.5,<0.9"],
+    # xmanager needs protobuf<7; without these pins pip walks back through every
+    # google-cloud-bigquery release looking for a protobuf-6 world (>15 min, never ends).
+    "launch": [
+        "xmanager==0.8.5",
+        "protobuf>=6.33.5,<7",
+        "google-cloud-aiplatform==2.7.0",
+        "google-cloud-bigquery==3.47.0",
+    ],
     # Accelerator builds of jaxlib (the base install is CPU-only).
     "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

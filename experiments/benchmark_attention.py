@@ -6,7 +6,7 @@ Issue 5's CPU target (B=4, H=8, d=64, causal, float32, fwd+bwd):
     --out_dir=/tmp/bench_attention
 GPU target (bf16): add --dtype=bfloat16 --batch=8 --seq_lens=2048,4096,8192.
 Prints one line per cell, then a markdown table and the target ratios at --target_len;
-writes results.json and attention_benchmark.png to --out_dir. hyla_pallas runs only on
+writes results.json and attention_benchmark.png to --out_dir. The Pallas columns run only on
 GPU unless --pallas_interpret (slow; tiny shapes only).
 """
 
@@ -38,9 +38,10 @@ def main():
 
   names = [n for n in args.implementations.split(",") if n]
   backend = jax.default_backend()
-  if "hyla_pallas" in names and backend != "gpu" and not args.pallas_interpret:
-    print(f"hyla_pallas skipped on {backend} (pass --pallas_interpret to interpret it).")
-    names.remove("hyla_pallas")
+  pallas = [n for n in names if n.endswith("pallas")]
+  if pallas and backend != "gpu" and not args.pallas_interpret:
+    print(f"{', '.join(pallas)} skipped on {backend} (pass --pallas_interpret to interpret).")
+    names = [n for n in names if n not in pallas]
   device = jax.devices()[0]
   meta = dict(device=f"{device.platform}:{device.device_kind}", backend=backend,
               jax=jax.__version__, batch=args.batch, heads=args.heads,

@@ -7,10 +7,10 @@ same --workdir resumes; multi-process flags as in sraven_scaling.py.
 """
 
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.train import cli
 from hypernet_attention.train import loop
 from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
@@ -30,4 +30,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

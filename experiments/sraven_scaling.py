@@ -12,10 +12,10 @@ see train/runtime.py), else add --coordinator_address=HOST:PORT --num_processes=
 --process_id=I (or --multi_process); all with the same --workdir on shared storage.
 """
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.train import cli
 from hypernet_attention.train import loop
 from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
@@ -35,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

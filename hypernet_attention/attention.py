@@ -21,9 +21,12 @@ attention module applies dropout (rate 0.1 by default, never overridden by their
 active in training steps) to the *normalized* attention weights, i.e. to the latent code,
 after softmax / RMSHead / identity and before the value network, with one (Q, K) keep-mask
 broadcast over batch and heads; for HYLA the same dropped code then enters both generated
-layers, and the sown weights are the dropped ones. We do the same. The fused kernels in
-`ops` take no dropout, so training with dropout runs the reference einsums (fine at the
-synthetic tasks' lengths; set the rate to 0 for long sequences).
+layers, and the sown weights are the dropped ones. We do the same. The broadcast mask is
+drawn by `ops/dropout.py`'s counter-based hash of (seed, q, k), with the seed drawn from
+the `dropout` rng: the tiled kernels recompute it per tile (forward and backward), so
+training with dropout takes `ops.dispatch`'s fast path at any length, and the materialized path
+(probing) draws the very same mask. `broadcast_dropout=False` (a mask per batch element and
+head) uses `jax.random.bernoulli` on the materialized code.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import jax.numpy as jnp
 
 from hypernet_attention import positions
 from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
 Dtype = Any
@@ -151,9 +155,10 @@ def latent_code_dropout(
   (1, 1, Q, K), so a dropped pair loses its whole latent code, and for HYLA the same
   dropped code configures both generated layers.
   """
+  if broadcast:
+    return reference.apply_dropout(code_BHQK, rate, dropout.seed_from_rng(rng))
   keep_prob = 1.0 - rate
-  shape = (1, 1) + code_BHQK.shape[2:] if broadcast else code_BHQK.shape
-  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  keep = jax.random.bernoulli(rng, keep_prob, code_BHQK.shape)
   return code_BHQK * (keep.astype(code_BHQK.dtype) / jnp.asarray(keep_prob, code_BHQK.dtype))
 
 
@@ -324,14 +329,16 @@ class MultiHeadAttention(nn.Module):
       value_weight_HVV = jnp.asarray(value_weight_HVV, value_BKHV.dtype)
 
     use_dropout = not deterministic and self.dropout_rate > 0.0
-    if use_dropout or self.is_mutable_collection("intermediates"):
+    rng = self.make_rng("dropout") if use_dropout else None
+    materialize = use_dropout and not self.broadcast_dropout
+    if materialize or self.is_mutable_collection("intermediates"):
       # The slow path: materialize the latent code, drop out pairs, expose it.
       mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
       scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
       code_BHQK = reference.normalize_scores(scores_BHQK, mask, preset.normalization, self.eps)
       if use_dropout:
         code_BHQK = latent_code_dropout(
-            code_BHQK, self.dropout_rate, self.make_rng("dropout"), self.broadcast_dropout)
+            code_BHQK, self.dropout_rate, rng, self.broadcast_dropout)
       self.sow("intermediates", "latent_code", code_BHQK)
       out_BQHV = reference.apply_value_network(
           code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
@@ -341,5 +348,7 @@ class MultiHeadAttention(nn.Module):
           normalization=preset.normalization, value_network=value_network,
           activation=activation, value_weight_HVV=value_weight_HVV, eps=self.eps,
           implementation=self.implementation,
+          dropout_rate=self.dropout_rate if use_dropout else 0.0,
+          dropout_seed=dropout.seed_from_rng(rng) if use_dropout else None,
       )
     return self._dense(out_features, (-2, -1), ("heads", "kv", "embed"), "out")(out_BQHV)

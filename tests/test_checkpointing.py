@@ -4,7 +4,6 @@ quarantined, and the read-only `restore_params` never writes."""
 import os
 import shutil
 
-import flax.linen as nn
 import numpy as np
 import pytest
 
@@ -26,8 +25,7 @@ def run(tmp_path_factory):
 
 
 def _abstract_state(config):
-  setup = loop.setup(config)
-  return checkpointing.abstract_with_shardings(nn.meta.unbox(setup[5]), setup[6])
+  return loop.setup(config).restore_target()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -80,8 +78,8 @@ def test_restore_params_is_read_only_and_exact(run):
   assert restore.restore_params(workdir, step=4).step == 4
   # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
   init = restore.restore_params(workdir, step=0)
-  setup = loop.setup(init.config)
-  fresh = tl.flat_params(loop.init_state(init.config, setup[4], setup[6]).params)
+  s = loop.setup(init.config)
+  fresh = tl.flat_params(loop.init_state(init.config, s.init_fn, s.shardings).params)
   for k, v in tl.flat_params(init.params).items():
     np.testing.assert_array_equal(v, fresh[k], err_msg=k)
   assert tl.snapshot(workdir) == before

@@ -66,9 +66,10 @@ def test_two_processes_match_one_process(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   workdir = tmp_path / "wd"
-  procs = [_run(["process", port, i, workdir, tmp_path], tmp_path, f"process{i}")
-           for i in (0, 1)]
-  _wait_all(procs, tmp_path)
+  with tl.multiprocess_slot():
+    procs = [_run(["process", port, i, workdir, tmp_path], tmp_path, f"process{i}")
+             for i in (0, 1)]
+    _wait_all(procs, tmp_path)
   with open(tmp_path / "summary.json") as f:
     summary = json.load(f)
   assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)

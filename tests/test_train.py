@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +20,7 @@ import train_testlib as tl
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
+from hypernet_attention.train import restore
 from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
 
@@ -125,12 +125,8 @@ def test_run_killed_mid_way_and_rerun_ends_with_identical_parameters(tmp_path):
 
   config = tl.smoke("sraven", **overrides)
   reference = loop.train_and_evaluate(config, str(tmp_path / "reference"))
-  _, _, _, _, _, abstract_boxed, shardings = loop.setup(config)
-  ckpt = checkpointing.Checkpointer(str(workdir), save_every=4, keep=3)
-  restored = ckpt.restore_latest(checkpointing.abstract_with_shardings(
-      nn.meta.unbox(abstract_boxed), shardings))
-  ckpt.close()
-  assert int(restored.step) == 40
+  restored = restore.restore_params(str(workdir))
+  assert restored.step == 40
   a, b = tl.flat_params(reference["state"].params), tl.flat_params(restored.params)
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -239,7 +235,7 @@ def test_configs_are_locked_and_paper_sizes_match_the_paper():
   assert (config.model.emb_dim, config.model.num_heads, config.model.qk_dim,
           config.model.mlp_dim, config.model.num_layers) == (256, 32, 128, 512, 8)
   assert (config.batch_size, config.num_train_steps) == (128, 156_250)
-  count = lambda c: state_lib.count_params(loop.setup(c)[5].params)  # noqa: E731
+  count = lambda c: state_lib.count_params(loop.setup(c).abstract_state.params)  # noqa: E731
   # PAPER.md Sec. 2: exact parameter counts of the authors' models.
   assert count(tl.sraven_config.get_config("model=hyla,size=paper")) == 402_824
   fuzzy = tl.fuzzy_config.get_config("model=hyla,size=paper")

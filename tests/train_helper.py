@@ -40,9 +40,9 @@ def smoke_config(**mesh):
 
 def loss_curve(config, devices):
   """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`."""
-  objective, model, tx, mesh, init_fn, _, shardings = loop.setup(config, devices)
-  state = loop.init_state(config, init_fn, shardings)
-  trainer = loop.Trainer(config, objective, model, tx, mesh, shardings)
+  s = loop.setup(config, devices)
+  state = loop.init_state(config, s.init_fn, s.shardings)
+  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(state, NUM_STEPS)
   return [float(x) for x in jax.device_get(metrics["loss"])]
 

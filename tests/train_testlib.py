@@ -4,6 +4,8 @@ Compilation dominates these tests on a 2-core CPU, so they share a persistent XL
 compilation cache (also handed to their subprocesses): identical programs compile once.
 """
 
+import contextlib
+import fcntl
 import os
 import sys
 import tempfile
@@ -42,6 +44,22 @@ def compilation_cache():
   yield
   for k, v in old.items():
     jax.config.update(k, v)
+
+
+@contextlib.contextmanager
+def multiprocess_slot():
+  """At most one multi-process test at a time across pytest-xdist workers.
+
+  Two of them at once on a 2-core machine start their processes seconds apart, and gloo's
+  context setup (30 s deadline) then times out.
+  """
+  with open(os.path.join(tempfile.gettempdir(), "hypernet_attention_multiprocess.lock"),
+            "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def subprocess_env() -> dict:

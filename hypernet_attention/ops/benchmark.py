@@ -9,7 +9,9 @@ FLOP counts. A column stops at the first T whose compiled temp memory exceeds th
 OOM killer) or whose run fails with an out-of-memory error.
 
 Implementations: softmax (`jax.nn.dot_product_attention`, cuDNN on GPU for bf16),
-linear (linear attention, reference einsums), hyla_reference, hyla_blockwise, hyla_pallas.
+linear (linear attention, reference einsums), hyla_reference, hyla_blockwise, hyla_pallas,
+and rmshead_linear_pallas (Table A1's "linear attention + RMSHead" on the Pallas kernel: HYLA's
+normalization with a linear value network, which runs on the matrix units).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import jax.numpy as jnp
 
 from hypernet_attention.ops import dispatch
 
-IMPLEMENTATIONS = ("softmax", "linear", "hyla_reference", "hyla_blockwise", "hyla_pallas")
+IMPLEMENTATIONS = ("softmax", "linear", "hyla_reference", "hyla_blockwise", "hyla_pallas",
+                   "rmshead_linear_pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +56,8 @@ def flops(name: str, shape: Shape) -> tuple[float, float]:
   product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP).
   """
   d = v = shape.head_dim
-  per_pair = (2 * d + 2 * v, 4 * d + 4 * v) if name in ("softmax", "linear") else (
-      2 * d + 4 * v, 4 * d + 8 * v)
+  linear_value = name in ("softmax", "linear", "rmshead_linear_pallas")
+  per_pair = (2 * d + 2 * v, 4 * d + 4 * v) if linear_value else (2 * d + 4 * v, 4 * d + 8 * v)
   scale = shape.batch * shape.heads * shape.pairs
   fwd, bwd = per_pair[0] * scale, per_pair[1] * scale
   return float(fwd), float(fwd + bwd)
@@ -69,17 +72,18 @@ def attention_fn(name: str, causal: bool, interpret: bool = False) -> Callable:
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="linear", value_network="linear",
         implementation="reference")
-  implementation = name.removeprefix("hyla_")
-  if implementation == "pallas":
+  if name.endswith("pallas"):
     from hypernet_attention.ops import pallas_kernel  # pylint: disable=g-import-not-at-top
+    value_network = "linear" if name == "rmshead_linear_pallas" else "mlp"
     return lambda q, k, v: pallas_kernel.attention(
-        q, k, v, is_causal=causal, interpret=interpret)
+        q, k, v, is_causal=causal, value_network=value_network, interpret=interpret)
+  implementation = name.removeprefix("hyla_")
   return lambda q, k, v: dispatch.attention(
       q, k, v, is_causal=causal, normalization="rms_head", value_network="mlp",
       activation="relu", implementation=implementation)
 
 
-def _median_time(fn, args, repeats: int) -> float:
+def median_time(fn, args, repeats: int) -> float:
   jax.block_until_ready(fn(*args))  # warm-up
   times = []
   for _ in range(repeats):
@@ -115,7 +119,7 @@ def measure(name: str, shape: Shape, repeats: int, max_temp_bytes: float,
       return row
     flop_counts = flops(name, shape)
     for (kind, exe), flop in zip(compiled.items(), flop_counts):
-      seconds = _median_time(exe, (q, k, v), repeats)
+      seconds = median_time(exe, (q, k, v), repeats)
       row[f"{kind}_ms"] = 1e3 * seconds
       row[f"{kind}_tflops"] = flop / seconds / 1e12
     device = jax.devices()[0]

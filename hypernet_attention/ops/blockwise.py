@@ -16,6 +16,8 @@ Per tile, with a the code, u = sum_h a_h v_h, z = phi(u) (mlp) and dy the output
   da_hqk = <dy_qh, z_qk> + <phi'(u_qk) * dz_qk, v_kh>,   dz_qk = sum_h a_hqk dy_qh
   dv_kh  = sum_q a_hqk phi'(u_qk) * dz_qk  (+ sum_q a_hqk dy_qh for the linear network)
 then ds from da through the normalization, and dq, dk, dbias from ds.
+Dropout (`dropout.py`) multiplies each tile's code by its recomputed keep/(1-rate) mask m
+before the value network; the backward takes da' for the dropped code and uses da = m da'.
 
 Shape letters: B batch, H heads, Q / K query / key positions, D query/key width, V value width.
 Tile letters: q / k for the positions inside one tile.
@@ -30,6 +32,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import tiling
 
@@ -71,6 +74,18 @@ def tile_code(s_BHqk, valid, lse_BHq, cfg):
   if cfg.normalization == "linear":
     return s0
   return s0 * jax.lax.rsqrt(jnp.mean(jnp.square(s0), axis=1, keepdims=True) + cfg.eps)
+
+
+def tile_dropout(q_start, k_start, seed, cfg):
+  """(bq, bk) keep/(1-rate) of a tile, or None without dropout (`dropout.py`)."""
+  if not cfg.dropout_rate:
+    return None
+  return dropout.grid_keep_scale(seed, cfg.block_q, cfg.block_k, cfg.dropout_rate,
+                                 q_start, k_start).astype(cfg.compute_dtype)
+
+
+def _drop(a_BHqk, drop):
+  return a_BHqk if drop is None else a_BHqk * drop
 
 
 def tile_code_grad(s_BHqk, a_BHqk, da_BHqk, valid, row_BHq, cfg):
@@ -135,6 +150,10 @@ def _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg):
   return s, valid
 
 
+def _tile_drop(seed, qi, kj, cfg):
+  return tile_dropout(qi * cfg.block_q, kj * cfg.block_k, seed, cfg)
+
+
 def _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, qi, cfg):
   """Softmax statistics of query tile qi over its visible keys: (B, H, bq)."""
   batch, heads = q_BHQD.shape[:2]
@@ -154,7 +173,7 @@ def _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, qi, cfg):
   return jnp.where(l > 0, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(l), -jnp.inf)
 
 
-def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg):
+def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, cfg):
   """Returns (out (B, H, Qp, V) float32, lse (B, H, Qp) or None)."""
   batch, heads = q_BHQD.shape[:2]
   v_dim = v_BHKV.shape[-1]
@@ -166,7 +185,7 @@ def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg):
 
     def body(kj, acc):
       s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-      a = tile_code(s, valid, lse, cfg)
+      a = _drop(tile_code(s, valid, lse, cfg), _tile_drop(seed, qi, kj, cfg))
       return acc + tile_value(a, _k_tile(v_BHKV, kj, cfg).astype(cfg.compute_dtype), cfg)
 
     acc = jnp.zeros((batch, heads, cfg.block_q, v_dim), cfg.compute_dtype)
@@ -180,9 +199,11 @@ def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg):
   return out_BHQV, jnp.moveaxis(lse, 0, 2).reshape(batch, heads, cfg.q_padded)
 
 
-def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, out_BHQV, dy_BHQV, cfg):
-  """sum_k a_hqk da_hqk per (B, H, Q): the softmax backward's row term."""
-  if cfg.value_network == "linear":  # sum_k a <dy, v_k> = <dy, y>.
+def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV, dy_BHQV,
+                      cfg):
+  """sum_k a_hqk da_hqk per (B, H, Q): the softmax backward's row term. With dropout
+  (keep scale m) the value network sees m a, so da = m da' and sum_k a da = sum_k (m a) da'."""
+  if cfg.value_network == "linear":  # sum_k a m <dy, v_k> = <dy, y>.
     return jnp.sum(dy_BHQV * out_BHQV, axis=-1)
   batch, heads = q_BHQD.shape[:2]
 
@@ -192,7 +213,7 @@ def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, out_BHQV, dy_BH
 
     def body(kj, acc):
       s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-      a = tile_code(s, valid, lse_q, cfg)
+      a = _drop(tile_code(s, valid, lse_q, cfg), _tile_drop(seed, qi, kj, cfg))
       v_tile = _k_tile(v_BHKV, kj, cfg).astype(cfg.compute_dtype)
       da, _ = tile_value_grad(a, v_tile, dy, cfg, need_dv=False)
       return acc + jnp.sum(a * da, axis=-1)
@@ -210,7 +231,7 @@ def _reduce_to(x, shape):
   return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg):
+def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg):
   """Key tiles outside, query tiles inside: dk, dv stay in the carry of the inner loop."""
   batch, heads, _, depth = q_BHQD.shape
   v_dim = v_BHKV.shape[-1]
@@ -230,8 +251,9 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg):
         lse_q = jax.lax.dynamic_slice_in_dim(lse, q_start, cfg.block_q, axis=2)
         row_q = jax.lax.dynamic_slice_in_dim(row, q_start, cfg.block_q, axis=2)
       a = tile_code(s, valid, lse_q, cfg)
-      da, dv_tile = tile_value_grad(a, v_tile, _q_tile(dy_BHQV, qi, cfg), cfg)
-      ds = tile_code_grad(s, a, da, valid, row_q, cfg)
+      drop = _tile_drop(seed, qi, kj, cfg)
+      da, dv_tile = tile_value_grad(_drop(a, drop), v_tile, _q_tile(dy_BHQV, qi, cfg), cfg)
+      ds = tile_code_grad(s, a, _drop(da, drop), valid, row_q, cfg)
       dk = dk + cfg.scale * jnp.einsum("bhqk,bhqd->bhkd", ds, q_tile)
       dq_tile = cfg.scale * jnp.einsum("bhqk,bhkd->bhqd", ds, k_tile)
       dq_BHQD = jax.lax.dynamic_update_slice_in_dim(
@@ -276,28 +298,28 @@ def _prepare(query, key, value, bias, mask, cfg):
   return q, k, v, bias4, mask4
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attention(query, key, value, bias, mask, cfg, kernels):
-  out, _ = _attention_fwd(query, key, value, bias, mask, cfg, kernels)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _attention(query, key, value, bias, mask, seed, cfg, kernels):
+  out, _ = _attention_fwd(query, key, value, bias, mask, seed, cfg, kernels)
   return out
 
 
-def _attention_fwd(query, key, value, bias, mask, cfg, kernels):
+def _attention_fwd(query, key, value, bias, mask, seed, cfg, kernels):
   q, k, v, bias4, mask4 = _prepare(query, key, value, bias, mask, cfg)
-  out_BHQV, lse = kernels.forward(q, k, v, bias4, mask4, cfg)
+  out_BHQV, lse = kernels.forward(q, k, v, bias4, mask4, seed, cfg)
   out = jnp.swapaxes(out_BHQV[:, :, :cfg.q_len], 1, 2).astype(query.dtype)
   keep_out = cfg.normalization == "softmax" and cfg.value_network == "linear"
-  return out, (query, key, value, bias, mask, out_BHQV if keep_out else None, lse)
+  return out, (query, key, value, bias, mask, seed, out_BHQV if keep_out else None, lse)
 
 
 def _attention_bwd(cfg, kernels, residuals, dout_BQHV):
-  query, key, value, bias, mask, out_BHQV, lse = residuals
+  query, key, value, bias, mask, seed, out_BHQV, lse = residuals
   q, k, v, bias4, mask4 = _prepare(query, key, value, bias, mask, cfg)
   dy = _to_heads_major(dout_BQHV.astype(cfg.compute_dtype), cfg.q_padded)
   row = None
   if cfg.normalization == "softmax":
-    row = _softmax_row_stat(q, k, v, bias4, mask4, lse, out_BHQV, dy, cfg)
-  dq, dk, dv, dbias4 = kernels.backward(q, k, v, bias4, mask4, lse, row, dy, cfg)
+    row = _softmax_row_stat(q, k, v, bias4, mask4, seed, lse, out_BHQV, dy, cfg)
+  dq, dk, dv, dbias4 = kernels.backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg)
   unpad = lambda x, n, like: jnp.swapaxes(x[:, :, :n], 1, 2).astype(like.dtype)
   dbias = None
   if bias is not None:
@@ -305,7 +327,7 @@ def _attention_bwd(cfg, kernels, residuals, dout_BQHV):
                     :bias4.shape[3] if bias4.shape[3] == 1 else cfg.k_len]
     dbias = dbias4.reshape(bias.shape).astype(bias.dtype)
   return (unpad(dq, cfg.q_len, query), unpad(dk, cfg.k_len, key),
-          unpad(dv, cfg.k_len, value), dbias, None)
+          unpad(dv, cfg.k_len, value), dbias, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -315,19 +337,26 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 class Kernels:
   """The tiled passes behind the custom VJP (hashable: a nondiff argument).
 
-  forward(q, k, v, bias4, mask4, cfg) -> (out (B, H, Qp, V) f32, lse (B, H, Qp) | None);
-  backward(q, k, v, bias4, mask4, lse, row, dy, cfg) -> (dq, dk, dv, dbias4 | None), all
-  heads-major, padded and float32. Inputs are heads-major and padded (`_prepare`).
+  forward(q, k, v, bias4, mask4, seed, cfg) -> (out (B, H, Qp, V) f32, lse (B, H, Qp) | None);
+  backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg) -> (dq, dk, dv, dbias4 | None),
+  all heads-major, padded and float32. Inputs are heads-major and padded (`_prepare`);
+  `seed` is the int32 dropout seed (None without dropout).
   """
   forward: Callable = _forward
   backward: Callable = _backward
 
 
-def tiled_attention(query, key, value, bias, mask, cfg, kernels: Kernels = Kernels()):
+def tiled_attention(query, key, value, bias, mask, cfg, kernels: Kernels = Kernels(),
+                    dropout_seed=None):
   """Runs the custom-VJP op with the given forward/backward passes (Pallas reuses this)."""
   if mask is not None and mask.dtype != jnp.bool_:
     mask = mask.astype(bool)
-  return _attention(query, key, value, bias, mask, cfg, kernels)
+  seed = None
+  if cfg.dropout_rate:
+    if dropout_seed is None:
+      raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
+    seed = jnp.asarray(dropout_seed, jnp.int32)
+  return _attention(query, key, value, bias, mask, seed, cfg, kernels)
 
 
 def attention(
@@ -344,11 +373,14 @@ def attention(
     eps: float = reference.RMS_HEAD_EPS,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Same contract as `reference.attention` (plus `is_causal`, tile sizes); no deep_mlp."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1],
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
-      dtype=query_BQHD.dtype)
-  return tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg)
+      dtype=query_BQHD.dtype, dropout_rate=dropout_rate)
+  return tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
+                         dropout_seed=dropout_seed)

@@ -5,7 +5,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              networks, (B, Q, K, V). Fastest for short sequences with narrow heads.
   blockwise  pure-JAX tiles with a recomputing custom VJP (`blockwise.py`); any backend.
   pallas     fused Pallas kernels, forward and backward (`pallas_kernel.py`): Triton on
-             GPU, interpreted on CPU; `auto` picks it on GPU only.
+             GPU, interpreted on CPU. Correct on an H100 but slower there than blockwise,
+             so `auto` never picks it (see `choose_implementation`).
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -14,14 +15,17 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from hypernet_attention.ops import blockwise
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
+from hypernet_attention.ops import sharded
 from hypernet_attention.ops import tiling
 
 IMPLEMENTATIONS = ("auto", "reference", "blockwise", "pallas")
@@ -30,6 +34,12 @@ IMPLEMENTATIONS = ("auto", "reference", "blockwise", "pallas")
 # from T=36 (SRAVEN's length) blockwise wins fwd+bwd 1.4-2x (forward alone ties until
 # T~64), and its lead grows with T. So only very short sequences take the reference.
 REFERENCE_MAX_PAIRS = 24 * 24
+# With dropout (training), measured on the same CPU in the real SRAVEN paper-size train step
+# (T=36, B=128, H=16, d=4, `experiments/benchmark_training.py`): the reference ran 0.86
+# steps/s, blockwise 0.74 (softmax 0.98 / 1.03 in the same runs). Both draw the same hash
+# mask; the tiles' overhead is not repaid at this length. So the synthetic tasks' lengths
+# (SRAVEN 36, fuzzy logic 33) train on the reference, longer sequences on blockwise.
+REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.
 CPU_BLOCKS = (32, 64)
@@ -49,18 +59,20 @@ def _with_causal(mask, is_causal, q_len, k_len):
 
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
-    backend: Optional[str] = None,
+    backend: Optional[str] = None, dropout: bool = False,
 ) -> str:
-  """The `auto` choice for everything except plain softmax attention."""
+  """The `auto` choice for everything except plain softmax attention without dropout."""
   del normalization
-  backend = backend or jax.default_backend()
   if value_network not in tiling.TILED_VALUE_NETWORKS:
     return "reference"
-  if q_len * k_len <= REFERENCE_MAX_PAIRS:
+  if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
     return "reference"
-  if backend in ("gpu", "cuda"):
-    return "pallas"
-  # CPU, and TPU: the kernel is written for Triton and its Mosaic TPU lowering is untested.
+  # Everywhere, blockwise. On an H100 (T=4096, B=4, H=8, d=64, bf16, causal) the Pallas
+  # HYLA kernel passes every parity test but runs 7x (forward) to 19x (forward+backward)
+  # slower than blockwise: its per-pair MLP runs on the vector units with (bq, bk, V)
+  # register tiles, while XLA gives blockwise's einsums to the matrix units. On TPU the
+  # kernel's Mosaic lowering is untested.
+  del backend
   return "blockwise"
 
 
@@ -104,6 +116,8 @@ def attention(
     value_weight_HVV: Optional[jax.Array] = None,
     eps: float = reference.RMS_HEAD_EPS,
     implementation: str = "auto",
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
   """(B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
@@ -111,17 +125,24 @@ def attention(
   apply a causal mask (query i sees keys <= i, counted from the first position of both,
   as in `jax.nn.dot_product_attention`); fast implementations use it to skip masked tiles.
   `bias`: float broadcastable to (B, H, Q, K), added to the scores before normalization.
+  `dropout_rate`, `dropout_seed`: dropout on the latent code with one (Q, K) mask shared by
+  batch and heads, drawn by `dropout.py`'s hash of (seed, q, k): every implementation
+  drops the same pairs, and the tiled ones recompute the mask per tile.
   """
   reference._check_choice("implementation", implementation, IMPLEMENTATIONS)
   reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
   reference._check_choice("value_network", value_network, reference.VALUE_NETWORKS)
   reference.get_activation(activation)
+  dropout.check_rate(dropout_rate)
+  if dropout_rate and dropout_seed is None:
+    raise ValueError(f"dropout_rate={dropout_rate} needs dropout_seed (an int32 scalar).")
   q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
   if implementation == "auto":
-    if (normalization == "softmax" and value_network == "linear"
+    if (normalization == "softmax" and value_network == "linear" and not dropout_rate
         and query_BQHD.shape[-1] == value_BKHV.shape[-1]):
       return _softmax_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, is_causal)
-    implementation = choose_implementation(q_len, k_len, normalization, value_network)
+    implementation = choose_implementation(q_len, k_len, normalization, value_network,
+                                           dropout=bool(dropout_rate))
   if value_network not in tiling.TILED_VALUE_NETWORKS:
     implementation = "reference"
   if implementation == "reference":
@@ -129,13 +150,20 @@ def attention(
         query_BQHD, key_BKHD, value_BKHV, bias=bias,
         mask=_with_causal(mask, is_causal, q_len, k_len),
         normalization=normalization, value_network=value_network, activation=activation,
-        value_weight_HVV=value_weight_HVV, eps=eps,
+        value_weight_HVV=value_weight_HVV, eps=eps, dropout_rate=dropout_rate,
+        dropout_seed=dropout_seed,
     )
-  kwargs = dict(bias=bias, mask=mask, is_causal=is_causal, normalization=normalization,
-                value_network=value_network, activation=activation, eps=eps)
+  kwargs = dict(is_causal=is_causal, normalization=normalization,
+                value_network=value_network, activation=activation, eps=eps,
+                dropout_rate=dropout_rate)
   if implementation == "blockwise":
     on_cpu = jax.default_backend() == "cpu"
     block_q, block_k = CPU_BLOCKS if on_cpu else ACCELERATOR_BLOCKS
-    return blockwise.attention(query_BQHD, key_BKHD, value_BKHV, block_q=block_q,
-                               block_k=block_k, **kwargs)
-  return pallas_kernel.attention(query_BQHD, key_BKHD, value_BKHV, **kwargs)
+    kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
+  else:
+    kernel = pallas_kernel.attention
+  # Under a batch-sharded mesh (`jax.set_mesh`), one kernel call per device.
+  return sharded.per_device(
+      lambda q, k, v, b, m, seed: kernel(q, k, v, bias=b, mask=m, dropout_seed=seed,
+                                         **kwargs),
+      query_BQHD, key_BKHD, value_BKHV, bias, mask, dropout_seed)

@@ -22,9 +22,13 @@ logsumexp, so nothing quadratic is stored and no atomics are needed. Softmax's r
 statistic sum_k a da is the blockwise JAX pass (one extra sweep, softmax only).
 
 Lowering: Triton on GPU (tiles padded to powers of two >= 16, as `tl.dot` needs);
-`interpret=True` runs the same kernels on CPU for tests. Checked to lower to Triton IR
-(tests lower for CUDA on CPU), but not compiled by Triton, tuned or timed on a GPU. The
-MLP tiles hold (bq, bk, V) values per program, hence the small default tiles for it.
+`interpret=True` runs the same kernels on CPU for tests. Compiled and run on an H100
+(jax 0.11.2, Triton 3.6): tests/test_ops_gpu.py passes every variant there. But it is slow:
+at T=4096, B=4, H=8, d=64, bf16, causal the MLP kernel took 208 / 1261 ms (fwd / fwd+bwd)
+against blockwise's 32 / 66 ms, because the MLP's (bq, bk, V) products run on the vector
+units (and Triton compiles them slowly) while XLA maps blockwise's einsums to the matrix
+units; `dispatch` therefore never picks it. jax 0.11 also marks Pallas's Triton backend
+deprecated (Mosaic GPU is its successor).
 
 Shape letters: B batch, H heads, Q / K (padded Qp / Kp) positions, D query/key width
 (padded Dp), V value width (padded Vp); q / k for positions inside a tile.
@@ -32,6 +36,7 @@ Shape letters: B batch, H heads, Q / K (padded Qp / Kp) positions, D query/key w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -40,11 +45,24 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from hypernet_attention.ops import blockwise
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import tiling
 
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """Triton launch parameters (threads per program, software-pipelining depth)."""
+  num_warps: int = 4
+  num_stages: int = 2
+
+
 # (block_q, block_k) per value network: the MLP keeps (bq, bk, V) tensors in registers.
-DEFAULT_BLOCKS = {"mlp": (16, 16), "linear": (64, 64)}
+# Linear: 64x64 tiles with two pipeline stages asked an H100 for 328 KiB of shared memory
+# at H=8, d=64 (227 KiB available): every head's tiles are live at once. 32x32 with one
+# stage needs about an eighth of that.
+DEFAULT_BLOCKS = {"mlp": (16, 16), "linear": (32, 32)}
+DEFAULT_LAUNCH = {"mlp": Launch(num_stages=1), "linear": Launch(num_stages=1)}
 _MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
 _F32 = jnp.float32
 
@@ -124,8 +142,22 @@ def _code(s_h, valid_h, lse_h, cfg, heads):
   return a_h
 
 
-def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype):
-  """(ds_h (bq, bk), dv_h (bk, V)) per head of one tile: see blockwise's docstring."""
+def _tile_drop(seed_ref, q_start, k_start, cfg):
+  """(bq, bk) dropout keep/(1-rate) of a tile (`dropout.py`), or None without dropout."""
+  if seed_ref is None:
+    return None
+  return dropout.grid_keep_scale(seed_ref[0], cfg.block_q, cfg.block_k, cfg.dropout_rate,
+                                 q_start, k_start)
+
+
+def _dropped(a_h, drop):
+  return a_h if drop is None else [a * drop for a in a_h]
+
+
+def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype, drop):
+  """(ds_h (bq, bk), dv_h (bk, V)) per head of one tile: see blockwise's docstring.
+  `a_h` is the code before dropout; the value network saw `a * drop`."""
+  code_h, a_h = a_h, _dropped(a_h, drop)
   if cfg.value_network == "linear":
     da_h = [_dot(dy, v, _ROWS, dtype) for dy, v in zip(dys, values)]
     dv_h = [_dot(a, dy, _COLS, dtype) for a, dy in zip(a_h, dys)]
@@ -137,8 +169,9 @@ def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype):
     da_h = [jnp.sum(dy[:, None, :] * z + du * v[None, :, :], axis=2)
             for dy, v in zip(dys, values)]
     dv_h = [jnp.sum(a[:, :, None] * du, axis=0) for a in a_h]
+  da_h = _dropped(da_h, drop)
   if cfg.normalization == "softmax":
-    ds_h = [a * (da - row[:, None]) for a, da, row in zip(a_h, da_h, row_h)]
+    ds_h = [a * (da - row[:, None]) for a, da, row in zip(code_h, da_h, row_h)]
   elif cfg.normalization == "linear":
     ds_h = [jnp.where(valid, da, 0.0) for valid, da in zip(valid_h, da_h)]
   else:
@@ -150,7 +183,8 @@ def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype):
   return ds_h, dv_h
 
 
-def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, out_ref, lse_ref, *, cfg, heads):
+def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, out_ref, lse_ref, *,
+                    cfg, heads):
   """One (batch, query tile) program; refs are (H, ., .) blocks of this batch element."""
   qi = pl.program_id(1)
   bq, bk = cfg.block_q, cfg.block_k
@@ -185,7 +219,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, out_ref, lse_ref, *
 
   def body(kj, accs):
     s_h, valid_h = tile(kj)
-    a_h = _code(s_h, valid_h, lse_h, cfg, heads)
+    a_h = _dropped(_code(s_h, valid_h, lse_h, cfg, heads),
+                   _tile_drop(seed_ref, q_start, kj * bk, cfg))
     values = [v_ref[h, pl.ds(kj * bk, bk), :].astype(_F32) for h in range(heads)]
     if cfg.value_network == "linear":
       return tuple(acc + _dot(a, v, _MATMUL, q_ref.dtype)
@@ -199,7 +234,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, out_ref, lse_ref, *
     out_ref[h] = accs[h].astype(out_ref.dtype)
 
 
-def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref,
+def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, lse_ref, row_ref, dy_ref,
                 dk_ref, dv_ref, *, cfg, heads):
   """Program (batch, key tile kj): loops over the query tiles that see kj."""
   kj = pl.program_id(1)
@@ -220,7 +255,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_re
       row_h = [row_ref[h, q_slice] for h in range(heads)]
     a_h = _code(s_h, valid_h, lse_h, cfg, heads)
     dys = [dy_ref[h, q_slice, :] for h in range(heads)]
-    ds_h, dv_tile = _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype)
+    ds_h, dv_tile = _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype,
+                                _tile_drop(seed_ref, qi * bq, k_start, cfg))
     dk_h = tuple(dk + cfg.scale * _dot(ds, q, _COLS, dtype)
                  for dk, ds, q in zip(dk_h, ds_h, queries))
     return dk_h, tuple(dv + d for dv, d in zip(dv_h, dv_tile))
@@ -234,7 +270,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_re
     dv_ref[h] = dv_h[h]
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref,
+def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, lse_ref, row_ref, dy_ref,
                dq_ref, dbias_ref, *, cfg, heads):
   """Program (batch, query tile qi): loops over visible key tiles; dq and this batch
   element's bias gradient rows (summed over heads / key tiles where bias broadcasts)."""
@@ -247,7 +283,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref
     lse_h = [lse_ref[h] for h in range(heads)]
     row_h = [row_ref[h] for h in range(heads)]
   if dbias_ref is not None:
-    dbias_ref[...] = jnp.zeros(dbias_ref.shape, dbias_ref.dtype)
+    _zero_dbias(dbias_ref, cfg)
 
   def body(kj, dq_h):
     k_start = kj * bk
@@ -255,7 +291,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref
                          local_q=True)
     a_h = _code(s_h, valid_h, lse_h, cfg, heads)
     values = [v_ref[h, pl.ds(k_start, bk), :].astype(_F32) for h in range(heads)]
-    ds_h, _ = _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, q_ref.dtype)
+    ds_h, _ = _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, q_ref.dtype,
+                          _tile_drop(seed_ref, qi * bq, k_start, cfg))
     if dbias_ref is not None:
       _accumulate_dbias(dbias_ref, ds_h, k_start, bk)
     return tuple(dq + cfg.scale * _dot(ds, k_ref[h, pl.ds(k_start, bk), :], _MATMUL,
@@ -266,6 +303,24 @@ def _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref
   dq_h = jax.lax.fori_loop(0, tiling.causal_k_blocks(qi, cfg), body, init)
   for h in range(heads):
     dq_ref[h] = dq_h[h]
+
+
+def _zero_dbias(dbias_ref, cfg):
+  """Zeroes the bias-gradient block tile by tile: Triton arrays must have power-of-two
+  sizes, and the block's head count and padded key length need not."""
+  rows = dbias_ref.shape[1]
+  if dbias_ref.shape[2] == 1:
+    for h in range(dbias_ref.shape[0]):
+      dbias_ref[h] = jnp.zeros((rows, 1), dbias_ref.dtype)
+    return
+
+  def body(kj, carry):
+    for h in range(dbias_ref.shape[0]):
+      dbias_ref[h, :, pl.ds(kj * cfg.block_k, cfg.block_k)] = jnp.zeros(
+          (rows, cfg.block_k), dbias_ref.dtype)
+    return carry
+
+  jax.lax.fori_loop(0, cfg.num_k_blocks, body, 0)
 
 
 def _accumulate_dbias(dbias_ref, ds_h, k_start, bk):
@@ -291,15 +346,23 @@ def _padded_widths(depth, v_dim):
   return max(_MIN_DOT, _next_pow2(depth)), max(_MIN_DOT, _next_pow2(v_dim))
 
 
-def _compiler_params(interpret):
+def _compiler_params(interpret, launch):
   if interpret or jax.default_backend() == "tpu":
     return None
   # Written for Triton: without these params Pallas would pick its Mosaic GPU backend.
   from jax.experimental.pallas import triton as plgpu  # pylint: disable=g-import-not-at-top
-  return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  return plgpu.CompilerParams(num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
-def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg, *, interpret=False):
+def _seed_operand(seed, cfg):
+  """The dropout seed as a (1,) int32 operand and its BlockSpec (None, None without)."""
+  if not cfg.dropout_rate:
+    return None, None
+  return seed.reshape(1).astype(jnp.int32), pl.BlockSpec((1,), lambda b, i: (0,))
+
+
+def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, cfg, *, interpret=False,
+            launch=None):
   """blockwise.Kernels.forward: (out (B, H, Qp, V) f32, lse (B, H, Qp) | None)."""
   batch, heads, _, depth = q_BHQD.shape
   v_dim = v_BHKV.shape[-1]
@@ -312,28 +375,30 @@ def forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, cfg, *, interpret=False):
                                          lambda b, i: (b, 0, i, 0))
   seq_spec = lambda width: pl.BlockSpec((None, heads, cfg.k_padded, width),
                                         lambda b, i: (b, 0, 0, 0))
+  seed1, seed_spec = _seed_operand(seed, cfg)
   in_specs = [tile_spec(d_pad), seq_spec(d_pad), seq_spec(v_pad),
-              _pair_spec(bias4, cfg.block_q), _pair_spec(mask4, cfg.block_q)]
+              _pair_spec(bias4, cfg.block_q), _pair_spec(mask4, cfg.block_q), seed_spec]
   out_shape = [jax.ShapeDtypeStruct((batch, heads, cfg.q_padded, v_pad), _F32)]
   out_specs = [tile_spec(v_pad)]
   if softmax:
     out_shape.append(jax.ShapeDtypeStruct((batch, heads, cfg.q_padded), _F32))
     out_specs.append(pl.BlockSpec((None, heads, cfg.block_q), lambda b, i: (b, 0, i)))
 
-  def kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, out_ref, *lse):
-    _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, out_ref,
+  def kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, out_ref, *lse):
+    _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, out_ref,
                     lse[0] if lse else None, cfg=cfg, heads=heads)
 
   outs = pl.pallas_call(
       kernel, out_shape=out_shape, grid=(batch, cfg.num_q_blocks), in_specs=in_specs,
-      out_specs=out_specs, interpret=interpret, compiler_params=_compiler_params(interpret),
+      out_specs=out_specs, interpret=interpret,
+      compiler_params=_compiler_params(interpret, launch),
       name=f"hyla_{cfg.normalization}_{cfg.value_network}_forward",
-  )(q, k, v, bias4, mask4)
+  )(q, k, v, bias4, mask4, seed1)
   return outs[0][..., :v_dim], (outs[1] if softmax else None)
 
 
-def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
-             interpret=False):
+def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg, *,
+             interpret=False, launch=None):
   """blockwise.Kernels.backward as two Pallas kernels: dk/dv by key tile, dq/dbias by
   query tile (each recomputes its tiles; no atomics). Softmax's row statistic `row` comes
   from blockwise's pass."""
@@ -351,8 +416,9 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
   if cfg.normalization == "softmax":
     stat_whole = pl.BlockSpec((None, heads, cfg.q_padded), lambda b, i: (b, 0, 0))
     stat_tile = pl.BlockSpec((None, heads, cfg.block_q), lambda b, i: (b, 0, i))
-  params = _compiler_params(interpret)
+  params = _compiler_params(interpret, launch)
   name = f"hyla_{cfg.normalization}_{cfg.value_network}"
+  seed1, seed_spec = _seed_operand(seed, cfg)
 
   dk, dv = pl.pallas_call(
       functools.partial(_dkv_kernel, cfg=cfg, heads=heads),
@@ -361,10 +427,10 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
       grid=(batch, cfg.num_k_blocks),
       in_specs=[whole(cfg.q_padded, d_pad), whole(cfg.k_padded, d_pad),
                 whole(cfg.k_padded, v_pad), _pair_spec(bias4, None), _pair_spec(mask4, None),
-                stat_whole, stat_whole, whole(cfg.q_padded, v_pad)],
+                seed_spec, stat_whole, stat_whole, whole(cfg.q_padded, v_pad)],
       out_specs=[tile(cfg.block_k, d_pad), tile(cfg.block_k, v_pad)],
       interpret=interpret, compiler_params=params, name=f"{name}_dkv",
-  )(q, k, v, bias4, mask4, lse, row, dy)
+  )(q, k, v, bias4, mask4, seed1, lse, row, dy)
 
   out_shape = [jax.ShapeDtypeStruct((batch, heads, cfg.q_padded, d_pad), _F32)]
   out_specs = [tile(cfg.block_q, d_pad)]
@@ -378,20 +444,20 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
         (None, bias4.shape[1], cfg.block_q if q_full else 1, bias4.shape[3]),
         lambda b, i: (b, 0, i, 0)))
 
-  def dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref,
+  def dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, lse_ref, row_ref, dy_ref,
                 dq_ref, *dbias):
-    _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, lse_ref, row_ref, dy_ref, dq_ref,
-               dbias[0] if dbias else None, cfg=cfg, heads=heads)
+    _dq_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, lse_ref, row_ref, dy_ref,
+               dq_ref, dbias[0] if dbias else None, cfg=cfg, heads=heads)
 
   outs = pl.pallas_call(
       dq_kernel, out_shape=out_shape, grid=(batch, cfg.num_q_blocks),
       in_specs=[tile(cfg.block_q, d_pad), whole(cfg.k_padded, d_pad),
                 whole(cfg.k_padded, v_pad), _pair_spec(bias4, cfg.block_q),
-                _pair_spec(mask4, cfg.block_q), stat_tile, stat_tile,
+                _pair_spec(mask4, cfg.block_q), seed_spec, stat_tile, stat_tile,
                 tile(cfg.block_q, v_pad)],
       out_specs=out_specs, interpret=interpret, compiler_params=params,
       name=f"{name}_dq",
-  )(q, k, v, bias4, mask4, lse, row, dy)
+  )(q, k, v, bias4, mask4, seed1, lse, row, dy)
   dbias4 = None
   if bias4 is not None:
     dbias4 = outs[1]
@@ -402,12 +468,11 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, lse, row, dy_BHQV, cfg, *,
   return outs[0][..., :depth], dk[..., :depth], dv[..., :v_dim], dbias4
 
 
-_KERNELS = {
-    interpret: blockwise.Kernels(
-        forward=functools.partial(forward, interpret=interpret),
-        backward=functools.partial(backward, interpret=interpret))
-    for interpret in (False, True)
-}
+@functools.lru_cache(maxsize=None)
+def _kernels(interpret: bool, launch: Launch) -> blockwise.Kernels:
+  return blockwise.Kernels(
+      forward=functools.partial(forward, interpret=interpret, launch=launch),
+      backward=functools.partial(backward, interpret=interpret, launch=launch))
 
 
 def attention(
@@ -425,8 +490,12 @@ def attention(
     block_q: Optional[int] = None,
     block_k: Optional[int] = None,
     interpret: Optional[bool] = None,
+    launch: Optional[Launch] = None,
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
-  """Same contract as `blockwise.attention`. `interpret` defaults to True off GPU."""
+  """Same contract as `blockwise.attention`. `interpret` defaults to True off GPU;
+  `launch` defaults to `DEFAULT_LAUNCH[value_network]`."""
   reference._check_choice("value_network", value_network, tiling.TILED_VALUE_NETWORKS)
   default_q, default_k = DEFAULT_BLOCKS[value_network]
   block_q, block_k = block_q or default_q, block_k or default_k
@@ -439,6 +508,8 @@ def attention(
   cfg = tiling.make_config(
       q_len, k_len, query_BQHD.shape[-1], normalization=normalization,
       value_network=value_network, activation=activation, eps=eps, is_causal=is_causal,
-      block_q=block_q, block_k=block_k, balance=False)
+      block_q=block_q, block_k=block_k, balance=False, dropout_rate=dropout_rate)
   return blockwise.tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
-                                   _KERNELS[bool(interpret)])
+                                   _kernels(bool(interpret),
+                                            launch or DEFAULT_LAUNCH[value_network]),
+                                   dropout_seed=dropout_seed)

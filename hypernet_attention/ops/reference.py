@@ -27,6 +27,8 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention.ops import dropout
+
 NORMALIZATIONS = ("softmax", "linear", "rms_head")
 VALUE_NETWORKS = ("linear", "mlp", "deep_mlp")
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -102,6 +104,15 @@ def normalize_scores(
   return (s32 * jax.lax.rsqrt(ms + eps)).astype(s.dtype)
 
 
+def apply_dropout(code_BHQK: jax.Array, rate: float, seed) -> jax.Array:
+  """The latent code times `dropout.py`'s (Q, K) keep/(1-rate) mask (shared by B and H)."""
+  dropout.check_rate(rate)
+  if seed is None:
+    raise ValueError(f"dropout_rate={rate} needs dropout_seed (an int32 scalar).")
+  keep_QK = dropout.grid_keep_scale(seed, code_BHQK.shape[2], code_BHQK.shape[3], rate)
+  return code_BHQK * keep_QK.astype(code_BHQK.dtype)
+
+
 def apply_value_network(
     code_BHQK: jax.Array,
     value_BKHV: jax.Array,
@@ -143,13 +154,19 @@ def attention(
     activation: str = "relu",
     value_weight_HVV: Optional[jax.Array] = None,
     eps: float = RMS_HEAD_EPS,
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Full attention, (B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
-  This signature is the contract of every implementation in `ops`.
+  This signature is the contract of every implementation in `ops`. `dropout_rate` > 0
+  drops pairs of the latent code with `dropout.py`'s (seed, q, k) mask, shared by batch
+  and heads, exactly as the tiled kernels do.
   """
   scores_BHQK = attention_scores(query_BQHD, key_BKHD, bias)
   code_BHQK = normalize_scores(scores_BHQK, mask, normalization, eps)
+  if dropout_rate:
+    code_BHQK = apply_dropout(code_BHQK, dropout_rate, dropout_seed)
   return apply_value_network(
       code_BHQK, value_BKHV, value_network, activation, value_weight_HVV
   )

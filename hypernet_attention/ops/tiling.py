@@ -17,6 +17,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
 # The blockwise and Pallas kernels cover these; deep_mlp goes to the reference.
@@ -38,6 +39,8 @@ class TileConfig:
   block_k: int
   # Accumulation dtype: float32, or float64 for float64 inputs (x64 tests).
   compute_dtype_name: str = "float32"
+  # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
+  dropout_rate: float = 0.0
 
   @property
   def compute_dtype(self):
@@ -74,12 +77,13 @@ def balanced_block(length: int, block: int) -> int:
 
 def make_config(
     q_len, k_len, depth, *, normalization, value_network, activation, eps, is_causal,
-    block_q, block_k, balance=True, dtype=jnp.float32,
+    block_q, block_k, balance=True, dtype=jnp.float32, dropout_rate=0.0,
 ) -> TileConfig:
   """Validates the choices; `balance=False` keeps the tile sizes exactly as given."""
   reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
   reference._check_choice("value_network", value_network, TILED_VALUE_NETWORKS)
   reference.get_activation(activation)
+  dropout.check_rate(dropout_rate)
   return TileConfig(
       normalization=normalization, value_network=value_network, activation=activation,
       eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
@@ -87,6 +91,7 @@ def make_config(
       block_q=balanced_block(q_len, block_q) if balance else block_q,
       block_k=balanced_block(k_len, block_k) if balance else block_k,
       compute_dtype_name=jnp.dtype(jnp.promote_types(dtype, jnp.float32)).name,
+      dropout_rate=float(dropout_rate),
   )
 
 

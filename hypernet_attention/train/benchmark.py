@@ -20,9 +20,9 @@ from hypernet_attention.train import state as state_lib
 def train_steps_per_second(config: ml_collections.ConfigDict, *, steps: int = 200,
                            repeats: int = 3) -> dict[str, Any]:
   """Median steps/s over `repeats` chunks of `steps` steps, after one compiling chunk."""
-  objective, model, tx, mesh, init_fn, _, shardings = loop.setup(config)
-  trainer = loop.Trainer(config, objective, model, tx, mesh, shardings)
-  state = loop.init_state(config, init_fn, shardings)
+  s = loop.setup(config)
+  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  state = loop.init_state(config, s.init_fn, s.shardings)
   start = time.perf_counter()
   state, metrics = trainer.train_chunk(state, steps)
   jax.block_until_ready(metrics)

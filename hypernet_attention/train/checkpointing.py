@@ -21,7 +21,7 @@ written on N devices restores on M devices.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import os
 import time
@@ -37,8 +37,8 @@ CONFIG_FILE = "config.json"
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler)
 CHECKPOINT_DIR = "checkpoints"
 # Config keys that may change between a run and its resumption (they do not change
-# results): where to stop this invocation, and the device layout.
-RESUME_FREE_KEYS = ("stop_after_steps", "mesh")
+# results): where to stop this invocation, the device layout, NaN hunting.
+RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -149,6 +149,10 @@ def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_tree, shardings)
 
 
+class CheckpointWriteError(RuntimeError):
+  """A save failed (full disk, lost permissions, ...); finalized steps are untouched."""
+
+
 class Checkpointer:
   """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
@@ -170,13 +174,32 @@ class Checkpointer:
         item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
 
   def save(self, step: int, state: Any, *, force: bool = False) -> bool:
-    """Starts saving `state` at `step` if the interval says so (or `force`)."""
-    if step in self.manager.all_steps():  # Resumed exactly at a saved step.
-      return False
-    args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
-    return self.manager.save(step, args=args, force=force)
+    """Starts saving `state` at `step` if the interval says so (or `force`).
+
+    An earlier asynchronous save that failed is reported here (or by `wait`/`close`) as a
+    `CheckpointWriteError`.
+    """
+    with self._write_errors(f"saving step {step}"):
+      self.manager.check_for_errors()
+      if step in self.manager.all_steps():  # Resumed exactly at a saved step.
+        return False
+      args = ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
+      return self.manager.save(step, args=args, force=force)
+
+  @contextlib.contextmanager
+  def _write_errors(self, what: str):
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      finalized = sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+      first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
+      raise CheckpointWriteError(
+          f"checkpoint write failed while {what} in {self.directory} ({first_line}); "
+          f"finalized steps {finalized or 'none'} are intact (a partial write is never "
+          "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
+          "resume") from e
 
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -243,8 +266,11 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._write_errors("finishing the last save"):
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    try:
+      self.wait()
+    finally:
+      self.manager.close()

@@ -14,6 +14,33 @@ import jax.numpy as jnp
 import ml_collections
 
 
+class BadInput(ValueError):
+  """A config value, flag, shape, file or workdir that cannot work, found before any work.
+
+  Entry points print its message as one line and exit with status 2 (`runtime.main`).
+  """
+
+
+# Config fields that must be positive integers wherever they appear (sizes and intervals).
+POSITIVE_FIELDS = (
+    "batch_size", "num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
+    "checkpoint_every_steps", "keep_checkpoints", "eval.num_problems", "eval.batch_size",
+    "model.num_layers", "model.emb_dim", "model.num_heads", "model.qk_dim", "model.v_dim",
+    "model.mlp_dim")
+
+
+def check_positive(config: ml_collections.ConfigDict) -> None:
+  """Raises `BadInput` naming the first of `POSITIVE_FIELDS` that is not a positive int."""
+  for key in POSITIVE_FIELDS:
+    node = config
+    for name in key.split("."):
+      node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
+    if node is None:
+      continue
+    if isinstance(node, bool) or not isinstance(node, int) or node <= 0:
+      raise BadInput(f"config.{key}={node!r} must be a positive integer")
+
+
 def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = None,
               **defaults: Any) -> ml_collections.ConfigDict:
   """Parses `"k1=v1,k2=v2"` into a ConfigDict, typed like `defaults`.
@@ -143,6 +170,8 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   c.async_checkpoints = True
   # Test hook: stop this invocation at this step (as if killed); rerun to resume.
   c.stop_after_steps = ml_collections.config_dict.placeholder(int)
+  # jax_debug_nans for this run: stop at the first op that makes a NaN (slow; for hunting).
+  c.debug_nans = False
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-3, warmup_steps=1000, end_lr_fraction=0.1, weight_decay=0.1,
       b1=0.9, b2=0.999, eps=1e-8, grad_clip_norm=0.0))  # 0: no clipping.

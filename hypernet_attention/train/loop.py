@@ -13,6 +13,8 @@ summary.json. Only process 0 writes logs and the summary.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -20,6 +22,10 @@ import time
 from typing import Any, Optional
 
 from absl import logging
+from hypernet_attention.train import console
+
+console.import_tensorflow_quietly()  # Before CLU loads TensorFlow for its TensorBoard writer.
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from clu import metric_writers
 from clu import parameter_overview
 from clu import periodic_actions
@@ -33,6 +39,7 @@ from hypernet_attention import transformer
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
+from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 
@@ -145,8 +152,38 @@ def _first_nonfinite(chunks) -> Optional[int]:
   return None
 
 
-def setup(config: ml_collections.ConfigDict, devices=None):
-  """Everything that validates input: objective, model, optimizer, mesh. No side effects."""
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything built from a config before any work: validated, nothing materialized."""
+  objective: objectives.Objective
+  model: nn.Module
+  tx: Any  # optax.GradientTransformation
+  mesh: jax.sharding.Mesh
+  init_fn: Any  # rng -> boxed TrainState
+  abstract_state: Any  # boxed TrainState of ShapeDtypeStructs (logical axes)
+  shardings: Any  # NamedSharding per leaf of the unboxed TrainState
+
+  def restore_target(self) -> Any:
+    """The abstract state with its shardings: what Orbax restores onto."""
+    return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state),
+                                                 self.shardings)
+
+
+def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
+  """Everything that validates input: objective, model, optimizer, mesh. No side effects.
+
+  Any problem with the config or the devices is a `config_lib.BadInput`.
+  """
+  try:
+    return _setup(config, devices)
+  except config_lib.BadInput:
+    raise
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from e
+
+
+def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
+  config_lib.check_positive(config)
   _check_intervals(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
@@ -169,7 +206,7 @@ def setup(config: ml_collections.ConfigDict, devices=None):
   init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
   abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
   shardings = sharding.state_shardings(abstract_boxed, mesh)
-  return objective, model, tx, mesh, init_fn, abstract_boxed, shardings
+  return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
 
 
 def _accuracy_ceilings(config, objective, workdir) -> dict[str, float]:
@@ -188,8 +225,8 @@ def _accuracy_ceilings(config, objective, workdir) -> dict[str, float]:
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
     ceilings[f"{split}/accuracy_ceiling"] = float(
         objective.task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
-  logging.info("Accuracy ceilings (%d problems per split): %s",
-               config.eval.ceiling_problems, ceilings)
+  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
+               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
   if jax.process_index() == 0:
     with open(path + ".tmp", "w") as f:
       json.dump(ceilings, f, indent=2, sort_keys=True)
@@ -203,48 +240,119 @@ def init_state(config, init_fn, shardings) -> state_lib.TrainState:
   return init(jax.random.fold_in(jax.random.key(config.seed), 0))
 
 
+@contextlib.contextmanager
+def _debug_nans(enabled: bool):
+  """`config.debug_nans`: JAX re-runs the first op that makes a NaN un-jitted and raises
+  there (slow: for hunting the op, not for production runs)."""
+  previous = jax.config.jax_debug_nans
+  jax.config.update("jax_debug_nans", bool(enabled))
+  try:
+    yield
+  finally:
+    jax.config.update("jax_debug_nans", previous)
+
+
+def _restore_or_init(config, s: Setup, ckpt: checkpointing.Checkpointer, workdir: str):
+  state = ckpt.restore_latest(s.restore_target())
+  if state is None:
+    logging.info("New run in %s", workdir)
+    return init_state(config, s.init_fn, s.shardings)
+  logging.info("Resuming %s from step %d of %d", workdir, int(jax.device_get(state.step)),
+               config.num_train_steps)
+  return state
+
+
+class _Progress:
+  """Steps/s over the last log interval (evaluation time excluded) and the ETA."""
+
+  def __init__(self, step: int, total: int):
+    self.total, self.step, self.time, self.excluded = total, step, time.time(), 0.0
+
+  def line(self, step: int, train: dict[str, float], main_metric: str) -> str:
+    now = time.time()
+    rate = (step - self.step) / max(now - self.time - self.excluded, 1e-9)
+    self.step, self.time, self.excluded = step, now, 0.0
+    metrics = " ".join(f"{k} {train[f'train/{k}']:.4f}" for k in ("loss", main_metric)
+                       if f"train/{k}" in train)
+    return (f"step {step:,}/{self.total:,} | {metrics} | {rate:.2f} steps/s | "
+            f"ETA {console.duration((self.total - step) / max(rate, 1e-9))}")
+
+
+def _eval_line(step: int, metrics: dict[str, float], ceilings: dict[str, float],
+               main_metric: str) -> str:
+  parts = []
+  for key in sorted(k for k in metrics if k.endswith(f"/{main_metric}")):
+    ceiling = ceilings.get(f"{key}_ceiling")
+    parts.append(f"{key} {metrics[key]:.4f}" + (f" (ceiling {ceiling:.4f})" if ceiling else ""))
+  return f"eval at step {step:,} | " + " | ".join(parts)
+
+
+def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str:
+  ordered = sorted((k for k in summary if k.endswith(f"/{main_metric}") and
+                    not k.startswith("train/")), key=lambda k: (not k.startswith("ood"), k))
+  parts = []
+  for key in ordered:
+    ceiling = summary.get(f"{key}_ceiling")
+    parts.append(f"{key} {summary[key]:.4f}" + (f" (ceiling {ceiling:.4f})" if ceiling else ""))
+  return (f"Result: {', '.join(parts)} after {summary['step']:,} steps in "
+          f"{console.duration(summary['wall_time_s'])}. Summary: "
+          f"{os.path.join(workdir, 'summary.json')}; TensorBoard: tensorboard --logdir {workdir}")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        devices=None) -> dict[str, Any]:
   """Trains (resuming from `workdir` if it holds this run), evaluates, writes summary.json.
 
   `devices` (default: all) is the device set the mesh is built from. Returns the summary;
-  it also carries the final state under the key `state` (not written to disk).
+  it also carries the final state under the key `state` (not written to disk). Raises
+  `config_lib.BadInput` before any work for unusable input, and `preemption.Preempted`
+  after checkpointing when a SIGTERM arrived.
   """
   start_time = time.time()
-  objective, model, tx, mesh, init_fn, abstract_boxed, shardings = setup(config, devices)
-  checkpointing.check_workdir(workdir, config)
+  s = setup(config, devices)
+  try:
+    checkpointing.check_workdir(workdir, config)
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from e
+  with _debug_nans(config.get("debug_nans", False)), preemption.Watcher() as watcher:
+    ckpt = checkpointing.Checkpointer(
+        workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
+        use_async=config.async_checkpoints)
+    try:
+      return _train(config, workdir, s, ckpt, watcher, start_time)
+    finally:
+      ckpt.close()
 
-  ckpt = checkpointing.Checkpointer(
-      workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
-      use_async=config.async_checkpoints)
-  abstract_state = checkpointing.abstract_with_shardings(nn.meta.unbox(abstract_boxed), shardings)
-  state = ckpt.restore_latest(abstract_state)
-  if state is None:
-    state = init_state(config, init_fn, shardings)
-    logging.info("Initialized a new run in %s", workdir)
+
+def _train(config, workdir: str, s: Setup, ckpt: checkpointing.Checkpointer,
+           watcher: preemption.Watcher, start_time: float) -> dict[str, Any]:
+  """The loop proper: restore, train in chunks, log, evaluate, checkpoint, summarize."""
+  state = _restore_or_init(config, s, ckpt, workdir)
   step = start_step = int(jax.device_get(state.step))
   summary_path = os.path.join(workdir, "summary.json")
   if step >= config.num_train_steps and os.path.exists(summary_path):
-    ckpt.close()
     logging.info("%s already holds a finished run (step %d); nothing to do", workdir, step)
     with open(summary_path) as f:
       return {**json.load(f), "state": state}
   is_chief = jax.process_index() == 0
   writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief)
   num_params = state_lib.count_params(state.params)
-  logging.info("Parameters (%d):\n%s", num_params, parameter_overview.get_parameter_overview(
+  logging.info("Model: %s attention, %s parameters", config.model.attention, f"{num_params:,}")
+  logging.debug("Parameters:\n%s", parameter_overview.get_parameter_overview(
       state.params, include_stats=False))
   if step == 0:
     flat_config = checkpointing.flatten(checkpointing.config_to_json(config))
     writer.write_hparams({k: v for k, v in flat_config.items()
                           if isinstance(v, (int, float, str, bool))})
 
-  ceilings = _accuracy_ceilings(config, objective, workdir)
+  ceilings = _accuracy_ceilings(config, s.objective, workdir)
   if ceilings:
     writer.write_scalars(step, ceilings)
 
-  trainer = Trainer(config, objective, model, tx, mesh, shardings)
+  trainer = Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   report = periodic_actions.ReportProgress(num_train_steps=config.num_train_steps, writer=writer)
+  progress = _Progress(step, config.num_train_steps)
+  main_metric = s.objective.main_metric
   pending, last_train, eval_metrics = [], {}, {}
   while step < config.num_train_steps:
     if config.get("stop_after_steps") and step >= config.stop_after_steps:
@@ -254,17 +362,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     pending.append((step, metrics))
     step = end
     is_last = step == config.num_train_steps
-    saving = ckpt.should_save(step) or is_last
+    preempted = watcher.reached()
+    saving = ckpt.should_save(step) or is_last or preempted
     if saving or step % config.log_every_steps == 0:
       # Checked before any save, so a checkpoint never holds a diverged state.
       pending = jax.device_get(pending)
       bad = _first_nonfinite(pending)
       if bad is not None:
         ckpt.wait()
-        raise FloatingPointError(f"non-finite training loss at step {bad}; stopping "
-                                 f"(checkpoints up to step {ckpt.latest_step()} are intact)")
-    if saving:
-      ckpt.save(step, state, force=is_last)
+        raise FloatingPointError(
+            f"non-finite training loss at step {bad}; stopping (checkpoints up to step "
+            f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
+    if saving and ckpt.save(step, state, force=is_last or preempted):
+      logging.info("checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
     report(step)
     if step % config.log_every_steps == 0 or is_last:
       last_train = {f"train/{k}": float(np.mean(np.concatenate([m[k] for _, m in pending])))
@@ -272,16 +382,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       last_train["train/learning_rate"] = float(
           state_lib.learning_rate_schedule(config)(step))
       writer.write_scalars(step, last_train)
+      logging.info("%s", progress.line(step, last_train, main_metric))
       pending = []
+    if preempted:
+      ckpt.wait()
+      writer.close()
+      raise preemption.Preempted(step, workdir)
     if step % config.eval_every_steps == 0 or is_last:
+      eval_start = time.time()
       with report.timed("eval"):
         eval_metrics = trainer.evaluate(state.params)
+      progress.excluded += time.time() - eval_start
       writer.write_scalars(step, eval_metrics)
-      logging.info("step %d: %s", step, eval_metrics)
+      logging.info("%s", _eval_line(step, eval_metrics, ceilings, main_metric))
   if step >= config.num_train_steps and not eval_metrics:  # Killed after the final save.
     eval_metrics = trainer.evaluate(state.params)
-  ckpt.close()
-  writer.flush()
+  ckpt.wait()
+  writer.close()
 
   wall_time = time.time() - start_time
   summary = {"step": step, "wall_time_s": wall_time, "params": num_params,
@@ -289,10 +406,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
              "steps_per_s_overall": (step - start_step) / wall_time,
              "num_devices": jax.device_count(), "num_processes": jax.process_count(),
              **last_train, **eval_metrics, **ceilings}
-  if step >= config.num_train_steps and is_chief:
-    with open(summary_path + ".tmp", "w") as f:
-      json.dump(summary, f, indent=2, sort_keys=True)
-    os.replace(summary_path + ".tmp", summary_path)
-  writer.close()
+  if step >= config.num_train_steps:
+    if is_chief:
+      with open(summary_path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+      os.replace(summary_path + ".tmp", summary_path)
+    logging.info("%s", _result_line(summary, main_metric, workdir))
   return {**summary, "state": state}
-

@@ -16,7 +16,6 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence
 
-import flax.linen as nn
 import jax
 import ml_collections
 
@@ -54,7 +53,7 @@ def restore_params(workdir: str, step: Optional[int] = None,
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
-  objective, model, _, _, init_fn, abstract_boxed, shardings = loop.setup(config, devices)
+  s = loop.setup(config, devices)
   ckpt_dir = os.path.join(workdir, checkpointing.CHECKPOINT_DIR)
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if os.path.isdir(ckpt_dir)
           else None)
@@ -66,10 +65,9 @@ def restore_params(workdir: str, step: Optional[int] = None,
                          "initialization)")
       step = steps[-1]
     if step in steps:
-      abstract = checkpointing.abstract_with_shardings(nn.meta.unbox(abstract_boxed), shardings)
-      params = ckpt.restore(step, abstract).params
+      params = ckpt.restore(step, s.restore_target()).params
     elif step == 0:
-      params = loop.init_state(config, init_fn, shardings).params
+      params = loop.init_state(config, s.init_fn, s.shardings).params
     else:
       raise ValueError(f"no checkpoint at step {step} in {ckpt_dir!r}; available steps: "
                        f"{steps or 'none'} (0 = the initialization)")
@@ -77,4 +75,4 @@ def restore_params(workdir: str, step: Optional[int] = None,
     if ckpt is not None:
       ckpt.close()
   return RestoredRun(workdir=workdir, step=int(step), config=config, params=params,
-                     model=model, objective=objective)
+                     model=s.model, objective=s.objective)

@@ -27,6 +27,8 @@ from absl import flags
 from absl import logging
 import jax
 
+from hypernet_attention.train import config_lib
+
 flags.DEFINE_bool("multi_process", False,
                   "Call jax.distributed.initialize() with auto-detection even where "
                   "`detect_cluster` sees no cluster (TPU VM pods started over ssh).")
@@ -132,5 +134,6 @@ def log_topology() -> str:
 def fresh_workdir(name: str, root: str = "workdirs") -> str:
   """`<root>/<name>_<UTC time>`; multi-process runs must pass --workdir (clocks differ)."""
   if jax.process_count() > 1:
-    raise ValueError("multi-process runs need an explicit --workdir shared by all processes")
+    raise config_lib.BadInput("multi-process runs need an explicit --workdir shared by all "
+                              "processes")
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")

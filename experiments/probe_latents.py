@@ -1,0 +1,48 @@
+r"""Probes the latent codes of trained runs: decoders, controls, topographic similarity, figures.
+
+One run (writes DIR/probe/{codes_<step>.npz, codes_0.npz, metrics.json, report.md, *.png}):
+  python experiments/probe_latents.py --workdir=workdirs/sraven_hyla
+Several runs side by side (each in OUT/<model>/, the comparison in OUT/):
+  python experiments/probe_latents.py --workdir=runs/softmax --workdir=runs/linear \
+    --workdir=runs/hyla --output_dir=probes/sraven
+A sweep root (its runs one level below) writes ROOT/probe/ unless --output_dir is given.
+`--step` picks a checkpoint (default: the newest); `--step=0` probes the initialization.
+The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
+"""
+
+from absl import flags
+
+from hypernet_attention.probing import report
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
+
+_WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
+                                     "or a sweep root.", required=True)
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest; 0: the init).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where to write (default: DIR/probe).")
+_NUM_PROBLEMS = flags.DEFINE_integer("num_problems", 1024, "Problems per split.")
+_FEATURES = flags.DEFINE_string("features", "all", "SRAVEN: 'all' features or 'last' (the "
+                                "authors' setting).")
+_PERMUTATIONS = flags.DEFINE_integer("permutations", 100, "Permutations of the decoder null.")
+
+
+def main(argv):
+  del argv
+  try:
+    options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
+                                  permutations=_PERMUTATIONS.value)
+    probes = report.probe_workdirs(_WORKDIR.value, _STEP.value, options, _OUTPUT_DIR.value)
+  except ValueError as e:  # restore's and the probe's bad input: one line, exit 2
+    raise config_lib.BadInput(str(e)) from e
+  for p in probes:
+    best = max(p.analysis.items(), key=lambda kv: report.score_of(
+        kv[1]["decode"], report.headline(p.codes)[-1]))
+    metric = report.headline(p.codes)[-1]
+    print(f"{p.name}: step {p.codes.step}, best held-out {metric} "
+          f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), "
+          f"step 0 {report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; "
+          f"{p.seconds:.0f} s")
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,59 @@
+"""Dropout on the latent code from a counter-based hash: keep(seed, q, k), any tile, any time.
+
+The paper's dropout (as the authors' code: rate 0.1 on the latent code, one (Q, K) keep-mask
+per step shared by batch and heads) used to need the whole (Q, K) mask, so training with it
+took the materialized reference path. Here the mask of pair (q, k) is a pure function of
+(seed, q, k): a tiled kernel recomputes exactly the mask of the tile it is working on, in the
+forward and again in the backward pass, and nothing quadratic is stored. The reference draws
+the same mask from the same function, so every implementation drops the same pairs.
+
+Hash: two rounds of `lowbias32` (a 32-bit integer bijection with low bias, from Chris
+Wellons' hash-prospector), h = mix(mix(seed ^ q) + k); the pair is kept when the top 24 bits
+of h are >= rate * 2^24. Integer arithmetic is int32 with wrap-around and logical shifts
+(the same bits as uint32), which XLA and Triton both do natively.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_BITS = 24
+_M1 = int(np.uint32(0x7FEB352D).view(np.int32))
+_M2 = int(np.uint32(0x846CA68B).view(np.int32))
+
+
+def _mix32(x):
+  shr = jax.lax.shift_right_logical
+  x = x ^ shr(x, jnp.int32(16))
+  x = x * jnp.int32(_M1)
+  x = x ^ shr(x, jnp.int32(15))
+  x = x * jnp.int32(_M2)
+  return x ^ shr(x, jnp.int32(16))
+
+
+def check_rate(rate: float) -> None:
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout rate {rate}; allowed: 0 <= rate < 1.")
+
+
+def seed_from_rng(rng: jax.Array) -> jax.Array:
+  """An int32 scalar seed drawn from a JAX PRNG key (one per step and dropout site)."""
+  return jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
+
+
+def keep_scale(seed, q_pos, k_pos, rate: float) -> jax.Array:
+  """float32 keep(seed, q, k) / (1 - rate) for int32 positions that broadcast together."""
+  seed = jnp.asarray(seed, jnp.int32)
+  h = _mix32(_mix32(seed ^ q_pos.astype(jnp.int32)) + k_pos.astype(jnp.int32))
+  top = jax.lax.shift_right_logical(h, jnp.int32(32 - _BITS))
+  keep = top >= jnp.int32(round(rate * (1 << _BITS)))
+  return jnp.where(keep, jnp.float32(1.0 / (1.0 - rate)), jnp.float32(0.0))
+
+
+def grid_keep_scale(seed, q_len: int, k_len: int, rate: float, q_start=0, k_start=0):
+  """(q_len, k_len) `keep_scale` of the pairs from (q_start, k_start) on."""
+  q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0)
+  k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
+  return keep_scale(seed, q_pos, k_pos, rate)

@@ -1,0 +1,236 @@
+"""Latent codes of a restored run: which (query, key) entries, on which problems, with labels.
+
+Shape letters:
+  B batch (problems), N samples (B x probed features), L layers, H heads, P probed
+  (query, key) pairs, C code width per sample and layer (H x keys per sample),
+  M meaning width of a task (rules per feature, or term presence).
+
+The codes are read through the *materialized* attention path: `MultiHeadAttention` sows
+`intermediates/layers_l/attention/latent_code` (B, H, Q, K) whenever `intermediates` is
+mutable, and the fused kernels never hold it. `deterministic=True`, so no dropout. Only the
+probed entries leave the jitted forward pass.
+
+Settings (PROBING.md; one registry entry per experiment kind, `SETTINGS`):
+  sraven       splits `test_unpermuted` (in-distribution tasks, to fit) and
+               `ood_unpermuted` (held-out rule combinations, to score); no feature
+               permutation, so slot f *is* feature f. For each probed feature f the query
+               token of f in the answer panel attends to the tokens of f in the first G-1
+               panels of the last row: query (G*G-1)*K + f, keys (G*(G-1)+j)*K + f for
+               j < G-1 (G=3: query 8K+f, keys 6K+f, 7K+f; K=4, f=3 is the authors'
+               35 -> [27, 31]). Code = H x (G-1) entries per layer; label = rule of f;
+               task = the rule multiset; unit (the set of samples sharing a label) =
+               (task, f); stratum = f. `features='all'` probes every feature (K samples
+               per problem), `features='last'` only f = K-1 (the authors' exact setting).
+  fuzzy_logic  splits `test` (training tasks, fresh samples) and `ood` (held-out
+               combinations of known terms); the query token (the last) attending to
+               itself, per layer: H entries. Labels = which known terms the task contains
+               (multi-label); unit = task; one stratum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+from flax import traverse_util
+
+from hypernet_attention.tasks import sraven as sraven_lib
+
+FEATURE_CHOICES = ("all", "last")
+PROBE_SEED = 1234  # Problems probed: a fixed key, independent of the run's training seed.
+
+
+def sraven_pairs(num_features: int, grid_size: int, features) -> tuple[np.ndarray, np.ndarray]:
+  """Query index (F,) and key indices (F, G-1) of each probed feature f (formula above)."""
+  features = np.asarray(features, np.int32)
+  K, G = num_features, grid_size
+  query_F = (G * G - 1) * K + features
+  key_FJ = (G * (G - 1) + np.arange(G - 1))[None, :] * K + features[:, None]
+  return query_F, key_FJ
+
+
+@dataclasses.dataclass(frozen=True)
+class Codes:
+  """Probed codes with their labels; one row per sample. Saved as `codes_<step>.npz`."""
+  codes_NLC: np.ndarray  # float32
+  labels: np.ndarray  # (N,) int class ids, or (N, T) {0, 1} term presence
+  task_N: np.ndarray  # task id (row of `task_meaning_M`)
+  unit_N: np.ndarray  # samples that share a label (SRAVEN: (task, feature))
+  stratum_N: np.ndarray  # permutations shuffle labels within a stratum (SRAVEN: feature)
+  split_N: np.ndarray  # index into `split_names`
+  target_N: np.ndarray  # the answer the model must give (SRAVEN value of f; fuzzy y)
+  task_meaning: np.ndarray  # (num_tasks, M): rule tuple per task, or term presence
+  split_names: np.ndarray  # (fit split, score split)
+  class_names: np.ndarray  # rule names, or term names
+  experiment: str
+  setting: str
+  step: int
+  code_axes: str  # what the C axis holds
+
+  @property
+  def multilabel(self) -> bool:
+    return self.labels.ndim == 2
+
+  def save(self, path: str) -> None:
+    arrays = {f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    arrays["axes"] = np.array(["sample", "layer", "code"])
+    tmp = path + ".tmp.npz"
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, path)
+
+  @classmethod
+  def load(cls, path: str) -> "Codes":
+    with np.load(path, allow_pickle=False) as data:
+      values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+    for name in ("experiment", "setting", "code_axes"):
+      values[name] = str(values[name])
+    values["step"] = int(values["step"])
+    return cls(**values)
+
+  def split(self, index: int) -> "Codes":
+    keep = self.split_N == index
+    per_sample = ("codes_NLC", "labels", "task_N", "unit_N", "stratum_N", "split_N", "target_N")
+    return dataclasses.replace(self, **{k: getattr(self, k)[keep] for k in per_sample})
+
+
+class SRavenSetting:
+  """Rule decoding on unpermuted SRAVEN problems (module docstring)."""
+  splits = ("test_unpermuted", "ood_unpermuted")
+
+  def __init__(self, task: sraven_lib.SRaven, features: str = "all"):
+    self.task = task
+    K = task.num_features
+    self.features = np.arange(K) if features == "all" else np.array([K - 1])
+    self.name = f"sraven/features={features}"
+    query_F, key_FJ = sraven_pairs(K, task.grid_size, self.features)
+    self.pairs_per_sample = key_FJ.shape[1]
+    self.query_P = np.repeat(query_F, key_FJ.shape[1])
+    self.key_P = key_FJ.reshape(-1)
+    combos = np.concatenate([task.combinations("test"), task.combinations("ood")])
+    self.task_meaning = combos  # sorted multiset = the rule of each feature
+    self._task_id = {tuple(c): i for i, c in enumerate(combos)}
+    self.class_names = np.array(sraven_lib.RULE_NAMES)
+    self.code_axes = f"head x key (keys: the G-1={key_FJ.shape[1]} panels before the answer)"
+
+  def samples(self, batch, codes_BLHP) -> dict[str, np.ndarray]:
+    """One sample per (problem, probed feature)."""
+    B, L, H, _ = codes_BLHP.shape
+    S = len(self.features)
+    codes_BSLC = codes_BLHP.reshape(B, L, H, S, -1).transpose(0, 3, 1, 2, 4).reshape(B, S, L, -1)
+    rules_BK = np.asarray(batch["rules"])
+    task_B = np.array([self._task_id[tuple(r)] for r in rules_BK])
+    answer_BK = np.asarray(batch["grid"])[:, -1, -1, :]
+    feature_BS = np.broadcast_to(self.features, (B, S))
+    task_BS = np.broadcast_to(task_B[:, None], (B, S))
+    return dict(codes_NLC=codes_BSLC.reshape(B * S, L, -1),
+                labels=rules_BK[:, self.features].reshape(-1),
+                task_N=task_BS.reshape(-1),
+                unit_N=(task_BS * self.task.num_features + feature_BS).reshape(-1),
+                stratum_N=feature_BS.reshape(-1),
+                target_N=answer_BK[:, self.features].reshape(-1).astype(np.float32))
+
+
+class FuzzyLogicSetting:
+  """Term decoding from the query token's code of attending to itself (module docstring)."""
+  splits = ("test", "ood")
+
+  def __init__(self, task, features: str = "all"):
+    del features  # one query token per sequence
+    self.task = task
+    self.name = "fuzzy_logic/query_self"
+    last = task.num_examples - 1
+    self.query_P, self.key_P = np.array([last]), np.array([last])
+    self.pairs_per_sample = 1
+    self.num_known = 2 ** task.num_variables - task.num_unseen_terms
+    combos = np.concatenate([task.combinations("test"), task.combinations("ood")])
+    self.task_meaning = np.zeros((len(combos), self.num_known), np.int32)
+    np.put_along_axis(self.task_meaning, combos, 1, axis=1)
+    self._task_id = {tuple(c): i for i, c in enumerate(combos)}
+    self._bit_weights = 2 ** np.arange(task.num_variables - 1, -1, -1)
+    self.class_names = np.array([self._term_name(t) for t in range(self.num_known)])
+    self.code_axes = "head (query token attending to itself)"
+
+  def _term_name(self, term: int) -> str:
+    bits = self.task.terms_table[term]
+    return "&".join(f"x{l}" if b else f"~x{l}" for l, b in enumerate(bits))
+
+  def samples(self, batch, codes_BLHP) -> dict[str, np.ndarray]:
+    B = codes_BLHP.shape[0]
+    terms_BK = np.asarray(batch["terms"]) @ self._bit_weights
+    task_B = np.array([self._task_id[tuple(t)] for t in terms_BK])
+    return dict(codes_NLC=codes_BLHP.reshape(B, codes_BLHP.shape[1], -1),
+                labels=self.task_meaning[task_B], task_N=task_B, unit_N=task_B,
+                stratum_N=np.zeros(B, np.int64),
+                target_N=np.asarray(batch["y"])[:, -1].astype(np.float32))
+
+
+SETTINGS = {"sraven": SRavenSetting, "fuzzy_logic": FuzzyLogicSetting}
+
+
+def make_setting(experiment: str, task, features: str = "all"):
+  if experiment not in SETTINGS:
+    raise ValueError(f"experiment {experiment!r} has no probe setting; allowed: "
+                     f"{sorted(SETTINGS)}")
+  if features not in FEATURE_CHOICES:
+    raise ValueError(f"features={features!r}; allowed: {FEATURE_CHOICES}")
+  return SETTINGS[experiment](task, features)
+
+
+@functools.lru_cache(maxsize=8)
+def code_collector(model, query_P: tuple[int, ...], key_P: tuple[int, ...]):
+  """Jitted (params, inputs) -> (outputs, codes (B, L, H, P)) through the materialized path.
+
+  Cached per (model, pairs): a run's trained and step-0 parameters share one compilation.
+  """
+  query_P, key_P = jnp.asarray(query_P), jnp.asarray(key_P)
+
+  @jax.jit
+  def collect(params, inputs):
+    outputs, state = model.apply({"params": params}, inputs, deterministic=True,
+                                 mutable=["intermediates"])
+    flat = traverse_util.flatten_dict(state["intermediates"])
+    layers = sorted((k for k in flat if k[-1] == "latent_code"),
+                    key=lambda k: int(k[0].split("_")[-1]))
+    codes = [flat[k][0][:, :, query_P, key_P] for k in layers]
+    return outputs, jnp.stack(codes, 1)
+  return collect
+
+
+def extract_codes(run: Any, num_problems: int, batch_size: int = 256, features: str = "all",
+                  progress: bool = True, seed: int = PROBE_SEED) -> Codes:
+  """Probed codes of `run` (a `restore.RestoredRun`) on `num_problems` per split."""
+  if num_problems < 1:
+    raise ValueError(f"num_problems={num_problems}; allowed: a positive integer")
+  setting = make_setting(run.config.experiment, run.objective.task, features)
+  collect = code_collector(run.model, tuple(setting.query_P.tolist()),
+                           tuple(setting.key_P.tolist()))
+  task = run.objective.task
+  sizes = [min(batch_size, num_problems - s) for s in range(0, num_problems, batch_size)]
+  parts = []
+  bar = tqdm.tqdm(total=num_problems * len(setting.splits), unit="problem", disable=not progress,
+                  desc=f"codes step {run.step}", leave=False)
+  for split_index, split in enumerate(setting.splits):
+    for i, size in enumerate(sizes):
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), split_index), i)
+      batch = task.sample(key, size, split)
+      _, codes_BLHP = collect(run.params, run.objective.encode(batch)[0])
+      sample = setting.samples(batch, np.asarray(codes_BLHP, np.float32))
+      sample["split_N"] = np.full(len(sample["task_N"]), split_index, np.int32)
+      parts.append(sample)
+      bar.update(size)
+  bar.close()
+  merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  return Codes(**merged, task_meaning=setting.task_meaning,
+               split_names=np.array(setting.splits), class_names=setting.class_names,
+               experiment=run.config.experiment, setting=setting.name, step=run.step,
+               code_axes=setting.code_axes)
+
+
+def codes_path(out_dir: str, step: int) -> str:
+  return os.path.join(out_dir, f"codes_{step}.npz")

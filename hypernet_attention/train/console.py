@@ -1,0 +1,95 @@
+"""What a person sees: our own short lines at default verbosity, library logs on request.
+
+At the default absl verbosity (0) the console shows only INFO lines written by this project
+(topology, parameter count, progress with steps/s and ETA, metrics at their intervals, one
+line per checkpoint, one result line at the end) and WARNING or worse from anyone. Orbax's
+~20 INFO lines per checkpoint, CLU's metric echo and JAX's backend probing come back with
+`--verbosity=1` (absl's flag; it also shows our DEBUG lines, e.g. the parameter table).
+
+TensorFlow (loaded only for CLU's TensorBoard writer) prints native INFO lines while it
+loads, before any logging can be configured; `import_tensorflow_quietly` loads it with the
+native stderr muted (set TF_CPP_MIN_LOG_LEVEL=0 to see them) and hides accelerators from it,
+so that it never competes with JAX for GPU memory (big_vision does the same).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+
+from absl import logging as absl_logging
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # hypernet_attention/
+_REPO = os.path.dirname(_PACKAGE)
+OUR_PATHS = tuple(os.path.join(d, "") for d in (
+    _PACKAGE, os.path.join(_REPO, "experiments"), os.path.join(_REPO, "launch")))
+
+@contextlib.contextmanager
+def _native_stderr_muted():
+  """Redirects file descriptor 2 (what C++ libraries write to) to /dev/null."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def import_tensorflow_quietly() -> None:
+  if "tensorflow" in sys.modules:
+    return
+  loud = os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with contextlib.nullcontext() if loud else _native_stderr_muted():
+    try:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    except ImportError:  # CLU then falls back to logging only; nothing to hide.
+      return
+    tf.config.set_visible_devices([], "GPU")  # Probes CUDA, which logs natively too.
+
+
+class _OursOrWarnings(logging.Filter):
+  """INFO from this project's files; WARNING and above from everyone."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.pathname.startswith(OUR_PATHS)
+
+
+class _ShortFormatter(logging.Formatter):
+  """`HH:MM:SS message`, with the level named only when it is not INFO."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+    level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+    return f"{stamp} {level}{record.getMessage()}"
+
+
+def configure(verbosity: int | None = None) -> None:
+  """Installs the filter and short format on absl's handler unless `verbosity` >= 1."""
+  if verbosity is None:
+    verbosity = absl_logging.get_verbosity()
+  handler = absl_logging.get_absl_handler()
+  for f in [f for f in handler.filters if isinstance(f, _OursOrWarnings)]:
+    handler.removeFilter(f)
+  if verbosity >= 1:
+    handler.setFormatter(absl_logging.PythonFormatter())
+    return
+  handler.addFilter(_OursOrWarnings())
+  handler.setFormatter(_ShortFormatter())
+
+
+def duration(seconds: float) -> str:
+  """`42s`, `3m05s`, `2h07m`: for ETAs and wall times."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -1,0 +1,69 @@
+"""The tiled kernels under a 4-device mesh (fake CPU devices, in a subprocess) equal 1 device.
+
+`ops/sharded.py` runs blockwise and Pallas (interpreted here) inside `jax.shard_map` over
+the training mesh's batch axes; values and gradients (bias included, whose gradient sums
+over the shards) must match the single-device call, with dropout on.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hypernet_attention.ops import sharded
+from hypernet_attention.train import sharding
+
+SCRIPT = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from hypernet_attention.ops import dispatch
+
+impl = sys.argv[1]
+mesh = jax.make_mesh((2, 2), ("data", "fsdp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+rng = np.random.default_rng(0)
+B, T, H, D = 4, 21, 2, 8
+q, k, v, cot = (jnp.asarray(rng.standard_normal((B, T, H, D)), jnp.float32) for _ in range(4))
+bias = jnp.asarray(rng.standard_normal((1, H, T, T)), jnp.float32)
+mask = jnp.asarray(rng.random((B, 1, 1, T)) < 0.8)
+
+def loss(q, k, v, bias):
+  out = dispatch.attention(q, k, v, bias=bias, mask=mask, is_causal=True,
+                           implementation=impl, dropout_rate=0.1, dropout_seed=jnp.int32(7))
+  return jnp.sum(out * cot), out
+
+step = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))
+(_, out1), grads1 = step(q, k, v, bias)
+with jax.set_mesh(mesh):
+  batch = NamedSharding(mesh, P(("data", "fsdp")))
+  args = [jax.device_put(x, batch) for x in (q, k, v)] + [bias]
+  (_, out4), grads4 = step(*args)
+  hlo = step.lower(*args).compile().as_text()
+rel = lambda a, b: float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(b))
+print(json.dumps(dict(
+    devices=jax.device_count(),
+    errors=[rel(a, b) for a, b in zip((out4, *grads4), (out1, *grads1))],
+    out_spec=str(out4.sharding.spec),
+    all_gathers=hlo.count("all-gather("))))
+"""
+
+
+@pytest.mark.parametrize("implementation", ["blockwise", "pallas"])
+def test_four_devices_match_one(implementation):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", SCRIPT, implementation], env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["devices"] == 4
+  # Each device runs the same per-example arithmetic; only dbias sums shards in another order.
+  assert max(result["errors"]) < 1e-5, result
+  assert "data" in result["out_spec"] and "fsdp" in result["out_spec"], result
+  assert result["all_gathers"] == 0, result
+
+
+def test_batch_axes_match_training_mesh():
+  assert sharded.BATCH_AXES == sharding.BATCH_AXES
