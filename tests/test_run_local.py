@@ -45,8 +45,8 @@ def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
   assert out.splitlines()[-1].startswith("2 finished, 0 skipped (done before), 0 failed"), out
   with open(os.path.join(first, "run_local.log")) as f:
     log = f.read()
-  assert log.count("Initialized a new run") == 1  # The rerun restored instead.
-  assert "Restored checkpoint at step 4" in log
+  assert log.count("New run in") == 1  # The rerun resumed instead.
+  assert "from step 4 of 8" in log
   for workdir in (first, second):
     with open(os.path.join(workdir, "summary.json")) as f:
       assert json.load(f)["step"] == 8
