@@ -26,20 +26,16 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from experiments.configs import c4_lm  # noqa: E402
-from experiments.configs import fuzzy_logic  # noqa: E402
-from experiments.configs import sraven  # noqa: E402
 from hypernet_attention.tasks import c4  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
+from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
-
-CONFIGS = {"sraven": sraven, "fuzzy_logic": fuzzy_logic, "c4_lm": c4_lm}
 
 
 def load_config(experiment, arg, overrides):
   """get_config(arg) with comma-separated dotted `key=value` overrides."""
-  config = CONFIGS[experiment].get_config(arg)
+  config = registry.get(experiment).get_config(arg)
   for item in (s for s in overrides.split(",") if s.strip()):
     key, value = (t.strip() for t in item.split("=", 1))
     config_lib.set_dotted(config, key, value)
@@ -48,7 +44,7 @@ def load_config(experiment, arg, overrides):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="sraven", choices=sorted(CONFIGS))
+  parser.add_argument("--experiment", default="sraven", choices=sorted(registry.EXPERIMENTS))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--models", default="softmax,linear,hyla")
   parser.add_argument("--steps", type=int, default=200, help="steps per timed chunk")

@@ -37,8 +37,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0: 
 
 def main(argv):
   del argv
-  runtime.initialize_from_flags()
-  runtime.log_topology()
+  runtime.start()
   sampling = dict(prompt=_PROMPT.value, num_tokens=_NUM_TOKENS.value,
                   temperature=_TEMPERATURE.value)
   if _GENERATE.value:

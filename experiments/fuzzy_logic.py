@@ -6,18 +6,17 @@ With no flags: HYLA at `size=local` into ./workdirs/fuzzy_logic_<time>. Rerunnin
 same --workdir resumes; multi-process flags as in sraven_scaling.py.
 """
 
-import os
 
 from absl import flags
 from ml_collections import config_flags
 
 from hypernet_attention.train import cli
 from hypernet_attention.train import loop
+from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__),
-                           "configs/fuzzy_logic.py:model=hyla,size=local"),
+    "config", registry.get("fuzzy_logic").config_flag("model=hyla,size=local", absolute=True),
     "Experiment config file and its argument.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
                                "under ./workdirs/).")
@@ -25,8 +24,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fr
 
 def main(argv):
   del argv
-  runtime.initialize_from_flags()
-  runtime.log_topology()
+  runtime.start()
   workdir = _WORKDIR.value or runtime.fresh_workdir("fuzzy_logic")
   loop.train_and_evaluate(_CONFIG.value, workdir)
 

@@ -6,23 +6,22 @@ Paper size on a GPU/TPU:
   python experiments/sraven_scaling.py \
     --config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4 \
     --workdir=workdirs/sraven_hyla_w1_d4
-Rerunning with the same --workdir resumes from the newest checkpoint. Several processes:
-add --coordinator_address=HOST:PORT --num_processes=N --process_id=I (or --multi_process
-on TPU pods / SLURM) and the same --workdir on shared storage.
+Rerunning with the same --workdir resumes from the newest checkpoint. Several processes join
+one run by themselves where the environment names a cluster (SLURM, TPU workers, Vertex AI;
+see train/runtime.py), else add --coordinator_address=HOST:PORT --num_processes=N
+--process_id=I (or --multi_process); all with the same --workdir on shared storage.
 """
-
-import os
-
 
 from absl import flags
 from ml_collections import config_flags
 
 from hypernet_attention.train import cli
 from hypernet_attention.train import loop
+from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs/sraven.py:model=hyla,size=local"),
+    "config", registry.get("sraven").config_flag("model=hyla,size=local", absolute=True),
     "Experiment config file and its argument.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
                                "under ./workdirs/).")
@@ -30,8 +29,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fr
 
 def main(argv):
   del argv
-  runtime.initialize_from_flags()
-  runtime.log_topology()
+  runtime.start()
   workdir = _WORKDIR.value or runtime.fresh_workdir("sraven")
   loop.train_and_evaluate(_CONFIG.value, workdir)
 

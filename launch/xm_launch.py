@@ -1,4 +1,4 @@
-r"""XManager launcher: one job per sweep point, on a local, Vertex AI or Kubernetes executor.
+r"""XManager launcher: one job (or one multi-host job group) per sweep point.
 
 Examples:
 
@@ -10,26 +10,33 @@ Examples:
       --executor=vertex --accelerator=h100 --accelerator_count=1 \
       --workdir_root=gs://BUCKET/hypernet-attention
 
-  # GKE with a TPU v5e slice per job (multi-host: every host runs the same program and
-  # `jax.distributed.initialize()` finds its peers):
+  # Vertex AI, 2 hosts x 8 H100 per point: a coordinator plus 1 replica; every process
+  # reads its rank from Vertex's CLUSTER_SPEC and joins one jax.distributed run:
   xmanager launch launch/xm_launch.py -- --sweep=table_a1_sraven \
-      --executor=kubernetes --accelerator=tpu_v5e --topology=2x4 \
+      --executor=vertex --accelerator=h100 --accelerator_count=8 --num_hosts=2 \
+      --workdir_root=gs://BUCKET/hypernet-attention
+
+  # Kubernetes (GPU nodes), 2 pods per point with explicit coordinator flags:
+  xmanager launch launch/xm_launch.py -- --sweep=table_a1_sraven \
+      --executor=kubernetes --accelerator=a100 --accelerator_count=8 --num_hosts=2 \
       --workdir_root=gs://BUCKET/hypernet-attention
 
 The experiment scripts are the same programs a researcher runs by hand; the launcher only
-packages the repository once and adds one job per point of a sweep (`launch/sweeps/`).
-Without XManager, `launch/tpu_pod.sh` runs one point on a TPU pod with plain gcloud.
+packages the repository once and adds the jobs of each point (`launch.jobs.xm_jobs`). Each
+point writes to `<root>/<experiment id>/<point name>`; `launch.collect` tabulates a root.
+Without XManager: `launch/run_local.py` (this machine), `launch/tpu_pod.sh` (TPU VM pods),
+`launch/slurm.sh` (GPU clusters).
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-from typing import Any
 
 from absl import app
 from absl import flags
 
+from hypernet_attention.train import registry
+from launch import jobs
 from launch import sweeps
 
 _SWEEP = flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to launch.")
@@ -39,10 +46,12 @@ _EXECUTOR = flags.DEFINE_enum(
 _ACCELERATOR = flags.DEFINE_string(
     "accelerator", None, "xm resource name, e.g. h100, a100, tpu_v5e; none = CPU."
 )
-_ACCELERATOR_COUNT = flags.DEFINE_integer("accelerator_count", 1, "Accelerators per job.")
+_ACCELERATOR_COUNT = flags.DEFINE_integer("accelerator_count", 1, "Accelerators per host.")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology such as 2x4 (overrides count).")
+_NUM_HOSTS = flags.DEFINE_integer(
+    "num_hosts", 1, "Hosts per point (vertex, kubernetes); they join one jax.distributed run.")
 _WORKDIR_ROOT = flags.DEFINE_string(
-    "workdir_root", "./workdirs/xm", "Each job writes to <root>/<experiment id>/<job index>."
+    "workdir_root", "./workdirs/xm", "Each point writes to <root>/<experiment id>/<point name>."
 )
 _BASE_IMAGE = flags.DEFINE_string(
     "base_image", "python:3.11-slim", "Container base image for PythonContainer."
@@ -51,58 +60,64 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the jobs' commands and exi
 _MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points.")
 
 
-def job_args(point: dict[str, Any], experiment: str, workdir: str) -> dict[str, str]:
-  """Turns a sweep point into the experiment script's flags."""
-  point = dict(point)
-  config = point.pop("config")
-  args = {"config": f"experiments/configs/{_config_file(experiment)}:{config}",
-          "workdir": workdir}
-  for key, value in point.items():
-    args[f"config.{key}"] = str(value)
-  return args
+def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
+                  max_jobs=None) -> list[str]:
+  """One shell line per job (a replicated job once, with its replica count), then a count."""
+  sweep = sweeps.load(sweep_name)
+  points = sweep.get_sweep()[:max_jobs]
+  script = registry.get(sweep.EXPERIMENT).script
+  lines = []
+  for point in points:
+    workdir = f"{root}/dry_run/{jobs.point_name(point)}"
+    for job in jobs.xm_jobs(point, sweep.EXPERIMENT, workdir, executor=executor,
+                            num_hosts=num_hosts):
+      replicas = f"  # x{job.replicas} replicas" if job.replicas > 1 else ""
+      lines.append(jobs.shell_line(["python", script, *jobs.flags_list(job.args)]) + replicas)
+  lines.append(f"# {len(points)} jobs in sweep {sweep_name}")
+  return lines
 
 
-def _config_file(experiment: str) -> str:
-  return {"sraven_scaling": "sraven.py", "fuzzy_logic": "fuzzy_logic.py"}[experiment]
+def _requirements(xm, replicas: int):
+  resources = {}
+  if _ACCELERATOR.value:
+    resources[_ACCELERATOR.value] = _TOPOLOGY.value or _ACCELERATOR_COUNT.value
+  return xm.JobRequirements(resources, replicas=replicas)
 
 
-def _requirements(xm):
-  if not _ACCELERATOR.value:
-    return xm.JobRequirements()
-  amount = _TOPOLOGY.value or _ACCELERATOR_COUNT.value
-  return xm.JobRequirements({_ACCELERATOR.value: amount})
-
-
-def _executor(xm, xm_local):
-  requirements = _requirements(xm)
+def _executor(xm, xm_local, replicas: int = 1):
+  requirements = _requirements(xm, replicas)
   if _EXECUTOR.value == "vertex":
-    return xm_local.Vertex(requirements=requirements), xm_local.Vertex.Spec()
+    return xm_local.Vertex(requirements=requirements)
   if _EXECUTOR.value == "kubernetes":
-    return xm_local.Kubernetes(requirements=requirements), xm_local.Kubernetes.Spec()
-  return xm_local.Local(requirements=requirements), xm_local.Local.Spec()
+    return xm_local.Kubernetes(requirements=requirements)
+  return xm_local.Local(requirements=requirements)
+
+
+def _executor_spec(xm_local):
+  return {"vertex": xm_local.Vertex.Spec, "kubernetes": xm_local.Kubernetes.Spec,
+          "local": xm_local.Local.Spec}[_EXECUTOR.value]()
 
 
 def main(argv: list[str]) -> None:
   del argv
   if _SWEEP.value is None:
     raise app.UsageError(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}.")
-  sweep = sweeps.load(_SWEEP.value)
-  points = sweep.get_sweep()[: _MAX_JOBS.value]
-  experiment_name = sweep.EXPERIMENT
-
+  if _NUM_HOSTS.value > 1 and _EXECUTOR.value not in jobs.MULTI_HOST_EXECUTORS:
+    raise app.UsageError(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
+                         f"{list(jobs.MULTI_HOST_EXECUTORS)}.")
   if _DRY_RUN.value:
-    for index, point in enumerate(points):
-      args = job_args(point, experiment_name, f"{_WORKDIR_ROOT.value}/dry_run/{index}")
-      flags_str = " ".join(f"--{k}={shlex.quote(v)}" for k, v in args.items())
-      print(f"python experiments/{experiment_name}.py {flags_str}")
-    print(f"# {len(points)} jobs in sweep {_SWEEP.value}")
+    print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
+                                  _WORKDIR_ROOT.value, _MAX_JOBS.value)))
     return
 
   # Imported here so that --dry_run and the sweep definitions need no XManager install.
   from xmanager import xm  # pylint: disable=g-import-not-at-top
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top
 
-  executor, executor_spec = _executor(xm, xm_local)
+  sweep = sweeps.load(_SWEEP.value)
+  points = sweep.get_sweep()[: _MAX_JOBS.value]
+  experiment_name = sweep.EXPERIMENT
+  script = registry.get(experiment_name).script
   directory = os.path.basename(os.getcwd())
   accelerator = _ACCELERATOR.value or ""
   extras = "[tpu]" if accelerator.startswith("tpu") else "[cuda]" if accelerator else ""
@@ -110,7 +125,7 @@ def main(argv: list[str]) -> None:
     spec = xm.PythonContainer(
         path=".",
         base_image=_BASE_IMAGE.value,
-        entrypoint=xm.CommandList([f"python experiments/{experiment_name}.py"]),
+        entrypoint=xm.CommandList([f"python {script}"]),
         # The build context is the parent of `path`; the repository is the folder `directory`.
         docker_instructions=[
             "ENV LANG=C.UTF-8",
@@ -120,17 +135,25 @@ def main(argv: list[str]) -> None:
         ],
     )
     [executable] = experiment.package(
-        [xm.Packageable(executable_spec=spec, executor_spec=executor_spec)]
-    )
-    for index, point in enumerate(points):
-      workdir = f"{_WORKDIR_ROOT.value}/{experiment.experiment_id}/{index}"
-      experiment.add(
-          xm.Job(
-              executable=executable,
-              executor=executor,
-              args=job_args(point, experiment_name, workdir),
-          )
-      )
+        [xm.Packageable(executable_spec=spec, executor_spec=_executor_spec(xm_local))])
+
+    def make_unit(point):
+      async def add_jobs(work_unit):
+        workdir = f"{_WORKDIR_ROOT.value}/{experiment.experiment_id}/{jobs.point_name(point)}"
+        def address(name):  # Kubernetes pods answer at <job label>.experiments.
+          from xmanager.cloud import kubernetes  # pylint: disable=g-import-not-at-top
+          label = kubernetes.convert_to_valid_label(work_unit.get_full_job_name(name))
+          return f"{label}.experiments"
+        host_jobs = jobs.xm_jobs(point, experiment_name, workdir, executor=_EXECUTOR.value,
+                                 num_hosts=_NUM_HOSTS.value, host_address=address)
+        work_unit.add(xm.JobGroup(**{
+            job.name: xm.Job(executable=executable, args=job.args,
+                             executor=_executor(xm, xm_local, job.replicas))
+            for job in host_jobs}))
+      return add_jobs
+
+    for point in points:
+      experiment.add(make_unit(point))
 
 
 if __name__ == "__main__":

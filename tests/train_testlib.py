@@ -22,6 +22,7 @@ if REPO not in sys.path:
 from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402
 from experiments.configs import sraven as sraven_config  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
+from hypernet_attention.train import registry  # noqa: E402
 # pylint: enable=wrong-import-position
 
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "hypernet_attention_test_xla_cache")
@@ -70,8 +71,7 @@ def subprocess_env() -> dict:
 
 def smoke(experiment: str = "sraven", model: str = "hyla", **updates):
   """The smoke config of an experiment, with top-level or dotted-key updates."""
-  module = sraven_config if experiment == "sraven" else fuzzy_config
-  config = module.get_config(f"model={model},size=smoke")
+  config = registry.get(experiment).get_config(f"model={model},size=smoke")
   for key, value in updates.items():
     config_lib.set_dotted(config, key, value)
   return config

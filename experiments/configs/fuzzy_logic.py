@@ -14,6 +14,10 @@ Arguments (`--config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper`):
                 R^2 0.842 / 0.879 / 0.782; unseen_terms R^2 <= 0.07 for all three.
          smoke  a few seconds, for tests.
 
+Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` (default None =
+follow `seed`, as the paper did) sets which combinations are held out, so 3 seeds give 3
+splits. Pass `--config.task.split_seed=0` to keep one split for every seed.
+
 Command:
   python experiments/fuzzy_logic.py \
     --config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper --workdir=workdirs/fuzzy_hyla
@@ -31,7 +35,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.base_config(experiment="fuzzy_logic")
   c.task = ml_collections.ConfigDict(dict(
       num_variables=4, num_terms=2, num_examples=32, holdout_fraction=0.7,
-      num_unseen_terms=4, seed=0))
+      num_unseen_terms=4, split_seed=config_lib.follow_run_seed()))
   c.model = config_lib.model_config(
       arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)
   c.batch_size = 128

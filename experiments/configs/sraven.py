@@ -11,6 +11,10 @@ Arguments (`--config=experiments/configs/sraven.py:model=hyla,size=paper,width=1
          local  5-11 min on a 2-core CPU: see `LOCAL` below for what it changes and
                 what it reaches.
          smoke  a few seconds, for tests.
+
+Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` (default None =
+follow `seed`, as the paper did) sets which combinations are held out, so 3 seeds give 3
+splits. Pass `--config.task.split_seed=0` to keep one split for every seed.
   width  multiplies D, heads, qk/v width and MLP width (the paper's scaling grid: 1, 2, 4).
   depth  number of layers (the paper: 4, 8, 16).
 
@@ -50,7 +54,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.base_config(experiment="sraven")
   c.task = ml_collections.ConfigDict(dict(
       num_features=4, num_values=8, grid_size=3, holdout_fraction=0.25,
-      permute_features=True, seed=0))
+      permute_features=True, split_seed=config_lib.follow_run_seed()))
   w = arg.width
   c.model = config_lib.model_config(
       arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w, qk_dim=64 * w,

@@ -8,7 +8,8 @@ them, indexed in binary order with variable 0 as the most significant bit (bit 1
 0 = negated), as in the authors' code. A *task* is a disjunction of K distinct terms,
 evaluated with Zadeh semantics (AND = min, OR = max, NOT x = 1 - x) on x ~ U[0,1]^L.
 
-Splits (the last `num_unseen_terms` terms are never used in training):
+Splits (the last `num_unseen_terms` terms are never used in training; the seeded split of
+the known-term combinations is re-drawn until every known term is in some training task):
   train         the train tasks (combinations of known terms), fresh samples;
   test          the same train tasks, fresh samples;
   ood           held-out combinations of known terms: the paper's "OOD R^2";
@@ -27,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hypernet_attention.tasks import heldout
+
 SPLITS = ('train', 'test', 'ood', 'unseen_terms')
-
-
 class FuzzyLogic:
   """Generator of fuzzy-logic regression sequences with compositional splits."""
 
@@ -70,8 +71,13 @@ class FuzzyLogic:
       raise ValueError(
           f'holdout_fraction={holdout_fraction} holds out {num_ood} of the {len(known)} '
           'combinations of known terms; allowed: a fraction that leaves both splits nonempty.')
-    order = np.random.default_rng(seed).permutation(len(known))
-    train, ood = known[np.sort(order[num_ood:])], known[np.sort(order[:num_ood])]
+    split = heldout.covering_split(known, num_ood, num_known, seed)
+    if split is None:
+      raise ValueError(
+          f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of '
+          f'{len(known)} known-term combinations keeps every known term in a training task; '
+          'allowed: a smaller fraction.')
+    train, ood = split
     self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
     self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
     self._terms = jnp.asarray(self.terms_table)

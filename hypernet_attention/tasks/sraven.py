@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hypernet_attention.tasks import heldout
+
 RULE_NAMES = (
     'constant', 'progression+1', 'progression+2', 'progression-1', 'progression-2',
     'addition', 'subtraction', 'distribute_three')
@@ -46,9 +48,6 @@ _PROGRESSION_STEPS = (1, 2, -1, -2)
 _BASE_SPLITS = ('train', 'test', 'ood')
 SPLITS = _BASE_SPLITS + tuple(f'{s}_unpermuted' for s in _BASE_SPLITS)
 AMBIGUITY_DEFINITIONS = ('panel', 'authors')
-# Re-drawing the seeded split this many times looks for one whose training multisets
-# cover every rule; failing that, the configuration cannot teach every rule.
-_MAX_SPLIT_DRAWS = 1000
 
 
 def _randint(bits, n):
@@ -67,12 +66,9 @@ def _split_combinations(num_rules, num_features, holdout_fraction, seed):
         f'holdout_fraction={holdout_fraction} holds out {num_ood} of {len(combos)} rule '
         f'combinations (K={num_features}); allowed: a fraction that holds out between 1 '
         f'and {len(combos) - 1}.')
-  rng = np.random.default_rng(seed)
-  for _ in range(_MAX_SPLIT_DRAWS):
-    order = rng.permutation(len(combos))
-    train, ood = combos[np.sort(order[num_ood:])], combos[np.sort(order[:num_ood])]
-    if len(np.unique(train)) == num_rules:
-      return train, ood
+  split = heldout.covering_split(combos, num_ood, num_rules, seed)
+  if split is not None:
+    return split
   raise ValueError(
       f'No split with K={num_features}, holdout_fraction={holdout_fraction} keeps every '
       f'rule in the training combinations; use more features or hold out less.')

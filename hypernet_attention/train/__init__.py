@@ -1,6 +1,7 @@
 """Training system: configs -> sharded train state -> scanned jit steps -> CLU logs -> Orbax.
 
 Modules (each reads in one sitting):
+  registry       experiment name -> entry point, config file, metric (launchers, tests).
   config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig.
   objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic), by name.
   state          TrainState, AdamW with warmup + cosine to 0.1x, weight-decay mask.

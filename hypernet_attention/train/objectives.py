@@ -54,12 +54,25 @@ class Objective:
   task: Any = None  # The task object, for analysis code.
 
 
-def _make_task(cls, task_config: ml_collections.ConfigDict):
-  allowed = [p for p in inspect.signature(cls).parameters]
-  unknown = sorted(set(task_config) - set(allowed))
+def split_seed(config: ml_collections.ConfigDict) -> int:
+  """The seed of the task's held-out split: `task.split_seed`, or the run's `seed` when it
+  is None (the paper's practice: each seed re-draws its split, so error bars over seeds
+  include split variance)."""
+  # `task.seed`: the same switch in config.json files written before `split_seed` existed.
+  fixed = config.task.get("split_seed", config.task.get("seed"))
+  return config.seed if fixed is None else fixed
+
+
+def _make_task(cls, config: ml_collections.ConfigDict):
+  """The task class built from `config.task`; its `split_seed` becomes the task's `seed`."""
+  kwargs = config.task.to_dict()
+  kwargs.pop("split_seed", None)
+  kwargs.pop("seed", None)
+  allowed = [p for p in inspect.signature(cls).parameters if p != "seed"] + ["split_seed"]
+  unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
     raise ValueError(f"unknown task config keys {unknown} for {cls.__name__}; allowed: {allowed}")
-  return cls(**task_config.to_dict())
+  return cls(**kwargs, seed=split_seed(config))
 
 
 def _synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
@@ -99,7 +112,7 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
 
 def _sraven(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import sraven  # pylint: disable=g-import-not-at-top
-  task = _make_task(sraven.SRaven, config.task)
+  task = _make_task(sraven.SRaven, config)
   source = data.OnDeviceSource(task)
 
   def metrics_fn(logits_BTF, batch):
@@ -122,7 +135,7 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
 
 def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
   from hypernet_attention.tasks import fuzzy_logic  # pylint: disable=g-import-not-at-top
-  task = _make_task(fuzzy_logic.FuzzyLogic, config.task)
+  task = _make_task(fuzzy_logic.FuzzyLogic, config)
   source = data.OnDeviceSource(task)
 
   def metrics_fn(outputs_BT1, batch):
@@ -199,6 +212,7 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
       finalize=finalize, task=task)
 
 
+# Keyed by `hypernet_attention.train.registry` names (a test checks that they agree).
 OBJECTIVES = {"sraven": _sraven, "fuzzy_logic": _fuzzy_logic, "c4_lm": _c4_lm}
 
 

@@ -1,15 +1,27 @@
 """Process start-up shared by the entry points: `jax.distributed` and topology logging.
 
-Multi-process runs are recognised by explicit flags (`--num_processes>1`, a coordinator
-address) or by `--multi_process` for clusters where `jax.distributed.initialize()` detects
-everything itself (Cloud TPU pods, SLURM, Open MPI).
+Every host of a multi-host job must join one `jax.distributed` run, or each would train its
+own copy into the same workdir. `start()` (the entry points' one call) joins whenever the
+environment names a cluster (`detect_cluster`), the flax-examples way: on auto-detected
+clusters `jax.distributed.initialize()` without arguments finds its peers itself.
+  flags          --coordinator_address / --num_processes>1 / --process_id (any machines)
+  JAX env        JAX_COORDINATOR_ADDRESS (+ JAX_NUM_PROCESSES, JAX_PROCESS_ID)
+  Vertex AI      CLUSTER_SPEC with more than one replica (workerpool0[0] coordinates)
+  Cloud TPU      TPU_WORKER_HOSTNAMES / TPU_PROCESS_ADDRESSES with several hosts, or
+                 MEGASCALE_COORDINATOR_ADDRESS (multislice); on TPU VM pods started over
+                 ssh pass --multi_process (there the metadata server names the peers)
+  SLURM          srun with SLURM_NTASKS > 1 (JAX reads SLURM's variables)
+  Open MPI       mpirun with OMPI_COMM_WORLD_SIZE > 1
+  --multi_process  any other environment `jax.distributed.initialize()` detects.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 from absl import flags
 from absl import logging
@@ -18,7 +30,8 @@ import jax
 from hypernet_attention.train import config_lib
 
 flags.DEFINE_bool("multi_process", False,
-                  "Call jax.distributed.initialize() with auto-detection (TPU pods, SLURM).")
+                  "Call jax.distributed.initialize() with auto-detection even where "
+                  "`detect_cluster` sees no cluster (TPU VM pods started over ssh).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
 flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
 flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")
@@ -26,22 +39,87 @@ flags.DEFINE_string("cpu_collectives", None,
                     "CPU cross-process collectives, e.g. 'gloo' for several CPU processes.")
 
 
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """How this process joins a multi-process run: what `jax.distributed.initialize` gets
+  (None: JAX detects it from the environment)."""
+  source: str  # What named the cluster: "flags", "JAX_COORDINATOR_ADDRESS", "vertex", ...
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+
+
+def _int(env: Mapping[str, str], key: str) -> Optional[int]:
+  return int(env[key]) if env.get(key) else None
+
+
+def _vertex(cluster_spec: str) -> Optional[Cluster]:
+  """Vertex AI's CLUSTER_SPEC: replicas listed per worker pool; this task's pool and index."""
+  spec = json.loads(cluster_spec)
+  pools = spec.get("cluster", {})
+  total, rank = 0, None
+  for pool, hosts in pools.items():
+    if pool == spec["task"]["type"]:
+      rank = total + int(spec["task"]["index"])
+    total += len(hosts)
+  if total <= 1:
+    return None
+  return Cluster("vertex", pools["workerpool0"][0], total, rank)
+
+
+def detect_cluster(env: Mapping[str, str], *, multi_process: bool = False,
+                   coordinator_address: Optional[str] = None,
+                   num_processes: Optional[int] = None,
+                   process_id: Optional[int] = None) -> Optional[Cluster]:
+  """The cluster this process belongs to, or None for a single-process run (pure: reads
+  only `env` and the flags' values, so tests can fake any environment)."""
+  if coordinator_address is not None or (num_processes or 1) > 1:
+    return Cluster("flags", coordinator_address, num_processes, process_id)
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    return Cluster("JAX_COORDINATOR_ADDRESS", env["JAX_COORDINATOR_ADDRESS"],
+                   _int(env, "JAX_NUM_PROCESSES"), _int(env, "JAX_PROCESS_ID"))
+  if env.get("CLUSTER_SPEC"):
+    return _vertex(env["CLUSTER_SPEC"])
+  hosts = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES") or ""
+  if len([h for h in hosts.split(",") if h]) > 1 or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return Cluster("tpu")
+  if env.get("SLURM_JOB_ID") and (_int(env, "SLURM_NTASKS") or 1) > 1:
+    return Cluster("slurm")
+  if env.get("OMPI_MCA_orte_hnp_uri") and (_int(env, "OMPI_COMM_WORLD_SIZE") or 1) > 1:
+    return Cluster("mpi")
+  if multi_process:
+    return Cluster("--multi_process")
+  return None
+
+
 def initialize(multi_process: bool = False, coordinator_address: Optional[str] = None,
                num_processes: Optional[int] = None, process_id: Optional[int] = None,
-               cpu_collectives: Optional[str] = None) -> None:
-  """Starts `jax.distributed` when asked to; a no-op for one process."""
+               cpu_collectives: Optional[str] = None) -> Optional[Cluster]:
+  """Joins `jax.distributed` when the flags or the environment name a cluster; a no-op for
+  one process. Returns the cluster joined (None: single process)."""
   if cpu_collectives:
     jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
-  explicit = coordinator_address is not None or (num_processes or 1) > 1
-  if multi_process or explicit:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+  cluster = detect_cluster(os.environ, multi_process=multi_process,
+                           coordinator_address=coordinator_address,
+                           num_processes=num_processes, process_id=process_id)
+  if cluster is not None:
+    logging.info("Joining a multi-process run: %s", cluster)
+    jax.distributed.initialize(coordinator_address=cluster.coordinator_address,
+                               num_processes=cluster.num_processes,
+                               process_id=cluster.process_id)
+  return cluster
 
 
-def initialize_from_flags() -> None:
+def initialize_from_flags() -> Optional[Cluster]:
   f = flags.FLAGS
-  initialize(f.multi_process, f.coordinator_address, f.num_processes, f.process_id,
-             f.cpu_collectives)
+  return initialize(f.multi_process, f.coordinator_address, f.num_processes, f.process_id,
+                    f.cpu_collectives)
+
+
+def start() -> str:
+  """The entry points' start-up: join the cluster if any, then log the topology."""
+  initialize_from_flags()
+  return log_topology()
 
 
 def log_topology() -> str:

@@ -1,19 +1,28 @@
 """The paper's sweeps as lists of config overrides, one module per figure or table.
 
-Each module defines `EXPERIMENT` (the script under `experiments/`) and `get_sweep()`, a list
-of points. A point is a dict: the key `config` is the argument of the experiment's config file
+Each module defines `EXPERIMENT` (a name of `hypernet_attention.train.registry`) and
+`get_sweep()`, a list of points, and states its job count in its docstring. A point is a
+dict: the key `config` is the argument of the experiment's config file
 (`experiments/configs/<name>.py:<config>`), every other key is a `--config.<key>=<value>`
-override. One point is one job.
+override. One point is one job. Run them with `launch.xm_launch` (XManager) or
+`launch.run_local` (this machine); tabulate them with `launch.collect`.
 """
 
 import importlib
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SWEEPS = (
     "table_a1_sraven",
     "table_a1_fuzzy",
+    "table_a1_fuzzy_local",
     "fig2c_fuzzy",
     "fig4_sraven_scaling",
+    "fig5c_heads_sraven",
+    "figa5_holdout_sraven",
     "activations_sraven",
+    "smoke_fuzzy",
 )
 
 

@@ -1,0 +1,280 @@
+r"""Tabulates a sweep's root: best hyperparameters per method, mean +- s.e. over seeds.
+
+  python -m launch.collect --root=/work/runs/table_a1_fuzzy_local --sweep=table_a1_fuzzy_local
+
+Reads every `config.json` (and `summary.json` where the run finished) under --root. Runs are
+grouped into cells by what varies across the sweep apart from the seed and the optimizer
+grid (`HPARAMS`): for Table A1 a cell is a method (attention preset, + MoE). In each cell,
+each grid setting's selection metric is averaged over its finished seeds and the best
+setting is reported: its OOD metric x100, mean +- standard error over seeds (s.e. = sample
+std / sqrt(n); one seed has none), beside the paper's Table A1 number.
+
+Selection (--select): `ood` picks the setting by the OOD metric itself, as the paper did
+(so the reported OOD number is optimistically biased: it is the best of the grid on the
+same data); `test` picks by the in-distribution test metric, the honest choice (the OOD
+data play no part in picking). Partial sweeps are fine: each cell says how many seeds it
+has, and with --sweep the jobs without a summary are listed as missing.
+
+Writes table_a1.md, table_a1.csv and table_a1.png (bars with s.e. error bars) to --out
+(default: --root) and prints the markdown.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Optional, Sequence
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from hypernet_attention.train import registry
+from launch import jobs
+from launch import run_local
+from launch import sweeps
+from launch.sweeps import common
+
+HPARAMS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimizer.warmup_steps")
+# Keys that never define a cell: the seed, and what may differ between a run and its resume.
+IGNORED = ("seed", "stop_after_steps", "mesh.")
+SELECTIONS = ("ood", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One workdir: its flattened config and, if finished, its summary."""
+  workdir: str
+  config: dict[str, Any]
+  summary: Optional[dict[str, Any]]
+  cpu_s: float  # CPU time of its run_local processes (0 when not run by run_local).
+
+
+@dataclasses.dataclass(frozen=True)
+class Stat:
+  """Mean and standard error over seeds (x100), and the per-seed values."""
+  mean: float
+  se: float  # nan for a single seed.
+  values: tuple[float, ...]
+
+  @classmethod
+  def of(cls, values: Sequence[float]) -> "Stat":
+    v = np.asarray(values, np.float64) * 100
+    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+    return cls(float(v.mean()), se, tuple(float(x) for x in v))
+
+  def __str__(self) -> str:
+    return f"{self.mean:.2f}" + ("" if math.isnan(self.se) else f" ± {self.se:.2f}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One table row: a cell's best grid setting and what it scored."""
+  label: str
+  key: tuple  # (attention preset, MoE?) for Table A1 rows.
+  setting: dict[str, Any]  # The best setting's HPARAMS values.
+  num_settings: int  # Grid settings with at least one finished seed.
+  ood: Stat
+  test: Stat
+  seeds: tuple[int, ...]
+  paper: Optional[tuple[float, float]]
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _read_cpu(workdir: str) -> float:
+  path = os.path.join(workdir, run_local.TIMES)
+  if not os.path.exists(path):
+    return 0.0
+  with open(path) as f:
+    return sum(json.loads(line)["cpu_s"] for line in f if line.strip())
+
+
+def load_runs(root: str) -> list[Run]:
+  """Every workdir under `root` (a directory holding config.json), sorted by path."""
+  runs = []
+  for directory, _, files in sorted(os.walk(root)):
+    if "config.json" not in files:
+      continue
+    with open(os.path.join(directory, "config.json")) as f:
+      config = _flatten(json.load(f))
+    summary = None
+    if run_local.SUMMARY in files:
+      with open(os.path.join(directory, run_local.SUMMARY)) as f:
+        summary = json.load(f)
+    runs.append(Run(directory, config, summary, _read_cpu(directory)))
+  return runs
+
+
+def _cell_keys(runs: Sequence[Run]) -> list[str]:
+  """Config keys that vary across the runs, other than the seed, the grid and resume keys."""
+  keys = sorted(set().union(*(r.config for r in runs)))
+  return [k for k in keys if k not in HPARAMS and not k.startswith(IGNORED)
+          and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
+
+
+def _label(config: dict[str, Any], keys: Sequence[str]) -> tuple[str, tuple]:
+  key = (config["model.attention"], config.get("model.feed_forward") == "moe")
+  name = common.TABLE_A1_PAPER.get(key, (key[0] + (" + MoE" if key[1] else ""),))[0]
+  extra = [f"{k}={config[k]}" for k in keys
+           if k not in ("model.attention", "model.feed_forward")]
+  return ", ".join([name] + extra), key
+
+
+def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
+  """One Cell per group of finished runs, in Table A1's row order."""
+  if select not in SELECTIONS:
+    raise ValueError(f"select={select!r}; allowed: {', '.join(SELECTIONS)}")
+  finished = [r for r in runs if r.summary is not None]
+  if not finished:
+    return []
+  experiments = {r.config["experiment"] for r in finished}
+  if len(experiments) > 1:
+    raise ValueError(f"runs of several experiments {sorted(experiments)} under one root; "
+                     "collect one experiment at a time")
+  experiment = registry.get(experiments.pop())
+  keys = _cell_keys(finished)
+  groups: dict[str, dict[tuple, list[Run]]] = {}
+  labels = {}
+  for run in finished:
+    label, key = _label(run.config, keys)
+    labels[label] = key
+    setting = tuple(run.config.get(h) for h in HPARAMS)
+    groups.setdefault(label, {}).setdefault(setting, []).append(run)
+  order = list(common.TABLE_A1_PAPER)
+  cells = []
+  for label, settings in sorted(groups.items(), key=lambda item: (
+      order.index(labels[item[0]]) if labels[item[0]] in order else len(order), item[0])):
+    def score(item):
+      return np.mean([r.summary[f"{select}/{experiment.metric}"] for r in item[1]])
+    setting, best = max(settings.items(), key=score)
+    best = sorted(best, key=lambda r: r.config["seed"])
+    paper = common.TABLE_A1_PAPER.get(labels[label], (None, {}))[1].get(experiment.name)
+    cells.append(Cell(
+        label, labels[label], dict(zip(HPARAMS, setting)), len(settings),
+        Stat.of([r.summary[f"ood/{experiment.metric}"] for r in best]),
+        Stat.of([r.summary[f"test/{experiment.metric}"] for r in best]),
+        tuple(r.config["seed"] for r in best), paper))
+  return cells
+
+
+def missing_jobs(root: str, sweep_name: str) -> list[str]:
+  """The sweep's points with no summary.json in `<root>/<point name>`."""
+  points = sweeps.load(sweep_name).get_sweep()
+  return [jobs.point_name(p) for p in points
+          if not run_local.is_finished(os.path.join(root, jobs.point_name(p)))]
+
+
+def _setting_str(setting: dict[str, Any]) -> str:
+  short = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
+           "optimizer.warmup_steps": "warmup"}
+  return ", ".join(f"{short[k]} {v:g}" for k, v in setting.items() if v is not None)
+
+
+def markdown(cells: Sequence[Cell], select: str, metric: str) -> str:
+  lines = [f"OOD {metric} x100 of each row's best setting (picked by `{select}/{metric}`), "
+           "mean ± s.e. over seeds (a row with one seed is a single run: no s.e.). The "
+           "paper's column is its Table A1 (paper size, best of its grid, 3 seeds).", "",
+           "| row | seeds | best setting (settings tried) | OOD (ours) | test (ours) | "
+           "paper OOD |", "|---|---|---|---|---|---|"]
+  for c in cells:
+    paper = "" if c.paper is None else f"{c.paper[0]:.2f} ± {c.paper[1]:.2f}"
+    lines.append(f"| {c.label} | {len(c.seeds)} ({','.join(map(str, c.seeds))}) | "
+                 f"{_setting_str(c.setting)} ({c.num_settings}) | {c.ood} | {c.test} | "
+                 f"{paper} |")
+  return "\n".join(lines)
+
+
+def write_csv(cells: Sequence[Cell], path: str) -> None:
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["row", "seeds", *HPARAMS, "settings_tried", "ood_mean", "ood_se",
+                     "test_mean", "test_se", "paper_mean", "paper_se"])
+    for c in cells:
+      paper = c.paper or ("", "")
+      writer.writerow([c.label, " ".join(map(str, c.seeds)),
+                       *(c.setting[h] for h in HPARAMS), c.num_settings,
+                       c.ood.mean, c.ood.se, c.test.mean, c.test.se, *paper])
+
+
+def plot(cells: Sequence[Cell], path: str, title: str) -> None:
+  """Grouped bars: ours and the paper's OOD metric per row, s.e. error bars."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  x = np.arange(len(cells))
+  fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(cells) + 2), 4))
+  ax.bar(x - 0.2, [c.ood.mean for c in cells], 0.4, yerr=[np.nan_to_num(c.ood.se) for c in cells],
+         capsize=3, label="ours")
+  ax.bar(x + 0.2, [c.paper[0] if c.paper else np.nan for c in cells], 0.4,
+         yerr=[c.paper[1] if c.paper else 0 for c in cells], capsize=3, label="paper")
+  ax.set_xticks(x, [f"{c.label}\n(n={len(c.seeds)})" for c in cells], fontsize=8)
+  ax.set_ylabel("OOD x100")
+  ax.set_title(title, fontsize=9)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
+  """Writes table_a1.{md,csv,png} to `out` and returns the markdown (with missing jobs)."""
+  runs = load_runs(root)
+  cells = tabulate(runs, select)
+  if not cells:
+    raise ValueError(f"no finished run (summary.json) under {root!r}")
+  metric = registry.get(runs[0].config["experiment"]).metric
+  text = markdown(cells, select, metric)
+  unfinished = [os.path.relpath(r.workdir, root) for r in runs if r.summary is None]
+  missing = missing_jobs(root, sweep_name) if sweep_name else []
+  finished = [r for r in runs if r.summary is not None]
+  text += (f"\n\n{len(finished)} finished runs under {root}; CPU time of their training "
+           f"processes {sum(r.cpu_s for r in finished) / 3600:.2f} h (run_local), wall time "
+           f"{sum(r.summary['wall_time_s'] for r in finished) / 3600:.2f} h (summaries).")
+  if missing:
+    text += f"\n\nMissing jobs of sweep {sweep_name} ({len(missing)}):\n"
+    text += "\n".join(f"- {name}" for name in missing)
+  elif unfinished:
+    text += "\n\nUnfinished runs:\n" + "\n".join(f"- {name}" for name in unfinished)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "table_a1.md"), "w") as f:
+    f.write(text + "\n")
+  write_csv(cells, os.path.join(out, "table_a1.csv"))
+  plot(cells, os.path.join(out, "table_a1.png"),
+       f"{os.path.basename(os.path.normpath(root))}: best of grid by {select}/{metric}")
+  return text
+
+
+def _define_flags() -> None:
+  """Defined only when run as a program, so that tests and tools can import this module."""
+  flags.DEFINE_string("root", None, "Sweep root: workdirs (with config.json) below it.")
+  flags.DEFINE_enum("sweep", None, sweeps.SWEEPS,
+                    "The sweep that filled --root: lists its missing jobs.")
+  flags.DEFINE_enum("select", "ood", SELECTIONS,
+                    "Metric that picks each row's best setting: ood (the paper's practice) "
+                    "or test (in-distribution; the honest choice).")
+  flags.DEFINE_string("out", None, "Output folder (default: --root).")
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  f = flags.FLAGS
+  if f.root is None or not os.path.isdir(f.root):
+    raise app.UsageError(f"--root={f.root!r}; allowed: an existing sweep folder.")
+  print(report(f.root, f.sweep, f.select, f.out or f.root))
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,149 @@
+r"""Runs a sweep's points on this machine as subprocesses, N at a time, resumably.
+
+  python -m launch.run_local --sweep=table_a1_fuzzy_local --jobs=1 \
+      --root=/work/runs/table_a1_fuzzy_local
+  python -m launch.collect --root=/work/runs/table_a1_fuzzy_local --sweep=table_a1_fuzzy_local
+
+Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its console output in
+`run_local.log` there. A point whose `summary.json` exists is skipped; any other is started
+with the same --workdir, so a half-done point resumes from its newest checkpoint (the entry
+points do that themselves). So after a crash or Ctrl-C (which stops the running points
+too), rerun the same command. Each process's wall and CPU time go to `run_local.json`
+beside its summary. On one GPU, `--jobs=N` runs N small jobs side by side, each limited to
+its share of the GPU memory.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from absl import app
+from absl import flags
+
+from launch import jobs
+from launch import sweeps
+
+SUMMARY = "summary.json"
+LOG = "run_local.log"
+TIMES = "run_local.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """How one point ended in this invocation."""
+  name: str
+  status: str  # "skipped" (already finished), "finished" or "failed".
+  wall_s: float = 0.0
+  cpu_s: float = 0.0
+  returncode: int = 0
+
+
+def is_finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, SUMMARY))
+
+
+def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+  """The training processes' environment: with several jobs at once on one GPU, each may
+  take only its share of the GPU memory (JAX preallocates 75% per process by default)."""
+  env = dict(os.environ if env is None else env)
+  if num_jobs > 1:
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / num_jobs:.3f}")
+  return env
+
+
+def run_point(point: Mapping[str, Any], experiment: str, root: str,
+              extra_flags: Sequence[str] = (), python: str = sys.executable,
+              env: Optional[Mapping[str, str]] = None, log=None) -> Outcome:
+  """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
+  name = jobs.point_name(point)
+  workdir = os.path.join(root, name)
+  if is_finished(workdir):
+    return Outcome(name, "skipped")
+  os.makedirs(workdir, exist_ok=True)
+  argv = jobs.local_command(python, point, experiment, workdir, extra_flags)
+  if log is not None:
+    log(f"started: {name} (console output in its {LOG})")
+  start = time.time()
+  with open(os.path.join(workdir, LOG), "a") as log:
+    log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
+              f"{jobs.shell_line(argv)}\n")
+    log.flush()
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=sweeps.REPO, env=env)
+    # wait4 gives this child's own CPU time, also when several run at once.
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+  wall, cpu = time.time() - start, usage.ru_utime + usage.ru_stime
+  ok = process.returncode == 0 and is_finished(workdir)
+  times = {"wall_s": wall, "cpu_s": cpu, "returncode": process.returncode}
+  with open(os.path.join(workdir, TIMES), "a") as f:
+    f.write(json.dumps(times) + "\n")
+  return Outcome(name, "finished" if ok else "failed", wall, cpu, process.returncode)
+
+
+def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
+              num_jobs: int = 1, extra_flags: Sequence[str] = (),
+              log=print) -> list[Outcome]:
+  """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
+  if num_jobs < 1:
+    raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")
+  done = sum(is_finished(os.path.join(root, jobs.point_name(p))) for p in points)
+  log(f"{len(points)} points in {root}: {done} already finished, running the other "
+      f"{len(points) - done}, {num_jobs} at a time")
+  outcomes = []
+  with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
+    env = child_env(num_jobs)
+    futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env, log=log)
+               for p in points]
+    for future in concurrent.futures.as_completed(futures):
+      outcome = future.result()
+      outcomes.append(outcome)
+      if outcome.status != "skipped":
+        log(f"[{len(outcomes)}/{len(points)}] {outcome.status}: {outcome.name} "
+            f"({outcome.wall_s / 60:.1f} min wall, {outcome.cpu_s / 60:.1f} min CPU"
+            f"{'' if outcome.status == 'finished' else f', exit {outcome.returncode}, see {LOG}'})")
+  return outcomes
+
+
+def summary_line(outcomes: Sequence[Outcome], wall_s: float) -> str:
+  count = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "failed")}
+  cpu = sum(o.cpu_s for o in outcomes)
+  return (f"{count['finished']} finished, {count['skipped']} skipped (done before), "
+          f"{count['failed']} failed; {wall_s / 60:.1f} min wall, {cpu / 60:.1f} min CPU "
+          f"in training processes")
+
+
+def _define_flags() -> None:
+  """Defined only when run as a program, so that other tools can import this module."""
+  flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to run.")
+  flags.DEFINE_string("root", None, "Workdir root (default ./workdirs/<sweep>).")
+  flags.DEFINE_integer("jobs", 1, "Points run at the same time.")
+  flags.DEFINE_integer("max_jobs", None, "Run only the first N points.")
+
+
+def main(argv: list[str]) -> Optional[int]:
+  del argv
+  f = flags.FLAGS
+  if f.sweep is None:
+    raise app.UsageError(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}.")
+  if f.jobs < 1:
+    raise app.UsageError(f"--jobs={f.jobs}; allowed: an integer >= 1.")
+  sweep = sweeps.load(f.sweep)
+  points = sweep.get_sweep()[: f.max_jobs]
+  root = os.path.abspath(f.root or os.path.join("workdirs", f.sweep))
+  start = time.time()
+  outcomes = run_sweep(points, sweep.EXPERIMENT, root, f.jobs)
+  print(summary_line(outcomes, time.time() - start))
+  return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,66 @@
+"""`launch.run_local`: a 2-point smoke sweep end to end, killed mid-way and resumed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import train_testlib as tl
+
+from launch import collect
+from launch import jobs
+from launch import sweeps
+
+TIMEOUT_S = 400
+
+
+def _run_local(root, **popen):
+  return subprocess.Popen(
+      [sys.executable, "-m", "launch.run_local", "--sweep=smoke_fuzzy", "--jobs=1",
+       f"--root={root}"], cwd=tl.REPO, env=tl.subprocess_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
+  root = str(tmp_path / "sweep")
+  first, second = (os.path.join(root, jobs.point_name(p))
+                   for p in sweeps.load("smoke_fuzzy").get_sweep())
+  # Kill the executor and its training process once the first point's step-4 checkpoint
+  # (of 8 steps) is committed: a half-done point.
+  marker = os.path.join(first, "checkpoints", "4", "commit_success.txt")
+  killed = _run_local(root, start_new_session=True)
+  deadline = time.time() + TIMEOUT_S
+  while not os.path.exists(marker) and killed.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  os.killpg(killed.pid, signal.SIGKILL)
+  killed.communicate(timeout=60)
+  assert os.path.exists(marker)
+  assert not os.path.exists(os.path.join(first, "summary.json")), "killed too late"
+
+  resumed = _run_local(root)
+  out, _ = resumed.communicate(timeout=TIMEOUT_S)
+  assert resumed.returncode == 0, out
+  assert out.splitlines()[-1].startswith("2 finished, 0 skipped (done before), 0 failed"), out
+  with open(os.path.join(first, "run_local.log")) as f:
+    log = f.read()
+  assert log.count("New run in") == 1  # The rerun resumed instead.
+  assert "from step 4 of 8" in log
+  for workdir in (first, second):
+    with open(os.path.join(workdir, "summary.json")) as f:
+      assert json.load(f)["step"] == 8
+
+  again = _run_local(root)
+  out, _ = again.communicate(timeout=TIMEOUT_S)
+  assert again.returncode == 0 and out.splitlines()[-1].startswith(
+      "0 finished, 2 skipped (done before), 0 failed"), out
+  assert "2 finished runs" in collect.report(root, "smoke_fuzzy", "ood", str(tmp_path / "t"))
+
+
+def test_parallel_jobs_share_gpu_memory():
+  from launch import run_local  # pylint: disable=g-import-not-at-top
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in run_local.child_env(1, {})
+  assert run_local.child_env(3, {})["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
+  assert run_local.child_env(3, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"})[
+      "XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2"  # The user's choice wins.
