@@ -56,8 +56,11 @@ def test_registry_names_files_and_agrees_with_objectives():
     assert os.path.exists(os.path.join(tl.REPO, experiment.script))
     config = experiment.get_config("size=smoke")
     assert config.experiment == name
+    if name == "c4_lm":  # Its objective needs a corpus and vocabulary: tests/test_c4*.py.
+      continue
     assert objectives.build(config).main_metric == experiment.metric
-  with pytest.raises(ValueError, match="unknown experiment 'c4'; allowed: sraven, fuzzy_logic"):
+  with pytest.raises(ValueError,
+                     match="unknown experiment 'c4'; allowed: sraven, fuzzy_logic, c4_lm"):
     registry.get("c4")
 
 
