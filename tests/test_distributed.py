@@ -31,19 +31,10 @@ def _run(args, out_dir, name):
 
 
 def _wait_all(procs, out_dir):
-  try:
-    for proc, _ in procs:
-      proc.wait(timeout=TIMEOUT_S)
-  finally:
-    for proc, log in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      log.close()
-  for proc, log in procs:
+  del out_dir
+  for (proc, _), text in zip(procs, tl.reap(procs, TIMEOUT_S)):
     if proc.returncode != 0:
-      with open(log.name) as f:
-        pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{f.read()[-4000:]}")
+      pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{text[-4000:]}")
 
 
 def test_four_fake_devices_data_parallel_and_fsdp_match_one_device(tmp_path):

@@ -56,19 +56,8 @@ def _start(workdir, log_path, devices=1, **kw):
 
 def _finish(procs):
   """Waits for every process (killing stragglers); returns exit codes and logs."""
-  codes, texts = [], []
-  try:
-    for proc, _ in procs:
-      codes.append(proc.wait(timeout=TIMEOUT_S))
-  finally:
-    for proc, log in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      log.close()
-      with open(log.name) as f:
-        texts.append(f.read())
-  return codes, texts
+  texts = tl.reap(procs, TIMEOUT_S)
+  return [proc.returncode for proc, _ in procs], texts
 
 
 def _wait_for_training(log_path, procs):

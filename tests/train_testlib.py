@@ -62,6 +62,24 @@ def multiprocess_slot():
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def reap(procs, timeout_s: float) -> list[str]:
+  """Waits for every (process, open log file) pair, killing any still running after
+  `timeout_s` (or when the wait fails); closes the logs and returns their texts."""
+  try:
+    for proc, _ in procs:
+      proc.wait(timeout=timeout_s)
+  finally:
+    texts = []
+    for proc, log in procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+      with open(log.name) as f:
+        texts.append(f.read())
+  return texts
+
+
 def subprocess_env() -> dict:
   env = dict(os.environ, **CACHE_ENV)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
