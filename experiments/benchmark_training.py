@@ -4,10 +4,12 @@ r"""Training throughput: optimizer steps per second of the real train step, per 
       --models=softmax,linear,hyla --steps=200
 
 Builds each config exactly as `sraven_scaling.py` / `fuzzy_logic.py` would (same mesh, same
-jitted `lax.scan` chunk with on-device data generation and dropout), compiles it, then times
-`--repeats` chunks of `--steps` steps and prints the median steps/s (and problems/s) per
-model. No workdir, checkpoints or evaluation. `--config_overrides` takes `key=value` pairs,
-e.g. `model.implementation=reference`.
+jitted `lax.scan` chunk with on-device data generation and dropout), compiles all of them,
+then times `--repeats` rounds of one `--steps`-step chunk per model, interleaved (A, B, C, A,
+B, C, ...), and prints the median steps/s (and problems/s) per model and the median over
+rounds of its step time / the first model's (so ratios hold on a shared, noisy machine).
+No workdir, checkpoints or evaluation. `--config_overrides` takes `key=value` pairs, e.g.
+`model.implementation=reference`.
 
 Language models (`--experiment=c4_lm`) also print tokens/s, model FLOPs utilization (the
 FLOP formula is in `hypernet_attention/train/benchmark.py`; the peak is looked up by device
@@ -57,24 +59,25 @@ def main():
                       help="device peak for MFU (default: looked up by device kind)")
   args = parser.parse_args()
   print(runtime.log_topology())
-  rows, pipeline = [], None
-  for model in [m for m in args.models.split(",") if m]:
-    config = load_config(args.experiment, f"model={model},size={args.size}",
-                         args.config_overrides)
-    if args.experiment == "c4_lm":
-      config = c4.prepare_config(config, args.data_dir)
-      if pipeline is None:
-        pipeline = benchmark.input_tokens_per_second(config)
-    row = benchmark.train_steps_per_second(config, steps=args.steps, repeats=args.repeats)
+  models = [m for m in args.models.split(",") if m]
+  configs = [load_config(args.experiment, f"model={m},size={args.size}", args.config_overrides)
+             for m in models]
+  pipeline = None
+  if args.experiment == "c4_lm":
+    configs = [c4.prepare_config(c, args.data_dir) for c in configs]
+    pipeline = benchmark.input_tokens_per_second(configs[0])
+  rows = benchmark.train_steps_per_second(configs, steps=args.steps, repeats=args.repeats)
+  for row in rows:
     row["mfu"] = benchmark.mfu(row, args.peak_tflops)
     print(json.dumps(row), flush=True)
-    rows.append(row)
-  print(f"\n| experiment | size | model | params | batch | steps/s | problems/s | compile s |"
+  print(f"\n| experiment | size | model | params | batch | steps/s | step time / {models[0]}'s "
+        f"| problems/s | compile s |"
         + (" tokens/s | MFU |" if pipeline else ""))
-  print("|---|---|---|---|---|---|---|---|" + ("---|---|" if pipeline else ""))
+  print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pipeline else ""))
   for r in rows:
     print(f"| {r['experiment']} | {args.size} | {r['model']} | {r['params']:,} | "
-          f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['problems_per_s']:.3g} | "
+          f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | "
+          f"{r['problems_per_s']:.3g} | "
           f"{r['compile_s']:.1f} |" + (
               f" {r['tokens_per_s']:,.0f} | " + (f"{r['mfu']:.2%} |" if r["mfu"] else "- |")
               if pipeline else ""))

@@ -1,7 +1,9 @@
 """Throughput of the real train step (`loop.Trainer.train_chunk`), without a workdir.
 
 Used by `experiments/benchmark_training.py`; numbers go in notes and the README, not in
-timed tests. For sequence models it also reports tokens/s and model FLOPs utilization:
+timed tests. Several models are timed interleaved in one process, so their ratio is robust
+to a shared, noisy machine. For sequence models it also reports tokens/s and model FLOPs
+utilization:
 
   model FLOPs per token = 6 N + 12 L T E   (PaLM, Chowdhery et al. 2022, App. B)
 
@@ -14,8 +16,9 @@ given).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -27,35 +30,69 @@ from hypernet_attention.train import loop
 from hypernet_attention.train import state as state_lib
 
 
-def train_steps_per_second(config: ml_collections.ConfigDict, *, steps: int = 200,
-                           repeats: int = 3) -> dict[str, Any]:
-  """Median steps/s over `repeats` chunks of `steps` steps, after one compiling chunk."""
+@dataclasses.dataclass
+class _Prepared:
+  """One config's trainer and state, compiled for chunks of `steps` steps."""
+  config: ml_collections.ConfigDict
+  setup: loop.Setup
+  trainer: loop.Trainer
+  state: Any
+  compile_s: float = 0.0
+  final_loss: float = float("nan")
+
+  def run_chunk(self, steps: int) -> float:
+    """Seconds for one chunk of `steps` steps (the state advances)."""
+    start = time.perf_counter()
+    self.state, metrics = self.trainer.train_chunk(self.state, steps)
+    jax.block_until_ready(metrics)
+    self.final_loss = float(np.asarray(metrics["loss"])[-1])
+    return time.perf_counter() - start
+
+
+def _prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
   s = loop.setup(config)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-  state = loop.init_state(config, s.init_fn, s.shardings)
-  start = time.perf_counter()
-  state, metrics = trainer.train_chunk(state, steps)
-  jax.block_until_ready(metrics)
-  compile_s = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    state, metrics = trainer.train_chunk(state, steps)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  steps_per_s = steps / float(np.median(times))
+  prepared = _Prepared(config, s, trainer, loop.init_state(config, s.init_fn, s.shardings))
+  prepared.compile_s = prepared.run_chunk(steps)  # Compiles, then runs the chunk once.
+  return prepared
+
+
+def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, steps: int = 200,
+                           repeats: int = 3, log=print) -> list[dict[str, Any]]:
+  """Median steps/s per config over `repeats` rounds of one `steps`-step chunk each.
+
+  The configs are compiled first, then timed interleaved (A, B, C, A, B, C, ...), so a
+  slow phase of a shared machine hits every model alike. `step_time_ratio` is the median
+  over rounds of the config's chunk time / the first config's chunk time in that round.
+  """
+  prepared = [_prepare(c, steps) for c in configs]
+  times = [[] for _ in prepared]
+  for r in range(repeats):
+    for p, t in zip(prepared, times):
+      t.append(p.run_chunk(steps))
+    log(f"round {r + 1}/{repeats}: " + ", ".join(
+        f"{p.config.model.attention} {steps / t[-1]:.3g}" for p, t in zip(prepared, times))
+        + " steps/s")
+  return [_row(p, steps, t, times[0]) for p, t in zip(prepared, times)]
+
+
+def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]
+         ) -> dict[str, Any]:
+  config, s = p.config, p.setup
+  median = float(np.median(times))
+  steps_per_s = steps / median
   row = {"experiment": config.experiment, "model": config.model.attention,
-         "params": state_lib.count_params(state.params),
+         "params": state_lib.count_params(p.state.params),
          "batch_size": config.batch_size, "steps_per_s": steps_per_s,
          "problems_per_s": steps_per_s * config.batch_size,
-         "compile_s": compile_s - float(np.median(times)),
-         "final_loss": float(np.asarray(metrics["loss"])[-1])}
+         "step_time_ratio": float(np.median(np.array(times) / np.array(base_times))),
+         "compile_s": p.compile_s - median, "final_loss": p.final_loss}
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))
   if s.model.config.input_kind == "embed":  # Token sequences: tokens/s and MFU.
     seq_len = example.shape[1]
     row["tokens_per_s"] = steps_per_s * config.batch_size * seq_len
-    row["flops_per_token"] = flops_per_token(s.model.config, state.params, seq_len)
+    row["flops_per_token"] = flops_per_token(s.model.config, p.state.params, seq_len)
   return row
 
 
