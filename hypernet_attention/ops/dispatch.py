@@ -4,6 +4,9 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   reference  the einsums of the paper; materializes (B, H, Q, K) and, for MLP value
              networks, (B, Q, K, V). Fastest for short sequences with narrow heads.
   blockwise  pure-JAX tiles with a recomputing custom VJP (`blockwise.py`); any backend.
+  factored   HYLA's MLP value network through one RMSHead/dropout scalar per (q, k) pair
+             (`factored.py`): per-example matmuls instead of the reference's transposed
+             code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
   pallas     fused Pallas kernels, forward and backward (`pallas_kernel.py`): Triton on
              GPU, interpreted on CPU. Correct on an H100 but slower there than blockwise,
              so `auto` never picks it (see `choose_implementation`).
@@ -23,12 +26,13 @@ import jax.numpy as jnp
 
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
+from hypernet_attention.ops import factored
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
 from hypernet_attention.ops import tiling
 
-IMPLEMENTATIONS = ("auto", "reference", "blockwise", "pallas")
+IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "pallas")
 
 # Measured on the 2-core CPU (B=32, H in 2..8, d in 4..64, fwd+bwd): at T=16 the two tie,
 # from T=36 (SRAVEN's length) blockwise wins fwd+bwd 1.4-2x (forward alone ties until
@@ -40,6 +44,12 @@ REFERENCE_MAX_PAIRS = 24 * 24
 # mask; the tiles' overhead is not repaid at this length. So the synthetic tasks' lengths
 # (SRAVEN 36, fuzzy logic 33) train on the reference, longer sequences on blockwise.
 REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
+# Where `auto` would take the reference on CPU, an MLP value network with per-pair
+# normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
+# it does D times the reference's value-network multiply-adds, but as big matmuls. Measured
+# at D = 4 (SRAVEN paper size) and D = 2 (fuzzy logic paper size); see README "Training
+# throughput".
+FACTORED_MAX_HEAD_DIM = 8
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.
 CPU_BLOCKS = (32, 64)
@@ -59,20 +69,28 @@ def _with_causal(mask, is_causal, q_len, k_len):
 
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
-    backend: Optional[str] = None, dropout: bool = False,
+    backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
+    factorable: bool = False,
 ) -> str:
-  """The `auto` choice for everything except plain softmax attention without dropout."""
-  del normalization
+  """The `auto` choice for everything except plain softmax attention without dropout.
+
+  `head_dim`, `factorable` (mask and bias as `factored.supports` needs them): whether the
+  short-sequence choice may be `factored` instead of the reference.
+  """
+  backend = backend or jax.default_backend()
   if value_network not in tiling.TILED_VALUE_NETWORKS:
     return "reference"
   if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
+    if (backend == "cpu" and factorable and head_dim is not None
+        and head_dim <= FACTORED_MAX_HEAD_DIM
+        and factored.supports(normalization, value_network, None, None)):
+      return "factored"
     return "reference"
   # Everywhere, blockwise. On an H100 (T=4096, B=4, H=8, d=64, bf16, causal) the Pallas
   # HYLA kernel passes every parity test but runs 7x (forward) to 19x (forward+backward)
   # slower than blockwise: its per-pair MLP runs on the vector units with (bq, bk, V)
   # register tiles, while XLA gives blockwise's einsums to the matrix units. On TPU the
   # kernel's Mosaic lowering is untested.
-  del backend
   return "blockwise"
 
 
@@ -141,10 +159,18 @@ def attention(
     if (normalization == "softmax" and value_network == "linear" and not dropout_rate
         and query_BQHD.shape[-1] == value_BKHV.shape[-1]):
       return _softmax_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, is_causal)
-    implementation = choose_implementation(q_len, k_len, normalization, value_network,
-                                           dropout=bool(dropout_rate))
+    implementation = choose_implementation(
+        q_len, k_len, normalization, value_network, dropout=bool(dropout_rate),
+        head_dim=query_BQHD.shape[-1],
+        factorable=factored.supports(normalization, value_network, mask, bias))
   if value_network not in tiling.TILED_VALUE_NETWORKS:
     implementation = "reference"
+  if implementation == "factored":
+    return factored.attention(
+        query_BQHD, key_BKHD, value_BKHV, bias=bias,
+        mask=_with_causal(mask, is_causal, q_len, k_len), normalization=normalization,
+        value_network=value_network, activation=activation, eps=eps,
+        dropout_rate=dropout_rate, dropout_seed=dropout_seed)
   if implementation == "reference":
     return reference.attention(
         query_BQHD, key_BKHD, value_BKHV, bias=bias,
