@@ -2,7 +2,8 @@
 
 `ops/sharded.py` runs blockwise and Pallas (interpreted here) inside `jax.shard_map` over
 the training mesh's batch axes; values and gradients (bias included, whose gradient sums
-over the shards) must match the single-device call, with dropout on.
+over the shards) must match the single-device call, with dropout on. The training loop
+sets the mesh in context, so a data x fsdp-sharded training run takes that path too.
 """
 
 import json
@@ -10,8 +11,10 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import pytest
 
+import numerics
 from hypernet_attention.ops import sharded
 from hypernet_attention.train import sharding
 
@@ -50,14 +53,55 @@ print(json.dumps(dict(
 """
 
 
-@pytest.mark.parametrize("implementation", ["blockwise", "pallas"])
-def test_four_devices_match_one(implementation):
+# Training: the SRAVEN smoke model (HYLA, dropout on) forced onto blockwise, 1 device and a
+# 2 x 2 (data x fsdp) mesh; records which batch axes `sharded` split the kernels over.
+TRAIN_SCRIPT = r"""
+import json
+import jax
+from experiments.configs import sraven
+from hypernet_attention.ops import sharded
+from hypernet_attention.train import loop
+
+seen = []
+batch_axes = sharded.batch_axes
+sharded.batch_axes = lambda batch: seen.append(batch_axes(batch)) or seen[-1]
+
+def losses(mesh, devices, steps=2):
+  config = sraven.get_config("model=hyla,size=smoke")
+  with config.unlocked():
+    config.model.implementation = "blockwise"
+    config.mesh.update(mesh)
+  s = loop.setup(config, devices)
+  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  state = loop.init_state(config, s.init_fn, s.shardings)
+  seen.clear()  # Only the calls traced by the training step.
+  state, metrics = trainer.train_chunk(state, steps)
+  example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
+                           s.objective.source.example(config.batch_size))
+  return (list(seen), [float(x) for x in jax.device_get(metrics["loss"])],
+          config.batch_size * example.shape[1])
+
+axes_one, one, tokens = losses(dict(data=1, fsdp=1), jax.devices()[:1])
+axes_four, four, _ = losses(dict(data=2, fsdp=2), jax.devices())
+print(json.dumps(dict(one=one, four=four, tokens=tokens, axes_one=axes_one,
+                      axes_four=axes_four)))
+"""
+
+
+def _run(script, *args):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", SCRIPT, implementation], env=env,
+  env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + (
+      os.pathsep + env.get("PYTHONPATH", ""))
+  proc = subprocess.run([sys.executable, "-c", script, *args], env=env,
                         capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("implementation", ["blockwise", "pallas"])
+def test_four_devices_match_one(implementation):
+  result = _run(SCRIPT, implementation)
   assert result["devices"] == 4
   # Each device runs the same per-example arithmetic; only dbias sums shards in another order.
   assert max(result["errors"]) < 1e-5, result
@@ -67,3 +111,14 @@ def test_four_devices_match_one(implementation):
 
 def test_batch_axes_match_training_mesh():
   assert sharded.BATCH_AXES == sharding.BATCH_AXES
+
+
+def test_sharded_training_runs_kernels_per_device_and_matches_one_device():
+  result = _run(TRAIN_SCRIPT)
+  # Traced under the loop's mesh: every attention call split over both batch axes.
+  assert result["axes_four"] and all(a == ["data", "fsdp"] for a in result["axes_four"]), result
+  assert result["axes_one"] and all(a == [] for a in result["axes_one"]), result
+  # Per-example arithmetic is the same; the batch sums of loss and gradients (over
+  # batch x tokens terms) run in another order: numerics' worst-case reordering bound.
+  bound = numerics.error_bound(0.0, result["tokens"], jnp.float32)
+  assert numerics.rel_err(result["four"], result["one"]) < bound, result

@@ -132,8 +132,14 @@ class Trainer:
     """`length` steps; returns the new state and per-step metrics {name: (length,)}.
 
     Host source: the iterator advances by exactly `length` batches, so at a chunk end its
-    position matches `state.step` (what a checkpoint there records).
+    position matches `state.step` (what a checkpoint there records). Traced and run with
+    the mesh in context (`jax.set_mesh`), so the tiled attention kernels run per device
+    on their batch shard (`ops/sharded.py`) instead of being gathered.
     """
+    with jax.set_mesh(self.mesh):
+      return self._train_chunk(state, length)
+
+  def _train_chunk(self, state, length: int):
     if self.source.on_device:
       return self._train_chunk_jit(state, length)
     per_step, batch = [], self._next_batch()
@@ -198,8 +204,9 @@ class Trainer:
   def evaluate(self, params) -> dict[str, float]:
     """Mean metrics on a fixed set of `eval.num_problems` problems per split (and what
     the objective derives from them)."""
-    results = jax.device_get(self._eval_jit(params) if self.source.on_device
-                             else self._host_evaluate(params))
+    with jax.set_mesh(self.mesh):  # As in `train_chunk`.
+      results = jax.device_get(self._eval_jit(params) if self.source.on_device
+                               else self._host_evaluate(params))
     return {f"{split}/{k}": float(v) for split, ms in results.items()
             for k, v in self.objective.finalize(ms).items()}
 
@@ -280,9 +287,11 @@ def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
 
 
 def init_state(config, init_fn, shardings) -> state_lib.TrainState:
-  """A fresh state, materialized directly with its shardings (never whole on one device)."""
+  """A fresh state, materialized directly with its shardings (never whole on one device),
+  traced with their mesh in context as the train step is (`Trainer.train_chunk`)."""
   init = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)
-  return init(jax.random.fold_in(jax.random.key(config.seed), 0))
+  with jax.set_mesh(jax.tree.leaves(shardings)[0].mesh):
+    return init(jax.random.fold_in(jax.random.key(config.seed), 0))
 
 
 @contextlib.contextmanager
