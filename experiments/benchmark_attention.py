@@ -47,6 +47,8 @@ def main():
               jax=jax.__version__, batch=args.batch, heads=args.heads,
               head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
               repeats=args.repeats, max_temp_gb=args.max_temp_gb)
+  if backend == "cpu":
+    meta.update(benchmark.host_cpu())
   print(json.dumps(meta))
   rows = benchmark.run(
       [int(t) for t in args.seq_lens.split(",")], names, batch=args.batch, heads=args.heads,
