@@ -2,6 +2,7 @@ r"""Training throughput: optimizer steps per second of the real train step, per 
 
   python experiments/benchmark_training.py --experiment=sraven --size=paper \
       --models=softmax,linear,hyla --steps=200
+  (add e.g. hyla@model.implementation=reference to time one model with its own override)
 
 Builds each config exactly as `sraven_scaling.py` / `fuzzy_logic.py` would (same mesh, same
 jitted `lax.scan` chunk with on-device data generation and dropout), compiles all of them,
@@ -48,7 +49,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--experiment", default="sraven", choices=sorted(registry.EXPERIMENTS))
   parser.add_argument("--size", default="paper")
-  parser.add_argument("--models", default="softmax,linear,hyla")
+  parser.add_argument("--models", default="softmax,linear,hyla",
+                      help="comma-separated presets; 'preset@key=value' adds an override "
+                      "for that model only, e.g. hyla@model.implementation=reference")
   parser.add_argument("--steps", type=int, default=200, help="steps per timed chunk")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--config_overrides", default="",
@@ -60,14 +63,17 @@ def main():
   args = parser.parse_args()
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
-  configs = [load_config(args.experiment, f"model={m},size={args.size}", args.config_overrides)
+  configs = [load_config(args.experiment, f"model={m.split('@')[0]},size={args.size}",
+                         ",".join(o for o in (args.config_overrides, *m.split("@")[1:]) if o))
              for m in models]
   pipeline = None
   if args.experiment == "c4_lm":
     configs = [c4.prepare_config(c, args.data_dir) for c in configs]
     pipeline = benchmark.input_tokens_per_second(configs[0])
-  rows = benchmark.train_steps_per_second(configs, steps=args.steps, repeats=args.repeats)
-  for row in rows:
+  rows = benchmark.train_steps_per_second(configs, steps=args.steps, repeats=args.repeats,
+                                         labels=models)
+  for row, model in zip(rows, models):
+    row["label"] = model
     row["mfu"] = benchmark.mfu(row, args.peak_tflops)
     print(json.dumps(row), flush=True)
   print(f"\n| experiment | size | model | params | batch | steps/s | step time / {models[0]}'s "
@@ -75,7 +81,7 @@ def main():
         + (" tokens/s | MFU |" if pipeline else ""))
   print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pipeline else ""))
   for r in rows:
-    print(f"| {r['experiment']} | {args.size} | {r['model']} | {r['params']:,} | "
+    print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | "
           f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | "
           f"{r['problems_per_s']:.3g} | "
           f"{r['compile_s']:.1f} |" + (

@@ -58,21 +58,23 @@ def _prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
 
 
 def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, steps: int = 200,
-                           repeats: int = 3, log=print) -> list[dict[str, Any]]:
+                           repeats: int = 3, labels: Sequence[str] | None = None,
+                           log=print) -> list[dict[str, Any]]:
   """Median steps/s per config over `repeats` rounds of one `steps`-step chunk each.
 
   The configs are compiled first, then timed interleaved (A, B, C, A, B, C, ...), so a
   slow phase of a shared machine hits every model alike. `step_time_ratio` is the median
   over rounds of the config's chunk time / the first config's chunk time in that round.
+  `labels` (default: the attention presets) name the configs in the progress lines.
   """
+  labels = labels or [c.model.attention for c in configs]
   prepared = [_prepare(c, steps) for c in configs]
   times = [[] for _ in prepared]
   for r in range(repeats):
     for p, t in zip(prepared, times):
       t.append(p.run_chunk(steps))
     log(f"round {r + 1}/{repeats}: " + ", ".join(
-        f"{p.config.model.attention} {steps / t[-1]:.3g}" for p, t in zip(prepared, times))
-        + " steps/s")
+        f"{label} {steps / t[-1]:.3g}" for label, t in zip(labels, times)) + " steps/s")
   return [_row(p, steps, t, times[0]) for p, t in zip(prepared, times)]
 
 
