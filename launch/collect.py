@@ -7,7 +7,9 @@ grouped into cells by what varies across the sweep apart from the seed and the o
 grid (`HPARAMS`): for Table A1 a cell is a method (attention preset, + MoE). In each cell,
 each grid setting's selection metric is averaged over its finished seeds and the best
 setting is reported: its OOD metric x100, mean +- standard error over seeds (s.e. = sample
-std / sqrt(n); one seed has none), beside the paper's Table A1 number.
+std / sqrt(n); one seed has none), beside the paper's Table A1 number. Every row is also
+compared with softmax attention seed by seed (`paired`): a seed fixes the held-out split,
+so the paired difference is free of the split's variance.
 
 Selection (--select): `ood` picks the setting by the OOD metric itself, as the paper did
 (so the reported OOD number is optimistically biased: it is the best of the grid on the
@@ -81,6 +83,21 @@ class Cell:
   test: Stat
   seeds: tuple[int, ...]
   paper: Optional[tuple[float, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A row minus the baseline row, seed by seed, on the seeds both have.
+
+  A seed fixes the held-out split, the data order and the initialization, so the two runs of
+  one seed share their split: pairing takes the split's variance (large on these tasks) out
+  of the comparison, which unpaired error bars cannot.
+  """
+  label: str
+  seeds: tuple[int, ...]
+  diff: Stat  # OOD metric x100, row minus baseline.
+  wins: int  # Seeds where the row scores above the baseline.
+  p_value: float  # Two-sided paired t-test (scipy.stats.ttest_rel); nan below 2 seeds.
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -169,6 +186,40 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
   return cells
 
 
+def paired(cells: Sequence[Cell], baseline: tuple = ("softmax", False)) -> list[Paired]:
+  """Every other row against the `baseline` row (Table A1's softmax attention)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  base = next((c for c in cells if c.key == baseline), None)
+  if base is None:
+    return []
+  base_ood = dict(zip(base.seeds, base.ood.values))
+  out = []
+  for c in cells:
+    seeds = tuple(s for s in c.seeds if s in base_ood and c is not base)
+    if not seeds:
+      continue
+    row = dict(zip(c.seeds, c.ood.values))
+    diffs = [row[s] - base_ood[s] for s in seeds]
+    p_value = (float(stats.ttest_rel([row[s] for s in seeds], [base_ood[s] for s in seeds])
+                     .pvalue) if len(seeds) > 1 else float("nan"))
+    out.append(Paired(c.label, seeds, Stat.of(np.asarray(diffs) / 100),
+                      sum(d > 0 for d in diffs), p_value))
+  return out
+
+
+def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
+  lines = [f"Paired by seed against {baseline} (same seed = same held-out split): OOD "
+           f"{metric} x100 of the row minus {baseline}'s, mean ± s.e. over the seeds both "
+           "have; p is a two-sided paired t-test (with 3 seeds only a large, consistent "
+           "difference reaches p < 0.05).", "",
+           "| row | seeds | difference | row ahead in | p |", "|---|---|---|---|---|"]
+  for q in pairs:
+    p = "" if math.isnan(q.p_value) else f"{q.p_value:.3f}"
+    lines.append(f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | "
+                 f"{p} |")
+  return "\n".join(lines)
+
+
 def missing_jobs(root: str, sweep_name: str) -> list[str]:
   """The sweep's points with no summary.json in `<root>/<point name>`."""
   points = sweeps.load(sweep_name).get_sweep()
@@ -236,6 +287,9 @@ def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
     raise ValueError(f"no finished run (summary.json) under {root!r}")
   metric = registry.get(runs[0].config["experiment"]).metric
   text = markdown(cells, select, metric)
+  pairs = paired(cells)
+  if pairs:
+    text += "\n\n" + paired_markdown(pairs, "softmax attention", metric)
   unfinished = [os.path.relpath(r.workdir, root) for r in runs if r.summary is None]
   missing = missing_jobs(root, sweep_name) if sweep_name else []
   finished = [r for r in runs if r.summary is not None]

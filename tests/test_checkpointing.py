@@ -1,6 +1,7 @@
 """Restore safety: mismatches are errors that move nothing, only unreadable steps are
 quarantined, and the read-only `restore_params` never writes."""
 
+import logging
 import os
 import shutil
 
@@ -66,10 +67,14 @@ def test_truncated_array_files_are_quarantined(run, tmp_path):
   assert os.listdir(os.path.join(workdir, "corrupt_checkpoints"))[0].startswith("8-")
 
 
-def test_restore_params_is_read_only_and_exact(run):
+def test_restore_params_is_read_only_and_exact(run, caplog):
   workdir, summary = run
   before = tl.snapshot(workdir)
-  latest = restore.restore_params(workdir)
+  with caplog.at_level(logging.INFO):
+    latest = restore.restore_params(workdir)
+  # Read-only is what was asked for: Orbax's warnings saying so are not shown to users.
+  assert not [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.WARNING and "orbax" in r.pathname]
   assert latest.step == 8 and latest.config.experiment == "sraven"
   want, got = tl.flat_params(summary["state"].params), tl.flat_params(latest.params)
   assert want.keys() == got.keys()

@@ -83,6 +83,17 @@ def test_test_selection_ignores_ood(root):
   assert cells["softmax"].setting["optimizer.learning_rate"] == 3e-3  # 0.975 > 0.955.
 
 
+def test_rows_are_paired_with_softmax_by_seed(root):
+  cells = collect.tabulate(collect.load_runs(root), "ood")
+  [hyla] = collect.paired(cells)
+  # HYLA's best (lr 3e-3) minus softmax's best (lr 1e-3), seeds 0 and 1: 88-60, 70-50.
+  assert hyla.label == "HYLA" and hyla.seeds == (0, 1) and hyla.wins == 2
+  assert hyla.diff.mean == pytest.approx(24.0) and hyla.diff.se == pytest.approx(_se([28, 20]))
+  # t = 24 / 4 = 6 with 1 degree of freedom (a Cauchy law): p = 1 - 2 atan(6) / pi.
+  assert hyla.p_value == pytest.approx(1 - 2 * math.atan(6.0) / math.pi)
+  assert collect.paired([c for c in cells if c.key[0] != "softmax"]) == []
+
+
 def test_single_seed_has_no_standard_error(tmp_path):
   _write_run(tmp_path, "linear", 1e-3, 0, (0.5, 0.6))
   [cell] = collect.tabulate(collect.load_runs(str(tmp_path)))
@@ -105,6 +116,7 @@ def test_report_writes_files_and_lists_missing_jobs(root, monkeypatch):
                      "- model=hyla,size=paper,optimizer.learning_rate=0.003,"
                      "optimizer.weight_decay=0.1,seed=2"]
   assert "| HYLA | 2 (0,1) | lr 0.003, wd 0.1, warmup 100 (2) | 79.00 ± 9.00 |" in text
+  assert "| HYLA | 2 | 24.00 ± 4.00 | 2 of 2 |" in text
   assert "9 finished runs" in text and f"{9 * 90 / 3600:.2f} h (run_local)" in text
   with open(os.path.join(out, "table_a1.csv")) as f:
     rows = list(csv.DictReader(f))

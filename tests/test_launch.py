@@ -31,6 +31,7 @@ EXPECTED_JOBS = {
     "table_a1_sraven": 13 * SRAVEN_GRID * SEEDS,  # 10 rows + 3 MoE rows.
     "table_a1_fuzzy": 13 * FUZZY_GRID * SEEDS,
     "table_a1_fuzzy_local": 3 * SEEDS,  # One setting: what a 2-core CPU affords.
+    "table_a1_sraven_local": 3 * SEEDS,
     "fig2c_fuzzy": 3 * 4 * 3 * FUZZY_GRID * SEEDS,  # models x N x held-out fraction.
     "fig4_sraven_scaling": 3 * 3 * 3 * 3 * SRAVEN_GRID * SEEDS,  # models x width x depth x data.
     "fig5c_heads_sraven": 3 * 5 * SRAVEN_GRID * SEEDS,  # models x H in {1, 2, 4, 8, 16}.

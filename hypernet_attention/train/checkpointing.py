@@ -158,6 +158,19 @@ class CheckpointWriteError(RuntimeError):
   """A save failed (full disk, lost permissions, ...); finalized steps are untouched."""
 
 
+@contextlib.contextmanager
+def _without_read_only_warning():
+  """Orbax warns "Given directory is read only" on every read-only open, which is what
+  probing and restoring ask for: drop that one WARNING, keep every other."""
+  drop = lambda record: not str(record.msg).startswith("Given directory is read only")
+  logger = logging.get_absl_logger()
+  logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    logger.removeFilter(drop)
+
+
 class Checkpointer:
   """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
@@ -170,13 +183,14 @@ class Checkpointer:
     self.workdir, self.read_only = workdir, read_only
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=save_every, max_to_keep=keep, create=not read_only,
-        read_only=read_only,
+        save_interval_steps=0 if read_only else save_every,
+        max_to_keep=None if read_only else keep, create=not read_only, read_only=read_only,
         # A kill during a save leaves `<step>.orbax-checkpoint-tmp*`; remove it on start.
         cleanup_tmp_directories=not read_only, enable_async_checkpointing=use_async)
-    self.manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
+    with _without_read_only_warning():
+      self.manager = ocp.CheckpointManager(
+          self.directory, options=options,
+          item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
 
   def save(self, step: int, state: Any, *, force: bool = False,
            data_iterator: Any = None) -> bool:

@@ -17,6 +17,7 @@ SWEEPS = (
     "table_a1_sraven",
     "table_a1_fuzzy",
     "table_a1_fuzzy_local",
+    "table_a1_sraven_local",
     "fig2c_fuzzy",
     "fig4_sraven_scaling",
     "fig5c_heads_sraven",
