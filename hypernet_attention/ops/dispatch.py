@@ -42,13 +42,14 @@ REFERENCE_MAX_PAIRS = 24 * 24
 # (T=36, B=128, H=16, d=4, `experiments/benchmark_training.py`): the reference ran 0.86
 # steps/s, blockwise 0.74 (softmax 0.98 / 1.03 in the same runs). Both draw the same hash
 # mask; the tiles' overhead is not repaid at this length. So the synthetic tasks' lengths
-# (SRAVEN 36, fuzzy logic 33) train on the reference, longer sequences on blockwise.
+# (SRAVEN 36, fuzzy logic 33) train off the tiles (the reference, or `factored` for
+# HYLA on CPU), longer sequences on blockwise.
 REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # Where `auto` would take the reference on CPU, an MLP value network with per-pair
 # normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
 # it does D times the reference's value-network multiply-adds, but as big matmuls. Measured
-# at D = 4 (SRAVEN paper size) and D = 2 (fuzzy logic paper size); see README "Training
-# throughput".
+# in the real train step at D = 4 (SRAVEN paper size: HYLA/softmax step time 1.38 -> 1.17)
+# and D = 2 (fuzzy logic: 1.29 -> 1.12); README "Training throughput". Wider heads untested.
 FACTORED_MAX_HEAD_DIM = 8
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.
