@@ -34,6 +34,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from hypernet_attention.train import checkpointing
 from hypernet_attention.train import registry
 from launch import jobs
 from launch import run_local
@@ -41,8 +42,9 @@ from launch import sweeps
 from launch.sweeps import common
 
 HPARAMS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimizer.warmup_steps")
-# Keys that never define a cell: the seed, and what may differ between a run and its resume.
-IGNORED = ("seed", "stop_after_steps", "mesh.")
+# Keys that never define a cell: the seed, and what may differ between a run and its resume
+# (runs written before such a key existed lack it).
+IGNORED = ("seed",) + checkpointing.RESUME_FREE_KEYS
 SELECTIONS = ("ood", "test")
 
 
@@ -137,7 +139,7 @@ def load_runs(root: str) -> list[Run]:
 def _cell_keys(runs: Sequence[Run]) -> list[str]:
   """Config keys that vary across the runs, other than the seed, the grid and resume keys."""
   keys = sorted(set().union(*(r.config for r in runs)))
-  return [k for k in keys if k not in HPARAMS and not k.startswith(IGNORED)
+  return [k for k in keys if k not in HPARAMS and k.split(".")[0] not in IGNORED
           and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
 
 

@@ -31,6 +31,8 @@ def _write_run(root, attention, lr, seed, result=None):
             "mesh": {"data": -1}, "task": {"num_examples": 32, "split_seed": None},
             "model": {"attention": attention, "feed_forward": "gelu_mlp"},
             "optimizer": {"learning_rate": lr, "weight_decay": 0.1, "warmup_steps": 100}}
+  if seed != 1:  # Runs written before a resume-free key existed lack it: same cells.
+    config["debug_nans"] = seed == 2
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config, f)
   if result is not None:
