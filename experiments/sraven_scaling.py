@@ -1,6 +1,6 @@
 r"""Trains one SRAVEN model (one point of the paper's scaling grid); see configs/sraven.py.
 
-With no flags: HYLA at `size=local` (~15 min on a 2-core CPU) into ./workdirs/sraven_<time>:
+With no flags: HYLA at `size=local` (~10 min on a 2-core CPU) into ./workdirs/sraven_<time>:
   python experiments/sraven_scaling.py
 Paper size on a GPU/TPU:
   python experiments/sraven_scaling.py \

@@ -34,12 +34,12 @@ SIZES = ("paper", "local", "smoke")
 # 30 held out; 27 tokens) and a smaller model (2 layers, D=64, 8 heads, qk/v width 32,
 # MLP 128; 52,024 params), batch 64, 12,000 steps (768k problems), 4,096 eval problems.
 # Chosen by measurement on a 2-core CPU (paper size runs at only a few steps/s there).
-# Measured (seed 0, 2-core CPU, `python experiments/sraven_scaling.py
-# --config=experiments/configs/sraven.py:model=<m>,size=local`): test / OOD accuracy
-# HYLA 13.8% / 10.6% (9.6 min), linear 18.8% / 14.9% (4.5 min), softmax 7.6% / 6.4%
-# (4.6 min), against ceilings of 91.6% / 91.2%. The models are in the steep part of their
-# learning curves, so single seeds are noisy: HYLA reached 20.0% / 16.4% with only
-# floating-point rounding changed. Softmax is clearly slowest; compare over seeds.
+# Measured (3 seeds, 2-core AMD EPYC, `python -m launch.run_local
+# --sweep=table_a1_sraven_local`; README "Results on a 2-core CPU"): OOD accuracy softmax
+# 5.2 +- 0.7%, linear 13.8 +- 1.7%, HYLA 4.5 +- 1.0% against a ~91% ceiling, 5-8 CPU-min per
+# run. All models are at the start of their learning curves: linear attention separates,
+# HYLA and softmax do not (with 2 features softmax is ahead, not significantly). Compare
+# HYLA with softmax at paper size on an accelerator.
 LOCAL = dict(
     task=dict(num_features=3, num_values=8),
     model=dict(num_layers=2, emb_dim=64, num_heads=8, qk_dim=32, v_dim=32, mlp_dim=128),
