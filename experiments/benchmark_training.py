@@ -29,6 +29,8 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention.train import console  # noqa: E402
+console.import_tensorflow_quietly()  # seqio (c4) loads TensorFlow, which logs natively.
 from hypernet_attention.tasks import c4  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402

@@ -340,3 +340,25 @@ def test_auto_on_faked_gpu_backend_runs_blockwise(monkeypatch):
   dispatch.attention(q, k, v, is_causal=True, normalization="rms_head",
                      value_network="mlp", implementation="auto")
   assert calls == ["blockwise"]
+
+
+@pytest.mark.parametrize("bias_shape", [(1, 3, 5, 7), (1, 1, 5, 7), (4, 3, 5, 7), (5, 7),
+                                        (4, 1, 1, 7)])
+def test_add_bias_gradient_is_the_broadcast_sum(bias_shape):
+  """`reference.add_bias` sums a batch-shared bias's gradient as a matmul on CPU: it must
+  equal the plain sum over every broadcast axis (numpy, float64)."""
+  rng = np.random.default_rng(0)
+  scores = jnp.asarray(rng.standard_normal((4, 3, 5, 7)), jnp.float32)
+  bias = jnp.asarray(rng.standard_normal(bias_shape), jnp.float32)
+  weight = rng.standard_normal((4, 3, 5, 7))
+  loss = lambda s, b: jnp.sum(jnp.asarray(weight, jnp.float32) * reference.add_bias(s, b))
+  d_scores, d_bias = jax.jit(jax.grad(loss, argnums=(0, 1)))(scores, bias)
+  lead = weight.ndim - len(bias_shape)
+  axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(bias_shape) if n == 1)
+  expected = weight.sum(axis=axes, keepdims=True).reshape(bias_shape)
+  assert d_bias.shape == bias_shape
+  np.testing.assert_allclose(d_scores, weight.astype(np.float32), rtol=0, atol=0)
+  # A sum of 4..12 float32 terms of size ~1: a few roundings.
+  np.testing.assert_allclose(np.asarray(d_bias, np.float64), expected, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(reference.add_bias(scores, bias),
+                             np.asarray(scores) + np.asarray(bias), rtol=0, atol=0)
