@@ -65,9 +65,12 @@ def main():
   args = parser.parse_args()
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
-  configs = [load_config(args.experiment, f"model={m.split('@')[0]},size={args.size}",
-                         ",".join(o for o in (args.config_overrides, *m.split("@")[1:]) if o))
-             for m in models]
+  try:  # Bad presets, sizes or overrides: one line, before any work.
+    configs = [load_config(args.experiment, f"model={m.split('@')[0]},size={args.size}",
+                           ",".join(o for o in (args.config_overrides, *m.split("@")[1:]) if o))
+               for m in models]
+  except (ValueError, KeyError, AttributeError) as e:
+    parser.error(str(e))
   pipeline = None
   if args.experiment == "c4_lm":
     configs = [c4.prepare_config(c, args.data_dir) for c in configs]

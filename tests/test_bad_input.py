@@ -117,6 +117,12 @@ CLI_CASES = {
     "benchmark_unknown_experiment": (
         [os.path.join("experiments", "benchmark_training.py"), "--experiment=nope"],
         "invalid choice: 'nope'", 2),
+    "benchmark_unknown_preset": (
+        [os.path.join("experiments", "benchmark_training.py"), "--models=softmax,nope"],
+        "benchmark_training.py: error: unknown attention preset 'nope'", 2),
+    "profile_bad_size": (
+        [os.path.join("experiments", "profile_step.py"), "--size=huge"],
+        "profile_step.py: error: config argument size='huge' is not allowed", 2),
 }
 
 
@@ -126,7 +132,8 @@ def cli_results(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("cli") / "wd"
 
   def run(argv):
-    if not any(a.startswith("--workdir") for a in argv) and "benchmark" not in argv[0]:
+    no_workdir = argv[0].endswith(("benchmark_training.py", "profile_step.py"))
+    if not no_workdir and not any(a.startswith("--workdir") for a in argv):
       argv = argv + [f"--workdir={workdir}"]
     return subprocess.run([sys.executable, *argv], env=tl.subprocess_env(), cwd=tl.REPO,
                           capture_output=True, text=True, timeout=300)

@@ -49,7 +49,8 @@ class _Prepared:
     return time.perf_counter() - start
 
 
-def _prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
+def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
+  """Builds `config`'s trainer and state and runs one chunk (compiling it)."""
   s = loop.setup(config)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   prepared = _Prepared(config, s, trainer, loop.init_state(config, s.init_fn, s.shardings))
@@ -68,7 +69,7 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
   `labels` (default: the attention presets) name the configs in the progress lines.
   """
   labels = labels or [c.model.attention for c in configs]
-  prepared = [_prepare(c, steps) for c in configs]
+  prepared = [prepare(c, steps) for c in configs]
   times = [[] for _ in prepared]
   for r in range(repeats):
     for p, t in zip(prepared, times):

@@ -150,6 +150,13 @@ class Trainer:
         batch = self._next_batch()  # Read and transfer while the device works.
     return state, jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
 
+  def compiled_chunk_text(self, state, length: int) -> str:
+    """Optimized HLO text of the scanned `length`-step chunk (on-device data sources)."""
+    if not self.source.on_device:
+      raise ValueError(f"experiment {self.config.experiment!r} reads host-side data, so it "
+                       "has no scanned chunk; allowed: on-device (synthetic) experiments.")
+    return self._train_chunk_jit.lower(state, length).compile().as_text()
+
   def _batch_sums(self, params, batch):
     inputs, _ = self.objective.encode(batch)
     outputs = self.model.apply({"params": params}, inputs, deterministic=True)

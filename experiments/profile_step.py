@@ -1,0 +1,57 @@
+r"""Where one model's train step spends its time, per JAX op (CPU), from a profiler trace.
+
+  python experiments/profile_step.py --experiment=sraven --size=paper --model=hyla
+  python experiments/profile_step.py --model=hyla@model.implementation=reference --top=40
+
+Builds the config as `benchmark_training.py` does, compiles and runs one chunk, traces a
+second chunk with `jax.profiler` and prints the ops that took the most time per step, summed
+over layers, forward (FWD) and backward (BWD) apart (`hypernet_attention/train/profiling.py`).
+The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from hypernet_attention.train import console  # noqa: E402
+console.import_tensorflow_quietly()
+from hypernet_attention.train import config_lib  # noqa: E402
+from hypernet_attention.train import profiling  # noqa: E402
+from hypernet_attention.train import registry  # noqa: E402
+
+ON_DEVICE = ("sraven", "fuzzy_logic")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--experiment", default="sraven", choices=ON_DEVICE)
+  parser.add_argument("--size", default="paper")
+  parser.add_argument("--model", default="hyla",
+                      help="attention preset; 'preset@key=value,...' adds config overrides")
+  parser.add_argument("--steps", type=int, default=10, help="steps in the traced chunk")
+  parser.add_argument("--top", type=int, default=25, help="ops to print")
+  parser.add_argument("--trace_dir", default=None, help="default: a fresh temporary dir")
+  args = parser.parse_args()
+  if args.steps < 1:
+    parser.error(f"--steps={args.steps} must be a positive integer")
+  preset, _, overrides = args.model.partition("@")
+  try:  # Bad config arguments or overrides: one line, before any work.
+    config = registry.get(args.experiment).get_config(f"model={preset},size={args.size}")
+    for item in (o for o in overrides.split(",") if o.strip()):
+      key, value = (t.strip() for t in item.split("=", 1))
+      config_lib.set_dotted(config, key, value)
+  except (ValueError, KeyError, AttributeError) as e:
+    parser.error(str(e))
+  profile = profiling.profile_train_step(config, args.steps, args.trace_dir)
+  print(f"| ms/step | share | output shape | op (layers summed) |\n|---|---|---|---|")
+  for row in profile.ops[:args.top]:
+    print(f"| {row.ms_per_step:.2f} | {row.ms_per_step / profile.ms_per_step:.1%} | "
+          f"{row.shape} | {row.op} |")
+  print(f"Result: {args.experiment} {args.size} {args.model}: {profile.ms_per_step:.1f} ms "
+        f"per step in {len(profile.ops)} ops; trace in {profile.trace_dir}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,98 @@
+"""Where a train step's time goes, per JAX op: a `jax.profiler` trace mapped to op names.
+
+XLA:CPU's trace names each executed HLO instruction (`ynn_fusion.33`, `dot.12`), which says
+little. The compiled HLO text carries each instruction's JAX `op_name` metadata (e.g.
+`.../transpose(jvp(Transformer))/layers_2/attention/relative_position/hn,qkn->hqk`), so this
+module joins the two and sums the time per op over layers. This is how issue 13's profile
+found the T5 bias gradient's slow batch reduction. CPU only: on GPU the trace names CUDA
+kernels; open the same trace directory in TensorBoard's profile plugin there.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+
+import jax
+import ml_collections
+
+from hypernet_attention.train import benchmark
+
+_INSTRUCTION = re.compile(r"\s*%?(\S+) = (\S+?)(?:\{[^}]*\})? \w+\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class OpTime:
+  """Time per train step of one JAX op, summed over layers (`layers_N` -> `layers_L`)."""
+  op: str        # op_name, `FWD`/`BWD` for the model's forward and backward pass.
+  shape: str     # Output shape of the (first) HLO instruction, e.g. f32[128,16,36,36].
+  ms_per_step: float
+  instructions: int  # HLO instructions summed into this row.
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  ms_per_step: float       # All HLO instructions together.
+  ops: list[OpTime]        # Largest first.
+  trace_dir: str
+
+
+def _op_key(op_name: str) -> str:
+  op = re.sub(r"layers_\d+", "layers_L", op_name)
+  op = re.sub(r"^.*?/while/body/(closed_call/)?", "", op)
+  return op.replace("transpose(jvp(Transformer))", "BWD").replace("jvp(Transformer)", "FWD")
+
+
+def instruction_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """{HLO instruction name: (output shape, op key)} from compiled HLO text."""
+  table = {}
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match:
+      op_name = _OP_NAME.search(line)
+      name = match.group(1)
+      key = _op_key(op_name.group(1)) if op_name else f"({name.split('.')[0]}, no op name)"
+      table[name] = (match.group(2), key)
+  return table
+
+
+def _event_durations_us(trace_dir: str) -> collections.Counter:
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+  if not paths:
+    raise FileNotFoundError(f"no perfetto trace under {trace_dir}")
+  with gzip.open(max(paths, key=os.path.getmtime)) as f:
+    events = json.load(f)["traceEvents"]
+  durations = collections.Counter()
+  for event in events:
+    if event.get("ph") == "X" and "dur" in event:
+      durations[event["name"]] += event["dur"]
+  return durations
+
+
+def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
+                       trace_dir: str | None = None) -> Profile:
+  """Compiles `config`'s train chunk, runs it once, then traces one `steps`-step chunk."""
+  prepared = benchmark.prepare(config, steps)
+  trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    prepared.run_chunk(steps)
+  with jax.set_mesh(prepared.trainer.mesh):
+    hlo = prepared.trainer.compiled_chunk_text(prepared.state, steps)
+  ops = instruction_ops(hlo)
+  per_op, shapes, counts = collections.Counter(), {}, collections.Counter()
+  for name, micros in _event_durations_us(trace_dir).items():
+    if name in ops:
+      shape, key = ops[name]
+      per_op[key] += micros
+      shapes.setdefault(key, shape)
+      counts[key] += 1
+  rows = [OpTime(key, shapes[key], micros / steps / 1e3, counts[key])
+          for key, micros in per_op.most_common()]
+  return Profile(sum(r.ms_per_step for r in rows), rows, trace_dir)

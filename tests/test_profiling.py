@@ -1,0 +1,33 @@
+"""The per-op step profile: HLO names joined to JAX op names, and a real traced step."""
+
+from hypernet_attention.train import profiling
+from hypernet_attention.train import registry
+
+HLO = """
+ENTRY %main {
+  %ynn_fusion.33 = f32[16,36]{1,0} fusion(%a, %b), kind=kCustom, metadata={op_name="jit(chunk)/while/body/closed_call/transpose(jvp(Transformer))/layers_3/attention/relative_position/hn,qkn->hqk/dot_general" stack_frame_id=8}
+  %dot.7 = f32[128,16,36,4]{3,2,1,0} dot(%c, %d), metadata={op_name="jit(chunk)/while/body/jvp(Transformer)/layers_12/attention/bqhd,bkhd->bhqk/dot_general"}
+  %copy.2 = u32[4]{0} copy(%e)
+}
+"""
+
+
+def test_instruction_ops_maps_names_shapes_and_layers():
+  ops = profiling.instruction_ops(HLO)
+  assert ops["ynn_fusion.33"] == (
+      "f32[16,36]", "BWD/layers_L/attention/relative_position/hn,qkn->hqk/dot_general")
+  assert ops["dot.7"] == ("f32[128,16,36,4]",
+                          "FWD/layers_L/attention/bqhd,bkhd->bhqk/dot_general")
+  assert ops["copy.2"] == ("u32[4]", "(copy, no op name)")
+
+
+def test_profile_of_a_real_step_has_attention_forward_and_backward(tmp_path):
+  config = registry.get("fuzzy_logic").get_config("model=hyla,size=smoke")
+  profile = profiling.profile_train_step(config, steps=3, trace_dir=str(tmp_path))
+  times = [op.ms_per_step for op in profile.ops]
+  assert times == sorted(times, reverse=True) and times[0] > 0
+  assert abs(sum(times) - profile.ms_per_step) < 1e-6
+  attention = [op.op for op in profile.ops if "/attention/" in op.op]
+  assert any(op.startswith("FWD/layers_L/") for op in attention)
+  assert any(op.startswith("BWD/layers_L/") for op in attention)
+  assert list(tmp_path.rglob("*.trace.json.gz"))
