@@ -33,18 +33,8 @@ from hypernet_attention.train import console  # noqa: E402
 console.import_tensorflow_quietly()  # seqio (c4) loads TensorFlow, which logs natively.
 from hypernet_attention.tasks import c4  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
-from hypernet_attention.train import config_lib  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
-
-
-def load_config(experiment, arg, overrides):
-  """get_config(arg) with comma-separated dotted `key=value` overrides."""
-  config = registry.get(experiment).get_config(arg)
-  for item in (s for s in overrides.split(",") if s.strip()):
-    key, value = (t.strip() for t in item.split("=", 1))
-    config_lib.set_dotted(config, key, value)
-  return config
 
 
 def main():
@@ -66,8 +56,7 @@ def main():
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
   try:  # Bad presets, sizes or overrides: one line, before any work.
-    configs = [load_config(args.experiment, f"model={m.split('@')[0]},size={args.size}",
-                           ",".join(o for o in (args.config_overrides, *m.split("@")[1:]) if o))
+    configs = [benchmark.model_config(args.experiment, m, args.size, args.config_overrides)
                for m in models]
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))

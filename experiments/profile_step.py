@@ -17,9 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from hypernet_attention.train import console  # noqa: E402
 console.import_tensorflow_quietly()
-from hypernet_attention.train import config_lib  # noqa: E402
+from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
-from hypernet_attention.train import registry  # noqa: E402
 
 ON_DEVICE = ("sraven", "fuzzy_logic")
 
@@ -36,12 +35,8 @@ def main():
   args = parser.parse_args()
   if args.steps < 1:
     parser.error(f"--steps={args.steps} must be a positive integer")
-  preset, _, overrides = args.model.partition("@")
   try:  # Bad config arguments or overrides: one line, before any work.
-    config = registry.get(args.experiment).get_config(f"model={preset},size={args.size}")
-    for item in (o for o in overrides.split(",") if o.strip()):
-      key, value = (t.strip() for t in item.split("=", 1))
-      config_lib.set_dotted(config, key, value)
+    config = benchmark.model_config(args.experiment, args.model, args.size)
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   profile = profiling.profile_train_step(config, args.steps, args.trace_dir)

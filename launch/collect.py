@@ -197,8 +197,8 @@ def paired(cells: Sequence[Cell], baseline: tuple = ("softmax", False)) -> list[
   base_ood = dict(zip(base.seeds, base.ood.values))
   out = []
   for c in cells:
-    seeds = tuple(s for s in c.seeds if s in base_ood and c is not base)
-    if not seeds:
+    seeds = tuple(s for s in c.seeds if s in base_ood)
+    if c is base or not seeds:
       continue
     row = dict(zip(c.seeds, c.ood.values))
     diffs = [row[s] - base_ood[s] for s in seeds]

@@ -25,9 +25,28 @@ import jax
 import ml_collections
 import numpy as np
 
+from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
+from hypernet_attention.train import registry
 from hypernet_attention.train import state as state_lib
+
+
+def model_config(experiment: str, spec: str, size: str,
+                 overrides: str = "") -> ml_collections.ConfigDict:
+  """The config that `experiments/benchmark_training.py` and `profile_step.py` time.
+
+  `spec` is an attention preset, optionally with its own overrides after '@'
+  (`hyla@model.implementation=reference`); `overrides` (comma-separated dotted `key=value`
+  pairs) apply to every spec, before the spec's own. Bad presets, sizes or keys raise
+  ValueError / KeyError / AttributeError with a one-line message.
+  """
+  preset, *own = spec.split("@")
+  config = registry.get(experiment).get_config(f"model={preset},size={size}")
+  for item in (s for s in ",".join((overrides, *own)).split(",") if s.strip()):
+    key, value = (t.strip() for t in item.split("=", 1))
+    config_lib.set_dotted(config, key, value)
+  return config
 
 
 @dataclasses.dataclass
