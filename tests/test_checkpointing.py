@@ -11,6 +11,7 @@ import pytest
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 import train_testlib as tl
 
+from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
@@ -26,7 +27,7 @@ def run(tmp_path_factory):
 
 
 def _abstract_state(config):
-  return loop.setup(config).restore_target()
+  return build.setup(config).restore_target()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -83,8 +84,8 @@ def test_restore_params_is_read_only_and_exact(run, caplog):
   assert restore.restore_params(workdir, step=4).step == 4
   # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
   init = restore.restore_params(workdir, step=0)
-  s = loop.setup(init.config)
-  fresh = tl.flat_params(loop.init_state(init.config, s.init_fn, s.shardings).params)
+  s = build.setup(init.config)
+  fresh = tl.flat_params(build.init_state(init.config, s.init_fn, s.shardings).params)
   for k, v in tl.flat_params(init.params).items():
     np.testing.assert_array_equal(v, fresh[k], err_msg=k)
   assert tl.snapshot(workdir) == before

@@ -16,6 +16,7 @@ import pytest
 
 import numerics
 from hypernet_attention.ops import sharded
+from hypernet_attention.train import build
 from hypernet_attention.train import sharding
 
 SCRIPT = r"""
@@ -71,9 +72,9 @@ def losses(mesh, devices, steps=2):
   with config.unlocked():
     config.model.implementation = "blockwise"
     config.mesh.update(mesh)
-  s = loop.setup(config, devices)
+  s = build.setup(config, devices)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-  state = loop.init_state(config, s.init_fn, s.shardings)
+  state = build.init_state(config, s.init_fn, s.shardings)
   seen.clear()  # Only the calls traced by the training step.
   state, metrics = trainer.train_chunk(state, steps)
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],

@@ -21,6 +21,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights
+from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
@@ -184,7 +185,7 @@ from hypernet_attention.train import loop, restore
 config = tl.smoke("sraven", **{"eval.ceiling_problems": 0, "mesh.data": 2, "mesh.fsdp": 2})
 summary = loop.train_and_evaluate(config, sys.argv[2], devices=jax.devices())
 assert len(jax.devices()) == 4
-setup = loop.setup(config, jax.devices())
+setup = build.setup(config, jax.devices())
 live = restore.RestoredRun(sys.argv[2], 8, config, summary["state"].params, setup.model,
                            setup.objective)
 extract.extract_codes(live, num_problems=16, progress=False).save(sys.argv[3])

@@ -17,6 +17,7 @@ import pytest
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 import train_testlib as tl
 
+from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
@@ -235,7 +236,7 @@ def test_configs_are_locked_and_paper_sizes_match_the_paper():
   assert (config.model.emb_dim, config.model.num_heads, config.model.qk_dim,
           config.model.mlp_dim, config.model.num_layers) == (256, 32, 128, 512, 8)
   assert (config.batch_size, config.num_train_steps) == (128, 156_250)
-  count = lambda c: state_lib.count_params(loop.setup(c).abstract_state.params)  # noqa: E731
+  count = lambda c: state_lib.count_params(build.setup(c).abstract_state.params)  # noqa: E731
   # PAPER.md Sec. 2: exact parameter counts of the authors' models.
   assert count(tl.sraven_config.get_config("model=hyla,size=paper")) == 402_824
   fuzzy = tl.fuzzy_config.get_config("model=hyla,size=paper")

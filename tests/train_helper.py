@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from experiments.configs import sraven
+from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -40,8 +41,8 @@ def smoke_config(**mesh):
 
 def loss_curve(config, devices):
   """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`."""
-  s = loop.setup(config, devices)
-  state = loop.init_state(config, s.init_fn, s.shardings)
+  s = build.setup(config, devices)
+  state = build.init_state(config, s.init_fn, s.shardings)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(state, NUM_STEPS)
   return [float(x) for x in jax.device_get(metrics["loss"])]

@@ -25,6 +25,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
@@ -53,7 +54,7 @@ def model_config(experiment: str, spec: str, size: str,
 class _Prepared:
   """One config's trainer and state, compiled for chunks of `steps` steps."""
   config: ml_collections.ConfigDict
-  setup: loop.Setup
+  setup: build.Setup
   trainer: loop.Trainer
   state: Any
   compile_s: float = 0.0
@@ -70,9 +71,9 @@ class _Prepared:
 
 def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
   """Builds `config`'s trainer and state and runs one chunk (compiling it)."""
-  s = loop.setup(config)
+  s = build.setup(config)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-  prepared = _Prepared(config, s, trainer, loop.init_state(config, s.init_fn, s.shardings))
+  prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
   prepared.compile_s = prepared.run_chunk(steps)  # Compiles, then runs the chunk once.
   return prepared
 
@@ -145,7 +146,7 @@ def input_tokens_per_second(config: ml_collections.ConfigDict, seconds: float = 
                             ) -> float:
   """Tokens/s this process's host input pipeline delivers alone (no model), after the
   first batch; tokens = rows x row length of every feature-0 array read."""
-  s = loop.setup(config)
+  s = build.setup(config)
   if s.objective.source.on_device:
     raise ValueError(f"experiment {config.experiment!r} generates its data on device; "
                      "allowed: experiments with a host input pipeline (c4_lm).")

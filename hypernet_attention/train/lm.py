@@ -12,6 +12,7 @@ import ml_collections
 
 from hypernet_attention import decoding
 from hypernet_attention.tasks import c4
+from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
@@ -29,7 +30,7 @@ def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt:
   """Resolves the data (corpus, vocabulary) into `workdir`, trains, prints samples."""
   config = c4.prepare_config(config, workdir)
   summary = loop.train_and_evaluate(config, workdir)
-  built = loop.setup(config)
+  built = build.setup(config)
   texts = decoding.sample_text(
       built.model.config, summary["state"].params, _vocabulary(built.objective), prompt,
       num_tokens, temperature=temperature, seed=config.seed, num_samples=num_samples)

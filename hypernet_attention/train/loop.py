@@ -20,7 +20,6 @@ summary.json. Only process 0 writes logs and the summary.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -41,7 +40,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from hypernet_attention import transformer
+from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
@@ -49,16 +48,6 @@ from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
-
-
-def _check_intervals(config: ml_collections.ConfigDict) -> None:
-  for key in ("num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
-              "checkpoint_every_steps"):
-    if int(config[key]) <= 0:
-      raise ValueError(f"config.{key}={config[key]} must be positive")
-  if config.eval.num_problems % config.eval.batch_size:
-    raise ValueError(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
-                     f"config.eval.batch_size={config.eval.batch_size}")
 
 
 def _constrain_batch(tree: Any, mesh) -> Any:
@@ -238,69 +227,6 @@ def _first_nonfinite(chunks) -> Optional[int]:
   return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """Everything built from a config before any work: validated, nothing materialized."""
-  objective: objectives.Objective
-  model: nn.Module
-  tx: Any  # optax.GradientTransformation
-  mesh: jax.sharding.Mesh
-  init_fn: Any  # rng -> boxed TrainState
-  abstract_state: Any  # boxed TrainState of ShapeDtypeStructs (logical axes)
-  shardings: Any  # NamedSharding per leaf of the unboxed TrainState
-
-  def restore_target(self) -> Any:
-    """The abstract state with its shardings: what Orbax restores onto."""
-    return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state),
-                                                 self.shardings)
-
-
-def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
-  """Everything that validates input: objective, model, optimizer, mesh. No side effects.
-
-  Any problem with the config or the devices is a `config_lib.BadInput`.
-  """
-  try:
-    return _setup(config, devices)
-  except config_lib.BadInput:
-    raise
-  except ValueError as e:
-    raise config_lib.BadInput(str(e)) from e
-
-
-def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
-  config_lib.check_positive(config)
-  _check_intervals(config)
-  objective = objectives.build(config)
-  mesh = sharding.make_mesh(config.mesh, devices)
-  sharding.check_batch_size(config.batch_size, mesh)
-  sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
-  if not objective.source.on_device:  # Every process reads an equal slice.
-    data.local_batch_size(config.batch_size)
-    data.local_batch_size(config.eval.batch_size, "eval.batch_size")
-  unknown = sorted(set(config.eval.splits) - set(objective.source.splits))
-  if unknown:
-    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
-  example = jax.eval_shape(lambda b: objective.encode(b)[0],
-                           objective.source.example(config.batch_size))
-  model_config = config_lib.transformer_config(
-      {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
-  model = transformer.Transformer(model_config)
-  tx = state_lib.make_optimizer(config)
-  init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
-  abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
-  shardings = sharding.state_shardings(abstract_boxed, mesh)
-  return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
-
-
-def init_state(config, init_fn, shardings) -> state_lib.TrainState:
-  """A fresh state, materialized directly with its shardings (never whole on one device),
-  traced with their mesh in context as the train step is (`Trainer.train_chunk`)."""
-  init = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)
-  with jax.set_mesh(jax.tree.leaves(shardings)[0].mesh):
-    return init(jax.random.fold_in(jax.random.key(config.seed), 0))
-
-
 @contextlib.contextmanager
 def _debug_nans(enabled: bool):
   """`config.debug_nans`: JAX re-runs the first op that makes a NaN un-jitted and raises
@@ -313,12 +239,12 @@ def _debug_nans(enabled: bool):
     jax.config.update("jax_debug_nans", previous)
 
 
-def _restore_or_init(config, s: Setup, ckpt: checkpointing.Checkpointer, workdir: str,
+def _restore_or_init(config, s: build.Setup, ckpt: checkpointing.Checkpointer, workdir: str,
                      data_iterator=None):
   state = ckpt.restore_latest(s.restore_target(), data_iterator=data_iterator)
   if state is None:
     logging.info("New run in %s", workdir)
-    return init_state(config, s.init_fn, s.shardings)
+    return build.init_state(config, s.init_fn, s.shardings)
   logging.info("Resuming %s from step %d of %d", workdir, int(jax.device_get(state.step)),
                config.num_train_steps)
   return state
@@ -371,7 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   after checkpointing when a SIGTERM arrived.
   """
   start_time = time.time()
-  s = setup(config, devices)
+  s = build.setup(config, devices)
   try:
     checkpointing.check_workdir(workdir, config)
   except ValueError as e:
@@ -386,7 +312,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       ckpt.close()
 
 
-def _train(config, workdir: str, s: Setup, ckpt: checkpointing.Checkpointer,
+def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointer,
            watcher: preemption.Watcher, start_time: float) -> dict[str, Any]:
   """The loop proper: restore, train in chunks, log, evaluate, checkpoint, summarize."""
   trainer = Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)

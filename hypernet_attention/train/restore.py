@@ -19,8 +19,8 @@ from typing import Any, Optional, Sequence
 import jax
 import ml_collections
 
+from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import loop
 from hypernet_attention.train import objectives
 
 
@@ -53,7 +53,7 @@ def restore_params(workdir: str, step: Optional[int] = None,
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
-  s = loop.setup(config, devices)
+  s = build.setup(config, devices)
   ckpt_dir = os.path.join(workdir, checkpointing.CHECKPOINT_DIR)
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if os.path.isdir(ckpt_dir)
           else None)
@@ -67,7 +67,7 @@ def restore_params(workdir: str, step: Optional[int] = None,
     if step in steps:
       params = ckpt.restore(step, s.restore_target()).params
     elif step == 0:
-      params = loop.init_state(config, s.init_fn, s.shardings).params
+      params = build.init_state(config, s.init_fn, s.shardings).params
     else:
       raise ValueError(f"no checkpoint at step {step} in {ckpt_dir!r}; available steps: "
                        f"{steps or 'none'} (0 = the initialization)")

@@ -1,0 +1,102 @@
+"""Building a run from its config: validated, nothing materialized, no CLU or TensorFlow.
+
+`setup(config)` turns a config into a `Setup` (objective, model, optimizer, mesh, the
+abstract train state and its shardings) and raises `config_lib.BadInput` for anything
+unusable, before any work. `init_state` materializes a fresh state with its shardings.
+Training (`loop.py`), read-only restore for probing (`restore.py`) and the benchmarks all
+start here, so analysis never imports the training loop or its writers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hypernet_attention import transformer
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import data
+from hypernet_attention.train import objectives
+from hypernet_attention.train import sharding
+from hypernet_attention.train import state as state_lib
+
+
+def _check_intervals(config: ml_collections.ConfigDict) -> None:
+  for key in ("num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
+              "checkpoint_every_steps"):
+    if int(config[key]) <= 0:
+      raise ValueError(f"config.{key}={config[key]} must be positive")
+  if config.eval.num_problems % config.eval.batch_size:
+    raise ValueError(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
+                     f"config.eval.batch_size={config.eval.batch_size}")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything built from a config before any work: validated, nothing materialized."""
+  objective: objectives.Objective
+  model: nn.Module
+  tx: Any  # optax.GradientTransformation
+  mesh: jax.sharding.Mesh
+  init_fn: Any  # rng -> boxed TrainState
+  abstract_state: Any  # boxed TrainState of ShapeDtypeStructs (logical axes)
+  shardings: Any  # NamedSharding per leaf of the unboxed TrainState
+
+  def restore_target(self) -> Any:
+    """The abstract state with its shardings: what Orbax restores onto."""
+    return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state),
+                                                 self.shardings)
+
+
+def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
+  """Everything that validates input: objective, model, optimizer, mesh. No side effects.
+
+  Any problem with the config or the devices is a `config_lib.BadInput`.
+  """
+  try:
+    return _setup(config, devices)
+  except config_lib.BadInput:
+    raise
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from e
+
+
+def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
+  config_lib.check_positive(config)
+  _check_intervals(config)
+  objective = objectives.build(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  sharding.check_batch_size(config.batch_size, mesh)
+  sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
+  if not objective.source.on_device:  # Every process reads an equal slice.
+    data.local_batch_size(config.batch_size)
+    data.local_batch_size(config.eval.batch_size, "eval.batch_size")
+  unknown = sorted(set(config.eval.splits) - set(objective.source.splits))
+  if unknown:
+    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
+  example = jax.eval_shape(lambda b: objective.encode(b)[0],
+                           objective.source.example(config.batch_size))
+  model_config = config_lib.transformer_config(
+      {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
+  model = transformer.Transformer(model_config)
+  tx = state_lib.make_optimizer(config)
+  init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
+  abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
+  shardings = sharding.state_shardings(abstract_boxed, mesh)
+  return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
+
+
+def init_state(config, init_fn, shardings) -> state_lib.TrainState:
+  """A fresh state, materialized directly with its shardings (never whole on one device),
+  traced with their mesh in context as the train step is (`Trainer.train_chunk`)."""
+  init = jax.jit(lambda r: nn.meta.unbox(init_fn(r)), out_shardings=shardings)
+  with jax.set_mesh(jax.tree.leaves(shardings)[0].mesh):
+    return init(jax.random.fold_in(jax.random.key(config.seed), 0))
+
+
