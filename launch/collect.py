@@ -34,8 +34,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from hypernet_attention.train import checkpointing
 from hypernet_attention.train import registry
+from hypernet_attention.train import workdir as workdir_lib
 from launch import jobs
 from launch import run_local
 from launch import sweeps
@@ -44,7 +44,7 @@ from launch.sweeps import common
 HPARAMS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimizer.warmup_steps")
 # Keys that never define a cell: the seed, and what may differ between a run and its resume
 # (runs written before such a key existed lack it).
-IGNORED = ("seed",) + checkpointing.RESUME_FREE_KEYS
+IGNORED = ("seed",) + workdir_lib.RESUME_FREE_KEYS
 SELECTIONS = ("ood", "test")
 
 
@@ -113,26 +113,22 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _read_cpu(workdir: str) -> float:
-  path = os.path.join(workdir, run_local.TIMES)
-  if not os.path.exists(path):
+  path = workdir_lib.path(workdir) / run_local.TIMES
+  if not path.exists():
     return 0.0
-  with open(path) as f:
-    return sum(json.loads(line)["cpu_s"] for line in f if line.strip())
+  return sum(json.loads(line)["cpu_s"] for line in path.read_text().splitlines()
+             if line.strip())
 
 
 def load_runs(root: str) -> list[Run]:
-  """Every workdir under `root` (a directory holding config.json), sorted by path."""
+  """Every workdir under `root` (a directory holding config.json, local or gs://), by path."""
   runs = []
-  for directory, _, files in sorted(os.walk(root)):
-    if "config.json" not in files:
+  for directory, _, files in sorted(workdir_lib.path(root).walk(), key=lambda w: str(w[0])):
+    if workdir_lib.CONFIG not in files:
       continue
-    with open(os.path.join(directory, "config.json")) as f:
-      config = _flatten(json.load(f))
-    summary = None
-    if run_local.SUMMARY in files:
-      with open(os.path.join(directory, run_local.SUMMARY)) as f:
-        summary = json.load(f)
-    runs.append(Run(directory, config, summary, _read_cpu(directory)))
+    config = _flatten(workdir_lib.read_config(directory))
+    summary = workdir_lib.read_summary(directory) if workdir_lib.SUMMARY in files else None
+    runs.append(Run(str(directory), config, summary, _read_cpu(directory)))
   return runs
 
 
@@ -226,7 +222,7 @@ def missing_jobs(root: str, sweep_name: str) -> list[str]:
   """The sweep's points with no summary.json in `<root>/<point name>`."""
   points = sweeps.load(sweep_name).get_sweep()
   return [jobs.point_name(p) for p in points
-          if not run_local.is_finished(os.path.join(root, jobs.point_name(p)))]
+          if not (workdir_lib.path(root) / jobs.point_name(p) / workdir_lib.SUMMARY).exists()]
 
 
 def _setting_str(setting: dict[str, Any]) -> str:
@@ -326,7 +322,7 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
-  if f.root is None or not os.path.isdir(f.root):
+  if f.root is None or not workdir_lib.path(f.root).is_dir():
     raise app.UsageError(f"--root={f.root!r}; allowed: an existing sweep folder.")
   print(report(f.root, f.sweep, f.select, f.out or f.root))
 

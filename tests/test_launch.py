@@ -20,6 +20,7 @@ from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
+from hypernet_attention.train import workdir as workdir_lib
 from launch import jobs
 from launch import sweeps
 from launch import xm_launch
@@ -255,11 +256,10 @@ def test_initialize_joins_only_named_clusters(monkeypatch, env, joins):
 
 def test_workdir_guard_with_split_seed(tmp_path):
   """config.json records split_seed None; the same config resumes, a fixed split does not."""
-  from hypernet_attention.train import checkpointing  # pylint: disable=g-import-not-at-top
   config = tl.smoke("fuzzy_logic")
-  checkpointing.check_workdir(str(tmp_path), config)
+  workdir_lib.check(str(tmp_path), config)
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["task"]["split_seed"] is None
-  checkpointing.check_workdir(str(tmp_path), tl.smoke("fuzzy_logic"))
+  workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic"))
   with pytest.raises(ValueError, match="task.split_seed: None -> 0"):
-    checkpointing.check_workdir(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
+    workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))

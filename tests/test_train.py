@@ -24,6 +24,7 @@ from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import workdir as workdir_lib
 
 
 @pytest.fixture(scope="module")
@@ -257,11 +258,11 @@ def test_unknown_model_field_is_a_value_error():
 
 def test_workdir_guard_ignores_only_resume_free_keys(tmp_path):
   workdir = str(tmp_path)
-  checkpointing.check_workdir(workdir, tl.smoke("sraven"))
-  checkpointing.check_workdir(workdir, tl.smoke("sraven", stop_after_steps=3,
+  workdir_lib.check(workdir, tl.smoke("sraven"))
+  workdir_lib.check(workdir, tl.smoke("sraven", stop_after_steps=3,
                                                 **{"mesh.data": 1}))
   with pytest.raises(ValueError, match="batch_size: 16 -> 32"):
-    checkpointing.check_workdir(workdir, tl.smoke("sraven", batch_size=32))
+    workdir_lib.check(workdir, tl.smoke("sraven", batch_size=32))
 
 
 def test_set_dotted_validates_keys_and_converts_strings():

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
+import io
 from typing import Any
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +42,7 @@ import tqdm
 from flax import traverse_util
 
 from hypernet_attention.tasks import sraven as sraven_lib
+from hypernet_attention.train import workdir as workdir_lib
 
 FEATURE_CHOICES = ("all", "last")
 PROBE_SEED = 1234  # Problems probed: a fixed key, independent of the run's training seed.
@@ -80,13 +82,13 @@ class Codes:
   def save(self, path: str) -> None:
     arrays = {f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
     arrays["axes"] = np.array(["sample", "layer", "code"])
-    tmp = path + ".tmp.npz"
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, path)
+    npz = io.BytesIO()
+    np.savez_compressed(npz, **arrays)
+    workdir_lib.write_bytes(path, npz.getvalue())
 
   @classmethod
   def load(cls, path: str) -> "Codes":
-    with np.load(path, allow_pickle=False) as data:
+    with np.load(io.BytesIO(epath.Path(path).read_bytes()), allow_pickle=False) as data:
       values = {f.name: data[f.name] for f in dataclasses.fields(cls)}
     for name in ("experiment", "setting", "code_axes"):
       values[name] = str(values[name])
@@ -233,4 +235,4 @@ def extract_codes(run: Any, num_problems: int, batch_size: int = 256, features: 
 
 
 def codes_path(out_dir: str, step: int) -> str:
-  return os.path.join(out_dir, f"codes_{step}.npz")
+  return str(epath.Path(out_dir) / f"codes_{step}.npz")

@@ -13,6 +13,7 @@ Shape letters: N samples, C code width, R classes (rules / terms), T tasks.
 
 from __future__ import annotations
 
+import io
 from typing import Sequence
 
 import matplotlib
@@ -24,14 +25,19 @@ from sklearn import decomposition  # pylint: disable=g-import-not-at-top,wrong-i
 from sklearn import manifold  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from hypernet_attention.probing import stats  # pylint: disable=wrong-import-position
+from hypernet_attention.train import workdir as workdir_lib  # pylint: disable=wrong-import-position
 
 DPI = 80
 
 
-def _save(fig, path: str) -> None:
-  fig.tight_layout()
-  fig.savefig(path, dpi=DPI)
+def _save(fig, path: str, tight: bool = True) -> None:
+  """Writes the PNG through `workdir.py` (local or gs://) and closes the figure."""
+  if tight:
+    fig.tight_layout()
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=DPI)
   plt.close(fig)
+  workdir_lib.write_bytes(path, png.getvalue())
 
 
 def decoder_vs_layer(runs: Sequence[dict], path: str) -> None:
@@ -126,8 +132,7 @@ def class_cosines(codes, path: str) -> None:
       im = _matrix(axes[row, l], stats.cosine_matrix(means, centred), codes.class_names[present],
                    f"{title}, {'centred' if centred else 'uncentred'}")
   fig.colorbar(im, ax=axes, shrink=0.6, label="cosine similarity of mean codes")
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
+  _save(fig, path, tight=False)  # The layout is "constrained".
 
 
 def topographic(results: dict, path: str, seed: int = 0) -> None:
@@ -150,5 +155,4 @@ def generated_cosines(weights: Sequence, class_names: np.ndarray, path: str) -> 
     im = _matrix(ax, w.cosine_centred, class_names[w.classes],
                  f"{w.layer} {w.matrix}, centred")
   fig.colorbar(im, ax=axes, shrink=0.7, label="cosine of mean generated weights")
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
+  _save(fig, path, tight=False)  # The layout is "constrained".

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from typing import Any, Optional, Sequence
 
+from etils import epath
 import numpy as np
 import threadpoolctl
 
@@ -24,6 +24,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import figures
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights as weights_lib
+from hypernet_attention.train import workdir as workdir_lib
 
 ALL_LAYERS = "all layers"
 
@@ -146,7 +147,7 @@ class RunProbe:
 def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunProbe:
   """Everything for one restored run (`run0`: its step-0 restore) into `out_dir`."""
   start = time.time()
-  os.makedirs(out_dir, exist_ok=True)
+  epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   kwargs = dict(num_problems=options.num_problems, batch_size=options.batch_size,
                 features=options.features, progress=options.progress)
   codes = extract.extract_codes(run, **kwargs)
@@ -165,16 +166,16 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
     analysis0 = analysis if run.step == 0 else analyse(codes0, options, permutations=0)
     probe = RunProbe(name, run.workdir, codes, codes0, analysis, analysis0, gen,
                      time.time() - start)
-    figures.decoder_vs_layer([probe.curves()], os.path.join(out_dir, "decoder_vs_layer.png"))
-    figures.embeddings(codes, os.path.join(out_dir, "embeddings.png"), seed=options.seed)
-    figures.class_cosines(codes, os.path.join(out_dir, "class_cosines.png"))
+    figures.decoder_vs_layer([probe.curves()], _join(out_dir, "decoder_vs_layer.png"))
+    figures.embeddings(codes, _join(out_dir, "embeddings.png"), seed=options.seed)
+    figures.class_cosines(codes, _join(out_dir, "class_cosines.png"))
     figures.topographic({k: v["topographic"]["held-out tasks"] for k, v in analysis.items()},
-                        os.path.join(out_dir, "topographic.png"), options.seed)
+                        _join(out_dir, "topographic.png"), options.seed)
     figures.generated_cosines(gen, codes.class_names,
-                              os.path.join(out_dir, "generated_weights.png"))
+                              _join(out_dir, "generated_weights.png"))
   probe = dataclasses.replace(probe, seconds=time.time() - start)
-  _write_json(os.path.join(out_dir, "metrics.json"), probe.metrics(options))
-  _write_text(os.path.join(out_dir, "report.md"), run_report(probe, options))
+  _write_json(_join(out_dir, "metrics.json"), probe.metrics(options))
+  _write_text(_join(out_dir, "report.md"), run_report(probe, options))
   return probe
 
 
@@ -192,15 +193,11 @@ def _finite(data):
 
 
 def _write_json(path: str, data) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(_finite(data), f, indent=1)
-  os.replace(path + ".tmp", path)
+  workdir_lib.write_bytes(path, json.dumps(_finite(data), indent=1).encode())
 
 
 def _write_text(path: str, text: str) -> None:
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  workdir_lib.write_bytes(path, text.encode())
 
 
 def _fmt(x: Optional[float], digits: int = 3) -> str:
@@ -264,16 +261,21 @@ def run_report(probe: RunProbe, options: ProbeOptions) -> str:
 def comparison_report(probes: Sequence[RunProbe], options: ProbeOptions, out_dir: str) -> None:
   """Side-by-side table and figure of several runs in `out_dir`."""
   figures.decoder_vs_layer([p.curves() for p in probes],
-                           os.path.join(out_dir, "decoder_vs_layer.png"))
-  _write_json(os.path.join(out_dir, "metrics.json"),
+                           _join(out_dir, "decoder_vs_layer.png"))
+  _write_json(_join(out_dir, "metrics.json"),
               {p.name: p.metrics(options) for p in probes})
   runs = "\n".join(f"- {p.name}: `{p.workdir}` step {p.codes.step}, per-run report "
                    f"[{p.name}/report.md]({p.name}/report.md), {p.seconds:.0f} s" for p in probes)
   tables = "\n\n".join(table([p for p in probes if p.codes.experiment == kind])
                         for kind in dict.fromkeys(p.codes.experiment for p in probes))
-  _write_text(os.path.join(out_dir, "report.md"),
+  _write_text(_join(out_dir, "report.md"),
               f"# Latent-code probes side by side\n\n{runs}\n\n{tables}\n\n"
               "![decoder_vs_layer](decoder_vs_layer.png)\n")
+
+
+def _join(directory: str, name: str) -> str:
+  """`directory/name` for a local or gs:// directory, as given (not made absolute)."""
+  return str(epath.Path(directory) / name)
 
 
 def resolve_workdirs(workdirs: Sequence[str]) -> tuple[list[str], Optional[str]]:
@@ -283,9 +285,10 @@ def resolve_workdirs(workdirs: Sequence[str]) -> tuple[list[str], Optional[str]]
   """
   runs, roots = [], []
   for w in workdirs:
-    if os.path.isdir(w) and not os.path.exists(os.path.join(w, "config.json")):
-      below = sorted(os.path.join(w, d) for d in os.listdir(w)
-                     if os.path.exists(os.path.join(w, d, "config.json")))
+    root = workdir_lib.path(w)
+    if root.is_dir() and not (root / workdir_lib.CONFIG).exists():
+      below = sorted(_join(w, d.name) for d in root.iterdir()
+                     if (d / workdir_lib.CONFIG).exists())
       if below:
         runs.extend(below)
         roots.append(w)
@@ -299,7 +302,7 @@ def run_names(runs: Sequence[Any]) -> list[str]:
   names = [r.config.model.attention for r in runs]
   if len(set(names)) == len(names):
     return names
-  names = [os.path.basename(os.path.normpath(r.workdir)) for r in runs]
+  names = [epath.Path(r.workdir).name for r in runs]
   return names if len(set(names)) == len(names) else [f"run{i}" for i in range(len(runs))]
 
 
@@ -311,7 +314,7 @@ def output_dirs(runs: Sequence[str], root: Optional[str], output_dir: Optional[s
   if len(runs) == 1:
     return None
   if root:
-    return os.path.join(root, "probe")
+    return _join(root, "probe")
   raise ValueError(f"{len(runs)} workdirs given without --output_dir; allowed: one workdir, "
                    "one sweep root, or several workdirs with --output_dir")
 
@@ -332,7 +335,7 @@ def probe_workdirs(workdirs: Sequence[str], step: Optional[int], options: ProbeO
   names = run_names(runs)
   probes = []
   for run, run0, name in zip(runs, runs0, names):
-    out = os.path.join(combined, name) if combined else os.path.join(run.workdir, "probe")
+    out = _join(combined, name) if combined else _join(run.workdir, "probe")
     probes.append(probe_run(run, run0, name, options, out))
   if combined:
     comparison_report(probes, options, combined)

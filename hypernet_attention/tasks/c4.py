@@ -41,7 +41,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from hypernet_attention.tasks import docstring_corpus
-from hypernet_attention.train.config_lib import BadInput
+from hypernet_attention.errors import BadInput
 
 TASKS = ("c4_lm", "text_lm")
 SPLITS = ("train", "validation")

@@ -1,4 +1,4 @@
-"""Checkpoints: one Orbax `CheckpointManager` for the train state, and the workdir guard.
+"""Checkpoints: one Orbax `CheckpointManager` for the train state, under `<workdir>/checkpoints`.
 
 A checkpoint holds the `TrainState` (step, params, optimizer state), a small JSON record and,
 for host-side data (language modeling), every process's input-iterator position (item
@@ -11,11 +11,13 @@ compared with the state the code builds *before* anything is read: a different t
 dtype (e.g. code that added a parameter) is a `CheckpointMismatchError` naming the first
 differing leaf, and nothing is moved. Only a step that cannot be read at all (corrupt or
 truncated files) is moved to `<workdir>/corrupt_checkpoints/` (never deleted) and the next
-newest is tried. Orbax writes each step into a temporary directory and renames it when
-complete, so a kill during a save leaves the previous steps intact.
+newest is tried. Orbax finalizes a step only when it is complete (locally by renaming its
+temporary directory, in a bucket by a commit marker), so a kill during a save leaves the
+previous steps intact.
 
-`restore_params(workdir, step)` is the read-only path for analysis (probing): it opens the
-checkpoints without creating, cleaning or moving anything.
+`Checkpointer(..., read_only=True)` is the read-only path for analysis (`restore.py`): it
+opens the checkpoints without creating, cleaning or moving anything, and
+`Checkpointer.restore_params` reads the parameters only, not the optimizer moments.
 
 Restore targets are abstract arrays that carry the *current* shardings, so a checkpoint
 written on N devices restores on M devices.
@@ -24,100 +26,20 @@ written on N devices restores on M devices.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from typing import Any, Optional
 
 from absl import logging
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import orbax.checkpoint as ocp
 
 from hypernet_attention.train import data as data_lib
+from hypernet_attention.train import workdir as workdir_lib
 
-CONFIG_FILE = "config.json"
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler,
                      data=data_lib.DataIteratorHandler)
-CHECKPOINT_DIR = "checkpoints"
-# Config keys that may change between a run and its resumption (they do not change
-# results): where to stop this invocation, the device layout, NaN hunting.
-RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans")
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(flatten(v, f"{prefix}{k}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
-def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  return json.loads(config.to_json_best_effort(sort_keys=True))
-
-
-def read_config_json(workdir: str) -> Optional[dict[str, Any]]:
-  """The run's recorded config, None if there is none; a clear error if it is corrupt."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      config = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path} is not readable JSON ({e}); it was left as it is: restore it "
-                     "or use a fresh --workdir") from None
-  if not isinstance(config, dict) or "experiment" not in config:
-    raise ValueError(f"{path} is not a hypernet-attention config (no 'experiment' key); it "
-                     "was left as it is: use a fresh --workdir")
-  return config
-
-
-def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
-  """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
-
-  Call before any work: a refused workdir is left untouched.
-  """
-  path = os.path.join(workdir, CONFIG_FILE)
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
-                     "(new or holding this run)")
-  new = config_to_json(config)
-  old = read_config_json(workdir)
-  if old is not None:
-    old_flat, new_flat = flatten(old), flatten(new)
-    differ = sorted(
-        k for k in set(old_flat) | set(new_flat)
-        if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")
-        and k.split(".")[0] not in RESUME_FREE_KEYS)
-    if differ:
-      details = ", ".join(f"{k}: {old_flat.get(k, '<missing>')!r} -> "
-                          f"{new_flat.get(k, '<missing>')!r}" for k in differ[:8])
-      raise ValueError(
-          f"workdir {workdir!r} holds a different experiment ({details}); use a fresh "
-          f"--workdir, or the same config to resume (only {list(RESUME_FREE_KEYS)} may differ)")
-  else:
-    ckpt_dir = os.path.join(workdir, CHECKPOINT_DIR)
-    if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-      raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG_FILE}; refusing "
-                       "to mix runs: use a fresh --workdir")
-  if jax.process_index() == 0:
-    try:
-      os.makedirs(workdir, exist_ok=True)
-      if old is None:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-          json.dump(new, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)  # Atomic: never a half-written config.json.
-      elif not os.access(workdir, os.W_OK):
-        raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
-    except OSError as e:
-      raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
-                       "directory you can write to") from None
-  multihost_utils.sync_global_devices("check_workdir")
 
 
 class CheckpointMismatchError(ValueError):
@@ -180,8 +102,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
                use_async: bool = True, read_only: bool = False):
-    self.workdir, self.read_only = workdir, read_only
-    self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    self.workdir, self.read_only = workdir_lib.path(workdir), read_only
+    self.directory = self.workdir / workdir_lib.CHECKPOINTS
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=0 if read_only else save_every,
         max_to_keep=None if read_only else keep, create=not read_only, read_only=read_only,
@@ -190,7 +112,8 @@ class Checkpointer:
     with _without_read_only_warning():
       self.manager = ocp.CheckpointManager(
           self.directory, options=options,
-          item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()})
+          item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()}
+          | ({"state": ocp.PyTreeCheckpointHandler()} if read_only else {}))
 
   def save(self, step: int, state: Any, *, force: bool = False,
            data_iterator: Any = None) -> bool:
@@ -215,7 +138,7 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except
-      finalized = sorted(int(d) for d in os.listdir(self.directory) if d.isdigit())
+      finalized = sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit())
       first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
       raise CheckpointWriteError(
           f"checkpoint write failed while {what} in {self.directory} ({first_line}); "
@@ -242,16 +165,38 @@ class Checkpointer:
     """
     check_compatible(self._saved_tree(step), abstract_state,
                      f"checkpoint step {step} in {self.directory}")
-    items = dict(state=ocp.args.StandardRestore(abstract_state))
+    items = dict(state=self._restore_args(abstract_state))
     if data_iterator is not None:
-      position = data_iterator.path(os.path.join(self.directory, str(step), "data"))
-      if not os.path.exists(position + ".index"):
+      position = data_iterator.path(str(self.directory / str(step) / "data"))
+      if not epath.Path(position + ".index").exists():
         raise CheckpointMismatchError(
             f"checkpoint step {step} in {self.directory} holds no data-iterator position "
-            f"{os.path.basename(position)!r}; allowed: resume a host-data run from its own "
+            f"{epath.Path(position).name!r}; allowed: resume a host-data run from its own "
             "checkpoints with the same number of processes")
       items["data"] = data_lib.DataIteratorArgs(data_iterator)
     return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
+
+  def restore_params(self, step: int, abstract_state: Any) -> Any:
+    """Only the parameters of `step`, on `abstract_state`'s shardings: the optimizer state
+    (Adam's moments, twice the parameters' size) is left unread."""
+    check_compatible(self._saved_tree(step), abstract_state,
+                     f"checkpoint step {step} in {self.directory}")
+    if not self.read_only:
+      raise ValueError("restore_params reads through a Checkpointer(..., read_only=True)")
+    target = abstract_state.replace(
+        opt_state=jax.tree.map(lambda _: ocp.PLACEHOLDER, abstract_state.opt_state))
+    return self.manager.restore(step, args=ocp.args.Composite(
+        state=self._restore_args(target)))["state"].params
+
+  def _restore_args(self, target: Any) -> ocp.args.CheckpointArgs:
+    """Writable managers restore whole states (`StandardRestore`); read-only ones use the
+    PyTree handler, which can leave `ocp.PLACEHOLDER` leaves unread."""
+    if not self.read_only:
+      return ocp.args.StandardRestore(target)
+    restore_args = jax.tree.map(
+        lambda x: x if x is ocp.PLACEHOLDER else ocp.checkpoint_utils.construct_restore_args(x),
+        target)
+    return ocp.args.PyTreeRestore(item=target, restore_args=restore_args)
 
   def restore_latest(self, abstract_state: Any, data_iterator: Any = None) -> Optional[Any]:
     """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None.
@@ -283,11 +228,11 @@ class Checkpointer:
     if self.read_only:
       raise ValueError(f"checkpoint step {step} in {self.directory} is unreadable")
     if jax.process_index() == 0:
-      src = os.path.join(self.directory, str(step))
-      dst_dir = os.path.join(self.workdir, "corrupt_checkpoints")
-      os.makedirs(dst_dir, exist_ok=True)
-      if os.path.exists(src):
-        os.replace(src, os.path.join(dst_dir, f"{step}-{int(time.time())}"))
+      src = self.directory / str(step)
+      dst_dir = self.workdir / workdir_lib.CORRUPT_CHECKPOINTS
+      dst_dir.mkdir(parents=True, exist_ok=True)
+      if src.exists():  # In a bucket a "move" is a copy and a delete, object by object.
+        src.rename(dst_dir / f"{step}-{int(time.time())}")
     multihost_utils.sync_global_devices(f"quarantine_{step}")
     self.manager.reload()
 

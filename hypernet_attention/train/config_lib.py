@@ -13,12 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 import jax.numpy as jnp
 import ml_collections
 
-
-class BadInput(ValueError):
-  """A config value, flag, shape, file or workdir that cannot work, found before any work.
-
-  Entry points print its message as one line and exit with status 2 (`runtime.main`).
-  """
+from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported)
 
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).

@@ -3,13 +3,14 @@
 At the default absl verbosity (0) the console shows only INFO lines written by this project
 (topology, parameter count, progress with steps/s and ETA, metrics at their intervals, one
 line per checkpoint, one result line at the end) and WARNING or worse from anyone. Orbax's
-~20 INFO lines per checkpoint, CLU's metric echo and JAX's backend probing come back with
-`--verbosity=1` (absl's flag; it also shows our DEBUG lines, e.g. the parameter table).
+~20 INFO lines per checkpoint and JAX's backend probing come back with `--verbosity=1`
+(absl's flag; it also shows our DEBUG lines: the parameter table, every metric written).
 
-TensorFlow (loaded only for CLU's TensorBoard writer) prints native INFO lines while it
-loads, before any logging can be configured; `import_tensorflow_quietly` loads it with the
-native stderr muted (set TF_CPP_MIN_LOG_LEVEL=0 to see them) and hides accelerators from it,
-so that it never competes with JAX for GPU memory (big_vision does the same).
+TensorFlow (loaded only by the language-model data: seqio, `tasks/c4.py`) prints native INFO
+lines while it loads, before any logging can be configured; the C4 path calls
+`import_tensorflow_quietly` first, which loads it with the native stderr muted (set
+TF_CPP_MIN_LOG_LEVEL=0 to see them) and hides accelerators from it, so that it never
+competes with JAX for GPU memory (big_vision does the same).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def import_tensorflow_quietly() -> None:
   with contextlib.nullcontext() if loud else _native_stderr_muted():
     try:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    except ImportError:  # CLU then falls back to logging only; nothing to hide.
+    except ImportError:  # The C4 import that follows names what is missing.
       return
     tf.config.set_visible_devices([], "GPU")  # Probes CUDA, which logs natively too.
 

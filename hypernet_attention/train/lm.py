@@ -11,6 +11,10 @@ from typing import Any, Optional
 import ml_collections
 
 from hypernet_attention import decoding
+from hypernet_attention.train import console
+
+console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, which logs natively.
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
 from hypernet_attention.train import loop

@@ -21,33 +21,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
 import time
 from typing import Any, Optional
 
 from absl import logging
-from hypernet_attention.train import console
-
-console.import_tensorflow_quietly()  # Before CLU loads TensorFlow for its TensorBoard writer.
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from clu import metric_writers
-from clu import parameter_overview
-from clu import periodic_actions
+from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
+from hypernet_attention.train import console
 from hypernet_attention.train import data
+from hypernet_attention.train import events
 from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import workdir as workdir_lib
 
 
 def _constrain_batch(tree: Any, mesh) -> Any:
@@ -94,8 +90,8 @@ class Trainer:
       batch = host_batch
     grads, metrics = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = jax.tree.map(lambda p, u: p + u, state.params, updates)
-    metrics["grad_norm"] = jnp.sqrt(sum(jnp.vdot(g, g) for g in jax.tree.leaves(grads)))
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   @functools.cached_property
@@ -255,10 +251,11 @@ class _Progress:
 
   def __init__(self, step: int, total: int):
     self.total, self.step, self.time, self.excluded = total, step, time.time(), 0.0
+    self.rate = 0.0
 
   def line(self, step: int, train: dict[str, float], main_metric: str) -> str:
     now = time.time()
-    rate = (step - self.step) / max(now - self.time - self.excluded, 1e-9)
+    self.rate = rate = (step - self.step) / max(now - self.time - self.excluded, 1e-9)
     self.step, self.time, self.excluded = step, now, 0.0
     metrics = " ".join(f"{k} {train[f'train/{k}']:.4f}" for k in dict.fromkeys(
         ("loss", main_metric)) if f"train/{k}" in train)
@@ -284,7 +281,8 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
     parts.append(f"{key} {summary[key]:.4f}" + (f" (ceiling {ceiling:.4f})" if ceiling else ""))
   return (f"Result: {', '.join(parts)} after {summary['step']:,} steps in "
           f"{console.duration(summary['wall_time_s'])}. Summary: "
-          f"{os.path.join(workdir, 'summary.json')}; TensorBoard: tensorboard --logdir {workdir}")
+          f"{workdir_lib.path(workdir) / workdir_lib.SUMMARY}; TensorBoard: tensorboard "
+          f"--logdir {workdir}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -299,7 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   start_time = time.time()
   s = build.setup(config, devices)
   try:
-    checkpointing.check_workdir(workdir, config)
+    workdir_lib.check(workdir, config)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
   with _debug_nans(config.get("debug_nans", False)), preemption.Watcher() as watcher:
@@ -318,19 +316,18 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
   trainer = Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state = _restore_or_init(config, s, ckpt, workdir, trainer.data_iterator)
   step = start_step = int(jax.device_get(state.step))
-  summary_path = os.path.join(workdir, "summary.json")
-  if step >= config.num_train_steps and os.path.exists(summary_path):
+  finished = workdir_lib.read_summary(workdir) if step >= config.num_train_steps else None
+  if finished is not None:
     logging.info("%s already holds a finished run (step %d); nothing to do", workdir, step)
-    with open(summary_path) as f:
-      return {**json.load(f), "state": state}
+    return {**finished, "state": state}
   is_chief = jax.process_index() == 0
-  writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief)
+  writer = events.EventsWriter(workdir, just_logging=not is_chief)
   num_params = state_lib.count_params(state.params)
   logging.info("Model: %s attention, %s parameters", config.model.attention, f"{num_params:,}")
   logging.debug("Parameters:\n%s", parameter_overview.get_parameter_overview(
       state.params, include_stats=False))
   if step == 0:
-    flat_config = checkpointing.flatten(checkpointing.config_to_json(config))
+    flat_config = workdir_lib.flatten(workdir_lib.config_to_json(config))
     writer.write_hparams({k: v for k, v in flat_config.items()
                           if isinstance(v, (int, float, str, bool))})
 
@@ -338,7 +335,6 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
   if ceilings:
     writer.write_scalars(step, ceilings)
 
-  report = periodic_actions.ReportProgress(num_train_steps=config.num_train_steps, writer=writer)
   progress = _Progress(step, config.num_train_steps)
   main_metric = s.objective.main_metric
   pending, last_train, eval_metrics = [], {}, {}
@@ -364,15 +360,14 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
     if saving and ckpt.save(step, state, force=is_last or preempted,
                             data_iterator=trainer.data_iterator):
       logging.info("checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
-    report(step)
     if step % config.log_every_steps == 0 or is_last:
       last_train = {f"train/{k}": float(v) for k, v in s.objective.finalize(
           {k: np.mean(np.concatenate([m[k] for _, m in pending])) for k in pending[0][1]}
       ).items()}
       last_train["train/learning_rate"] = float(
           state_lib.learning_rate_schedule(config)(step))
-      writer.write_scalars(step, last_train)
       logging.info("%s", progress.line(step, last_train, main_metric))
+      writer.write_scalars(step, {**last_train, "steps_per_sec": progress.rate})
       pending = []
     if preempted:
       ckpt.wait()
@@ -380,8 +375,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
       raise preemption.Preempted(step, workdir)
     if step % config.eval_every_steps == 0 or is_last:
       eval_start = time.time()
-      with report.timed("eval"):
-        eval_metrics = trainer.evaluate(state.params)
+      eval_metrics = trainer.evaluate(state.params)
       progress.excluded += time.time() - eval_start
       writer.write_scalars(step, eval_metrics)
       logging.info("%s", _eval_line(step, eval_metrics, ceilings, main_metric))
@@ -398,8 +392,6 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
              **last_train, **eval_metrics, **ceilings}
   if step >= config.num_train_steps:
     if is_chief:
-      with open(summary_path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-      os.replace(summary_path + ".tmp", summary_path)
+      workdir_lib.write_summary(workdir, summary)
     logging.info("%s", _result_line(summary, main_metric, workdir))
   return {**summary, "state": state}

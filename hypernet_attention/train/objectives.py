@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
-import os
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -25,7 +23,9 @@ import ml_collections
 import numpy as np
 import optax
 
+from hypernet_attention.train import console
 from hypernet_attention.train import data
+from hypernet_attention.train import workdir as workdir_lib
 
 
 def _identity(metrics):
@@ -92,22 +92,18 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """
   if config.eval.ceiling_problems <= 0:
     return {}
-  path = os.path.join(workdir, "accuracy_ceilings.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
-  ceilings = {}
-  for i, split in enumerate(config.eval.splits):
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
-    ceilings[f"{split}/accuracy_ceiling"] = float(
-        task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
-  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
-               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
-  if jax.process_index() == 0:
-    with open(path + ".tmp", "w") as f:
-      json.dump(ceilings, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
-  return ceilings
+
+  def estimate():
+    ceilings = {}
+    for i, split in enumerate(config.eval.splits):
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
+      ceilings[f"{split}/accuracy_ceiling"] = float(
+          task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
+    logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
+                 ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+    return ceilings
+
+  return workdir_lib.cached_json(workdir_lib.path(workdir) / workdir_lib.CEILINGS, estimate)
 
 
 def _sraven(config: ml_collections.ConfigDict) -> Objective:
@@ -180,6 +176,7 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
   """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
   and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
   perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios)."""
+  console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
   from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
   c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
   task = c4.build_task(config.task)

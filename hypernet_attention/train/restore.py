@@ -13,21 +13,22 @@ no checkpoint was saved at step 0: initialization is a pure function of the seed
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Optional, Sequence
 
+import flax.linen as nn
 import jax
 import ml_collections
 
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
+from hypernet_attention.train import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class RestoredRun:
   """What analysis needs: `model.apply({"params": params}, objective.encode(batch)[0])`."""
-  workdir: str
+  workdir: str  # As given (a local path or gs://...).
   step: int
   config: ml_collections.ConfigDict
   params: Any
@@ -37,11 +38,11 @@ class RestoredRun:
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's `config.json` as a locked ConfigDict; one clear error if it is missing."""
-  if not os.path.isdir(workdir):
+  if not workdir_lib.path(workdir).is_dir():
     raise ValueError(f"workdir {workdir!r} does not exist or is not a directory")
-  config = checkpointing.read_config_json(workdir)
+  config = workdir_lib.read_config(workdir)
   if config is None:
-    raise ValueError(f"{workdir!r} holds no {checkpointing.CONFIG_FILE}: not a training run "
+    raise ValueError(f"{workdir!r} holds no {workdir_lib.CONFIG}: not a training run "
                      "directory (pass the --workdir a training run wrote)")
   return ml_collections.ConfigDict(config).lock()
 
@@ -54,22 +55,22 @@ def restore_params(workdir: str, step: Optional[int] = None,
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
   s = build.setup(config, devices)
-  ckpt_dir = os.path.join(workdir, checkpointing.CHECKPOINT_DIR)
-  ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if os.path.isdir(ckpt_dir)
+  ckpt_dir = workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS
+  ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir()
           else None)
   try:
     steps = ckpt.all_steps() if ckpt else []
     if step is None:
       if not steps:
-        raise ValueError(f"no checkpoints in {ckpt_dir!r} (use step=0 for the run's "
+        raise ValueError(f"no checkpoints in '{ckpt_dir}' (use step=0 for the run's "
                          "initialization)")
       step = steps[-1]
     if step in steps:
-      params = ckpt.restore(step, s.restore_target()).params
+      params = ckpt.restore_params(step, s.restore_target())
     elif step == 0:
       params = build.init_state(config, s.init_fn, s.shardings).params
     else:
-      raise ValueError(f"no checkpoint at step {step} in {ckpt_dir!r}; available steps: "
+      raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'; available steps: "
                        f"{steps or 'none'} (0 = the initialization)")
   finally:
     if ckpt is not None:

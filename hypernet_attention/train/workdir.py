@@ -1,0 +1,169 @@
+"""A run's directory, on local disk or in a bucket (`gs://b/run`): every file a run keeps.
+
+All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
+bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
+`<cwd>/gs:/b/run`), `path("~/runs/x")` is expanded. Orbax takes the same paths (its arrays
+go through tensorstore's own GCS driver).
+
+For `gs://`, epath is pointed at fsspec/gcsfs rather than TensorFlow's `tf.io.gfile`
+(`EPATH_USE_TF=false` unless the environment sets it), so a bucket workdir never loads
+TensorFlow, which only the language-model data needs.
+
+JSON files are written whole or not at all: locally through a temporary file renamed over
+the target (a rename is atomic on one file system); in a bucket one object write is already
+atomic (the object appears only when its upload completes), and a rename there would be a
+copy plus a delete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Optional
+
+# Before any gs:// path picks its backend (the choice is cached on first use).
+os.environ.setdefault("EPATH_USE_TF", "false")
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+
+CONFIG = "config.json"  # The run's config; what a resume must match.
+SUMMARY = "summary.json"  # Written once, when the run finished.
+CHECKPOINTS = "checkpoints"  # Orbax's steps.
+CORRUPT_CHECKPOINTS = "corrupt_checkpoints"  # Unreadable steps moved aside, never deleted.
+CEILINGS = "accuracy_ceilings.json"  # SRAVEN's per-split accuracy ceilings, estimated once.
+# Config keys that may change between a run and its resumption (they do not change
+# results): where to stop this invocation, the device layout, NaN hunting.
+RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans")
+
+
+def is_remote(p: epath.PathLike) -> bool:
+  """Whether `p` names an object store (`gs://`, `s3://`, ...) rather than local disk."""
+  return "://" in os.fspath(p)
+
+
+def path(workdir: epath.PathLike) -> epath.Path:
+  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute."""
+  text = os.fspath(workdir)
+  if is_remote(text):
+    return epath.Path(text)
+  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def write_bytes(p: epath.PathLike, data: bytes) -> None:
+  """Writes `data` to `p` atomically: readers see the old file or the new one, never half."""
+  p = epath.Path(p)
+  if is_remote(p):
+    p.write_bytes(data)  # One object upload: atomic by itself.
+    return
+  tmp = p.with_name(p.name + ".tmp")
+  tmp.write_bytes(data)
+  tmp.replace(p)
+
+
+def write_json(p: epath.PathLike, data: Any, indent: int = 2) -> None:
+  write_bytes(p, json.dumps(data, indent=indent, sort_keys=True).encode())
+
+
+def read_json(p: epath.PathLike) -> Optional[Any]:
+  """The parsed file, None if it does not exist; a clear error if it is not JSON."""
+  p = epath.Path(p)
+  if not p.exists():
+    return None
+  try:
+    return json.loads(p.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{p} is not readable JSON ({e}); it was left as it is: restore it "
+                     "or use a fresh --workdir") from None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(flatten(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def read_config(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
+  """The run's recorded config, None if there is none; a clear error if it is corrupt."""
+  p = path(workdir) / CONFIG
+  config = read_json(p)
+  if config is not None and (not isinstance(config, dict) or "experiment" not in config):
+    raise ValueError(f"{p} is not a hypernet-attention config (no 'experiment' key); it "
+                     "was left as it is: use a fresh --workdir")
+  return config
+
+
+def read_summary(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
+  """The finished run's summary, None while it is unfinished."""
+  return read_json(path(workdir) / SUMMARY)
+
+
+def write_summary(workdir: epath.PathLike, summary: dict[str, Any]) -> None:
+  write_json(path(workdir) / SUMMARY, summary)
+
+
+def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+  old_flat, new_flat = flatten(old), flatten(new)
+  return [f"{k}: {old_flat.get(k, '<missing>')!r} -> {new_flat.get(k, '<missing>')!r}"
+          for k in sorted(set(old_flat) | set(new_flat))
+          if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")
+          and k.split(".")[0] not in RESUME_FREE_KEYS]
+
+
+def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> None:
+  """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
+
+  Call before any work: a refused workdir is left untouched.
+  """
+  root = path(workdir)
+  if root.exists() and not root.is_dir():
+    raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
+                     "(new or holding this run)")
+  new = config_to_json(config)
+  old = read_config(root)
+  if old is not None:
+    differ = _config_differences(old, new)
+    if differ:
+      raise ValueError(
+          f"workdir {workdir!r} holds a different experiment ({', '.join(differ[:8])}); use a "
+          f"fresh --workdir, or the same config to resume (only {list(RESUME_FREE_KEYS)} may "
+          "differ)")
+  elif (root / CHECKPOINTS).is_dir() and any((root / CHECKPOINTS).iterdir()):
+    raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG}; refusing "
+                     "to mix runs: use a fresh --workdir")
+  if jax.process_index() == 0:
+    try:
+      root.mkdir(parents=True, exist_ok=True)
+      if old is None:
+        write_json(root / CONFIG, new)
+      elif not is_remote(root) and not os.access(root, os.W_OK):
+        raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
+    except OSError as e:
+      raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
+                       "directory you can write to") from None
+  multihost_utils.sync_global_devices("check_workdir")
+
+
+def cached_json(p: epath.PathLike, compute: Callable[[], Any]) -> Any:
+  """`p`'s contents if it exists, else `compute()`, written to `p` by process 0.
+
+  For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
+  without recomputing them.
+  """
+  cached = read_json(p)
+  if cached is not None:
+    return cached
+  value = compute()
+  if jax.process_index() == 0:
+    write_json(p, value)
+  return value

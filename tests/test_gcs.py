@@ -1,0 +1,151 @@
+"""A `gs://` workdir end to end, against a GCS emulator on 127.0.0.1 (gcp-storage-emulator).
+
+Each component is pointed at the emulator the way it is pointed at a real endpoint:
+  etils.epath (config, summary, ceilings, probe outputs, collect's reads, the TensorBoard
+    events): fsspec's gcsfs, through STORAGE_EMULATOR_HOST;
+  Orbax (checkpoint metadata through epath, arrays through tensorstore's GCS driver):
+    TENSORSTORE_GCS_HTTP_URL, with GOOGLE_AUTH_TOKEN_FOR_TESTING instead of credentials;
+  tensorboard's reader (`curves.read_scalars`): its fsspec file system, i.e. gcsfs again.
+A smoke run is stopped half way (`stop_after_steps`), resumed to the end in a second
+process, and must end with exactly the parameters of an uninterrupted local run; it is then
+restored, probed (outputs into the bucket) and collected.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
+import train_testlib as tl
+
+from hypernet_attention.train import loop
+from hypernet_attention.train import workdir as workdir_lib
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+TRAIN = f"""
+import sys
+sys.path.insert(0, {TESTS!r})
+import train_testlib as tl
+from hypernet_attention.train import loop
+loop.train_and_evaluate(tl.smoke("sraven", **dict(arg.split("=") for arg in sys.argv[2:])),
+                        sys.argv[1])
+"""
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory):
+  """The emulator (bucket `bucket`, in memory) and the environment that points at it."""
+  server = shutil.which("gcp-storage-emulator") or os.path.join(
+      os.path.dirname(sys.executable), "gcp-storage-emulator")
+  port = _free_port()
+  log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+  with open(log, "w") as out:
+    process = subprocess.Popen([server, "start", "--host=127.0.0.1", f"--port={port}",
+                                "--in-memory", "--default-bucket=bucket"], stdout=out,
+                               stderr=subprocess.STDOUT)
+  deadline = time.time() + 60
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1).close()
+      break
+    except OSError:
+      assert process.poll() is None and time.time() < deadline, log.read_text()
+      time.sleep(0.2)
+  url = f"http://127.0.0.1:{port}"
+  env = dict(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
+             GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator", EPATH_USE_TF="false")
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    yield env
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+    process.kill()
+    process.wait()
+
+
+def _run(args, timeout=600):
+  proc = subprocess.run([sys.executable, *args], env=tl.subprocess_env(), capture_output=True,
+                        text=True, timeout=timeout, cwd=tl.REPO)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def test_paths_stay_bucket_paths_and_local_ones_expand(monkeypatch, tmp_path):
+  assert str(workdir_lib.path("gs://b/run")) == "gs://b/run"
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert str(workdir_lib.path("~/run")) == str(tmp_path / "run")
+  monkeypatch.chdir(tmp_path)
+  assert str(workdir_lib.path("run")) == str(tmp_path / "run")
+
+
+def test_json_round_trip_in_the_bucket(gcs):
+  del gcs
+  p = workdir_lib.path("gs://bucket/json_test") / "x.json"
+  assert workdir_lib.read_json(p) is None
+  workdir_lib.write_json(p, {"a": [1, 2]})
+  workdir_lib.write_json(p, {"a": [3]})  # Overwrites.
+  assert workdir_lib.read_json(p) == {"a": [3]}
+  assert [q.name for q in p.parent.iterdir()] == ["x.json"]  # No temporary file left.
+
+
+def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
+  del gcs
+  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
+  from launch import collect  # pylint: disable=g-import-not-at-top
+  workdir = "gs://bucket/sweep/sraven_hyla"
+  _run(["-c", TRAIN, workdir, "stop_after_steps=4"])
+  root = workdir_lib.path(workdir)
+  assert workdir_lib.read_config(workdir)["experiment"] == "sraven"
+  assert not (root / workdir_lib.SUMMARY).exists()  # Stopped half way.
+  assert sorted(p.name for p in (root / workdir_lib.CHECKPOINTS).iterdir()
+                if p.name.isdigit()) == ["4"]
+  _run(["-c", TRAIN, workdir])  # Resumes from step 4.
+  summary = workdir_lib.read_summary(workdir)
+  assert summary["step"] == 8
+  assert (root / workdir_lib.CEILINGS).exists()
+  assert not list(root.glob("*.tmp"))
+
+  local = str(tmp_path / "local")
+  expected = loop.train_and_evaluate(tl.smoke("sraven"), local)
+  assert summary["test/accuracy"] == expected["test/accuracy"]
+  run = restore.restore_params(workdir)
+  assert run.step == 8
+  got, want = tl.flat_params(run.params), tl.flat_params(restore.restore_params(local).params)
+  assert got.keys() == want.keys()
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  steps, losses = curves.read_scalars(workdir, ["train/loss"])["train/loss"]
+  assert steps.tolist() == [4, 8] and losses[-1] == pytest.approx(summary["train/loss"])
+
+  probe = _run([os.path.join("experiments", "probe_latents.py"), f"--workdir={workdir}",
+                "--num_problems=96", "--permutations=5"])
+  assert probe.stdout.strip()
+  metrics = workdir_lib.read_json(root / "probe" / "metrics.json")
+  assert metrics["step"] == 8
+  assert (root / "probe" / "codes_8.npz").exists() and (root / "probe" / "embeddings.png").exists()
+
+  [loaded] = collect.load_runs("gs://bucket/sweep")
+  assert loaded.workdir == workdir and loaded.summary == summary
+  out = tmp_path / "table"
+  table = _run([os.path.join("launch", "collect.py"), "--root=gs://bucket/sweep",
+                f"--out={out}"])
+  assert "1 finished runs under gs://bucket/sweep" in table.stdout
+  assert (out / "table_a1.md").exists()
