@@ -102,16 +102,6 @@ class Paired:
   p_value: float  # Two-sided paired t-test (scipy.stats.ttest_rel); nan below 2 seeds.
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 def _read_cpu(workdir: str) -> float:
   path = workdir_lib.path(workdir) / run_local.TIMES
   if not path.exists():
@@ -122,14 +112,8 @@ def _read_cpu(workdir: str) -> float:
 
 def load_runs(root: str) -> list[Run]:
   """Every workdir under `root` (a directory holding config.json, local or gs://), by path."""
-  runs = []
-  for directory, _, files in sorted(workdir_lib.path(root).walk(), key=lambda w: str(w[0])):
-    if workdir_lib.CONFIG not in files:
-      continue
-    config = _flatten(workdir_lib.read_config(directory))
-    summary = workdir_lib.read_summary(directory) if workdir_lib.SUMMARY in files else None
-    runs.append(Run(str(directory), config, summary, _read_cpu(directory)))
-  return runs
+  return [Run(str(d), workdir_lib.flatten(workdir_lib.read_config(d)), workdir_lib.read_summary(d),
+              _read_cpu(d)) for d in workdir_lib.find_runs(root)]
 
 
 def _cell_keys(runs: Sequence[Run]) -> list[str]:

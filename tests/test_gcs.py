@@ -1,4 +1,5 @@
-"""A `gs://` workdir end to end, against a GCS emulator on 127.0.0.1 (gcp-storage-emulator).
+"""A `gs://` workdir end to end, against a GCS emulator on 127.0.0.1 (gcp-storage-emulator,
+with the download header tensorstore needs added by `gcs_emulator.py`).
 
 Each component is pointed at the emulator the way it is pointed at a real endpoint:
   etils.epath (config, summary, ceilings, probe outputs, collect's reads, the TensorBoard
@@ -12,7 +13,6 @@ restored, probed (outputs into the bucket) and collected.
 """
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,14 +28,14 @@ from hypernet_attention.train import loop
 from hypernet_attention.train import workdir as workdir_lib
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-TRAIN = f"""
+TRAIN = """
 import sys
-sys.path.insert(0, {TESTS!r})
+sys.path.insert(0, TESTS)
 import train_testlib as tl
 from hypernet_attention.train import loop
-loop.train_and_evaluate(tl.smoke("sraven", **dict(arg.split("=") for arg in sys.argv[2:])),
-                        sys.argv[1])
-"""
+stop = {"stop_after_steps": int(sys.argv[2])} if len(sys.argv) > 2 else {}
+loop.train_and_evaluate(tl.smoke("sraven", **stop), sys.argv[1])
+""".replace("TESTS", repr(TESTS))
 
 
 def _free_port() -> int:
@@ -47,14 +47,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
   """The emulator (bucket `bucket`, in memory) and the environment that points at it."""
-  server = shutil.which("gcp-storage-emulator") or os.path.join(
-      os.path.dirname(sys.executable), "gcp-storage-emulator")
   port = _free_port()
   log = tmp_path_factory.mktemp("gcs") / "emulator.log"
-  with open(log, "w") as out:
-    process = subprocess.Popen([server, "start", "--host=127.0.0.1", f"--port={port}",
-                                "--in-memory", "--default-bucket=bucket"], stdout=out,
-                               stderr=subprocess.STDOUT)
+  with open(log, "w") as out:  # gcs_emulator.py: the emulator plus one header, see there.
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(TESTS, "gcs_emulator.py"), "start", "--host=127.0.0.1",
+         f"--port={port}", "--in-memory", "--default-bucket=bucket"], stdout=out,
+        stderr=subprocess.STDOUT)
   deadline = time.time() + 60
   while True:
     try:
@@ -111,7 +110,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   from launch import collect  # pylint: disable=g-import-not-at-top
   workdir = "gs://bucket/sweep/sraven_hyla"
-  _run(["-c", TRAIN, workdir, "stop_after_steps=4"])
+  _run(["-c", TRAIN, workdir, "4"])
   root = workdir_lib.path(workdir)
   assert workdir_lib.read_config(workdir)["experiment"] == "sraven"
   assert not (root / workdir_lib.SUMMARY).exists()  # Stopped half way.
@@ -139,6 +138,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
                 "--num_problems=96", "--permutations=5"])
   assert probe.stdout.strip()
   metrics = workdir_lib.read_json(root / "probe" / "metrics.json")
+  assert metrics, (list(root.glob("*")), list(root.glob("*/*")), probe.stdout, probe.stderr[-2000:])
   assert metrics["step"] == 8
   assert (root / "probe" / "codes_8.npz").exists() and (root / "probe" / "embeddings.png").exists()
 

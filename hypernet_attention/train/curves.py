@@ -1,19 +1,30 @@
-"""Learning curves from a run's TensorBoard events (what CLU's writer recorded), as a PNG.
+"""Learning curves from a run's TensorBoard events (what `events.py` recorded), as a PNG.
 
 `experiments/plot_curves.py` is the command; the README's curves are made with it.
 """
 
 from __future__ import annotations
 
+import tempfile
 from typing import Sequence
 
+from etils import epath
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
+from hypernet_attention.train import workdir as workdir_lib
+
 
 def read_scalars(workdir: str, tags: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{tag: (steps, values)} for each of `tags` found in the event files of `workdir`."""
+  if workdir_lib.is_remote(workdir):
+    # tensorboard reads buckets through TensorFlow when it is installed (else fsspec):
+    # read local copies instead, whichever is there.
+    with tempfile.TemporaryDirectory() as local:
+      for f in workdir_lib.path(workdir).glob("events.out.tfevents.*"):
+        (epath.Path(local) / f.name).write_bytes(f.read_bytes())
+      return read_scalars(local, tags)
   events = event_accumulator.EventAccumulator(
       workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
   events.Reload()

@@ -7,7 +7,9 @@ go through tensorstore's own GCS driver).
 
 For `gs://`, epath is pointed at fsspec/gcsfs rather than TensorFlow's `tf.io.gfile`
 (`EPATH_USE_TF=false` unless the environment sets it), so a bucket workdir never loads
-TensorFlow, which only the language-model data needs.
+TensorFlow, which only the language-model data needs. gcsfs's directory-listing cache is
+turned off: other processes and hosts write the same workdir (a resumed run, a probe, Orbax
+on every host), and a cached listing would hide their files.
 
 JSON files are written whole or not at all: locally through a temporary file renamed over
 the target (a rename is atomic on one file system); in a bucket one object write is already
@@ -25,6 +27,9 @@ from typing import Any, Callable, Optional
 os.environ.setdefault("EPATH_USE_TF", "false")
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath
+import fsspec
+
+fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -110,6 +115,19 @@ def read_summary(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
 
 def write_summary(workdir: epath.PathLike, summary: dict[str, Any]) -> None:
   write_json(path(workdir) / SUMMARY, summary)
+
+
+def find_runs(root: epath.PathLike) -> list[epath.Path]:
+  """Every workdir at or below `root` (a directory holding config.json), sorted.
+
+  Does not descend into a workdir (its checkpoints hold many files: many listings in a
+  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
+  """
+  root = path(root)
+  if (root / CONFIG).exists():
+    return [root]
+  return [run for child in sorted(root.iterdir(), key=str) if child.is_dir()
+          for run in find_runs(child)]
 
 
 def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
