@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 from hypernet_attention import attention  # noqa: E402
 from hypernet_attention import hypernetwork  # noqa: E402
 from hypernet_attention import transformer  # noqa: E402
+from hypernet_attention.train import state as state_lib  # noqa: E402
 
 PHI = {"relu": lambda x: np.maximum(x, 0), "identity": lambda x: x}
 
@@ -86,7 +87,7 @@ def parameter_counts():
                           (transformer.sraven_config(attention=name), (1, 36, 8))):
       model = transformer.Transformer(config)
       abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape)))
-      counts.append(transformer.count_params(abstract["params"]))
+      counts.append(state_lib.count_params(abstract["params"]))
     print(f"  {name:10s} fuzzy logic {counts[0]:9,d}   SRAVEN {counts[1]:9,d}")
 
 

@@ -53,19 +53,18 @@ POSITIONS = ("none", "t5", "rope")
 
 
 class AttentionPreset(NamedTuple):
-  """One row of Table A1: how scores become the latent code, and what it configures."""
+  """One row of Table A1 (its label: `launch/sweeps/common.py`): how scores become the
+  latent code, and what it configures."""
   normalization: str  # reference.NORMALIZATIONS
   value_network: str  # VALUE_NETWORKS
   activation: str  # reference.ACTIVATIONS; 'identity' for linear value networks
-  table_row: str  # the row's name in Table A1
 
 
 PRESETS: dict[str, AttentionPreset] = {
-    "softmax": AttentionPreset("softmax", "linear", "identity", "Softmax attention"),
-    "linear": AttentionPreset("linear", "linear", "identity", "Linear attention"),
-    "hyla": AttentionPreset("rms_head", "mlp", "relu", "HYLA"),
-    "linear_rmshead": AttentionPreset(
-        "rms_head", "linear", "identity", "Linear attention + RMSHead"),
+    "softmax": AttentionPreset("softmax", "linear", "identity"),
+    "linear": AttentionPreset("linear", "linear", "identity"),
+    "hyla": AttentionPreset("rms_head", "mlp", "relu"),
+    "linear_rmshead": AttentionPreset("rms_head", "linear", "identity"),
     # Table A1's "Linear attention + RMSHead + nonlinear value". The authors' repository
     # (smonsays/hypernetwork-attention) has no configuration for this row: its sequence
     # mixers are softmax/linear attention, linear attention + RMSHead, HYLA (+/- RMSHead,
@@ -75,17 +74,12 @@ PRESETS: dict[str, AttentionPreset] = {
     # y_q = sum_h W_h^out sum_k a_hqk phi(W_h^v x_k). In hypernetwork terms only the
     # read-out layer is generated; the hidden layer phi(W_h^v x) is fixed per head. So
     # the nonlinearity alone, without a generated hidden layer, is what it ablates.
-    "linear_rmshead_nonlinear_value": AttentionPreset(
-        "rms_head", "nonlinear_value", "relu",
-        "Linear attention + RMSHead + nonlinear value"),
-    "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu", "HYLA - RMSHead"),
-    "hyla_linear_value": AttentionPreset(
-        "rms_head", "mlp", "identity", "HYLA - nonlinearity"),
-    "hyla_linear_value_no_rmshead": AttentionPreset(
-        "linear", "mlp", "identity", "HYLA - nonlinearity - RMSHead"),
-    "softmax_hyla": AttentionPreset("softmax", "mlp", "relu", "HYLA - RMSHead + softmax"),
-    "hyla_deep": AttentionPreset(
-        "rms_head", "deep_mlp", "relu", "HYLA + deep value network"),
+    "linear_rmshead_nonlinear_value": AttentionPreset("rms_head", "nonlinear_value", "relu"),
+    "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu"),
+    "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
+    "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
+    "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
+    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
 }
 
 
@@ -223,9 +217,10 @@ class MultiHeadAttention(nn.Module):
   def _decode_step(self, query, key, value):
     """Writes this step's key/value into the cache; returns the full cache and positions.
 
-    Returns (query_positions_Q, key_positions_K, key, value, cache_mask) where the cache
-    mask hides the slots not written yet. On the initializing call the cache is only
-    created and the input is attended to as a whole.
+    Returns (query_positions_Q, key_positions_K, query, key, value, cache_mask): the query
+    (and, with RoPE, the new key) rotated to the step's position, the whole cache, and a
+    mask that hides the slots not written yet. On the initializing call the cache is only
+    created (returns None) and the input is attended to as a whole.
     """
     initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)

@@ -218,19 +218,3 @@ class Transformer(nn.Module):
             nn.linear.default_kernel_init, ("embed", "output")),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("output",)),
     )(x_BTE)
-
-
-def count_params(params) -> int:
-  """Number of scalars in a (boxed or plain) parameter tree."""
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(params))))
-
-
-def init_params(config: TransformerConfig, input_dim: Optional[int] = None,
-                seq_len: int = 8, seed: int = 0):
-  """Initialized (boxed) params of `Transformer(config)` for a (1, seq_len) input."""
-  model = Transformer(config)
-  if config.input_kind == "dense":
-    dummy = jnp.zeros((1, seq_len, input_dim or 1), jnp.float32)
-  else:
-    dummy = jnp.zeros((1, seq_len), jnp.int32)
-  return model.init(jax.random.PRNGKey(seed), dummy)["params"]

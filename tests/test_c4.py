@@ -20,9 +20,11 @@ import tensorflow_datasets as tfds
 from hypernet_attention import transformer
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import config_lib
+from hypernet_attention.train import state as state_lib
 
 from experiments.configs import c4_lm as c4_config
 import c4_testlib
+import train_testlib as tl
 
 SEQ = 16
 
@@ -202,8 +204,8 @@ def _count_params(size, tied):
   model_config = config_lib.transformer_config(
       config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000,
       tied_embedding=tied)
-  shapes = jax.eval_shape(lambda: transformer.init_params(model_config, seq_len=8))
-  return transformer.count_params(shapes)
+  shapes = jax.eval_shape(lambda: tl.token_model_params(model_config))
+  return state_lib.count_params(shapes)
 
 
 def test_50m_parameter_count_matches_the_formula():

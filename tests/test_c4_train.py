@@ -23,7 +23,6 @@ import c4_testlib
 import train_testlib as tl
 
 from experiments.configs import c4_lm as c4_config
-from hypernet_attention import transformer
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import benchmark
 from hypernet_attention.train import config_lib
@@ -110,7 +109,7 @@ def test_flops_per_token_of_the_50m_model_is_the_stated_formula():
   config = c4_config.get_config("model=hyla,size=50m")
   model_config = config_lib.transformer_config(
       config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000)
-  params = jax.eval_shape(lambda: transformer.init_params(model_config, seq_len=8))
+  params = jax.eval_shape(lambda: tl.token_model_params(model_config))
   non_embedding = 51_715_328 - 32_000 * 512
   assert benchmark.flops_per_token(model_config, params, 512) == (
       6 * non_embedding + 12 * 6 * 512 * 512)

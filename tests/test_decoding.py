@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import train_testlib as tl
+
 from hypernet_attention import decoding
 from hypernet_attention import transformer
 from hypernet_attention.ops import reference
@@ -19,7 +21,7 @@ def _lm(attention, **changes):
       attention=attention, input_kind="embed", vocab_size=VOCAB, output_dim=VOCAB,
       position="rope", causal=True, attention_dropout=0.0, max_len=T)
   config = config.replace(**changes)
-  return config, transformer.init_params(config, seq_len=T, seed=1)
+  return config, tl.token_model_params(config, seq_len=T, seed=1)
 
 
 def _tokens(batch=3, length=T):

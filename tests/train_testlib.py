@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,6 +22,7 @@ if REPO not in sys.path:
 # pylint: disable=wrong-import-position
 from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402
 from experiments.configs import sraven as sraven_config  # noqa: E402
+from hypernet_attention import transformer  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 # pylint: enable=wrong-import-position
@@ -93,6 +95,12 @@ def smoke(experiment: str = "sraven", model: str = "hyla", **updates):
   for key, value in updates.items():
     config_lib.set_dotted(config, key, value)
   return config
+
+
+def token_model_params(model_config, seq_len: int = 8, seed: int = 0):
+  """Initialized (boxed) params of `Transformer(model_config)` for a (1, seq_len) token input."""
+  model = transformer.Transformer(model_config)
+  return model.init(jax.random.PRNGKey(seed), jnp.zeros((1, seq_len), jnp.int32))["params"]
 
 
 def flat_params(params) -> dict:
