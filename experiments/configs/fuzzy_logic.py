@@ -8,10 +8,9 @@ Arguments (`--config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper`):
                 wd 0.1, warmup 100, cosine to 0.1x. Hardware: one GPU (the paper: 2-3 min).
                 Expected (Table A1, OOD R^2 x100): softmax ~63, linear ~60, HYLA ~81;
                 `unseen_terms` R^2 stays low for all models.
-         local  8-15 min on a 2-core CPU: the paper's task and model, 6,000 steps instead
-                of 50,000, 4,096 eval problems per split. Measured (seed 0): OOD R^2 HYLA
-                0.742 (13.6 min), softmax 0.653 (8.4 min), linear 0.469 (7.5 min); test
-                R^2 0.842 / 0.879 / 0.782; unseen_terms R^2 <= 0.07 for all three.
+         local  minutes on a 2-core CPU: the paper's task and model, 6,000 steps instead
+                of 50,000, 4,096 eval problems per split. Results and times: `python -m
+                launch.run_local --sweep=table_a1_fuzzy_local`, then `launch/collect.py`.
          smoke  a few seconds, for tests.
 
 Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` (default None =

@@ -34,22 +34,22 @@ from hypernet_attention.ops import tiling
 
 IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "pallas")
 
-# Measured on the 2-core CPU (B=32, H in 2..8, d in 4..64, fwd+bwd): at T=16 the two tie,
-# from T=36 (SRAVEN's length) blockwise wins fwd+bwd 1.4-2x (forward alone ties until
-# T~64), and its lead grows with T. So only very short sequences take the reference.
+# Thresholds chosen by measurement on a 2-core CPU; re-measure on new hardware or kernels
+# with `experiments/benchmark_attention.py` (kernels, fwd+bwd) and
+# `experiments/benchmark_training.py` (whole train steps). Without dropout the tiles win
+# from about SRAVEN's length (T=36) on, and their lead grows with T: only very short
+# sequences take the reference.
 REFERENCE_MAX_PAIRS = 24 * 24
-# With dropout (training), measured on the same CPU in the real SRAVEN paper-size train step
-# (T=36, B=128, H=16, d=4, `experiments/benchmark_training.py`): the reference ran 0.86
-# steps/s, blockwise 0.74 (softmax 0.98 / 1.03 in the same runs). Both draw the same hash
-# mask; the tiles' overhead is not repaid at this length. So the synthetic tasks' lengths
-# (SRAVEN 36, fuzzy logic 33) train off the tiles (the reference, or `factored` for
-# HYLA on CPU), longer sequences on blockwise.
+# With dropout (training) both paths draw the same hash mask, but at the synthetic tasks'
+# lengths (SRAVEN 36, fuzzy logic 33) the tiles' overhead was not repaid in the real train
+# step: those train off the tiles (the reference, or `factored` for HYLA on CPU), longer
+# sequences on blockwise.
 REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # Where `auto` would take the reference on CPU, an MLP value network with per-pair
 # normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
-# it does D times the reference's value-network multiply-adds, but as big matmuls. Measured
-# in the real train step at D = 4 (SRAVEN paper size: HYLA/softmax step time 1.41 -> 1.26)
-# and D = 2 (fuzzy logic: 1.33 -> 1.06); README "Training throughput". Wider heads untested.
+# it does D times the reference's value-network multiply-adds, but as big matmuls. It was
+# faster in the real train step at D = 4 (SRAVEN paper size) and D = 2 (fuzzy logic)
+# (`experiments/benchmark_training.py`); wider heads untested.
 FACTORED_MAX_HEAD_DIM = 8
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.

@@ -1,12 +1,23 @@
-"""Training system: configs -> sharded train state -> scanned jit steps -> CLU logs -> Orbax.
+"""Training system: config -> sharded train state -> scanned jit steps -> events -> Orbax.
 
 Modules (each reads in one sitting):
   registry       experiment name -> entry point, config file, metric (launchers, tests).
-  config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig.
-  objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic), by name.
+  config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig; BadInput.
+  objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic, C4), by name.
+  data           where batches come from: on device (synthetic) or host (language model).
   state          TrainState, AdamW with warmup + cosine to 0.1x, weight-decay mask.
   sharding       mesh, logical axis rules -> NamedSharding, host-local -> global arrays.
-  checkpointing  Orbax CheckpointManager: async atomic saves, resume, foreign-workdir guard.
-  runtime        `jax.distributed` start-up and topology logging for the entry points.
+  build          a validated Setup from a config (model, optimizer, mesh, abstract state);
+                 no CLU, no TensorFlow: training, restore and the benchmarks start here.
+  workdir        every file a run keeps, local or gs:// (etils.epath): config, summary,
+                 ceilings, the workdir guard, atomic JSON writes.
+  checkpointing  Orbax CheckpointManager: async atomic saves, resume, params-only restore.
+  events         TensorBoard event files without TensorFlow.
   loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
+  restore        read-only `restore_params(workdir, step)` for analysis (probing).
+  preemption     SIGTERM -> checkpoint -> exit 75.
+  runtime, cli   entry-point start-up (`jax.distributed`) and one-line errors.
+  console        what the console shows; TensorFlow loaded quietly for the C4 data only.
+  curves         learning curves from the event files.
+  benchmark, profiling, lm   throughput, per-op profiles, the language-model entry point.
 """
