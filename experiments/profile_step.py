@@ -15,8 +15,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from hypernet_attention.train import console  # noqa: E402
-console.import_tensorflow_quietly()
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
 

@@ -24,6 +24,8 @@ import pytest
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 import train_testlib as tl
 
+from hypernet_attention.train import build
+from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 from hypernet_attention.train import workdir as workdir_lib
 
@@ -32,6 +34,8 @@ TRAIN = """
 import sys
 sys.path.insert(0, TESTS)
 import train_testlib as tl
+from hypernet_attention.train import build
+from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 stop = {"stop_after_steps": int(sys.argv[2])} if len(sys.argv) > 2 else {}
 loop.train_and_evaluate(tl.smoke("sraven", **stop), sys.argv[1])
@@ -149,3 +153,22 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
                 f"--out={out}"])
   assert "1 finished runs under gs://bucket/sweep" in table.stdout
   assert (out / "table_a1.md").exists()
+
+  # A corrupt newest step in the bucket is moved aside and the previous one restored.
+  for f in _files(root / workdir_lib.CHECKPOINTS / "8" / "state"):
+    f.write_bytes(b"garbage")
+  ckpt = checkpointing.Checkpointer(workdir)
+  try:
+    state = ckpt.restore_latest(build.setup(tl.smoke("sraven")).restore_target())
+  finally:
+    ckpt.close()
+  assert int(state.step) == 4
+  assert ckpt.all_steps() == [4]
+  moved = sorted(p.name for p in (root / workdir_lib.CORRUPT_CHECKPOINTS).iterdir())
+  assert len(moved) == 2 and moved[0].startswith("8-") and moved[1] == moved[0] + ".txt"
+
+
+def _files(directory):
+  """Every file below `directory` (a bucket has no recursive glob)."""
+  for p in directory.iterdir():
+    yield from _files(p) if p.is_dir() else [p]

@@ -218,12 +218,12 @@ class Checkpointer:
     return None
 
   def _unreadable(self, step: int, error: Exception) -> None:
-    logging.warning("Checkpoint at step %d is unreadable (%s: %s); moving it to "
-                    "corrupt_checkpoints/ and trying an older one", step,
-                    type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-    self._quarantine(step)
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    logging.warning("Checkpoint at step %d is unreadable (%s); moving it to "
+                    "corrupt_checkpoints/ and trying an older one", step, reason)
+    self._quarantine(step, reason)
 
-  def _quarantine(self, step: int) -> None:
+  def _quarantine(self, step: int, reason: str) -> None:
     """Moves an unreadable step out of the way (kept for inspection, never deleted)."""
     if self.read_only:
       raise ValueError(f"checkpoint step {step} in {self.directory} is unreadable")
@@ -231,8 +231,12 @@ class Checkpointer:
       src = self.directory / str(step)
       dst_dir = self.workdir / workdir_lib.CORRUPT_CHECKPOINTS
       dst_dir.mkdir(parents=True, exist_ok=True)
+      name = f"{step}-{int(time.time())}"
+      # Why it was moved. It also makes the folder exist in a bucket (which has no empty
+      # folders), where epath's rename needs it.
+      (dst_dir / f"{name}.txt").write_text(reason + "\n")
       if src.exists():  # In a bucket a "move" is a copy and a delete, object by object.
-        src.rename(dst_dir / f"{step}-{int(time.time())}")
+        src.rename(dst_dir / name)
     multihost_utils.sync_global_devices(f"quarantine_{step}")
     self.manager.reload()
 
