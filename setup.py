@@ -34,7 +34,9 @@ LM = [
     "tensorflow-text>=2.21,<2.22",
     "tensorflow-datasets>=4.9.10,<5",
     "seqio==0.0.20",
-    "sentencepiece>=0.2,<0.3",
+    # 0.2.3's generated proto needs protobuf >= 7, which [launch] (xmanager) rules out:
+    # with both extras it installs but fails at import. 0.2.2's works with protobuf 6 and 7.
+    "sentencepiece>=0.2,<0.2.3",
 ]
 
 EXTRAS = {

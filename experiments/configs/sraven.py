@@ -2,7 +2,7 @@ r"""SRAVEN (symbolic Raven's progressive matrices): softmax vs linear attention 
 
 Arguments (`--config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4`):
   model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).
-  size   paper  the paper (PAPER.md Sec. 4): K=4 features, F=8 values, 25% of the 330 rule
+  size   paper  the paper (SRAVEN, appendix): K=4 features, F=8 values, 25% of the 330 rule
                 combinations held out; 4 layers, D=128, 16 heads, qk/v width 64, MLP 256
                 (402,824 params at width 1, depth 4); batch 128, 156,250 steps (20M problems),
                 AdamW lr 1e-3, wd 0.1, warmup 1000, cosine to 0.1x; 51,200 eval problems.

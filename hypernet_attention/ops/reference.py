@@ -9,7 +9,7 @@ Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
   V per-head value width.
 
-The computation, for every query q, key k and head h (PAPER.md §1):
+The computation, for every query q, key k and head h (the paper's Eqs. 2-7):
   s_hqk = <q_qh, k_kh> / sqrt(D) + bias_hqk
   a_hqk = normalize(s)_hqk                      # the latent code of pair (q, k)
   linear value network:   y_qh = sum_k a_hqk v_kh
