@@ -22,11 +22,10 @@ step "the C4 stack and xmanager import together" python -c "
 import sentencepiece, seqio, tensorflow_text, xmanager
 from sentencepiece import sentencepiece_model_pb2
 from hypernet_attention.tasks import c4"
-for f in experiments/*.py launch/*.py; do
-  step "import $f" python -c "
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location('smoke_module', sys.argv[1])
-spec.loader.exec_module(importlib.util.module_from_spec(spec))" "$f"
+for f in experiments/*.py launch/*.py; do  # One process each: entry points define flags.
+  module=${f%.py}; module=${module//\//.}
+  step "import $module" python -c "import importlib, sys; importlib.import_module(sys.argv[1])" \
+    "$module"
 done
 
 smoke() { echo "--config=experiments/configs/$1.py:model=hyla,size=smoke"; }

@@ -38,7 +38,7 @@ SIZES = ("paper", "demo", "local", "smoke")
 # MLP 128; 52,024 params), batch 64, 12,000 steps (768k problems), 4,096 eval problems.
 # Chosen by measurement on a 2-core CPU (paper size runs at only a few steps/s there).
 # Measured (3 seeds, 2-core AMD EPYC, `python -m launch.run_local
-# --sweep=table_a1_sraven_local`; README "Results on a 2-core CPU"): OOD accuracy softmax
+# --sweep=table_a1_sraven_local`; experiments/results/cpu_table_a1.md): OOD accuracy softmax
 # 5.2 +- 0.7%, linear 13.8 +- 1.7%, HYLA 4.5 +- 1.0% against a ~91% ceiling, 5-8 CPU-min per
 # run. All models are at the start of their learning curves: linear attention separates,
 # HYLA and softmax do not (with 2 features softmax is ahead on every seed, at 12k and

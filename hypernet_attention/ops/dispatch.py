@@ -49,7 +49,8 @@ REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
 # it does D times the reference's value-network multiply-adds, but as big matmuls. Measured
 # in the real train step at D = 4 (SRAVEN paper size: HYLA/softmax step time 1.41 -> 1.26)
-# and D = 2 (fuzzy logic: 1.33 -> 1.06); README "Training throughput". Wider heads untested.
+# and D = 2 (fuzzy logic: 1.33 -> 1.06); experiments/results/training_throughput.md. Wider
+# heads untested.
 FACTORED_MAX_HEAD_DIM = 8
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.
