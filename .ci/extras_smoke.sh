@@ -22,7 +22,7 @@ step "the C4 stack and xmanager import together" python -c "
 import sentencepiece, seqio, tensorflow_text, xmanager
 from sentencepiece import sentencepiece_model_pb2
 from hypernet_attention.tasks import c4"
-for f in experiments/*.py launch/*.py; do  # One process each: entry points define flags.
+for f in experiments/*.py launch/[!_]*.py; do  # One process each: entry points define flags.
   module=${f%.py}; module=${module//\//.}
   step "import $module" python -c "import importlib, sys; importlib.import_module(sys.argv[1])" \
     "$module"
@@ -30,14 +30,14 @@ done
 
 smoke() { echo "--config=experiments/configs/$1.py:model=hyla,size=smoke"; }
 step "sraven_scaling.py" python experiments/sraven_scaling.py "$(smoke sraven)" \
-  --workdir="$tmp/runs/sraven"
+  --workdir="$tmp/sraven_runs/s0"
 step "fuzzy_logic.py" python experiments/fuzzy_logic.py "$(smoke fuzzy_logic)" \
-  --workdir="$tmp/runs/fuzzy"
-step "probe_latents.py" python experiments/probe_latents.py --workdir="$tmp/runs/sraven" \
+  --workdir="$tmp/fuzzy_runs/s0"
+step "probe_latents.py" python experiments/probe_latents.py --workdir="$tmp/sraven_runs/s0" \
   --output_dir="$tmp/probe" --num_problems=64 --permutations=2
-step "plot_curves.py" python experiments/plot_curves.py --workdir="$tmp/runs/sraven" \
-  --out="$tmp/curves.png"
-step "launch.collect" python -m launch.collect --root="$tmp/runs" --out="$tmp/table"
+step "plot_curves.py" python experiments/plot_curves.py --workdir="$tmp/sraven_runs/s0" \
+  --tags=train/loss,test/loss --out="$tmp/curves.png"
+step "launch.collect" python -m launch.collect --root="$tmp/sraven_runs" --out="$tmp/table"
 step "launch.xm_launch --dry_run" python -m launch.xm_launch --sweep=table_a1_sraven --dry_run
 step "task_stats.py" python experiments/task_stats.py --num_problems=128 --ceiling_problems=32
 step "benchmark_attention.py" python experiments/benchmark_attention.py --seq_lens=32 \
