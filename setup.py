@@ -1,36 +1,43 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
-Tested together on Python 3.11 (2026-11): jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorflow 2.21
-(CLU's TensorBoard writer), tensorflow-datasets 4.9.10, seqio 0.0.20, pytest 9.2.
+Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
+orbax-checkpoint 0.12.8, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21; on Python 3.12
+jax 0.11.2, flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8 (jax 0.11 needs Python >= 3.12).
+The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
+0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
 """
 
 import setuptools
 
 BASE = [
-    "jax>=0.10.2,<0.11",
+    # jax 0.11 (what accelerator images ship) needs Python >= 3.12; 0.10.2 runs on 3.11.
+    "jax>=0.10.2,<0.12",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.8,<0.13",
-    "chex>=0.1.92,<0.2",
+    "etils[epath]>=1.7",  # workdir I/O: local paths and gs:// alike
     "ml-collections>=1.1,<2",
     "clu==0.0.12",
-    # CLU's SummaryWriter writes TensorBoard events through tf.summary.
-    "tensorflow>=2.21,<2.22",
+    # TensorBoard event files are written without TensorFlow (it is only in [lm]).
     "tensorboard>=2.21,<2.22",
     "matplotlib>=3.9",
     "numpy>=2.0",
-    # Latent-code probing: decoders, cross-validation, t-SNE, statistics.
+    # Latent-code probing: decoders, cross-validation, t-SNE, statistics, BLAS thread limits.
     "scikit-learn>=1.6,<2",
     "scipy>=1.13,<2",
+    "threadpoolctl>=3.5,<4",
     "tqdm>=4.66,<5",  # the probe's progress bar
 ]
 
+# The C4 language-modeling data pipeline (the only part that needs TensorFlow).
 LM = [
+    "tensorflow>=2.21,<2.22",
     "tensorflow-text>=2.21,<2.22",
     "tensorflow-datasets>=4.9.10,<5",
     "seqio==0.0.20",
-    "sentencepiece>=0.2,<0.3",
+    # 0.2.3's generated proto needs protobuf >= 7, which [launch] (xmanager) rules out:
+    # with both extras it installs but fails at import. 0.2.2's works with protobuf 6 and 7.
+    "sentencepiece>=0.2,<0.2.3",
 ]
 
 EXTRAS = {
@@ -44,8 +51,8 @@ EXTRAS = {
         "google-cloud-bigquery==3.47.0",
     ],
     # Accelerator builds of jaxlib (the base install is CPU-only).
-    "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
-    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+    "cuda": ["jax[cuda12]>=0.10.2,<0.12"],
+    "tpu": ["jax[tpu]>=0.10.2,<0.12"],
     # The language-modeling tests (tests/test_c4*.py) need the [lm] packages.
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4"] + LM,
 }

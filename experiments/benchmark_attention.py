@@ -1,6 +1,6 @@
 r"""Attention benchmark: softmax, linear, HYLA reference / blockwise / Pallas over T.
 
-Issue 5's CPU target (B=4, H=8, d=64, causal, float32, fwd+bwd):
+The CPU table of experiments/results/kernels.md (B=4, H=8, d=64, causal, float32, fwd+bwd):
   python experiments/benchmark_attention.py --seq_lens=256,512,1024,2048,4096 \
     --batch=4 --heads=8 --head_dim=64 --causal --dtype=float32 --repeats=5 \
     --out_dir=/tmp/bench_attention

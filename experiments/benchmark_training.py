@@ -30,8 +30,6 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from hypernet_attention.train import console  # noqa: E402
-console.import_tensorflow_quietly()  # seqio (c4) loads TensorFlow, which logs natively.
-from hypernet_attention.tasks import c4  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
@@ -61,7 +59,9 @@ def main():
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   pipeline = None
-  if args.experiment == "c4_lm":
+  if args.experiment == "c4_lm":  # Only C4 needs the [lm] extra (TensorFlow, seqio).
+    console.import_tensorflow_quietly()  # seqio loads TensorFlow, which logs natively.
+    from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
     configs = [c4.prepare_config(c, args.data_dir) for c in configs]
     pipeline = benchmark.input_tokens_per_second(configs[0])
   rows = benchmark.train_steps_per_second(configs, steps=args.steps, repeats=args.repeats,

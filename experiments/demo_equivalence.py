@@ -29,7 +29,7 @@ PHI = {"relu": lambda x: np.maximum(x, 0), "identity": lambda x: x}
 
 
 def paper_einsums(p, x, mask, preset, eps=1e-6):
-  """PAPER.md §1 in numpy einsums (no position bias; causal+padding mask)."""
+  """The paper's Eqs. 2-7 in numpy einsums (no position bias; causal+padding mask)."""
   p = jax.tree.map(np.asarray, p)
   q = np.einsum("bte,ehd->bthd", x, p["query"]["kernel"]) + p["query"]["bias"]
   k = np.einsum("bte,ehd->bthd", x, p["key"]["kernel"]) + p["key"]["bias"]

@@ -19,7 +19,7 @@ import numpy as np
 from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
 from hypernet_attention.tasks.sraven import SRaven
 
-TABLE_A2 = {8: 0.0032, 4: 0.0642}  # K=4 (PAPER.md §4)
+TABLE_A2 = {8: 0.0032, 4: 0.0642}  # K=4 (the paper's Table A2)
 
 
 def ambiguity_rate(task, key, num_problems, definition, batch_size=2048):

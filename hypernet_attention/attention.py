@@ -5,7 +5,7 @@ Shape letters:
   V per-head value width, E input width (`embed`), O output width.
 
 The module is `flax.linen.MultiHeadDotProductAttention` with two knobs turned by a preset
-(PAPER.md §1, Table A1): the *normalization* that turns scores s_hqk into the latent code
+(the paper's Eqs. 2-7, Table A1): the *normalization* that turns scores s_hqk into the latent code
 a_hqk (softmax over keys, identity, or RMSHead across heads), and the *value network* that
 the latent code configures (linear = standard attention; a one-hidden-layer MLP whose two
 layers are both generated = HYLA; a two-hidden-layer one = HYLA+). Parameters are named and

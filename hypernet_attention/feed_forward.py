@@ -68,7 +68,7 @@ def top_k_gates(logits_BTX: jax.Array, top_k: int) -> jax.Array:
 class MoE(nn.Module):
   """Mixture of experts: f(x) = sum_i softmax(top_k(W_gate x))_i W_i^down gelu(W_i^up x).
 
-  PAPER.md §1 (the rebuttal's ablation used 5 experts, top-2). Each expert is a GeLU MLP
+  Table A1's MoE rows (the rebuttal's ablation used 5 experts, top-2). Each expert is a GeLU MLP
   of width `hidden_dim`. Capacity: there is none, no token is ever dropped. Every expert
   runs on every token and the gates, zero outside each token's top k, weight the results.
   That is exact, has no capacity factor to tune, and at the paper's sizes (X=5, short

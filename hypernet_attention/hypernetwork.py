@@ -1,4 +1,4 @@
-"""Attention written explicitly as a hypernetwork (PAPER.md §1, Eqs. 2-10).
+"""Attention written explicitly as a hypernetwork (the paper's Eqs. 2-10).
 
 `attention.MultiHeadAttention` computes attention the usual way. This module computes the
 same function the way the paper reads it, from the same parameter tree:

@@ -4,7 +4,7 @@ Shape letters:
   B batch, Q query positions, K key positions, T positions, H heads, D per-head width,
   N buckets of relative distance.
 
-The T5 bias is what the paper's synthetic-task models use (PAPER.md §2): one learned
+The T5 bias is what the paper's synthetic-task models use (the paper's appendix): one learned
 (heads x buckets) table per layer, added to the scores before the normalization. The
 authors set num_buckets = max_distance = sequence length and `bidirectional=False` even
 though those tasks attend non-causally, so every key *after* the query falls into bucket 0

@@ -1,4 +1,4 @@
-"""The pre-LN transformer of PAPER.md §2 with any attention preset by name.
+"""The pre-LN transformer of the paper's synthetic tasks (appendix), any attention preset.
 
 Shape letters:
   B batch, T positions, I input features, E model width (`embed`), O output width.
@@ -95,7 +95,7 @@ class TransformerConfig:
 
 
 def fuzzy_logic_config(seq_len: int = 16, **changes) -> TransformerConfig:
-  """PAPER.md §3: 2 layers, D=128, MLP 256, 8 heads, q/k/v width 16; 151,009 params at N=16."""
+  """Fuzzy logic (appendix): 2 layers, D=128, MLP 256, 8 heads, q/k/v 16; 151,009 params at N=16."""
   config = TransformerConfig(
       num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256,
       output_dim=1, num_buckets=seq_len, max_distance=seq_len)
@@ -106,7 +106,7 @@ def sraven_config(
     width_multiplier: int = 1, num_layers: int = 4, seq_len: int = 36, num_values: int = 8,
     **changes,
 ) -> TransformerConfig:
-  """PAPER.md §4: D=128w, 16w heads, q/k/v 64w, MLP 256w; 402,824 params at w=1, depth 4."""
+  """SRAVEN (appendix): D=128w, 16w heads, q/k/v 64w, MLP 256w; 402,824 params at w=1, depth 4."""
   w = width_multiplier
   config = TransformerConfig(
       num_layers=num_layers, emb_dim=128 * w, num_heads=16 * w, qk_dim=64 * w,

@@ -11,7 +11,7 @@ from hypernet_attention import positions
 
 B, T, E, H = 2, 6, 8, 2
 
-# Table A1 rows as (normalization, value network), written out from PAPER.md §1.
+# Table A1 rows as (normalization, value network), written out from the paper (Table A1, Eqs. 2-7).
 TABLE_A1 = {
     "softmax": ("softmax", "linear"),
     "linear": ("linear", "linear"),

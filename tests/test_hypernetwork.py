@@ -1,6 +1,6 @@
 """Attention == its hypernetwork form == the paper's equations, for every preset.
 
-The independent formula below is written from PAPER.md §1 with numpy loops over query-key
+The independent formula below is written from the paper's Eqs. 2-7 with numpy loops over query-key
 pairs in float64; it shares no code with the package (T5 buckets and RoPE included).
 """
 

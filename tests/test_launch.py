@@ -26,9 +26,9 @@ from launch import sweeps
 from launch import xm_launch
 from launch.sweeps import common
 
-FUZZY_GRID, SRAVEN_GRID = 2 * 2, 2 * 2 * 2  # PAPER.md Sec. 3-4: lr x wd (x warmup).
+FUZZY_GRID, SRAVEN_GRID = 2 * 2, 2 * 2 * 2  # The paper's appendix: lr x wd (x warmup).
 SEEDS = 3
-# Sizes of the paper's grids (PAPER.md Sec. 3-5, the authors' sweeps/*.yaml).
+# Sizes of the paper's grids (the paper's appendix and Table A1, the authors' sweeps/*.yaml).
 EXPECTED_JOBS = {
     "table_a1_sraven": 13 * SRAVEN_GRID * SEEDS,  # 10 rows + 3 MoE rows.
     "table_a1_fuzzy": 13 * FUZZY_GRID * SEEDS,

@@ -230,7 +230,7 @@ def test_blockwise_memory_is_subquadratic():
 
 
 def naive_hyla_float64(q, k, v, mask):
-  """Loops over (q, k) pairs in float64: RMSHead + ReLU MLP value network (PAPER.md §1)."""
+  """Loops over (q, k) pairs in float64: RMSHead + ReLU MLP value network (the paper's Eqs. 6-7)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   batch, q_len, heads, depth = q.shape
   out = np.zeros((batch, q_len, heads, v.shape[-1]))

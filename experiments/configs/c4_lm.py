@@ -1,4 +1,4 @@
-r"""C4 language modeling (PAPER.md §6): decoder-only softmax vs linear attention vs HYLA.
+r"""C4 language modeling (the paper's Fig. 6): decoder-only softmax vs linear attention vs HYLA.
 
 Arguments (`--config=experiments/configs/c4_lm.py:model=hyla,size=50m`):
   model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).

@@ -1,4 +1,4 @@
-"""Times and sizes attention implementations over sequence lengths (issue 5's table).
+"""Times and sizes attention implementations over sequence lengths (experiments/results/kernels.md).
 
 For each sequence length T and implementation this measures, after compilation:
 forward and forward+backward wall time (median of repeats), the compiled executables'

@@ -49,7 +49,8 @@ REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
 # it does D times the reference's value-network multiply-adds, but as big matmuls. It was
 # faster in the real train step at D = 4 (SRAVEN paper size) and D = 2 (fuzzy logic)
-# (`experiments/benchmark_training.py`); wider heads untested.
+# (`experiments/benchmark_training.py`, write-up in
+# experiments/results/training_throughput.md); wider heads untested.
 FACTORED_MAX_HEAD_DIM = 8
 # Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
 # tiles large enough to feed the matrix units.

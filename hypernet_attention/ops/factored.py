@@ -4,7 +4,7 @@ Why: at the synthetic tasks' sizes (T ~ 36, per-head widths D = V = 2..4) the re
 contracts the (B, H, Q, K) latent code twice, over heads with (b, k) as batch axes and over
 keys with (b, q) as batch axes. On CPU that means two full transposes of the code and its
 gradient and thousands of (36 x 16) x (16 x 4) matmuls: HYLA's training step took ~1.5x
-softmax's for a few percent more arithmetic (issue 13's profile).
+softmax's for a few percent more arithmetic (experiments/results/training_throughput.md).
 
 RMSHead divides all heads' scores of a pair by one number, and the paper's dropout drops whole
 pairs, so the latent code is a_hqk = c_qk s_hqk with one scalar per pair,

@@ -9,7 +9,7 @@ Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
   V per-head value width.
 
-The computation, for every query q, key k and head h (PAPER.md §1):
+The computation, for every query q, key k and head h (the paper's Eqs. 2-7):
   s_hqk = <q_qh, k_kh> / sqrt(D) + bias_hqk
   a_hqk = normalize(s)_hqk                      # the latent code of pair (q, k)
   linear value network:   y_qh = sum_k a_hqk v_kh
@@ -74,8 +74,8 @@ def add_bias(scores_BHQK: jax.Array, bias: jax.Array) -> jax.Array:
   gradient summed over the batch. XLA:CPU runs that reduction over the leading axis through
   YNNPACK ~6x slower than the same sum written as a ones-vector matmul (6.6 vs 1.1 ms at
   SRAVEN's B=128, H=16, T=36), which cost every model ~5 ms per layer and training step
-  (`jax.profiler`, README "Training throughput"). Other backends keep the plain sum: on TPU
-  a float32 matmul may run in bfloat16 passes.
+  (`jax.profiler`, experiments/results/training_throughput.md). Other backends keep the
+  plain sum: on TPU a float32 matmul may run in bfloat16 passes.
   """
   bias = bias.astype(scores_BHQK.dtype)
   if (jax.default_backend() != "cpu" or bias.ndim != scores_BHQK.ndim

@@ -10,7 +10,8 @@ The codes are read through the *materialized* attention path: `MultiHeadAttentio
 mutable, and the fused kernels never hold it. `deterministic=True`, so no dropout. Only the
 probed entries leave the jitted forward pass.
 
-Settings (PROBING.md; one registry entry per experiment kind, `SETTINGS`):
+Settings (after the paper's Figs. 2B and 5 and the authors' callbacks.py; one registry
+entry per experiment kind, `SETTINGS`):
   sraven       splits `test_unpermuted` (in-distribution tasks, to fit) and
                `ood_unpermuted` (held-out rule combinations, to score); no feature
                permutation, so slot f *is* feature f. For each probed feature f the query

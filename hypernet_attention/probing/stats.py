@@ -11,7 +11,7 @@ group, which leaves a label that is constant within a group unchanged. So we shu
 label of whole units, within strata (SRAVEN: the feature index, whose prior over rules is
 skewed, so a probe that only recognises the feature is not mistaken for rule decoding).
 
-Topographic similarity (Brighton & Kirby, 2006; as PROBING.md defines it):
+Topographic similarity (Brighton & Kirby, 2006):
   rho = Spearman correlation, over all pairs of tasks (i, j), between
         d_code(i, j)    = cosine distance of the tasks' mean codes (per layer, or all
                           layers concatenated; SRAVEN: the per-feature means concatenated),
@@ -127,7 +127,7 @@ def topographic_similarity(means_TC: np.ndarray, meaning_TM: np.ndarray,
 
 
 def cosine_matrix(vectors_RC: np.ndarray, centred: bool) -> np.ndarray:
-  """Cosine similarity between rows; `centred` subtracts the mean row first (PROBING.md:
-  softmax codes are all positive, so uncentred cosines all look high)."""
+  """Cosine similarity between rows; `centred` subtracts the mean row first (softmax
+  codes are all positive, so uncentred cosines all look high)."""
   v = vectors_RC - vectors_RC.mean(0, keepdims=True) if centred else vectors_RC
   return 1.0 - distance.squareform(distance.pdist(v, "cosine"))

@@ -1,4 +1,4 @@
-"""Language-modeling data (PAPER.md §6): seqio Tasks `c4_lm` and `text_lm`, packed rows.
+"""Language-modeling data (the paper's Fig. 6): seqio Tasks `c4_lm` and `text_lm`, packed rows.
 
 Two seqio Tasks, registered by name:
   c4_lm    TFDS `c4/en` (field `text`) from a `data_dir` that is a local folder or a

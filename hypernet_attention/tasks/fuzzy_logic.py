@@ -1,4 +1,4 @@
-"""Fuzzy logic in-context regression (PAPER.md §3), as a jittable JAX generator.
+"""Fuzzy logic in-context regression (the paper's Fig. 2), as a jittable JAX generator.
 
 Shape letters:
   B batch, N examples per sequence, L variables, K terms per task.
@@ -129,5 +129,5 @@ class FuzzyLogic:
     return 1.0 - (y_BN[:, -1] - pred) ** 2 / jnp.var(y_BN, axis=-1)
 
   def r2(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Mean per-sequence R^2 (PAPER.md §3)."""
+    """Mean per-sequence R^2 (the paper's Fig. 2, Table A1)."""
     return jnp.mean(self.r2_per_sequence(pred, batch))

@@ -1,4 +1,4 @@
-"""SRAVEN: symbolic Raven's progressive matrices (PAPER.md §4), as a jittable JAX generator.
+"""SRAVEN, symbolic Raven's progressive matrices (the paper's Fig. 3): a jittable generator.
 
 Shape letters:
   B batch, G grid size (rows = columns = G), K features per panel, F values per feature,

@@ -1,6 +1,6 @@
 """Throughput of the real train step (`loop.Trainer.train_chunk`), without a workdir.
 
-Used by `experiments/benchmark_training.py`; numbers go in notes and the README, not in
+Used by `experiments/benchmark_training.py`; numbers go in experiments/results/, not in
 timed tests. Several models are timed interleaved in one process, so their ratio is robust
 to a shared, noisy machine. For sequence models it also reports tokens/s and model FLOPs
 utilization:

@@ -110,7 +110,7 @@ def transformer_config(model: Mapping[str, Any], **overrides: Any):
 def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
   """`config.model` of the synthetic tasks: the paper's fixed choices, plus `sizes`.
 
-  Fixed as in the authors' code (PAPER.md Sec. 2): GeLU MLP, T5 relative bias with
+  Fixed as in the authors' code (the paper's appendix): GeLU MLP, T5 relative bias with
   `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32.
   """
   check_preset(attention)
@@ -119,7 +119,7 @@ def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
       causal=False, attention_dropout=0.1, dtype="float32", implementation="auto",
       # Overrides the preset's value-network activation (the rebuttal's phi sweep).
       activation=ml_collections.config_dict.placeholder(str),
-      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (PAPER.md Sec. 1).
+      num_experts=5, top_k=2))  # Used only with feed_forward="moe" (Table A1's MoE rows).
   model.update(sizes)
   return model
 

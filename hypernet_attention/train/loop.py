@@ -277,9 +277,16 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
                     not k.startswith("train/")), key=lambda k: (not k.startswith("ood"), k))
   parts = []
   for key in ordered:
-    ceiling = summary.get(f"{key}_ceiling")
-    parts.append(f"{key} {summary[key]:.4f}" + (f" (ceiling {ceiling:.4f})" if ceiling else ""))
-  return (f"Result: {', '.join(parts)} after {summary['step']:,} steps in "
+    bounds = [f"{name} {summary[f'{key}_{name}']:.4f}" for name in ("ceiling", "chance")
+              if summary.get(f"{key}_{name}")]
+    parts.append(f"{key} {summary[key]:.4f}" + (f" ({', '.join(bounds)})" if bounds else ""))
+  meaning = ""
+  if summary.get(f"ood/{main_metric}_chance"):  # Read the held-out split against chance.
+    times = summary[f"ood/{main_metric}"] / summary[f"ood/{main_metric}_chance"]
+    meaning = (f": {times:.0f}x chance on rule combinations held out of training"
+               + (", which the model answers by composing what it learned" if times >= 5
+                  else ", close to chance: train longer or larger"))
+  return (f"Result: {', '.join(parts)}{meaning}; after {summary['step']:,} steps in "
           f"{console.duration(summary['wall_time_s'])}. Summary: "
           f"{workdir_lib.path(workdir) / workdir_lib.SUMMARY}; TensorBoard: tensorboard "
           f"--logdir {workdir}")

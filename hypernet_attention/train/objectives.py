@@ -126,7 +126,15 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
       source, task.encode, metrics_fn, "accuracy",
       _synthetic_overrides(config, source, task.encode, input_kind="dense",
                            output_dim=task.num_values),
-      run_metrics=functools.partial(_accuracy_ceilings, task), task=task)
+      run_metrics=functools.partial(_sraven_run_metrics, task), task=task)
+
+
+def _sraven_run_metrics(task, config, workdir: str) -> dict[str, float]:
+  """Accuracy ceilings and chance: a uniform guess gets all K features of the answer panel
+  right with probability F**-K (accuracy counts a panel right only if every feature is)."""
+  chance = float(task.num_values) ** -task.num_features
+  return {**_accuracy_ceilings(task, config, workdir),
+          **{f"{split}/accuracy_chance": chance for split in config.eval.splits}}
 
 
 def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:

@@ -3,9 +3,10 @@
 XLA:CPU's trace names each executed HLO instruction (`ynn_fusion.33`, `dot.12`), which says
 little. The compiled HLO text carries each instruction's JAX `op_name` metadata (e.g.
 `.../transpose(jvp(Transformer))/layers_2/attention/relative_position/hn,qkn->hqk`), so this
-module joins the two and sums the time per op over layers. This is how issue 13's profile
-found the T5 bias gradient's slow batch reduction. CPU only: on GPU the trace names CUDA
-kernels; open the same trace directory in TensorBoard's profile plugin there.
+module joins the two and sums the time per op over layers. This is how the profile in
+experiments/results/training_throughput.md found the T5 bias gradient's slow batch
+reduction. CPU only: on GPU the trace names CUDA kernels; open the same trace directory in
+TensorBoard's profile plugin there.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train state and optimizer: AdamW, linear warmup from 0, cosine decay to 0.1x peak.
 
-As the paper (Sec. 2 of PAPER.md): no weight decay on 1-D parameters (biases, norm scales);
+As the paper (its appendix): no weight decay on 1-D parameters (biases, norm scales);
 optional global-norm gradient clipping. The state is a plain pytree (step, params,
 opt_state) so Orbax saves and restores it without custom handlers.
 """

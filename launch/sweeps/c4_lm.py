@@ -1,6 +1,6 @@
 """Fig. 6: C4 language modeling at 50M parameters, softmax vs linear attention vs HYLA.
 
-12 jobs: 3 models x the paper's lr {1e-3, 3e-3} x wd {0.1, 0.03} (PAPER.md Sec. 6), one seed,
+12 jobs: 3 models x the paper's lr {1e-3, 3e-3} x wd {0.1, 0.03} (the paper's appendix), one seed,
 at `size=50m` (992,000 steps of 256 x 512 tokens = 130B tokens each; the paper: 72-100 h
 on 16 TPU v5e per run). Every job needs the TFDS c4/en data: add
 `--config.task.data_dir=gs://BUCKET/tensorflow_datasets` (see experiments/configs/c4_lm.py).

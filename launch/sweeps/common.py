@@ -12,7 +12,7 @@ TABLE_A1_PRESETS = (
     "hyla_deep")
 # The "+ MoE" rows: these presets with a 5-expert, top-2 feed-forward layer.
 TABLE_A1_MOE_PRESETS = MAIN_MODELS
-# Table A1 as published (PAPER.md Sec. 5, mean +- s.e. over 3 seeds, x100): (preset, MoE) ->
+# Table A1 as published (mean +- s.e. over 3 seeds, x100): (preset, MoE) ->
 # (row name, {experiment: (mean, s.e.)}).
 TABLE_A1_PAPER = {
     ("softmax", False): ("Softmax attention", {"fuzzy_logic": (63.28, 2.31),
@@ -42,7 +42,7 @@ TABLE_A1_PAPER = {
     ("hyla", True): ("HYLA + MoE", {"fuzzy_logic": (82.37, 6.55), "sraven": (66.94, 3.94)}),
 }
 
-# The per-method hyperparameter grids (PAPER.md Sec. 3-4, the authors' sweeps/*.yaml), as
+# The per-method hyperparameter grids (the paper's appendix, the authors' sweeps/*.yaml), as
 # config overrides; every method's reported number is the best grid point's mean over seeds.
 FUZZY_GRID = {"optimizer.learning_rate": [1e-3, 3e-3], "optimizer.weight_decay": [0.03, 0.1]}
 SRAVEN_GRID = {"optimizer.learning_rate": [3e-4, 1e-3], "optimizer.weight_decay": [0.1, 0.3],

@@ -1,6 +1,6 @@
 """Fig. 5C: SRAVEN OOD accuracy vs number of heads H at equal parameters.
 
-PAPER.md names the experiment (Sec. 1, "single head") but not its task or grid: SRAVEN and
+The paper names the experiment (Fig. 5C, "single head") but not its task or grid: SRAVEN and
 the SRAVEN grid are our assumption.
 
 3 models x H {1, 2, 4, 8, 16} x lr {3e-4, 1e-3} x wd {0.1, 0.3} x warmup {1000, 3000} x

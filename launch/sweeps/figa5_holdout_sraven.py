@@ -1,6 +1,6 @@
 """Fig. A5: SRAVEN OOD accuracy vs the fraction of rule combinations held out.
 
-PAPER.md gives neither the task nor the fractions: SRAVEN is our assumption (fuzzy logic's
+The paper gives neither the task nor the fractions: SRAVEN is our assumption (fuzzy logic's
 held-out fraction is already an axis of Fig. 2C).
 
 3 models x held-out fraction {0.1, 0.25, 0.5, 0.75} x lr {3e-4, 1e-3} x wd {0.1, 0.3} x
