@@ -1,7 +1,7 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21; on Python 3.12
+orbax-checkpoint 0.12.8, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python 3.12
 jax 0.11.2, flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8 (jax 0.11 needs Python >= 3.12).
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
 0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
@@ -16,6 +16,7 @@ BASE = [
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12.8,<0.13",
     "etils[epath]>=1.7",  # workdir I/O: local paths and gs:// alike
+    "fsspec>=2026.9",  # epath's gs:// backend without TensorFlow (train/workdir.py)
     "ml-collections>=1.1,<2",
     "clu==0.0.12",
     # TensorBoard event files are written without TensorFlow (it is only in [lm]).
@@ -40,8 +41,12 @@ LM = [
     "sentencepiece>=0.2,<0.2.3",
 ]
 
+# gs:// workdirs: epath reaches buckets through gcsfs (Orbax through tensorstore, built in).
+GCS = ["gcsfs>=2026.10.1"]
+
 EXTRAS = {
     "lm": LM,
+    "gcs": GCS,
     # xmanager needs protobuf<7; without these pins pip walks back through every
     # google-cloud-bigquery release looking for a protobuf-6 world (>15 min, never ends).
     "launch": [
@@ -51,10 +56,12 @@ EXTRAS = {
         "google-cloud-bigquery==3.47.0",
     ],
     # Accelerator builds of jaxlib (the base install is CPU-only).
-    "cuda": ["jax[cuda12]>=0.10.2,<0.12"],
-    "tpu": ["jax[tpu]>=0.10.2,<0.12"],
-    # The language-modeling tests (tests/test_c4*.py) need the [lm] packages.
-    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4"] + LM,
+    "cuda": ["jax[cuda12]>=0.10.2,<0.12"] + GCS,
+    "tpu": ["jax[tpu]>=0.10.2,<0.12"] + GCS,
+    # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
+    # runs gs:// workdirs against a local GCS emulator.
+    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19"]
+           + LM + GCS,
 }
 
 setuptools.setup(
