@@ -9,8 +9,10 @@
   is written. `--verbosity=1` shows the traceback as well.
 - A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
   steps and exits with status 1.
-- A preempted run (`preemption.Preempted`, after its checkpoint is committed) exits with
-  `preemption.EXIT_CODE` (75).
+- A preempted run (SIGTERM, or a first Ctrl-C: `preemption.Preempted`, after its checkpoint
+  is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
+  outside the training loop (or a second one) prints one line and exits with 130.
+- `app.UsageError` (the tools' flag checks) is bad input too: one line, no flag list.
 - The console is configured (`console.configure`) before `main` runs.
 """
 
@@ -32,11 +34,11 @@ from hypernet_attention.train import console
 from hypernet_attention.train import preemption
 
 BAD_INPUT_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it.
 
 
 def _fail(message: str) -> NoReturn:
-  program = os.path.basename(sys.argv[0])
-  print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+  print(f"{_program()}: error: {message}", file=sys.stderr, flush=True)
   sys.exit(BAD_INPUT_EXIT_CODE)
 
 
@@ -75,34 +77,78 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _last_line(error: BaseException) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def _load_config_flags() -> None:
+  """Loads every `config_flags` flag now (they load lazily, on first `.value`), so that a
+  missing file, a syntax error or a missing `get_config` is one line, before any work."""
+  for name in list(flags.FLAGS):
+    flag = flags.FLAGS[name]
+    if type(flag).__name__ != "_ConfigFlag":
+      continue
+    try:
+      value = flag.value
+      # A file that failed to load becomes a placeholder that raises on first use.
+      error = vars(value).get("_error") if type(value).__name__ == "_ErrorConfig" else None
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    if error is not None:
+      _fail(f"--{name}={flag.serialize().split('=', 1)[-1]}: {_last_line(error)}")
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """`flags.FLAGS(argv)`, with any failure reported as one line."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
+    rest = flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    # A config file's own error (syntax, missing file, get_config) arrives wrapped in any
+    # exception type with its traceback: keep the last line.
     if (override := _unknown_override(argv)) is not None:
       _fail(override)
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    # A config file's own error arrives wrapped with its traceback: keep the last line.
-    _fail(lines[-1] if lines else type(e).__name__)
+    _fail(_last_line(e))
+  _load_config_flags()
+  return rest
 
 
-def run(main: Callable[[list[str]], None]) -> None:
+def _program() -> str:
+  return os.path.basename(sys.argv[0])
+
+
+def _guarded(call: Callable[[], object]) -> object:
+  """`call()` with the library's errors turned into one line and the exit codes above."""
+  try:
+    return call()
+  except (config_lib.BadInput, app.UsageError) as e:
+    if logging.get_verbosity() >= 1:
+      logging.exception("bad input")
+    _fail(str(e))
+  except checkpointing.CheckpointWriteError as e:
+    if logging.get_verbosity() >= 1:
+      logging.exception("checkpoint write failed")
+    print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)
+  except preemption.Preempted as e:
+    print(f"{_program()}: {e}", file=sys.stderr, flush=True)
+    sys.exit(preemption.EXIT_CODE)
+  except KeyboardInterrupt:
+    print(f"{_program()}: interrupted (Ctrl-C); outputs written so far are kept",
+          file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_EXIT_CODE)
+
+
+def run(main: Callable[[list[str]], object]) -> None:
   """`app.run(main)` with one-line errors and the exit codes above."""
   def guarded(argv):
     console.configure()
-    try:
-      main(argv)
-    except config_lib.BadInput as e:
-      if logging.get_verbosity() >= 1:
-        logging.exception("bad input")
-      _fail(str(e))
-    except checkpointing.CheckpointWriteError as e:
-      if logging.get_verbosity() >= 1:
-        logging.exception("checkpoint write failed")
-      print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr, flush=True)
-      sys.exit(1)
-    except preemption.Preempted as e:
-      logging.warning("%s", e)
-      sys.exit(preemption.EXIT_CODE)
+    return _guarded(lambda: main(argv))
   app.run(guarded, flags_parser=_parse_flags)
+
+
+def run_plain(main: Callable[[], object]) -> None:
+  """The same for an argparse tool: `main()` parses its own arguments (argparse reports
+  bad ones as `<program>: error: ...`, exit 2); what the library raises is one line too."""
+  result = _guarded(main)
+  sys.exit(result if isinstance(result, int) else 0)

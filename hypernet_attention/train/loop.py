@@ -44,6 +44,7 @@ from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
+from hypernet_attention.train import lock
 from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
@@ -298,11 +299,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   start_time = time.time()
   s = build.setup(config, devices)
+  workdir = config_lib.workdir_path(workdir)
   try:
     checkpointing.check_workdir(workdir, config)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
-  with _debug_nans(config.get("debug_nans", False)), preemption.Watcher() as watcher:
+  with lock.hold(workdir), _debug_nans(config.get("debug_nans", False)), \
+      preemption.Watcher() as watcher:
+    if jax.process_index() == 0:  # Found now, not at the first save.
+      lock.check_writable(os.path.join(workdir, checkpointing.CHECKPOINT_DIR))
     ckpt = checkpointing.Checkpointer(
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
@@ -377,7 +382,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
     if preempted:
       ckpt.wait()
       writer.close()
-      raise preemption.Preempted(step, workdir)
+      raise preemption.Preempted(step, workdir, watcher.reason)
     if step % config.eval_every_steps == 0 or is_last:
       eval_start = time.time()
       with report.timed("eval"):
