@@ -28,13 +28,39 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import console
-from hypernet_attention.train import preemption
+
+# The training library's exceptions, looked up only where it was imported (so that tools
+# without JAX, like `launch/xm_launch.py --dry_run`, use this module too).
+_CHECKPOINTING = "hypernet_attention.train.checkpointing"
+_PREEMPTION = "hypernet_attention.train.preemption"
+PREEMPTED_EXIT_CODE = 75  # `preemption.EXIT_CODE`: EX_TEMPFAIL, "retry".
+
+
+def _raised(error: BaseException, module: str, name: str) -> bool:
+  return module in sys.modules and isinstance(error, getattr(sys.modules[module], name))
 
 BAD_INPUT_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it.
+# Set by launchers (`launch/run_local.py`) to their pid: the program then dies with them.
+PARENT_PID_ENV = "HYPERNET_ATTENTION_PARENT_PID"
+
+
+def die_with_parent(env=None) -> None:
+  """If a launcher named itself in `PARENT_PID_ENV`: ask Linux to send this process SIGTERM
+  when the launcher dies (prctl PR_SET_PDEATHSIG; even a SIGKILLed launcher), which the
+  training loop treats as a preemption (checkpoint, exit 75). A launcher already gone:
+  SIGTERM now. Elsewhere (no prctl) a no-op."""
+  parent = (os.environ if env is None else env).get(PARENT_PID_ENV)
+  if not parent or not sys.platform.startswith("linux"):
+    return
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  pr_set_pdeathsig = 1
+  ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+  if os.getppid() != int(parent):  # It died before the prctl call.
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _fail(message: str) -> NoReturn:
@@ -44,6 +70,8 @@ def _fail(message: str) -> NoReturn:
 
 def _load_config(argv: list[str]):
   """The config that `--config=FILE[:ARG]` (or the flag's default) names, or None."""
+  if "config" not in flags.FLAGS:
+    return None
   spec = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("--config=")),
               None) or getattr(flags.FLAGS["config"], "default", None)
   if not isinstance(spec, str):
@@ -125,24 +153,27 @@ def _guarded(call: Callable[[], object]) -> object:
     if logging.get_verbosity() >= 1:
       logging.exception("bad input")
     _fail(str(e))
-  except checkpointing.CheckpointWriteError as e:
-    if logging.get_verbosity() >= 1:
-      logging.exception("checkpoint write failed")
-    print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
-    sys.exit(1)
-  except preemption.Preempted as e:
-    print(f"{_program()}: {e}", file=sys.stderr, flush=True)
-    sys.exit(preemption.EXIT_CODE)
   except KeyboardInterrupt:
     print(f"{_program()}: interrupted (Ctrl-C); outputs written so far are kept",
           file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_EXIT_CODE)
+  except Exception as e:  # pylint: disable=broad-except
+    if _raised(e, _CHECKPOINTING, "CheckpointWriteError"):
+      if logging.get_verbosity() >= 1:
+        logging.exception("checkpoint write failed")
+      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
+      sys.exit(1)
+    if _raised(e, _PREEMPTION, "Preempted"):
+      print(f"{_program()}: {e}", file=sys.stderr, flush=True)
+      sys.exit(PREEMPTED_EXIT_CODE)
+    raise
 
 
 def run(main: Callable[[list[str]], object]) -> None:
   """`app.run(main)` with one-line errors and the exit codes above."""
   def guarded(argv):
     console.configure()
+    die_with_parent()
     return _guarded(lambda: main(argv))
   app.run(guarded, flags_parser=_parse_flags)
 

@@ -13,7 +13,6 @@ import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
-import jax.numpy as jnp
 import ml_collections
 
 
@@ -214,6 +213,7 @@ def check_preset(name: str) -> str:
 
 def transformer_config(model: Mapping[str, Any], **overrides: Any):
   """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
   kwargs = dict(model)

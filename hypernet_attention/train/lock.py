@@ -73,13 +73,18 @@ def _proc_start(pid: int) -> Optional[str]:
 
 
 def _pid_alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:
     return True  # Another user's process.
-  return True
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+  except (OSError, IndexError):
+    return True  # No /proc: kill(0) is all we know.
 
 
 def is_stale(holder: Holder, now: float, stale_after_s: float = STALE_AFTER_S,
