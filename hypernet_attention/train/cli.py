@@ -8,7 +8,7 @@
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
 - A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
-  steps and exits with status 1.
+  steps and exits with status 1 at once (found at the next chunk boundary).
 - A preempted run (SIGTERM, or a first Ctrl-C: `preemption.Preempted`, after its checkpoint
   is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
   outside the training loop (or a second one) prints one line and exits with 130.
@@ -162,7 +162,10 @@ def _guarded(call: Callable[[], object]) -> object:
       if logging.get_verbosity() >= 1:
         logging.exception("checkpoint write failed")
       print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
-      sys.exit(1)
+      # Orbax's threads of the failed save wait minutes for signals that never come, and
+      # a normal exit waits for them: leave now (finalized checkpoints are on disk).
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
     if _raised(e, _PREEMPTION, "Preempted"):
       print(f"{_program()}: {e}", file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT_CODE)

@@ -352,6 +352,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
       break
     end = _next_boundary(step, config)
     state, metrics = trainer.train_chunk(state, end - step)
+    ckpt.check()  # A failed asynchronous save stops the run here.
     pending.append((step, metrics))
     step = end
     is_last = step == config.num_train_steps
@@ -368,7 +369,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
             f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
     if saving and ckpt.save(step, state, force=is_last or preempted,
                             data_iterator=trainer.data_iterator):
-      logging.info("checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
+      logging.info("saving checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
     report(step)
     if step % config.log_every_steps == 0 or is_last:
       last_train = {f"train/{k}": float(v) for k, v in s.objective.finalize(
