@@ -58,9 +58,11 @@ LIBRARY_CASES = {
     "negative_dropout": ({"model.attention_dropout": -0.1},
                          r"attention_dropout=-0.1; allowed: a number in \[0, 1\)"),
     "nan_dropout": ({"model.attention_dropout": float("nan")}, r"attention_dropout=nan"),
+    "dropout_one": ({"model.attention_dropout": 1.0}, r"attention_dropout=1.0; allowed"),
     "zero_stop": ({"stop_after_steps": 0}, r"stop_after_steps=0; allowed: None"),
     "negative_stop": ({"stop_after_steps": -3}, r"stop_after_steps=-3; allowed"),
     "no_eval_splits": ({"eval.splits": ()}, r"eval.splits=\(\); allowed: a non-empty list"),
+    "negative_seed": ({"seed": -1}, r"config.seed=-1; allowed: an integer in \[0, 2\*\*32\)"),
     "unknown_dtype": ({"model.dtype": "banana"},
                       r"config.model.dtype='banana'; allowed: float32, bfloat16, float16"),
     "negative_ceiling_problems": ({"eval.ceiling_problems": -1},
@@ -188,9 +190,6 @@ CLI_CASES = {
                                   "has no attribute 'get_config'", 2),
     "nan_learning_rate": (SRAVEN + ["--config.optimizer.learning_rate=nan"],
                           "config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
-    "dropout_one": (SRAVEN + ["--config.model.attention_dropout=1.0"],
-                    "config.model.attention_dropout=1.0; allowed: a number in [0, 1)", 2),
-    "negative_seed": (SRAVEN + ["--config.seed=-1"], "config.seed=-1; allowed", 2),
     "empty_workdir": (SRAVEN + ["--workdir="], "--workdir=''; allowed: a directory path", 2),
     # The tools: one line, exit 2, no flag list, nothing written.
     "plot_curves_no_workdir": (

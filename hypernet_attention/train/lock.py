@@ -183,7 +183,7 @@ class WorkdirLock:
         try:
           tmp = self.path.parent / f"{LOCK_FILE}.{self.token}.tmp"
           tmp.write_text(json.dumps(self._record(start)))
-          tmp.rename(self.path)
+          tmp.replace(self.path)
         except OSError:
           pass  # The next beat retries; a lock silent for stale_after_s may be taken over.
     self._thread = threading.Thread(target=beat, name="workdir-lock-heartbeat", daemon=True)
