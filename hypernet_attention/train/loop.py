@@ -304,8 +304,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpointing.check_workdir(workdir, config)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
-  with lock.hold(workdir), _debug_nans(config.get("debug_nans", False)), \
-      preemption.Watcher() as watcher:
+  # The signal handlers first: a SIGTERM once the lock is held is a preemption.
+  with preemption.Watcher() as watcher, lock.hold(workdir), \
+      _debug_nans(config.get("debug_nans", False)):
     if jax.process_index() == 0:  # Found now, not at the first save.
       lock.check_writable(os.path.join(workdir, checkpointing.CHECKPOINT_DIR))
     ckpt = checkpointing.Checkpointer(
