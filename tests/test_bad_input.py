@@ -120,12 +120,19 @@ def _strip_experiment(workdir):
     json.dump({"batch_size": 16}, f)
 
 
+def _truncate_summary(workdir):
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    f.write('{"step": 8, "ood/acc')
+
+
 WORKDIR_CASES = {
     # name: (how the copied workdir is damaged, config, expected message)
     "other_experiment": (None, ("fuzzy_logic", {}), r"holds a different experiment"),
     "other_settings": (None, ("sraven", {"batch_size": 32}), r"batch_size: 16 -> 32"),
     "corrupt_config_json": (_corrupt_config, ("sraven", {}), r"config.json is not readable JSON"),
     "not_our_config_json": (_strip_experiment, ("sraven", {}), r"not a hypernet-attention config"),
+    "truncated_summary_json": (_truncate_summary, ("sraven", {}),
+                               r"wd/summary.json is not readable JSON \(Unterminated string"),
 }
 
 

@@ -327,8 +327,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
   summary_path = os.path.join(workdir, "summary.json")
   if step >= config.num_train_steps and os.path.exists(summary_path):
     logging.info("%s already holds a finished run (step %d); nothing to do", workdir, step)
-    with open(summary_path) as f:
-      return {**json.load(f), "state": state}
+    return {**config_lib.read_json(summary_path), "state": state}
   is_chief = jax.process_index() == 0
   writer = metric_writers.create_default_writer(workdir, just_logging=not is_chief)
   num_params = state_lib.count_params(state.params)
