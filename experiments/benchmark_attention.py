@@ -16,6 +16,27 @@ import json
 import jax
 
 from hypernet_attention.ops import benchmark
+from hypernet_attention.train import cli
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+  """The sequence lengths; any bad argument is `parser.error` (one line, exit 2)."""
+  try:
+    seq_lens = [int(t) for t in args.seq_lens.split(",")]
+  except ValueError:
+    parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
+  for name in ("batch", "heads", "head_dim", "repeats", "target_len"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
+  if not seq_lens or min(seq_lens) < 1:
+    parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
+  if not args.max_temp_gb > 0:
+    parser.error(f"--max_temp_gb={args.max_temp_gb}; allowed: a positive number")
+  unknown = [n for n in args.implementations.split(",") if n not in benchmark.IMPLEMENTATIONS]
+  if unknown:
+    parser.error(f"--implementations: unknown {unknown}; allowed: "
+                 f"{','.join(benchmark.IMPLEMENTATIONS)}")
+  return seq_lens
 
 
 def main():
@@ -35,6 +56,7 @@ def main():
                       help="run hyla_pallas in interpret mode off GPU (very slow)")
   parser.add_argument("--target_len", type=int, default=1024)
   args = parser.parse_args()
+  seq_lens = _check(parser, args)
 
   names = [n for n in args.implementations.split(",") if n]
   backend = jax.default_backend()
@@ -51,7 +73,7 @@ def main():
     meta.update(benchmark.host_cpu())
   print(json.dumps(meta))
   rows = benchmark.run(
-      [int(t) for t in args.seq_lens.split(",")], names, batch=args.batch, heads=args.heads,
+      seq_lens, names, batch=args.batch, heads=args.heads,
       head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, repeats=args.repeats,
       max_temp_bytes=args.max_temp_gb * 2**30, interpret=args.pallas_interpret)
   print(benchmark.markdown_table(rows))
@@ -62,4 +84,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_plain(main)

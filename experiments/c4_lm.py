@@ -45,7 +45,7 @@ def main(argv):
       raise config_lib.BadInput("--generate needs the --workdir of a training run")
     print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
     return
-  workdir = _WORKDIR.value or runtime.fresh_workdir("c4_lm")
+  workdir = runtime.fresh_workdir("c4_lm") if _WORKDIR.value is None else _WORKDIR.value
   lm.train_and_sample(_CONFIG.value, workdir, **sampling)
 
 

@@ -25,7 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fr
 def main(argv):
   del argv
   runtime.start()
-  workdir = _WORKDIR.value or runtime.fresh_workdir("fuzzy_logic")
+  workdir = runtime.fresh_workdir("fuzzy_logic") if _WORKDIR.value is None else _WORKDIR.value
   loop.train_and_evaluate(_CONFIG.value, workdir)
 
 

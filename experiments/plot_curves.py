@@ -2,27 +2,41 @@ r"""Plots scalars of a training run's TensorBoard events to a PNG.
 
   python experiments/plot_curves.py --workdir=workdirs/c4_lm_<time> \
     --tags=train/loss,validation/loss --out=experiments/results/c4_lm_local_loss.png
+
+An existing --out is replaced only with --overwrite.
 """
 
-from absl import app
+import os
+
 from absl import flags
 
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 from hypernet_attention.train import curves
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.", required=True)
 _TAGS = flags.DEFINE_list("tags", ["train/loss", "validation/loss"], "Scalars to plot.")
 _OUT = flags.DEFINE_string("out", None, "PNG path.", required=True)
 _TITLE = flags.DEFINE_string("title", "", "Plot title (default: the workdir).")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out if it exists.")
 
 
 def main(argv):
   del argv
-  data = curves.read_scalars(_WORKDIR.value, _TAGS.value)
-  curves.plot(data, _OUT.value, _TITLE.value or _WORKDIR.value)
+  workdir = os.path.expanduser(_WORKDIR.value)
+  if not os.path.isdir(workdir):
+    raise config_lib.BadInput(f"--workdir={_WORKDIR.value!r} is not a directory; allowed: "
+                              "a training run's workdir")
+  out = config_lib.output_path(_OUT.value, "--out", overwrite=_OVERWRITE.value)
+  try:
+    data = curves.read_scalars(workdir, _TAGS.value)
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from None
+  curves.plot(data, out, _TITLE.value or workdir)
   for tag, (steps, values) in data.items():
     print(f"{tag}: step {steps[0]} {values[0]:.4f} -> step {steps[-1]} {values[-1]:.4f}")
-  print(f"wrote {_OUT.value}")
+  print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

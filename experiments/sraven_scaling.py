@@ -32,7 +32,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fr
 def main(argv):
   del argv
   runtime.start()
-  workdir = _WORKDIR.value or runtime.fresh_workdir("sraven")
+  workdir = runtime.fresh_workdir("sraven") if _WORKDIR.value is None else _WORKDIR.value
   loop.train_and_evaluate(_CONFIG.value, workdir)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
 from hypernet_attention.tasks.sraven import SRaven
+from hypernet_attention.train import cli
 
 TABLE_A2 = {8: 0.0032, 4: 0.0642}  # K=4 (the paper's Table A2)
 
@@ -46,6 +47,11 @@ def main():
   parser.add_argument('--ceiling_problems', type=int, default=8192)
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
+  for name in ('num_problems', 'ceiling_problems'):
+    if getattr(args, name) < 1:
+      parser.error(f'--{name}={getattr(args, name)}; allowed: a positive integer')
+  if not 0 <= args.seed < 2**32:
+    parser.error(f'--seed={args.seed}; allowed: an integer in [0, 2**32)')
   key = jax.random.key(args.seed)
 
   print('== split sizes')
@@ -93,4 +99,4 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  cli.run_plain(main)

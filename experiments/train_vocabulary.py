@@ -16,29 +16,31 @@ task.vocabulary empty there trains one into the workdir the same way.)
 
 import os
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from hypernet_attention.tasks import c4
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),
     "Language-modeling config file and its argument.", lock_config=True)
-_OUTPUT = flags.DEFINE_string("output", None, "Path of the .model file to write.",
-                              required=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Path of the .model file to write.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it exists.")
 
 
 def main(argv):
   del argv
+  config_lib.validate(_CONFIG.value)
+  output = config_lib.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
   task = _CONFIG.value.task
   print(f"training a {task.vocab_size}-piece vocabulary on the first "
         f"{task.vocab_documents} {task.name} training documents ...", flush=True)
   vocabulary = c4.train_vocabulary(
-      c4.documents(c4.source(task), "train", task.vocab_documents), _OUTPUT.value,
-      task.vocab_size)
-  print(f"wrote {_OUTPUT.value}: {vocabulary.vocab_size} pieces")
+      c4.documents(c4.source(task), "train", task.vocab_documents), output, task.vocab_size)
+  print(f"wrote {output}: {vocabulary.vocab_size} pieces")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -28,12 +28,14 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from typing import Any, Optional, Sequence
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
 from hypernet_attention.train import workdir as workdir_lib
 from launch import jobs
@@ -79,6 +81,9 @@ class Cell:
   """One table row: a cell's best grid setting and what it scored."""
   label: str
   key: tuple  # (attention preset, MoE?) for Table A1 rows.
+  # The other settings that vary across the root ((key, value) pairs): one sweep's cells
+  # share it; only cells of one group are compared with each other (`paired`).
+  group: tuple
   setting: dict[str, Any]  # The best setting's HPARAMS values.
   num_settings: int  # Grid settings with at least one finished seed.
   ood: Stat
@@ -110,10 +115,38 @@ def _read_cpu(workdir: str) -> float:
              if line.strip())
 
 
-def load_runs(root: str) -> list[Run]:
-  """Every workdir under `root` (a directory holding config.json, local or gs://), by path."""
-  return [Run(str(d), workdir_lib.flatten(workdir_lib.read_config(d)), workdir_lib.read_summary(d),
-              _read_cpu(d)) for d in workdir_lib.find_runs(root)]
+def _read_run(directory: str) -> Run:
+  """One workdir; `BadInput` naming the file that cannot be read."""
+  config = workdir_lib.read_config(directory)
+  if not isinstance(config, dict) or "experiment" not in config:
+    raise config_lib.BadInput(f"{workdir_lib.path(directory) / workdir_lib.CONFIG} is not a "
+                              "hypernet-attention config (no 'experiment' key)")
+  summary = workdir_lib.read_summary(directory)
+  if summary is not None and not isinstance(summary, dict):
+    raise config_lib.BadInput(f"{workdir_lib.path(directory) / workdir_lib.SUMMARY} is not a "
+                              "summary (a JSON object)")
+  try:
+    cpu_s = _read_cpu(directory)
+  except (OSError, ValueError, KeyError, TypeError):
+    cpu_s = 0.0  # Timing only: the run itself is fine.
+  return Run(directory, workdir_lib.flatten(config), summary, cpu_s)
+
+
+def load_runs(root: str, warn=None) -> list[Run]:
+  """Every readable workdir under `root` (a directory holding config.json, local or gs://),
+  sorted by path.
+
+  A run whose config.json or summary.json cannot be read is skipped, and `warn` (default:
+  stderr) gets one line naming the file.
+  """
+  warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+  runs = []
+  for directory in workdir_lib.find_runs(root):
+    try:
+      runs.append(_read_run(str(directory)))
+    except config_lib.BadInput as e:
+      warn(f"warning: skipping {directory}: {e}")
+  return runs
 
 
 def _cell_keys(runs: Sequence[Run]) -> list[str]:
@@ -123,12 +156,17 @@ def _cell_keys(runs: Sequence[Run]) -> list[str]:
           and len({json.dumps(r.config.get(k)) for r in runs}) > 1]
 
 
-def _label(config: dict[str, Any], keys: Sequence[str]) -> tuple[str, tuple]:
+# The settings that make a row (the model); every other varying setting makes a group.
+ROW_KEYS = ("model.attention", "model.feed_forward")
+
+
+def _label(config: dict[str, Any], keys: Sequence[str]) -> tuple[str, tuple, tuple]:
+  """(row label, row key, group): the group is every varying setting but the row's."""
   key = (config["model.attention"], config.get("model.feed_forward") == "moe")
   name = common.TABLE_A1_PAPER.get(key, (key[0] + (" + MoE" if key[1] else ""),))[0]
-  extra = [f"{k}={config[k]}" for k in keys
-           if k not in ("model.attention", "model.feed_forward")]
-  return ", ".join([name] + extra), key
+  group = tuple((k, json.dumps(config.get(k))) for k in keys if k not in ROW_KEYS)
+  extra = [f"{k}={config.get(k)}" for k in keys if k not in ROW_KEYS]
+  return ", ".join([name] + extra), key, group
 
 
 def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
@@ -140,15 +178,15 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
     return []
   experiments = {r.config["experiment"] for r in finished}
   if len(experiments) > 1:
-    raise ValueError(f"runs of several experiments {sorted(experiments)} under one root; "
+    raise config_lib.BadInput(f"runs of several experiments {sorted(experiments)} under one root; "
                      "collect one experiment at a time")
   experiment = registry.get(experiments.pop())
   keys = _cell_keys(finished)
   groups: dict[str, dict[tuple, list[Run]]] = {}
-  labels = {}
+  labels, group_of = {}, {}
   for run in finished:
-    label, key = _label(run.config, keys)
-    labels[label] = key
+    label, key, group = _label(run.config, keys)
+    labels[label], group_of[label] = key, group
     setting = tuple(run.config.get(h) for h in HPARAMS)
     groups.setdefault(label, {}).setdefault(setting, []).append(run)
   order = list(common.TABLE_A1_PAPER)
@@ -161,7 +199,7 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
     best = sorted(best, key=lambda r: r.config["seed"])
     paper = common.TABLE_A1_PAPER.get(labels[label], (None, {}))[1].get(experiment.name)
     cells.append(Cell(
-        label, labels[label], dict(zip(HPARAMS, setting)), len(settings),
+        label, labels[label], group_of[label], dict(zip(HPARAMS, setting)), len(settings),
         Stat.of([r.summary[f"ood/{experiment.metric}"] for r in best]),
         Stat.of([r.summary[f"test/{experiment.metric}"] for r in best]),
         tuple(r.config["seed"] for r in best), paper))
@@ -169,16 +207,18 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
 
 
 def paired(cells: Sequence[Cell], baseline: tuple = ("softmax", False)) -> list[Paired]:
-  """Every other row against the `baseline` row (Table A1's softmax attention)."""
+  """Every other row against the `baseline` row (Table A1's softmax attention) of its own
+  group (the same settings apart from the model and the seed): never across sweeps."""
   from scipy import stats  # pylint: disable=g-import-not-at-top
-  base = next((c for c in cells if c.key == baseline), None)
-  if base is None:
-    return []
-  base_ood = dict(zip(base.seeds, base.ood.values))
+  bases = {c.group: c for c in cells if c.key == baseline}
   out = []
   for c in cells:
+    base = bases.get(c.group)
+    if base is None or c is base:
+      continue
+    base_ood = dict(zip(base.seeds, base.ood.values))
     seeds = tuple(s for s in c.seeds if s in base_ood)
-    if c is base or not seeds:
+    if not seeds:
       continue
     row = dict(zip(c.seeds, c.ood.values))
     diffs = [row[s] - base_ood[s] for s in seeds]
@@ -261,12 +301,25 @@ def plot(cells: Sequence[Cell], path: str, title: str) -> None:
   plt.close(fig)
 
 
+def check_sweep(runs: Sequence[Run], sweep_name: str) -> None:
+  """Refuses a `--sweep` whose experiment is not the runs' (its jobs would all be listed
+  as missing)."""
+  expected = sweeps.load(sweep_name).EXPERIMENT
+  found = sorted({r.config["experiment"] for r in runs} - {expected})
+  if found:
+    raise config_lib.BadInput(f"--sweep={sweep_name} is a {expected!r} sweep but the runs "
+                              f"under the root are {found}; allowed: the sweep that filled "
+                              "the root (or no --sweep)")
+
+
 def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
   """Writes table_a1.{md,csv,png} to `out` and returns the markdown (with missing jobs)."""
   runs = load_runs(root)
+  if sweep_name:
+    check_sweep(runs, sweep_name)
   cells = tabulate(runs, select)
   if not cells:
-    raise ValueError(f"no finished run (summary.json) under {root!r}")
+    raise config_lib.BadInput(f"no finished run (summary.json) under {root!r}")
   metric = registry.get(runs[0].config["experiment"]).metric
   text = markdown(cells, select, metric)
   pairs = paired(cells)
@@ -306,11 +359,12 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
-  if f.root is None or not workdir_lib.path(f.root).is_dir():
-    raise app.UsageError(f"--root={f.root!r}; allowed: an existing sweep folder.")
-  print(report(f.root, f.sweep, f.select, f.out or f.root))
+  if f.root is None or not str(f.root).strip() or not workdir_lib.path(f.root).is_dir():
+    raise config_lib.BadInput(f"--root={f.root!r}; allowed: an existing sweep folder")
+  root = str(workdir_lib.path(f.root))
+  print(report(root, f.sweep, f.select, str(workdir_lib.path(f.out or root))))
 
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -8,25 +8,32 @@ Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its conso
 `run_local.log` there. A point whose `summary.json` exists is skipped; any other is started
 with the same --workdir, so a half-done point resumes from its newest checkpoint (the entry
 points do that themselves). So after a crash or Ctrl-C (which stops the running points
-too), rerun the same command. Each process's wall and CPU time go to `run_local.json`
+too), rerun the same command. The training processes die with this one: SIGTERM or
+Ctrl-C makes them checkpoint and stop, and so does a SIGKILL of this process (the kernel
+sends them SIGTERM, `cli.die_with_parent`); one workdir never gets two trainers (each
+holds its workdir's lock, `train/lock.py`). Each process's wall and CPU time go to `run_local.json`
 beside its summary. On one GPU, `--jobs=N` runs N small jobs side by side, each limited to
 its share of the GPU memory.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
-from absl import app
 from absl import flags
 
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 from launch import jobs
 from launch import sweeps
 
@@ -49,10 +56,37 @@ def is_finished(workdir: str) -> bool:
   return os.path.exists(os.path.join(workdir, SUMMARY))
 
 
+# Training processes this invocation started and that still run: stopped with it.
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+
+
+def stop_children(signum: int = signal.SIGTERM) -> None:
+  """Sends `signum` to every running child: SIGTERM makes a trainer checkpoint and exit
+  (its preemption path), so a rerun resumes there."""
+  with _CHILDREN_LOCK:
+    children = list(_CHILDREN)
+  for process in children:
+    if process.poll() is None:
+      try:
+        process.send_signal(signum)
+      except ProcessLookupError:
+        pass
+
+
+def _on_sigterm(signum, frame) -> None:
+  del frame
+  stop_children(signum)
+  raise KeyboardInterrupt  # Unwinds run_sweep, which waits for the children to finish.
+
+
 def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
   """The training processes' environment: with several jobs at once on one GPU, each may
-  take only its share of the GPU memory (JAX preallocates 75% per process by default)."""
+  take only its share of the GPU memory (JAX preallocates 75% per process by default).
+  `cli.PARENT_PID_ENV` makes each child ask the kernel for a SIGTERM when this process
+  dies, even by SIGKILL (`cli.die_with_parent`)."""
   env = dict(os.environ if env is None else env)
+  env[cli.PARENT_PID_ENV] = str(os.getpid())
   if num_jobs > 1:
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / num_jobs:.3f}")
   return env
@@ -77,8 +111,14 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
     log.flush()
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                cwd=sweeps.REPO, env=env)
-    # wait4 gives this child's own CPU time, also when several run at once.
-    _, status, usage = os.wait4(process.pid, 0)
+    with _CHILDREN_LOCK:
+      _CHILDREN.add(process)
+    try:
+      # wait4 gives this child's own CPU time, also when several run at once.
+      _, status, usage = os.wait4(process.pid, 0)
+    finally:
+      with _CHILDREN_LOCK:
+        _CHILDREN.discard(process)
     process.returncode = os.waitstatus_to_exitcode(status)
   wall, cpu = time.time() - start, usage.ru_utime + usage.ru_stime
   ok = process.returncode == 0 and is_finished(workdir)
@@ -98,17 +138,24 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
   log(f"{len(points)} points in {root}: {done} already finished, running the other "
       f"{len(points) - done}, {num_jobs} at a time")
   outcomes = []
+  atexit.register(stop_children)
   with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
     env = child_env(num_jobs)
     futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env, log=log)
                for p in points]
-    for future in concurrent.futures.as_completed(futures):
-      outcome = future.result()
-      outcomes.append(outcome)
-      if outcome.status != "skipped":
-        log(f"[{len(outcomes)}/{len(points)}] {outcome.status}: {outcome.name} "
-            f"({outcome.wall_s / 60:.1f} min wall, {outcome.cpu_s / 60:.1f} min CPU"
-            f"{'' if outcome.status == 'finished' else f', exit {outcome.returncode}, see {LOG}'})")
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        outcome = future.result()
+        outcomes.append(outcome)
+        if outcome.status != "skipped":
+          log(f"[{len(outcomes)}/{len(points)}] {outcome.status}: {outcome.name} "
+              f"({outcome.wall_s / 60:.1f} min wall, {outcome.cpu_s / 60:.1f} min CPU"
+              f"{'' if outcome.status == 'finished' else f', exit {outcome.returncode}, see {LOG}'})")
+    except BaseException:  # Ctrl-C or SIGTERM: the children checkpoint and stop too.
+      for future in futures:
+        future.cancel()
+      stop_children()
+      raise
   return outcomes
 
 
@@ -132,12 +179,17 @@ def main(argv: list[str]) -> Optional[int]:
   del argv
   f = flags.FLAGS
   if f.sweep is None:
-    raise app.UsageError(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}.")
+    raise config_lib.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
   if f.jobs < 1:
-    raise app.UsageError(f"--jobs={f.jobs}; allowed: an integer >= 1.")
+    raise config_lib.BadInput(f"--jobs={f.jobs}; allowed: an integer >= 1")
+  if f.max_jobs is not None and f.max_jobs < 1:
+    raise config_lib.BadInput(f"--max_jobs={f.max_jobs}; allowed: an integer >= 1")
+  if f.root is not None and not f.root.strip():
+    raise config_lib.BadInput("--root=''; allowed: a directory path (or leave it out)")
   sweep = sweeps.load(f.sweep)
   points = sweep.get_sweep()[: f.max_jobs]
-  root = os.path.abspath(f.root or os.path.join("workdirs", f.sweep))
+  root = os.path.abspath(os.path.expanduser(f.root or os.path.join("workdirs", f.sweep)))
+  signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   outcomes = run_sweep(points, sweep.EXPERIMENT, root, f.jobs)
   print(summary_line(outcomes, time.time() - start))
@@ -146,4 +198,4 @@ def main(argv: list[str]) -> Optional[int]:
 
 if __name__ == "__main__":
   _define_flags()
-  app.run(main)
+  cli.run(main)

@@ -9,17 +9,27 @@
 # Every host runs the same program with --multi_process: jax.distributed.initialize() finds
 # the pod's hosts from the TPU metadata, so no coordinator flags are needed. The workdir must
 # be on storage that all hosts see (GCS): checkpoints are written collectively.
+# Everything is checked on this machine first (python -m hypernet_attention.train.check_config:
+# the experiment, the config and its overrides, the workdir; needs the package installed
+# here): a bad argument is one line and exit 2, before anything is copied or started.
 set -euo pipefail
 if [[ $# -lt 5 ]]; then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 tpu=$1; zone=$2; experiment=$3; config_arg=$4; workdir=$5; shift 5
+for value in "$tpu" "$zone"; do
+  if [[ -z "$value" ]]; then
+    echo "tpu_pod.sh: error: TPU_NAME and ZONE must not be empty" >&2
+    exit 2
+  fi
+done
 repo=$(cd "$(dirname "$0")/.." && pwd)
 name=$(basename "$repo")
-# The registry names the entry point and config file (and rejects unknown names).
-read -r script config_file < <(cd "$repo" && python3 -m hypernet_attention.train.registry "$experiment") \
-  || exit 2
+# Names the entry point and config file, after checking the config with its overrides.
+checked=$(cd "$repo" && python3 -m hypernet_attention.train.check_config \
+  "$experiment" "$config_arg" "$workdir" "$@") || exit 2
+read -r script config_file <<< "$checked"
 extra=$(printf ' %q' "$@")
 
 # Copy the working tree to every host, install it, then start the same command everywhere.

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import os
 
-from absl import app
 from absl import flags
 
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
 from launch import jobs
 from launch import sweeps
@@ -101,18 +102,28 @@ def _executor_spec(xm_local):
 def main(argv: list[str]) -> None:
   del argv
   if _SWEEP.value is None:
-    raise app.UsageError(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}.")
+    raise config_lib.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
+  for name in ("num_hosts", "accelerator_count", "max_jobs"):
+    value = flags.FLAGS[name].value
+    if value is not None and value < 1:
+      raise config_lib.BadInput(f"--{name}={value}; allowed: an integer >= 1")
   if _NUM_HOSTS.value > 1 and _EXECUTOR.value not in jobs.MULTI_HOST_EXECUTORS:
-    raise app.UsageError(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
-                         f"{list(jobs.MULTI_HOST_EXECUTORS)}.")
+    raise config_lib.BadInput(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
+                              f"{list(jobs.MULTI_HOST_EXECUTORS)}")
+  if not _WORKDIR_ROOT.value.strip():
+    raise config_lib.BadInput("--workdir_root=''; allowed: a directory or gs:// path")
   if _DRY_RUN.value:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
                                   _WORKDIR_ROOT.value, _MAX_JOBS.value)))
     return
 
   # Imported here so that --dry_run and the sweep definitions need no XManager install.
-  from xmanager import xm  # pylint: disable=g-import-not-at-top
-  from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  try:
+    from xmanager import xm  # pylint: disable=g-import-not-at-top
+    from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise config_lib.BadInput(f"launching needs XManager ({e}); allowed: pip install -e "
+                              "'.[launch]', or --dry_run to print the commands") from None
 
   sweep = sweeps.load(_SWEEP.value)
   points = sweep.get_sweep()[: _MAX_JOBS.value]
@@ -157,4 +168,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -18,6 +18,8 @@ import pytest
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 import train_testlib as tl
 
+from hypernet_attention.tasks import sraven
+from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 
@@ -34,6 +36,41 @@ LIBRARY_CASES = {
     "fsdp_more_than_devices": ({"mesh.fsdp": 2}, r"mesh .* does not divide the 1 devices"),
     "bad_preset": ({"model.attention": "flash"}, r"unknown attention preset 'flash'"),
     "bad_task_key": ({"task.num_values": 1}, r"num_values"),
+    # Values that trained silently wrong (exit 0) before they were refused.
+    "negative_lr": ({"optimizer.learning_rate": -1e-3},
+                    r"config.optimizer.learning_rate=-0.001; allowed: a finite number > 0"),
+    "nan_lr": ({"optimizer.learning_rate": float("nan")},
+               r"learning_rate=nan; allowed: a finite number > 0"),
+    "inf_lr": ({"optimizer.learning_rate": float("inf")}, r"learning_rate=inf; allowed"),
+    "negative_weight_decay": ({"optimizer.weight_decay": -0.1},
+                              r"weight_decay=-0.1; allowed: a finite number >= 0"),
+    "warmup_longer_than_run": ({"optimizer.warmup_steps": 8},
+                               r"warmup_steps=8; allowed: an integer in \[0, "
+                               r"config.num_train_steps=8\)"),
+    "negative_warmup": ({"optimizer.warmup_steps": -1}, r"warmup_steps=-1; allowed"),
+    "negative_end_lr_fraction": ({"optimizer.end_lr_fraction": -0.5},
+                                 r"end_lr_fraction=-0.5; allowed: a number in \[0, 1\]"),
+    "b1_one": ({"optimizer.b1": 1.0}, r"b1=1.0; allowed: a number in \[0, 1\)"),
+    "b2_above_one": ({"optimizer.b2": 1.5}, r"b2=1.5; allowed"),
+    "negative_eps": ({"optimizer.eps": -1e-8}, r"eps=-1e-08; allowed: a finite number > 0"),
+    "negative_clip": ({"optimizer.grad_clip_norm": -1.0},
+                      r"grad_clip_norm=-1.0; allowed: a finite number >= 0"),
+    "negative_dropout": ({"model.attention_dropout": -0.1},
+                         r"attention_dropout=-0.1; allowed: a number in \[0, 1\)"),
+    "nan_dropout": ({"model.attention_dropout": float("nan")}, r"attention_dropout=nan"),
+    "dropout_one": ({"model.attention_dropout": 1.0}, r"attention_dropout=1.0; allowed"),
+    "zero_stop": ({"stop_after_steps": 0}, r"stop_after_steps=0; allowed: None"),
+    "negative_stop": ({"stop_after_steps": -3}, r"stop_after_steps=-3; allowed"),
+    "no_eval_splits": ({"eval.splits": ()}, r"eval.splits=\(\); allowed: a non-empty list"),
+    "negative_seed": ({"seed": -1}, r"config.seed=-1; allowed: an integer in \[0, 2\*\*32\)"),
+    "unknown_dtype": ({"model.dtype": "banana"},
+                      r"config.model.dtype='banana'; allowed: float32, bfloat16, float16"),
+    "negative_ceiling_problems": ({"eval.ceiling_problems": -1},
+                                  r"ceiling_problems=-1; allowed: an integer >= 0"),
+    "task_too_big_for_memory": ({"task.num_features": 7, "eval.ceiling_problems": 32},
+                                r"task.num_features=7.* GiB for the task's tables; allowed: "
+                                r"at most .* GiB"),
+    "empty_workdir": ({}, r"--workdir=''; allowed: a directory path"),
 }
 
 
@@ -43,8 +80,27 @@ def test_library_refuses_bad_config_before_any_work(case, tmp_path):
   config = tl.smoke("sraven", **overrides)
   workdir = tmp_path / "wd"
   with pytest.raises(config_lib.BadInput, match=message):
-    loop.train_and_evaluate(config, str(workdir))
-  assert not workdir.exists()
+    loop.train_and_evaluate(config, "" if case == "empty_workdir" else str(workdir))
+  assert not workdir.exists() and os.listdir(tmp_path) == []
+
+
+def test_task_memory_bound_follows_the_estimate():
+  """SRAVEN K=7 without ceilings is small (3,432 rule multisets); with them the K!**2
+  readings are not; the bound is the estimate against the budget."""
+  config = tl.smoke("sraven", **{"task.num_features": 7, "eval.ceiling_problems": 0})
+  build.check_task_memory(config, budget=2**30)
+  with config.unlocked():
+    config.eval.ceiling_problems = 32
+  with pytest.raises(config_lib.BadInput, match="eval.ceiling_problems=32 needs ~"):
+    build.check_task_memory(config, budget=2**30)
+  # The estimate: (7!)**2 readings x 7 slots x 1024 problems x (8 values + 4) bytes at least.
+  assert sraven.memory_estimate(7, 8, 3, 1024) > 5040**2 * 7 * 1024 * 12
+
+
+def test_tilde_in_workdir_is_expanded(tmp_path, monkeypatch):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert config_lib.workdir_path("~/runs/a") == str(tmp_path / "runs" / "a")
+  assert config_lib.workdir_path("gs://bucket/a") == "gs://bucket/a"
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +120,19 @@ def _strip_experiment(workdir):
     json.dump({"batch_size": 16}, f)
 
 
+def _truncate_summary(workdir):
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    f.write('{"step": 8, "ood/acc')
+
+
 WORKDIR_CASES = {
     # name: (how the copied workdir is damaged, config, expected message)
     "other_experiment": (None, ("fuzzy_logic", {}), r"holds a different experiment"),
     "other_settings": (None, ("sraven", {"batch_size": 32}), r"batch_size: 16 -> 32"),
     "corrupt_config_json": (_corrupt_config, ("sraven", {}), r"config.json is not readable JSON"),
     "not_our_config_json": (_strip_experiment, ("sraven", {}), r"not a hypernet-attention config"),
+    "truncated_summary_json": (_truncate_summary, ("sraven", {}),
+                               r"wd/summary.json is not readable JSON \(Unterminated string"),
 }
 
 
@@ -123,17 +186,82 @@ CLI_CASES = {
     "profile_bad_size": (
         [os.path.join("experiments", "profile_step.py"), "--size=huge"],
         "profile_step.py: error: config argument size='huge' is not allowed", 2),
+    # Config files that do not load; one config value (the others are library cases above,
+    # which go through the same `cli` path).
+    "config_missing_file": (
+        [SRAVEN[0], "--config={tmp}/nope.py"],
+        "--config={tmp}/nope.py: [Errno 2] No such file or directory", 2),
+    "config_syntax_error": ([SRAVEN[0], "--config={tmp}/bad_syntax.py"],
+                            "'(' was never closed", 2),
+    "config_without_get_config": ([SRAVEN[0], "--config={tmp}/no_get.py"],
+                                  "has no attribute 'get_config'", 2),
+    "nan_learning_rate": (SRAVEN + ["--config.optimizer.learning_rate=nan"],
+                          "config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
+    "empty_workdir": (SRAVEN + ["--workdir="], "--workdir=''; allowed: a directory path", 2),
+    # The tools: one line, exit 2, no flag list, nothing written.
+    "plot_curves_no_workdir": (
+        [os.path.join("experiments", "plot_curves.py"), "--workdir={tmp}/nope",
+         "--out={tmp}/curves.png"], "--workdir='{tmp}/nope' is not a directory", 2),
+    "plot_curves_missing_flag": ([os.path.join("experiments", "plot_curves.py")],
+                                 "must have a value other than None", 2),
+    "train_vocabulary_existing_output": (
+        [os.path.join("experiments", "train_vocabulary.py"), "--output={tmp}/existing.model"],
+        "--output='{tmp}/existing.model' exists; allowed: a new path, or --overwrite", 2),
+    "c4_generate_on_sraven_run": (
+        [os.path.join("experiments", "c4_lm.py"), "--generate", "--workdir={tmp}/sraven_run"],
+        "--workdir='{tmp}/sraven_run' holds a 'sraven' run; allowed: the workdir of a "
+        "language-modeling (c4_lm) run", 2),
+    "c4_into_other_experiment": (
+        [os.path.join("experiments", "c4_lm.py"), "--workdir={tmp}/sraven_run"],
+        "holds a different experiment ('sraven', not 'c4_lm'); nothing was written", 2),
+    "c4_sequence_length_one": (
+        [os.path.join("experiments", "c4_lm.py"), "--config.task.sequence_length=1",
+         "--workdir={tmp}/c4_wd"], "config.task.sequence_length=1; allowed: an integer >= 2", 2),
+    "collect_sweep_of_other_experiment": (
+        ["-m", "launch.collect", "--root={tmp}/fuzzy_root", "--sweep=table_a1_sraven_local"],
+        "--sweep=table_a1_sraven_local is a 'sraven' sweep but the runs under the root are "
+        "['fuzzy_logic']", 2),
+    "collect_truncated_summary": (["-m", "launch.collect", "--root={tmp}/truncated_root"],
+                                  "no finished run (summary.json) under", 2),
+    "run_local_no_sweep": (["-m", "launch.run_local"], "--sweep is required; allowed:", 2),
+    "xm_launch_zero_hosts": (["-m", "launch.xm_launch", "--sweep=table_a1_sraven",
+                              "--num_hosts=0"], "--num_hosts=0; allowed: an integer >= 1", 2),
+    "benchmark_attention_zero_length": (
+        [os.path.join("experiments", "benchmark_attention.py"), "--seq_lens=0"],
+        "--seq_lens='0'; allowed: comma-separated positive integers", 2),
+    "task_stats_zero_problems": ([os.path.join("experiments", "task_stats.py"),
+                                  "--num_problems=0"], "--num_problems=0; allowed", 2),
 }
+TRAINERS = (SRAVEN[0], os.path.join("experiments", "fuzzy_logic.py"))
+
+
+def _tool_inputs(tmp) -> None:
+  """The files the CLI cases point at (`{tmp}` in their argv)."""
+  (tmp / "bad_syntax.py").write_text("x = (\n")
+  (tmp / "no_get.py").write_text("X = 1\n")
+  (tmp / "existing.model").write_text("keep me")
+  (tmp / "sraven_run").mkdir()
+  (tmp / "sraven_run" / "config.json").write_text(json.dumps({"experiment": "sraven"}))
+  for root, summary in (("fuzzy_root", '{"ood/r2": 0.5, "test/r2": 0.6, "wall_time_s": 1}'),
+                        ("truncated_root", '{"ood/accur')):
+    (tmp / root / "run").mkdir(parents=True)
+    (tmp / root / "run" / "config.json").write_text(json.dumps(
+        {"experiment": "fuzzy_logic" if root == "fuzzy_root" else "sraven", "seed": 0,
+         "model": {"attention": "hyla"}}))
+    (tmp / root / "run" / "summary.json").write_text(summary)
 
 
 @pytest.fixture(scope="module")
 def cli_results(tmp_path_factory):
   """Runs every CLI case at once (each is a cold Python start), returns name -> result."""
   workdir = tmp_path_factory.mktemp("cli") / "wd"
+  tmp = tmp_path_factory.mktemp("inputs")
+  _tool_inputs(tmp)
+  before = tl.snapshot(str(tmp))
 
   def run(argv):
-    no_workdir = argv[0].endswith(("benchmark_training.py", "profile_step.py"))
-    if not no_workdir and not any(a.startswith("--workdir") for a in argv):
+    argv = [a.replace("{tmp}", str(tmp)) for a in argv]
+    if argv[0] in TRAINERS and not any(a.startswith("--workdir") for a in argv):
       argv = argv + [f"--workdir={workdir}"]
     return subprocess.run([sys.executable, *argv], env=tl.subprocess_env(), cwd=tl.REPO,
                           capture_output=True, text=True, timeout=300)
@@ -142,14 +270,24 @@ def cli_results(tmp_path_factory):
     futures = {name: pool.submit(run, argv) for name, (argv, _, _) in CLI_CASES.items()}
     results = {name: f.result() for name, f in futures.items()}
   assert not workdir.exists(), "a refused command created its workdir"
-  return results
+  assert tl.snapshot(str(tmp)) == before, "a refused command wrote or changed a file"
+  return results, str(tmp)
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_entry_points_print_one_line_and_exit_2(case, cli_results):
   _, expected, status = CLI_CASES[case]
-  result = cli_results[case]
+  results, tmp = cli_results
+  result = results[case]
+  expected = expected.replace("{tmp}", tmp)
   last = result.stderr.strip().splitlines()[-1]
   assert result.returncode == status, result.stderr[-2000:]
   assert expected in last, last
   assert "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def test_collect_names_the_unreadable_file_it_skipped(cli_results):
+  results, tmp = cli_results
+  stderr = results["collect_truncated_summary"].stderr
+  assert (f"warning: skipping {tmp}/truncated_root/run: {tmp}/truncated_root/run/summary.json "
+          "is not readable JSON") in stderr, stderr

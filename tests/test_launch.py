@@ -202,6 +202,7 @@ def test_tpu_pod_script_starts_every_host_with_multi_process(tmp_path):
 
 def test_slurm_script_runs_one_process_per_node(tmp_path):
   env, log = _fake_tools(tmp_path, "srun")
+  env["SLURM_JOB_ID"] = "17"  # Inside the job (on the login node it submits itself).
   subprocess.run(["bash", "launch/slurm.sh", "sraven", "model=hyla,size=paper", "/shared/wd",
                   "--config.seed=2"], cwd=tl.REPO, env=env, check=True, timeout=60)
   assert log.read_text().split("\n---")[0].split("\n") == [

@@ -64,3 +64,27 @@ def test_parallel_jobs_share_gpu_memory():
   assert run_local.child_env(3, {})["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
   assert run_local.child_env(3, {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.2"})[
       "XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2"  # The user's choice wins.
+
+
+def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
+  """SIGKILL to run_local alone (not its process group): the kernel sends its trainer
+  SIGTERM (PR_SET_PDEATHSIG), which checkpoints and exits 75; a rerun resumes there."""
+  root = str(tmp_path / "sweep")
+  first = os.path.join(root, jobs.point_name(sweeps.load("smoke_fuzzy").get_sweep()[0]))
+  lock_file = os.path.join(first, "lock.json")
+  launcher = _run_local(root)
+  deadline = time.time() + TIMEOUT_S
+  while not os.path.exists(lock_file) and time.time() < deadline:
+    assert launcher.poll() is None
+    time.sleep(0.05)
+  with open(lock_file) as f:
+    trainer_pid = json.load(f)["pid"]
+  launcher.kill()
+  launcher.communicate(timeout=60)
+  while os.path.exists(f"/proc/{trainer_pid}") and time.time() < deadline:
+    time.sleep(0.1)
+  assert not os.path.exists(f"/proc/{trainer_pid}"), "the trainer outlived run_local"
+  assert not os.path.exists(lock_file)  # It ended through the loop: lock released.
+  with open(os.path.join(first, "run_local.log")) as f:
+    log = f.read()
+  assert "SIGTERM received" in log, log[-3000:]

@@ -74,6 +74,25 @@ def _split_combinations(num_rules, num_features, holdout_fraction, seed):
       f'rule in the training combinations; use more features or hold out less.')
 
 
+def memory_estimate(num_features: int, num_values: int = 8, grid_size: int = 3,
+                    ceiling_batch: int = 0) -> int:
+  """Bytes of host memory the task's tables need, before building them (a lower bound).
+
+  The split tables hold every multiset of K of the 8 rules (C(K+7, K) rows, built as Python
+  tuples first). The accuracy ceilings (`ceiling_batch` > 0 problems at a time) add the
+  (K!)**(G-1) readings (`_readings`, built as Python arrays) and a (B, P, K, F) array of
+  possible answers per batch: that term is what explodes (K=6: ~25 GB at B=1024).
+  """
+  K, G, F = num_features, grid_size, num_values
+  tuple_bytes = 56 + 8 * K  # A Python tuple of K small ints, plus its list slot.
+  total = math.comb(K + len(RULE_NAMES) - 1, K) * (tuple_bytes + 3 * 4 * K)
+  if ceiling_batch > 0:
+    readings = math.factorial(K) ** (G - 1)
+    total += readings * (2 * (112 + 8 * K) + 2 * 8 * K)  # Two arrays of K per reading.
+    total += ceiling_batch * readings * K * (F + 4)  # possible_BPKF (bool) + truth_BPK.
+  return total
+
+
 class SRaven:
   """Generator of SRAVEN problems with compositional train/ood splits.
 

@@ -10,14 +10,17 @@ start here, so analysis never imports the training loop or its writers.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from hypernet_attention import transformer
+from hypernet_attention.tasks import sraven
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
@@ -27,14 +30,41 @@ from hypernet_attention.train import state as state_lib
 
 
 def _check_intervals(config: ml_collections.ConfigDict) -> None:
-  for key in ("num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
-              "checkpoint_every_steps"):
-    if int(config[key]) <= 0:
-      raise ValueError(f"config.{key}={config[key]} must be positive")
   if config.eval.num_problems % config.eval.batch_size:
     raise ValueError(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
                      f"config.eval.batch_size={config.eval.batch_size}")
 
+
+def memory_budget() -> int:
+  """Bytes a run may plan for: half of this host's physical memory (the task tables and the
+  accuracy-ceiling readings live on the host; a larger estimate would swap or be killed)."""
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+# Experiment -> bytes its task needs on the host, from the config alone (before building it).
+TASK_MEMORY = {"sraven": lambda config: sraven.memory_estimate(
+    config.task.num_features, config.task.num_values, config.task.get("grid_size", 3),
+    ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)}
+
+
+def check_task_memory(config: ml_collections.ConfigDict, budget: int | None = None) -> None:
+  """Refuses task sizes whose tables would not fit in memory (e.g. SRAVEN's K! readings)."""
+  estimate = TASK_MEMORY.get(config.experiment)
+  if estimate is None:
+    return
+  try:
+    need = estimate(config)
+  except (TypeError, ValueError):
+    return  # Wrong types: the task's own constructor names them.
+  budget = memory_budget() if budget is None else budget
+  if need > budget:
+    sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
+                      if k in ("num_features", "num_values", "grid_size"))
+    raise config_lib.BadInput(
+        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
+        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
+        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
+        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +98,9 @@ def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
 
 
 def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
-  config_lib.check_positive(config)
+  config_lib.validate(config)
   _check_intervals(config)
+  check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   sharding.check_batch_size(config.batch_size, mesh)
@@ -86,7 +117,11 @@ def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
       {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
   model = transformer.Transformer(model_config)
   tx = state_lib.make_optimizer(config)
-  init_fn = state_lib.make_init_fn(model, jnp.zeros(example.shape, example.dtype), tx)
+  # One example per batch shard initializes the parameters: a batch-sized zeros array
+  # would be allocated for nothing (and a huge batch_size would fail here, unnamed).
+  shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
+  init_fn = state_lib.make_init_fn(
+      model, jnp.zeros((shards,) + example.shape[1:], example.dtype), tx)
   abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
   shardings = sharding.state_shardings(abstract_boxed, mesh)
   return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)

@@ -146,6 +146,12 @@ class Checkpointer:
           "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
           "resume") from e
 
+  def check(self) -> None:
+    """Raises `CheckpointWriteError` now if an asynchronous save has failed (called at every
+    chunk boundary, so a failed save stops the run at once, not at the next save)."""
+    with self._write_errors("writing an earlier step"):
+      self.manager.check_for_errors()
+
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 

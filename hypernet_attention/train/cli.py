@@ -8,9 +8,11 @@
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
 - A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
-  steps and exits with status 1.
-- A preempted run (`preemption.Preempted`, after its checkpoint is committed) exits with
-  `preemption.EXIT_CODE` (75).
+  steps and exits with status 1 at once (found at the next chunk boundary).
+- A preempted run (SIGTERM, or a first Ctrl-C: `preemption.Preempted`, after its checkpoint
+  is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
+  outside the training loop (or a second one) prints one line and exits with 130.
+- `app.UsageError` (the tools' flag checks) is bad input too: one line, no flag list.
 - The console is configured (`console.configure`) before `main` runs.
 """
 
@@ -26,22 +28,50 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import console
-from hypernet_attention.train import preemption
+
+# The training library's exceptions, looked up only where it was imported (so that tools
+# without JAX, like `launch/xm_launch.py --dry_run`, use this module too).
+_CHECKPOINTING = "hypernet_attention.train.checkpointing"
+_PREEMPTION = "hypernet_attention.train.preemption"
+PREEMPTED_EXIT_CODE = 75  # `preemption.EXIT_CODE`: EX_TEMPFAIL, "retry".
+
+
+def _raised(error: BaseException, module: str, name: str) -> bool:
+  return module in sys.modules and isinstance(error, getattr(sys.modules[module], name))
 
 BAD_INPUT_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it.
+# Set by launchers (`launch/run_local.py`) to their pid: the program then dies with them.
+PARENT_PID_ENV = "HYPERNET_ATTENTION_PARENT_PID"
+
+
+def die_with_parent(env=None) -> None:
+  """If a launcher named itself in `PARENT_PID_ENV`: ask Linux to send this process SIGTERM
+  when the launcher dies (prctl PR_SET_PDEATHSIG; even a SIGKILLed launcher), which the
+  training loop treats as a preemption (checkpoint, exit 75). A launcher already gone:
+  SIGTERM now. Elsewhere (no prctl) a no-op."""
+  parent = (os.environ if env is None else env).get(PARENT_PID_ENV)
+  if not parent or not sys.platform.startswith("linux"):
+    return
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  pr_set_pdeathsig = 1
+  ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+  if os.getppid() != int(parent):  # It died before the prctl call.
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _fail(message: str) -> NoReturn:
-  program = os.path.basename(sys.argv[0])
-  print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+  print(f"{_program()}: error: {message}", file=sys.stderr, flush=True)
   sys.exit(BAD_INPUT_EXIT_CODE)
 
 
 def _load_config(argv: list[str]):
   """The config that `--config=FILE[:ARG]` (or the flag's default) names, or None."""
+  if "config" not in flags.FLAGS:
+    return None
   spec = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("--config=")),
               None) or getattr(flags.FLAGS["config"], "default", None)
   if not isinstance(spec, str):
@@ -75,34 +105,84 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _last_line(error: BaseException) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[-1] if lines else type(error).__name__
+
+
+def _load_config_flags() -> None:
+  """Loads every `config_flags` flag now (they load lazily, on first `.value`), so that a
+  missing file, a syntax error or a missing `get_config` is one line, before any work."""
+  for name in list(flags.FLAGS):
+    flag = flags.FLAGS[name]
+    if type(flag).__name__ != "_ConfigFlag":
+      continue
+    try:
+      value = flag.value
+      # A file that failed to load becomes a placeholder that raises on first use.
+      error = vars(value).get("_error") if type(value).__name__ == "_ErrorConfig" else None
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    if error is not None:
+      _fail(f"--{name}={flag.serialize().split('=', 1)[-1]}: {_last_line(error)}")
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """`flags.FLAGS(argv)`, with any failure reported as one line."""
   try:
-    return flags.FLAGS(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
+    rest = flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    # A config file's own error (syntax, missing file, get_config) arrives wrapped in any
+    # exception type with its traceback: keep the last line.
     if (override := _unknown_override(argv)) is not None:
       _fail(override)
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    # A config file's own error arrives wrapped with its traceback: keep the last line.
-    _fail(lines[-1] if lines else type(e).__name__)
+    _fail(_last_line(e))
+  _load_config_flags()
+  return rest
 
 
-def run(main: Callable[[list[str]], None]) -> None:
+def _program() -> str:
+  return os.path.basename(sys.argv[0])
+
+
+def _guarded(call: Callable[[], object]) -> object:
+  """`call()` with the library's errors turned into one line and the exit codes above."""
+  try:
+    return call()
+  except (config_lib.BadInput, app.UsageError) as e:
+    if logging.get_verbosity() >= 1:
+      logging.exception("bad input")
+    _fail(str(e))
+  except KeyboardInterrupt:
+    print(f"{_program()}: interrupted (Ctrl-C); outputs written so far are kept",
+          file=sys.stderr, flush=True)
+    sys.exit(INTERRUPTED_EXIT_CODE)
+  except Exception as e:  # pylint: disable=broad-except
+    if _raised(e, _CHECKPOINTING, "CheckpointWriteError"):
+      if logging.get_verbosity() >= 1:
+        logging.exception("checkpoint write failed")
+      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
+      # Orbax's threads of the failed save wait minutes for signals that never come, and
+      # a normal exit waits for them: leave now (finalized checkpoints are on disk).
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
+    if _raised(e, _PREEMPTION, "Preempted"):
+      print(f"{_program()}: {e}", file=sys.stderr, flush=True)
+      sys.exit(PREEMPTED_EXIT_CODE)
+    raise
+
+
+def run(main: Callable[[list[str]], object]) -> None:
   """`app.run(main)` with one-line errors and the exit codes above."""
   def guarded(argv):
     console.configure()
-    try:
-      main(argv)
-    except config_lib.BadInput as e:
-      if logging.get_verbosity() >= 1:
-        logging.exception("bad input")
-      _fail(str(e))
-    except checkpointing.CheckpointWriteError as e:
-      if logging.get_verbosity() >= 1:
-        logging.exception("checkpoint write failed")
-      print(f"{os.path.basename(sys.argv[0])}: error: {e}", file=sys.stderr, flush=True)
-      sys.exit(1)
-    except preemption.Preempted as e:
-      logging.warning("%s", e)
-      sys.exit(preemption.EXIT_CODE)
+    die_with_parent()
+    return _guarded(lambda: main(argv))
   app.run(guarded, flags_parser=_parse_flags)
+
+
+def run_plain(main: Callable[[], object]) -> None:
+  """The same for an argparse tool: `main()` parses its own arguments (argparse reports
+  bad ones as `<program>: error: ...`, exit 2); what the library raises is one line too."""
+  result = _guarded(main)
+  sys.exit(result if isinstance(result, int) else 0)

@@ -8,9 +8,10 @@ is allowed, raised before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from typing import Any, Mapping, Optional, Sequence
 
-import jax.numpy as jnp
 import ml_collections
 
 from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported)
@@ -22,18 +23,121 @@ POSITIVE_FIELDS = (
     "checkpoint_every_steps", "keep_checkpoints", "eval.num_problems", "eval.batch_size",
     "model.num_layers", "model.emb_dim", "model.num_heads", "model.qk_dim", "model.v_dim",
     "model.mlp_dim")
+# Floating-point dtypes a model may compute or store its parameters in.
+DTYPES = ("float32", "bfloat16", "float16")
+# Real-valued fields: (key, lowest, highest, lowest allowed?, highest allowed?). Every one
+# must also be finite; a value outside trains silently wrong (a negative learning rate
+# ascends the gradient, a negative clip norm flips every gradient, dropout 1 drops all).
+RANGES = (
+    ("optimizer.learning_rate", 0.0, math.inf, False, False),
+    ("optimizer.weight_decay", 0.0, math.inf, True, False),
+    ("optimizer.end_lr_fraction", 0.0, 1.0, True, True),
+    ("optimizer.b1", 0.0, 1.0, True, False),
+    ("optimizer.b2", 0.0, 1.0, True, False),
+    ("optimizer.eps", 0.0, math.inf, False, False),
+    ("optimizer.grad_clip_norm", 0.0, math.inf, True, False),
+    ("model.attention_dropout", 0.0, 1.0, True, False),
+)
+
+
+def _get(config: ml_collections.ConfigDict, key: str) -> Any:
+  """`config.<dotted key>`, or None where a part of the path is absent."""
+  node = config
+  for name in key.split("."):
+    node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
+  return node
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_positive(config: ml_collections.ConfigDict) -> None:
   """Raises `BadInput` naming the first of `POSITIVE_FIELDS` that is not a positive int."""
   for key in POSITIVE_FIELDS:
-    node = config
-    for name in key.split("."):
-      node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
-    if node is None:
+    value = _get(config, key)
+    if value is not None and (not _is_int(value) or value <= 0):
+      raise BadInput(f"config.{key}={value!r} must be a positive integer")
+
+
+def _interval(low: float, high: float, low_in: bool, high_in: bool) -> str:
+  if high == math.inf:
+    return f"a finite number {'>=' if low_in else '>'} {low:g}"
+  return f"a number in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+
+
+def check_ranges(config: ml_collections.ConfigDict) -> None:
+  """Raises `BadInput` naming the first of `RANGES` that is not a finite number in range."""
+  for key, low, high, low_in, high_in in RANGES:
+    value = _get(config, key)
+    if value is None:
       continue
-    if isinstance(node, bool) or not isinstance(node, int) or node <= 0:
-      raise BadInput(f"config.{key}={node!r} must be a positive integer")
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (low <= value if low_in else low < value)
+          and (value <= high if high_in else value < high))
+    if not ok:
+      raise BadInput(f"config.{key}={value!r}; allowed: "
+                     f"{_interval(low, high, low_in, high_in)}")
+
+
+def check_run(config: ml_collections.ConfigDict) -> None:
+  """The run-level fields no single module owns: seed, schedule, stop step, eval, dtypes."""
+  seed = config.get("seed")
+  if not _is_int(seed) or not 0 <= seed < 2**32:
+    raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
+  warmup, steps = _get(config, "optimizer.warmup_steps"), config.num_train_steps
+  if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
+    raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
+                   f"[0, config.num_train_steps={steps})")
+  stop = config.get("stop_after_steps")
+  if stop is not None and (not _is_int(stop) or stop <= 0):
+    raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
+                   "integer")
+  splits = _get(config, "eval.splits")
+  if splits is not None and (isinstance(splits, str) or not tuple(splits)):
+    raise BadInput(f"config.eval.splits={splits!r}; allowed: a non-empty list of split names")
+  ceiling = _get(config, "eval.ceiling_problems")
+  if ceiling is not None and (not _is_int(ceiling) or ceiling < 0):
+    raise BadInput(f"config.eval.ceiling_problems={ceiling!r}; allowed: an integer >= 0 "
+                   "(0: no ceilings)")
+  for key in ("model.dtype", "model.param_dtype"):
+    value = _get(config, key)
+    if value is not None and str(value) not in DTYPES:
+      raise BadInput(f"config.{key}={value!r}; allowed: {', '.join(DTYPES)}")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Every config value whose type, range or finiteness the config alone decides.
+
+  Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
+  device checks (sizes against memory, the mesh) follow in `build.setup`.
+  """
+  check_positive(config)
+  check_ranges(config)
+  check_run(config)
+
+
+def workdir_path(workdir: Optional[str]) -> str:
+  """`--workdir` as the run will use it: `~` expanded; empty or blank refused."""
+  if workdir is None or not str(workdir).strip():
+    raise BadInput(f"--workdir={workdir!r}; allowed: a directory path (new, or holding this "
+                   "run); leave the flag out for a fresh one under ./workdirs/")
+  return os.path.expanduser(str(workdir))
+
+
+def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
+  """An output file's path (`~` expanded); refused if missing, or existing without
+  `--overwrite` (a tool never replaces a file silently)."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  if path is None or not str(path).strip():
+    raise BadInput(f"{flag}={path!r}; allowed: the path of the file to write")
+  path = os.path.expanduser(str(path))
+  target = epath.Path(path)
+  if target.is_dir():
+    raise BadInput(f"{flag}={path!r} is a directory; allowed: a file path")
+  if target.exists() and not overwrite:
+    raise BadInput(f"{flag}={path!r} exists; allowed: a new path, or --overwrite to replace it")
+  return path
 
 
 def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = None,
@@ -93,6 +197,7 @@ def check_preset(name: str) -> str:
 
 def transformer_config(model: Mapping[str, Any], **overrides: Any):
   """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
   kwargs = dict(model)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import ml_collections
@@ -17,8 +18,12 @@ console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, whic
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
+from hypernet_attention.train import sharding
 
 
 def _vocabulary(objective) -> Any:
@@ -29,9 +34,43 @@ def _format(texts: list[str]) -> str:
   return "\n".join(f"sample {i}: {text}" for i, text in enumerate(texts))
 
 
+def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """What can be refused before the corpus and vocabulary are written into `workdir`:
+  the config's values, the row length, and a workdir holding another experiment's run.
+  Returns the workdir as the run uses it (`~` expanded)."""
+  config_lib.validate(config)
+  workdir = config_lib.workdir_path(workdir)
+  length = config.task.sequence_length
+  if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+    raise config_lib.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
+                              ">= 2 (one input and one target token)")
+  c4.check_sequence_length(length, config.model.get("max_len"))
+  try:
+    mesh = sharding.make_mesh(config.mesh)
+    for key, size in (("batch_size", config.batch_size),
+                      ("eval.batch_size", config.eval.batch_size)):
+      sharding.check_batch_size(size, mesh, key)
+      data.local_batch_size(size, key)
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from None
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.BadInput(f"--workdir={workdir!r} is a file, not a directory")
+  try:
+    recorded = checkpointing.read_config_json(workdir)
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from None
+  if recorded is not None and recorded.get("experiment") != config.experiment:
+    raise config_lib.BadInput(
+        f"workdir {workdir!r} holds a different experiment ({recorded.get('experiment')!r}, "
+        f"not {config.experiment!r}); nothing was written: use a fresh --workdir")
+  return workdir
+
+
 def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt: str,
                      num_tokens: int, temperature: float, num_samples: int = 2) -> dict:
-  """Resolves the data (corpus, vocabulary) into `workdir`, trains, prints samples."""
+  """Checks what it can, resolves the data (corpus, vocabulary) into `workdir`, trains,
+  prints samples."""
+  workdir = check_before_data(config, workdir)
   config = c4.prepare_config(config, workdir)
   summary = loop.train_and_evaluate(config, workdir)
   built = build.setup(config)
@@ -45,6 +84,13 @@ def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt:
 def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperature: float,
                         step: Optional[int] = None, num_samples: int = 2) -> str:
   """Samples from checkpoint `step` (default: the newest) of the run in `workdir`."""
+  try:
+    experiment = restore.load_config(workdir).experiment
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from None
+  if experiment != "c4_lm":
+    raise config_lib.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: "
+                              "the workdir of a language-modeling (c4_lm) run")
   run = restore.restore_params(workdir, step)
   texts = decoding.sample_text(
       run.model.config, run.params, _vocabulary(run.objective), prompt, num_tokens,

@@ -39,6 +39,7 @@ from hypernet_attention.train import config_lib
 from hypernet_attention.train import console
 from hypernet_attention.train import data
 from hypernet_attention.train import events
+from hypernet_attention.train import lock
 from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 from hypernet_attention.train import sharding
@@ -303,11 +304,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   start_time = time.time()
   s = build.setup(config, devices)
+  workdir = config_lib.workdir_path(workdir)
   try:
     workdir_lib.check(workdir, config)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
-  with _debug_nans(config.get("debug_nans", False)), preemption.Watcher() as watcher:
+  # The signal handlers first: a SIGTERM once the lock is held is a preemption.
+  with preemption.Watcher() as watcher, lock.hold(workdir), \
+      _debug_nans(config.get("debug_nans", False)):
+    if jax.process_index() == 0:  # Found now, not at the first save.
+      lock.check_writable(os.path.join(workdir, checkpointing.CHECKPOINT_DIR))
     ckpt = checkpointing.Checkpointer(
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
@@ -350,6 +356,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
       break
     end = _next_boundary(step, config)
     state, metrics = trainer.train_chunk(state, end - step)
+    ckpt.check()  # A failed asynchronous save stops the run here.
     pending.append((step, metrics))
     step = end
     is_last = step == config.num_train_steps
@@ -366,7 +373,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
             f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
     if saving and ckpt.save(step, state, force=is_last or preempted,
                             data_iterator=trainer.data_iterator):
-      logging.info("checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
+      logging.info("saving checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
     if step % config.log_every_steps == 0 or is_last:
       last_train = {f"train/{k}": float(v) for k, v in s.objective.finalize(
           {k: np.mean(np.concatenate([m[k] for _, m in pending])) for k in pending[0][1]}
@@ -379,7 +386,7 @@ def _train(config, workdir: str, s: build.Setup, ckpt: checkpointing.Checkpointe
     if preempted:
       ckpt.wait()
       writer.close()
-      raise preemption.Preempted(step, workdir)
+      raise preemption.Preempted(step, workdir, watcher.reason)
     if step % config.eval_every_steps == 0 or is_last:
       eval_start = time.time()
       eval_metrics = trainer.evaluate(state.params)

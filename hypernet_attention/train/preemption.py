@@ -1,4 +1,4 @@
-"""Preemption: on SIGTERM, finish the current chunk, checkpoint, wait for it, exit 75.
+"""Preemption: on SIGTERM (or Ctrl-C), finish the chunk, checkpoint, wait for it, exit 75.
 
 Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine. The loop asks
 `Watcher.reached()` at every chunk boundary; once it says yes, the loop saves the state at
@@ -31,8 +31,8 @@ EXIT_CODE = 75
 class Preempted(Exception):
   """The run saved a checkpoint at `step` and stopped because of a preemption notice."""
 
-  def __init__(self, step: int, workdir: str):
-    super().__init__(f"preempted: checkpoint saved at step {step} in {workdir}; rerun the "
+  def __init__(self, step: int, workdir: str, reason: str = "preempted"):
+    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; rerun the "
                      "same command to resume")
     self.step, self.workdir = step, workdir
 
@@ -43,14 +43,23 @@ class Watcher:
   def __init__(self):
     self._received = threading.Event()
     self._calls = 0
-    self._previous: Any = None
+    self._previous: dict[int, Any] = {}
+    self.reason = "preempted"
     self._multi_process = jax.process_count() > 1
     if not self._multi_process and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+      # Ctrl-C takes the same path (a checkpoint, then one line); a second Ctrl-C stops
+      # at once (KeyboardInterrupt; the newest committed checkpoint stays).
+      self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
 
-  def _on_sigterm(self, signum, frame) -> None:
-    del signum, frame
-    logging.warning("SIGTERM received: finishing this chunk, then checkpointing and exiting")
+  def _on_signal(self, signum, frame) -> None:
+    del frame
+    if signum == signal.SIGINT:
+      if self._received.is_set():
+        raise KeyboardInterrupt
+      self.reason = "interrupted"
+    logging.warning("%s received: finishing this chunk, then checkpointing and exiting "
+                    "(Ctrl-C again stops at once)", signal.Signals(signum).name)
     self._received.set()
 
   def reached(self) -> bool:
@@ -64,9 +73,9 @@ class Watcher:
     return self._received.is_set()
 
   def close(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
 
   def __enter__(self) -> "Watcher":
     return self

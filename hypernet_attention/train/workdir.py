@@ -34,6 +34,8 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
+from hypernet_attention import errors
+
 CONFIG = "config.json"  # The run's config; what a resume must match.
 SUMMARY = "summary.json"  # Written once, when the run finished.
 CHECKPOINTS = "checkpoints"  # Orbax's steps.
@@ -80,8 +82,8 @@ def read_json(p: epath.PathLike) -> Optional[Any]:
   try:
     return json.loads(p.read_text())
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f"{p} is not readable JSON ({e}); it was left as it is: restore it "
-                     "or use a fresh --workdir") from None
+    raise errors.BadInput(f"{p} is not readable JSON ({e}); it was left as it is: restore "
+                          "or remove it") from None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

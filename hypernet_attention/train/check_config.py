@@ -1,0 +1,95 @@
+r"""Checks a run's config on the launching machine, before anything is copied or started.
+
+  python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG WORKDIR \
+      [--config.key=value ...]
+
+Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
+would, and runs every check that needs no accelerator and no data: the config's values
+(`config_lib.validate`), the eval intervals, the attention preset, the workdir path. Prints
+`script config_file` (the entry point and config file, relative to the repository root, as
+`registry` does) and exits 0, or prints one line `check_config: error: ...` and exits 2.
+`launch/tpu_pod.sh` and `launch/slurm.sh` call it before copying, installing or submitting.
+Checks that depend on the hosts (mesh and batch divisibility, memory) run again there.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from typing import Sequence
+
+import ml_collections
+
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import registry
+
+
+def _value(node, text: str):
+  """The override's value as `--config.<key>=` would parse it for this field."""
+  if isinstance(node, (bool, int, float)):
+    return text  # `set_dotted` converts it to the field's type.
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def _node(config: ml_collections.ConfigDict, key: str):
+  node = config
+  for name in key.split("."):
+    node = node[name] if isinstance(node, ml_collections.ConfigDict) and name in node else None
+  return node
+
+
+def load(experiment: str, config_arg: str,
+         overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The config the entry point would run: `get_config(config_arg)` plus `overrides`."""
+  try:
+    config = registry.get(experiment).get_config(config_arg or None)
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise config_lib.BadInput(f"config argument {config_arg!r} of {experiment}: {e}") from None
+  with config.unlocked():
+    for item in overrides:
+      if not item.startswith("--config.") or "=" not in item:
+        raise config_lib.BadInput(f"{item!r}; allowed: --config.<key>=<value> overrides")
+      key, text = item[len("--config."):].split("=", 1)
+      try:
+        config_lib.set_dotted(config, key, _value(_node(config, key), text))
+      except (ValueError, TypeError) as e:
+        raise config_lib.BadInput(f"{item}: {e}") from None
+  return config
+
+
+def check(experiment: str, config_arg: str, workdir: str,
+          overrides: Sequence[str] = ()) -> registry.Experiment:
+  """Raises `config_lib.BadInput` for anything the launching machine can already refuse."""
+  config = load(experiment, config_arg, overrides)
+  config_lib.validate(config)
+  config_lib.workdir_path(workdir)
+  if config.eval.num_problems % config.eval.batch_size:
+    raise config_lib.BadInput(
+        f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
+        f"config.eval.batch_size={config.eval.batch_size}")
+  try:
+    config_lib.check_preset(config.model.attention)
+  except ValueError as e:
+    raise config_lib.BadInput(str(e)) from None
+  return registry.get(experiment)
+
+
+def main(argv: Sequence[str]) -> int:
+  if len(argv) < 3:
+    print("usage: python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG "
+          "WORKDIR [--config.key=value ...]", file=sys.stderr)
+    return 2
+  try:
+    experiment = check(argv[0], argv[1], argv[2], argv[3:])
+  except (config_lib.BadInput, ValueError) as e:
+    print(f"check_config: error: {e}", file=sys.stderr)
+    return 2
+  print(experiment.script, experiment.config_file)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,72 @@
+"""`launch/tpu_pod.sh` and `launch/slurm.sh` check their arguments on the launching machine
+(`python -m hypernet_attention.train.check_config`) before anything is copied, installed or
+submitted: fake `gcloud`, `sbatch` and `srun` on PATH record whether they were called."""
+
+import subprocess
+
+import pytest
+
+from test_launch import _fake_tools  # pylint: disable=g-bad-import-order
+import train_testlib as tl
+
+from hypernet_attention.train import check_config
+
+BAD = {
+    # name: (experiment, config argument, workdir, overrides, expected error line)
+    "nan_learning_rate": ("sraven", "model=hyla,size=paper", "gs://b/wd",
+                          ["--config.optimizer.learning_rate=nan"],
+                          "config.optimizer.learning_rate=nan; allowed: a finite number > 0"),
+    "bad_size": ("fuzzy_logic", "model=hyla,size=huge", "gs://b/wd", [],
+                 "size='huge' is not allowed; choose from ['paper', 'local', 'smoke']"),
+    "unknown_key": ("sraven", "model=hyla", "gs://b/wd", ["--config.nope=1"],
+                    "--config.nope=1: unknown config key 'nope'"),
+    "empty_workdir": ("sraven", "model=hyla", "", [], "--workdir=''; allowed"),
+    "warmup_too_long": ("sraven", "size=smoke", "gs://b/wd", ["--config.optimizer.warmup_steps=8"],
+                        "warmup_steps=8; allowed: an integer in [0, config.num_train_steps=8)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_check_config_refuses_in_one_line(case):
+  experiment, arg, workdir, overrides, expected = BAD[case]
+  with pytest.raises(ValueError) as error:
+    check_config.check(experiment, arg, workdir, overrides)
+  assert expected in str(error.value)
+
+
+def test_check_config_applies_typed_overrides():
+  config = check_config.load("sraven", "model=hyla,size=smoke",
+                             ["--config.stop_after_steps=4", "--config.seed=3",
+                              "--config.eval.splits=('test',)"])
+  assert (config.stop_after_steps, config.seed, tuple(config.eval.splits)) == (4, 3, ("test",))
+
+
+def test_tpu_pod_script_checks_before_copying(tmp_path):
+  env, log = _fake_tools(tmp_path, "gcloud")
+  env["TMPDIR"] = str(tmp_path)
+  result = subprocess.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "sraven",
+                           "model=hyla,size=paper", "gs://b/wd",
+                           "--config.optimizer.learning_rate=nan"],
+                          cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "check_config: error: config.optimizer.learning_rate=nan; allowed: a finite number > 0"]
+  assert not log.exists(), "gcloud ran"
+  assert not list(tmp_path.glob("*.tgz")), "the repository was packed"
+
+
+def test_slurm_script_checks_then_submits_itself(tmp_path):
+  env, log = _fake_tools(tmp_path, "sbatch", "srun")
+  env.pop("SLURM_JOB_ID", None)
+  bad = subprocess.run(["bash", "launch/slurm.sh", "--nodes=2", "sraven", "model=hyla",
+                        "/shared/wd", "--config.model.attention_dropout=1.5"],
+                       cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+      "check_config: error: config.model.attention_dropout=1.5; allowed: a number in [0, 1)"]
+  assert not log.exists(), "sbatch or srun ran"
+  subprocess.run(["bash", "launch/slurm.sh", "--nodes=2", "--gpus-per-node=8", "sraven",
+                  "model=hyla,size=paper", "/shared/wd", "--config.seed=2"],
+                 cwd=tl.REPO, env=env, check=True, timeout=120)
+  assert log.read_text().split("\n---")[0].split("\n") == [
+      "--nodes=2", "--gpus-per-node=8", "launch/slurm.sh", "sraven", "model=hyla,size=paper",
+      "/shared/wd", "--config.seed=2"]
