@@ -313,7 +313,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with preemption.Watcher() as watcher, lock.hold(workdir), \
       _debug_nans(config.get("debug_nans", False)):
     if jax.process_index() == 0:  # Found now, not at the first save.
-      lock.check_writable(os.path.join(workdir, checkpointing.CHECKPOINT_DIR))
+      lock.check_writable(str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS))
     ckpt = checkpointing.Checkpointer(
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
