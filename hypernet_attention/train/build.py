@@ -70,6 +70,7 @@ def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
 def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
   config_lib.check_positive(config)
   _check_intervals(config)
+  state_lib.check_schedule(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   sharding.check_batch_size(config.batch_size, mesh)

@@ -76,6 +76,12 @@ def read_config_json(workdir: str) -> Optional[dict[str, Any]]:
   return config
 
 
+def _is_off(value: Any) -> bool:
+  """A switch added after a run started, at its off value (False, None, empty), which
+  does not change that run: its config.json may lack the key and still resume."""
+  return value is None or value is False or value in ((), [], "", {})
+
+
 def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
   """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
 
@@ -92,6 +98,7 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
     differ = sorted(
         k for k in set(old_flat) | set(new_flat)
         if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")
+        and not (k not in old_flat and _is_off(new_flat[k]))
         and k.split(".")[0] not in RESUME_FREE_KEYS)
     if differ:
       details = ", ".join(f"{k}: {old_flat.get(k, '<missing>')!r} -> "

@@ -296,6 +296,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   `config_lib.BadInput` before any work for unusable input, and `preemption.Preempted`
   after checkpointing when a SIGTERM arrived.
   """
+  if config.get("population") and config.population.get("members"):
+    from hypernet_attention.train import population_loop  # pylint: disable=g-import-not-at-top
+    return population_loop.train_and_evaluate(config, workdir, devices)
   start_time = time.time()
   s = build.setup(config, devices)
   try:
