@@ -22,6 +22,7 @@ import ml_collections
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
+from hypernet_attention.train import population
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +48,18 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore_params(workdir: str, step: Optional[int] = None,
-                   devices: Optional[Sequence[jax.Device]] = None) -> RestoredRun:
-  """Parameters of checkpoint `step` (default: the newest) of the run in `workdir`."""
+                   devices: Optional[Sequence[jax.Device]] = None,
+                   member: Optional[int] = None) -> RestoredRun:
+  """Parameters of checkpoint `step` (default: the newest) of the run in `workdir`;
+  for a population's workdir, those of member `member` (its `config` is that member's)."""
+  if member is None and (owner := population_of(workdir)) is not None:
+    workdir, member = owner  # A member's directory: restore from its population.
   config = load_config(workdir)
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
+  if population.is_population(config) or member is not None:
+    return _restore_member(workdir, config, step, devices, member)
   s = build.setup(config, devices)
   ckpt_dir = os.path.join(workdir, checkpointing.CHECKPOINT_DIR)
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if os.path.isdir(ckpt_dir)
@@ -76,3 +83,60 @@ def restore_params(workdir: str, step: Optional[int] = None,
       ckpt.close()
   return RestoredRun(workdir=workdir, step=int(step), config=config, params=params,
                      model=s.model, objective=s.objective)
+
+
+def population_of(member_dir: str) -> Optional[tuple[str, int]]:
+  """(population workdir, member index) when `member_dir` is a population member's
+  directory (no checkpoints of its own; its parent's population lists it), else None."""
+  parent = os.path.dirname(os.path.normpath(member_dir))
+  if os.path.isdir(os.path.join(member_dir, checkpointing.CHECKPOINT_DIR)):
+    return None
+  try:
+    config = checkpointing.read_config_json(parent)
+  except ValueError:
+    return None
+  names = population.member_names(ml_collections.ConfigDict(config)) if (
+      config and (config.get("population") or {}).get("members")) else ()
+  name = os.path.basename(os.path.normpath(member_dir))
+  return (parent, list(names).index(name)) if name in names else None
+
+
+def member_dir(workdir: str, member: int) -> str:
+  """The directory of member `member` of the population in `workdir` (its outputs)."""
+  config = load_config(workdir)
+  names = population.member_names(config)
+  if not population.is_population(config) or not 0 <= member < len(names):
+    raise ValueError(f"--member={member}: {workdir!r} holds " + (
+        f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
+        if population.is_population(config) else "a single run, not a population"))
+  return os.path.join(workdir, names[member])
+
+
+def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
+  """One member of a population: its slice of the stacked checkpoint."""
+  size = len(population.members(config))
+  if not isinstance(member, int) or not 0 <= member < size:
+    raise ValueError(f"{workdir!r} holds " + (
+        f"a population of {size} members; pass member=0..{size - 1}" if size else
+        f"a single run, not a population; member={member!r} allowed only for populations"))
+  p = population.setup(config, devices)
+  ckpt_dir = os.path.join(workdir, checkpointing.CHECKPOINT_DIR)
+  ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if os.path.isdir(ckpt_dir)
+          else None)
+  try:
+    steps = ckpt.all_steps() if ckpt else []
+    step = steps[-1] if step is None and steps else step
+    if step in steps:
+      params = ckpt.restore(step, p.restore_target()).params
+    elif step == 0:
+      params = population.PopulationTrainer(p).init_state().params
+    else:
+      raise ValueError(f"no checkpoint at step {step} in {ckpt_dir!r}; available steps: "
+                       f"{steps or 'none'} (0 = the initialization)")
+  finally:
+    if ckpt is not None:
+      ckpt.close()
+  return RestoredRun(workdir=member_dir(workdir, member), step=int(step),
+                     config=p.member_configs[member],
+                     params=jax.tree.map(lambda x: x[member], params), model=p.single.model,
+                     objective=p.member_objectives[member])
