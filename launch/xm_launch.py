@@ -3,6 +3,8 @@ r"""XManager launcher: one job (or one multi-host job group) per sweep point.
 Examples:
 
   # What would run, without XManager credentials or Docker (prints one command per job):
+  # the 312 points of Table A1 SRAVEN as 13 population jobs of 24 members each
+  # (`launch/grouping.py`; --single_runs: one job per point, --members_per_job caps):
   python -m launch.xm_launch --sweep=table_a1_sraven --dry_run
 
   # Vertex AI, one H100 per job:
@@ -37,6 +39,7 @@ from absl import flags
 
 from hypernet_attention.train import registry
 from launch import jobs
+from launch import run_local
 from launch import sweeps
 
 _SWEEP = flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to launch.")
@@ -56,15 +59,16 @@ _WORKDIR_ROOT = flags.DEFINE_string(
 _BASE_IMAGE = flags.DEFINE_string(
     "base_image", "python:3.11-slim", "Container base image for PythonContainer."
 )
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the jobs' commands and exit.")
-_MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points.")
+_MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points (before "
+                                 "grouping into populations).")
+run_local.define_population_flags()  # --single_runs, --members_per_job, --dry_run, ...
 
 
 def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
                   max_jobs=None) -> list[str]:
   """One shell line per job (a replicated job once, with its replica count), then a count."""
   sweep = sweeps.load(sweep_name)
-  points = sweep.get_sweep()[:max_jobs]
+  points = run_local.sweep_jobs(sweep, max_jobs)
   script = registry.get(sweep.EXPERIMENT).script
   lines = []
   for point in points:
@@ -73,7 +77,9 @@ def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
                             num_hosts=num_hosts):
       replicas = f"  # x{job.replicas} replicas" if job.replicas > 1 else ""
       lines.append(jobs.shell_line(["python", script, *jobs.flags_list(job.args)]) + replicas)
-  lines.append(f"# {len(points)} jobs in sweep {sweep_name}")
+  lines.append(f"# {len(points)} jobs in sweep {sweep_name}" + (
+      f" ({len(sweep.get_sweep()[:max_jobs])} points as populations)"
+      if not flags.FLAGS.single_runs else ""))
   return lines
 
 
@@ -105,7 +111,7 @@ def main(argv: list[str]) -> None:
   if _NUM_HOSTS.value > 1 and _EXECUTOR.value not in jobs.MULTI_HOST_EXECUTORS:
     raise app.UsageError(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
                          f"{list(jobs.MULTI_HOST_EXECUTORS)}.")
-  if _DRY_RUN.value:
+  if flags.FLAGS.dry_run:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
                                   _WORKDIR_ROOT.value, _MAX_JOBS.value)))
     return
@@ -115,7 +121,7 @@ def main(argv: list[str]) -> None:
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top
 
   sweep = sweeps.load(_SWEEP.value)
-  points = sweep.get_sweep()[: _MAX_JOBS.value]
+  points = run_local.sweep_jobs(sweep, _MAX_JOBS.value)
   experiment_name = sweep.EXPERIMENT
   script = registry.get(experiment_name).script
   directory = os.path.basename(os.getcwd())
