@@ -50,7 +50,7 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
     groups.setdefault(key, (common, []))[1].append(point)
   out = []
   for common, members in groups.values():
-    cap = max_members if max_members is not None else cap_of(common)
+    cap = max_members or (cap_of(common) if len(members) > 1 else 1)
     for start in range(0, len(members), cap):
       chunk = members[start:start + cap]
       if len(chunk) == 1:

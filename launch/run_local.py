@@ -155,13 +155,26 @@ def define_population_flags() -> None:
                     "nothing.")
 
 
-def sweep_jobs(sweep, max_points: Optional[int] = None) -> list[dict[str, Any]]:
-  """The sweep's first `max_points` points as jobs: populations unless --single_runs."""
-  f = flags.FLAGS
+@dataclasses.dataclass(frozen=True)
+class Grouping:
+  """How a launcher turns points into jobs (the flags of `define_population_flags`)."""
+  single_runs: bool = False
+  members_per_job: Optional[int] = None
+  member_memory_gib: float = 16.0
+
+  @classmethod
+  def from_flags(cls) -> "Grouping":
+    f = flags.FLAGS
+    return cls(f.single_runs, f.members_per_job, f.member_memory_gib)
+
+
+def sweep_jobs(sweep, max_points: Optional[int] = None,
+               how: Grouping = Grouping()) -> list[dict[str, Any]]:
+  """The sweep's first `max_points` points as jobs: populations unless `single_runs`."""
   points = sweep.get_sweep()[:max_points]
-  if f.single_runs:
+  if how.single_runs:
     return points
-  return jobs.populations(points, sweep.EXPERIMENT, f.members_per_job, f.member_memory_gib)
+  return jobs.populations(points, sweep.EXPERIMENT, how.members_per_job, how.member_memory_gib)
 
 
 def grouping_lines(sweep_name: str, points: Sequence[Mapping[str, Any]],
@@ -183,7 +196,7 @@ def main(argv: list[str]) -> Optional[int]:
   if f.jobs < 1:
     raise app.UsageError(f"--jobs={f.jobs}; allowed: an integer >= 1.")
   sweep = sweeps.load(f.sweep)
-  points = sweep_jobs(sweep, f.max_jobs)
+  points = sweep_jobs(sweep, f.max_jobs, Grouping.from_flags())
   if f.dry_run:
     print("\n".join(grouping_lines(f.sweep, sweep.get_sweep()[: f.max_jobs], points)))
     return 0

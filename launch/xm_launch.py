@@ -65,10 +65,10 @@ run_local.define_population_flags()  # --single_runs, --members_per_job, --dry_r
 
 
 def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
-                  max_jobs=None) -> list[str]:
+                  max_jobs=None, how: run_local.Grouping = run_local.Grouping()) -> list[str]:
   """One shell line per job (a replicated job once, with its replica count), then a count."""
   sweep = sweeps.load(sweep_name)
-  points = run_local.sweep_jobs(sweep, max_jobs)
+  points = run_local.sweep_jobs(sweep, max_jobs, how)
   script = registry.get(sweep.EXPERIMENT).script
   lines = []
   for point in points:
@@ -79,7 +79,7 @@ def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
       lines.append(jobs.shell_line(["python", script, *jobs.flags_list(job.args)]) + replicas)
   lines.append(f"# {len(points)} jobs in sweep {sweep_name}" + (
       f" ({len(sweep.get_sweep()[:max_jobs])} points as populations)"
-      if not flags.FLAGS.single_runs else ""))
+      if not how.single_runs else ""))
   return lines
 
 
@@ -113,7 +113,8 @@ def main(argv: list[str]) -> None:
                          f"{list(jobs.MULTI_HOST_EXECUTORS)}.")
   if flags.FLAGS.dry_run:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
-                                  _WORKDIR_ROOT.value, _MAX_JOBS.value)))
+                                  _WORKDIR_ROOT.value, _MAX_JOBS.value,
+                                  run_local.Grouping.from_flags())))
     return
 
   # Imported here so that --dry_run and the sweep definitions need no XManager install.
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> None:
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top
 
   sweep = sweeps.load(_SWEEP.value)
-  points = run_local.sweep_jobs(sweep, _MAX_JOBS.value)
+  points = run_local.sweep_jobs(sweep, _MAX_JOBS.value, run_local.Grouping.from_flags())
   experiment_name = sweep.EXPERIMENT
   script = registry.get(experiment_name).script
   directory = os.path.basename(os.getcwd())

@@ -90,7 +90,8 @@ def test_resume_outputs_and_frozen_member(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # Bit for bit.
   healthy, frozen = resumed["members"]
   assert "frozen_at_step" not in healthy and math.isfinite(healthy["ood/r2"])
-  assert frozen["frozen_at_step"] >= 1 and math.isfinite(frozen["ood/r2"])
+  # Frozen at its last finite training state (whose evaluation may overflow itself).
+  assert frozen["frozen_at_step"] >= 1 and math.isfinite(frozen["train/loss"])
   # Members are runs to the rest of the project: collect, restore, config.json.
   root = str(tmp_path / "killed")
   runs = [r for r in collect.load_runs(root) if r.summary is not None]
