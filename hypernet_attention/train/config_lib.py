@@ -183,6 +183,7 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       splits=("test", "ood"), num_problems=51_200, batch_size=1024,
       ceiling_problems=0))  # > 0: estimate each split's accuracy ceiling once per run.
-  # Device mesh: `data` x `fsdp` (-1 = all remaining devices).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  # Device mesh: `member` x `data` x `fsdp` (-1 = all remaining devices); `member` > 1
+  # spreads a population's members over devices.
+  c.mesh = ml_collections.ConfigDict(dict(member=1, data=-1, fsdp=1))
   return c

@@ -129,7 +129,7 @@ def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
   """Validates the population (every member as a run, the member keys, the mesh) and
   builds it abstractly. Any problem is a `config_lib.BadInput`."""
   configs = check(config)
-  single = build.setup(configs[0], devices)
+  single = build.setup(configs[0], devices, member_of_population=True)
   if not single.objective.source.on_device:
     raise config_lib.BadInput(
         f"experiment {config.experiment!r} reads host-side data; populations need an "
@@ -224,7 +224,8 @@ class PopulationTrainer:
       self._chunk_cache = jax.jit(
           chunk, static_argnums=2, donate_argnums=0,
           in_shardings=(self.setup.shardings, None),
-          out_shardings=(self.setup.shardings, sharding.replicated(self.mesh)))
+          # Metrics stay on their member's devices: the chunk has no collective at all.
+          out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
     return self._chunk_cache
 
   def train_chunk(self, state, length: int):

@@ -134,10 +134,12 @@ class _Run:
 
   def _log(self, step: int, pending, writers) -> None:
     objective = self.p.single.objective
+    steps = np.concatenate([start + 1 + np.arange(m["loss"].shape[1]) for start, m in pending])
     for i, (config, writer) in enumerate(zip(self.p.member_configs, writers)):
-      if self.frozen[i] is not None:
-        continue  # Keeps the last window before it froze.
-      means = {k: float(np.nanmean(np.concatenate([m[k][i] for _, m in pending])))
+      keep = steps < (self.frozen[i] or np.inf)  # A frozen member: its finite steps only.
+      if not keep.any():
+        continue
+      means = {k: float(np.mean(np.concatenate([m[k][i] for _, m in pending])[keep]))
                for k in pending[0][1]}
       train = {f"train/{k}": float(v) for k, v in objective.finalize(means).items()}
       train["train/learning_rate"] = float(state_lib.learning_rate_schedule(config)(step))
