@@ -9,4 +9,6 @@ Modules (each reads in one sitting):
   checkpointing  Orbax CheckpointManager: async atomic saves, resume, foreign-workdir guard.
   runtime        `jax.distributed` start-up and topology logging for the entry points.
   loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
+  population     members differing in seed / split seed / lr / wd / warmup as one vmapped
+                 program (`config.population.members`); population_loop: its outputs.
 """
