@@ -147,3 +147,36 @@ def test_authors_schedule_needs_a_cosine_part():
                                  "optimizer.warmup_steps": 4})
   with pytest.raises(config_lib.BadInput, match="num_train_steps > 2 \\* warmup_steps"):
     build.setup(config)
+
+
+def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):
+  """As tests/test_preemption.py for a single run: SIGTERM after step 8 -> checkpoint ->
+  exit 75 -> the rerun ends with an uninterrupted population's parameters, bit for bit."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import test_preemption as tp  # pylint: disable=g-import-not-at-top
+  members = ("--config.population.members=({'seed': 0}, "
+             "{'seed': 1, 'optimizer.learning_rate': 0.003})")
+
+  def start(workdir, log_path):
+    log = open(log_path, "w")
+    return subprocess.Popen(tp._command(workdir) + [members], env=tp._env(1), stdout=log,  # pylint: disable=protected-access
+                            stderr=subprocess.STDOUT, cwd=tl.REPO), log
+
+  workdir, reference = tmp_path / "preempted", tmp_path / "uninterrupted"
+  procs = [start(workdir, tmp_path / "first.log")]
+  tp._wait_for_training(procs[0][1].name, procs)  # pylint: disable=protected-access
+  procs[0][0].send_signal(signal.SIGTERM)
+  codes, texts = tp._finish(procs)  # pylint: disable=protected-access
+  assert codes == [tp.preemption.EXIT_CODE], texts[0][-3000:]
+  stopped = max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
+  assert 8 <= stopped < tp.STEPS and f"checkpoint saved at step {stopped}" in texts[0]
+  for launch in (start(workdir, tmp_path / "second.log"),
+                 start(reference, tmp_path / "reference.log")):
+    codes, texts = tp._finish([launch])  # pylint: disable=protected-access
+    assert codes == [0], texts[0][-3000:]
+  for member in (0, 1):
+    a = restore.restore_params(str(workdir), tp.STEPS, member=member)
+    b = restore.restore_params(str(reference), tp.STEPS, member=member)
+    for key, value in tl.flat_params(a.params).items():
+      np.testing.assert_array_equal(value, tl.flat_params(b.params)[key], err_msg=key)
