@@ -51,8 +51,10 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
   out = []
   for common, members in groups.values():
     cap = max_members or (cap_of(common) if len(members) > 1 else 1)
-    for start in range(0, len(members), cap):
-      chunk = members[start:start + cap]
+    num_jobs = -(-len(members) // cap)  # Balanced: 24 members under a cap of 21 -> 12 + 12.
+    bounds = [len(members) * j // num_jobs for j in range(num_jobs + 1)]
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+      chunk = members[start:stop]
       if len(chunk) == 1:
         out.append(dict(chunk[0]))
         continue

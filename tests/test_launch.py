@@ -39,6 +39,7 @@ EXPECTED_JOBS = {
     "figa5_holdout_sraven": 3 * 4 * SRAVEN_GRID * SEEDS,  # models x held-out fraction.
     "activations_sraven": 5 * SRAVEN_GRID * SEEDS,
     "smoke_fuzzy": 2,
+    "smoke_population_fuzzy": 4,
 }
 
 
