@@ -19,6 +19,12 @@ The member axis is the mesh's `member` axis (`sharding.py`): members are spread 
 devices with no communication between them; the `data`/`fsdp` axes split each member's
 batch and width as in a single run.
 
+By hand (a sweep's launchers build these flags themselves, `launch/grouping.py`):
+
+  python experiments/sraven_scaling.py --config=experiments/configs/sraven.py:model=hyla \
+      --workdir=W "--config.population.members=({'seed': 0}, {'seed': 1, \
+      'optimizer.learning_rate': 3e-4})" [--config.mesh.member=2 --config.mesh.data=1]
+
 Shape letters: P members.
 """
 
