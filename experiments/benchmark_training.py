@@ -9,7 +9,14 @@ jitted `lax.scan` chunk with on-device data generation and dropout), compiles al
 then times `--repeats` rounds of one `--steps`-step chunk per model, interleaved (A, B, C, A,
 B, C, ...), and prints the median steps/s (and problems/s) per model and the median over
 rounds of its step time / the first model's (so ratios hold on a shared, noisy machine).
-No workdir, checkpoints or evaluation. `--config_overrides` takes `key=value` pairs, e.g.
+No workdir, checkpoints or evaluation.
+
+Populations (`--members=1,4,16,64`): per model, populations of that many seeds
+(`hypernet_attention/train/population.py`) timed interleaved with the single run; prints
+aggregate member-steps/s, the speedup over training the members one by one, and device
+memory per member (XLA's memory analysis of the compiled chunk) against the single run's:
+  python experiments/benchmark_training.py --experiment=sraven --size=paper --models=hyla \
+      --members=1,4,16,64 --steps=50 `--config_overrides` takes `key=value` pairs, e.g.
 `model.implementation=reference`.
 
 Language models (`--experiment=c4_lm`) also print tokens/s, model FLOPs utilization (the
@@ -50,9 +57,22 @@ def main():
                       help="c4_lm: where a corpus / vocabulary the config asks for is written")
   parser.add_argument("--peak_tflops", type=float, default=None,
                       help="device peak for MFU (default: looked up by device kind)")
+  parser.add_argument("--members", default="",
+                      help="comma-separated population sizes, e.g. 1,4,16,64: per model, "
+                      "aggregate member-steps/s and device memory per member of populations "
+                      "against the single run, timed interleaved")
   args = parser.parse_args()
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
+  if args.members:
+    try:
+      counts = [int(m) for m in args.members.split(",") if m]
+      if not counts or min(counts) < 1:
+        raise ValueError
+    except ValueError:
+      parser.error(f"--members={args.members!r}; allowed: comma-separated integers >= 1")
+    population_table(args, models, counts)
+    return
   try:  # Bad presets, sizes or overrides: one line, before any work.
     configs = [benchmark.model_config(args.experiment, m, args.size, args.config_overrides)
                for m in models]
@@ -83,6 +103,30 @@ def main():
               if pipeline else ""))
   if pipeline:
     print(f"input pipeline alone: {pipeline:,.0f} tokens/s (this process)")
+  print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
+
+
+def population_table(args, models, counts):
+  """`--members`: one population table per model (see `benchmark.population_rows`)."""
+  try:
+    configs = [benchmark.model_config(args.experiment, m, args.size, args.config_overrides)
+               for m in models]
+  except (ValueError, KeyError, AttributeError) as e:
+    raise SystemExit(f"benchmark_training.py: error: {e}") from None
+  tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
+                                              repeats=args.repeats))
+            for model, config in zip(models, configs)]
+  print(f"\n| experiment | size | model | members | member-steps/s | x one run | "
+        f"MiB per member | vs one run's |")
+  print("|---|---|---|---|---|---|---|---|")
+  for model, rows in tables:
+    base = next((r for r in rows if r["members"] == 1), None)
+    for r in rows:
+      memory = r["device_bytes_per_member"]
+      ratio = f"{memory / base['device_bytes_per_member']:.2f}" if base else "-"
+      print(f"| {args.experiment} | {args.size} | {model} | {r['members']} | "
+            f"{r['member_steps_per_s']:.3g} | {r['speedup']:.2f} | {memory / 2**20:.2f} | "
+            f"{ratio} |", flush=True)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
 
 

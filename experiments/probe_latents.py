@@ -6,6 +6,7 @@ Several runs side by side (each in OUT/<model>/, the comparison in OUT/):
   python experiments/probe_latents.py --workdir=runs/softmax --workdir=runs/linear \
     --workdir=runs/hyla --output_dir=probes/sraven
 A sweep root (its runs one level below) writes ROOT/probe/ unless --output_dir is given.
+A population member: --workdir=POP --member=i, or --workdir=POP/<member name>.
 `--step` picks a checkpoint (default: the newest); `--step=0` probes the initialization.
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """
@@ -15,6 +16,7 @@ from absl import flags
 from hypernet_attention.probing import report
 from hypernet_attention.train import cli
 from hypernet_attention.train import config_lib
+from hypernet_attention.train import restore
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
                                      "or a sweep root.", required=True)
@@ -23,6 +25,8 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where to write (default: 
 _NUM_PROBLEMS = flags.DEFINE_integer("num_problems", 1024, "Problems per split.")
 _FEATURES = flags.DEFINE_string("features", "all", "SRAVEN: 'all' features or 'last' (the "
                                 "authors' setting).")
+_MEMBER = flags.DEFINE_integer("member", None, "A population's member to probe (its outputs go "
+                                "to the member's directory); a member's directory works too.")
 _PERMUTATIONS = flags.DEFINE_integer("permutations", 100, "Permutations of the decoder null.")
 
 
@@ -31,7 +35,10 @@ def main(argv):
   try:
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
                                   permutations=_PERMUTATIONS.value)
-    probes = report.probe_workdirs(_WORKDIR.value, _STEP.value, options, _OUTPUT_DIR.value)
+    workdirs = _WORKDIR.value
+    if _MEMBER.value is not None:
+      workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]
+    probes = report.probe_workdirs(workdirs, _STEP.value, options, _OUTPUT_DIR.value)
   except ValueError as e:  # restore's and the probe's bad input: one line, exit 2
     raise config_lib.BadInput(str(e)) from e
   for p in probes:

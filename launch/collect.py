@@ -243,10 +243,11 @@ def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
 
 
 def missing_jobs(root: str, sweep_name: str) -> list[str]:
-  """The sweep's points with no summary.json in `<root>/<point name>`."""
+  """The sweep's points with no summary.json in a `<point name>` directory under `root`
+  (`<root>/<point name>`, or `<root>/<population>/<point name>` for a population's member)."""
   points = sweeps.load(sweep_name).get_sweep()
-  return [jobs.point_name(p) for p in points
-          if not (workdir_lib.path(root) / jobs.point_name(p) / workdir_lib.SUMMARY).exists()]
+  finished = {os.path.basename(r.workdir) for r in load_runs(root) if r.summary is not None}
+  return [jobs.point_name(p) for p in points if jobs.point_name(p) not in finished]
 
 
 def _setting_str(setting: dict[str, Any]) -> str:

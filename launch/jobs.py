@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from hypernet_attention.train import registry
+from launch import grouping
 
 
 def job_args(point: Mapping[str, Any], experiment: str, workdir: str) -> dict[str, str]:
@@ -28,9 +29,24 @@ def job_args(point: Mapping[str, Any], experiment: str, workdir: str) -> dict[st
 
 def point_name(point: Mapping[str, Any]) -> str:
   """A readable, unique directory name for a point: its config argument, then the overrides
-  in the point's order (`model=hyla,size=local,optimizer.learning_rate=0.001,seed=0`)."""
+  in the point's order (`model=hyla,size=local,optimizer.learning_rate=0.001,seed=0`).
+  A population point: its shared overrides, then `population=<P>x<hash>`."""
+  if grouping.is_population_point(point):
+    common = {k: v for k, v in point.items()
+              if k not in (grouping.MEMBERS_KEY, grouping.NAMES_KEY)}
+    return grouping.population_name(point_name(common), point[grouping.NAMES_KEY])
   parts = [point["config"]] + [f"{k}={v}" for k, v in point.items() if k != "config"]
   return ",".join(parts).replace("/", "_").replace(" ", "")
+
+
+def populations(points: Sequence[Mapping[str, Any]], experiment: str,
+                max_members: Optional[int] = None,
+                budget_gib: float = grouping.DEFAULT_BUDGET_GIB) -> list[dict[str, Any]]:
+  """The sweep's points as population jobs (`launch.grouping`); members are named by
+  `point_name`. `max_members` None: each group's cap from its memory estimate."""
+  def cap_of(common):
+    return grouping.default_max_members(grouping.point_config(common, experiment), budget_gib)
+  return grouping.group(points, max_members, point_name, cap_of)
 
 
 def flags_list(args: Mapping[str, str]) -> list[str]:

@@ -4,6 +4,12 @@ r"""Runs a sweep's points on this machine as subprocesses, N at a time, resumabl
       --root=/work/runs/table_a1_fuzzy_local
   python -m launch.collect --root=/work/runs/table_a1_fuzzy_local --sweep=table_a1_fuzzy_local
 
+Points that differ only in seed, split seed, learning rate, weight decay or warmup are
+trained together as one population job (`launch/grouping.py`; `--single_runs` turns that
+off, `--members_per_job` caps it, `--dry_run` prints the jobs): each member writes its
+config.json and summary.json to `<root>/<population name>/<point name>`, which
+`launch.collect` reads like a separate run.
+
 Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its console output in
 `run_local.log` there. A point whose `summary.json` exists is skipped; any other is started
 with the same --workdir, so a half-done point resumes from its newest checkpoint (the entry
@@ -40,6 +46,7 @@ from launch import sweeps
 SUMMARY = "summary.json"
 LOG = "run_local.log"
 TIMES = "run_local.json"
+POPULATION_SUMMARY = "population_summary.json"  # population_loop.SUMMARY (no JAX import here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +60,15 @@ class Outcome:
 
 
 def is_finished(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, SUMMARY))
+  """A run with its summary, or a population whose every member has one."""
+  if os.path.exists(os.path.join(workdir, SUMMARY)):
+    return True
+  path = os.path.join(workdir, POPULATION_SUMMARY)
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    names = json.load(f).get("members", [])
+  return bool(names) and all(os.path.exists(os.path.join(workdir, n, SUMMARY)) for n in names)
 
 
 # Training processes this invocation started and that still run: stopped with it.
@@ -172,7 +187,52 @@ def _define_flags() -> None:
   flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to run.")
   flags.DEFINE_string("root", None, "Workdir root (default ./workdirs/<sweep>).")
   flags.DEFINE_integer("jobs", 1, "Points run at the same time.")
-  flags.DEFINE_integer("max_jobs", None, "Run only the first N points.")
+  flags.DEFINE_integer("max_jobs", None, "Run only the first N points (before grouping).")
+  define_population_flags()
+
+
+def define_population_flags() -> None:
+  """The grouping flags `run_local` and `xm_launch` share."""
+  flags.DEFINE_bool("single_runs", False, "One job per point instead of populations.")
+  flags.DEFINE_integer("members_per_job", None, "Cap on population members per job "
+                       "(default: from a memory estimate, see --member_memory_gib).")
+  flags.DEFINE_float("member_memory_gib", 16.0, "Device memory a population job may use "
+                     "(sets the default --members_per_job).")
+  flags.DEFINE_bool("dry_run", False, "Print the jobs (populations and their members), run "
+                    "nothing.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Grouping:
+  """How a launcher turns points into jobs (the flags of `define_population_flags`)."""
+  single_runs: bool = False
+  members_per_job: Optional[int] = None
+  member_memory_gib: float = 16.0
+
+  @classmethod
+  def from_flags(cls) -> "Grouping":
+    f = flags.FLAGS
+    return cls(f.single_runs, f.members_per_job, f.member_memory_gib)
+
+
+def sweep_jobs(sweep, max_points: Optional[int] = None,
+               how: Grouping = Grouping()) -> list[dict[str, Any]]:
+  """The sweep's first `max_points` points as jobs: populations unless `single_runs`."""
+  points = sweep.get_sweep()[:max_points]
+  if how.single_runs:
+    return points
+  return jobs.populations(points, sweep.EXPERIMENT, how.members_per_job, how.member_memory_gib)
+
+
+def grouping_lines(sweep_name: str, points: Sequence[Mapping[str, Any]],
+                   job_points: Sequence[Mapping[str, Any]]) -> list[str]:
+  """`--dry_run`: one line per job with its member count, then the totals."""
+  lines = []
+  for point in job_points:
+    members = len(point.get("population.members", ())) or 1
+    lines.append(f"{jobs.point_name(point)}  # {members} member{'s' * (members > 1)}")
+  lines.append(f"# sweep {sweep_name}: {len(job_points)} jobs for {len(points)} points")
+  return lines
 
 
 def main(argv: list[str]) -> Optional[int]:
@@ -187,7 +247,10 @@ def main(argv: list[str]) -> Optional[int]:
   if f.root is not None and not f.root.strip():
     raise config_lib.BadInput("--root=''; allowed: a directory path (or leave it out)")
   sweep = sweeps.load(f.sweep)
-  points = sweep.get_sweep()[: f.max_jobs]
+  points = sweep_jobs(sweep, f.max_jobs, Grouping.from_flags())
+  if f.dry_run:
+    print("\n".join(grouping_lines(f.sweep, sweep.get_sweep()[: f.max_jobs], points)))
+    return 0
   root = os.path.abspath(os.path.expanduser(f.root or os.path.join("workdirs", f.sweep)))
   signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()

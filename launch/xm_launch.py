@@ -3,6 +3,8 @@ r"""XManager launcher: one job (or one multi-host job group) per sweep point.
 Examples:
 
   # What would run, without XManager credentials or Docker (prints one command per job):
+  # the 312 points of Table A1 SRAVEN as 13 population jobs of 24 members each
+  # (`launch/grouping.py`; --single_runs: one job per point, --members_per_job caps):
   python -m launch.xm_launch --sweep=table_a1_sraven --dry_run
 
   # Vertex AI, one H100 per job:
@@ -38,6 +40,7 @@ from hypernet_attention.train import cli
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
 from launch import jobs
+from launch import run_local
 from launch import sweeps
 
 _SWEEP = flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to launch.")
@@ -57,15 +60,16 @@ _WORKDIR_ROOT = flags.DEFINE_string(
 _BASE_IMAGE = flags.DEFINE_string(
     "base_image", "python:3.11-slim", "Container base image for PythonContainer."
 )
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the jobs' commands and exit.")
-_MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points.")
+_MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points (before "
+                                 "grouping into populations).")
+run_local.define_population_flags()  # --single_runs, --members_per_job, --dry_run, ...
 
 
 def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
-                  max_jobs=None) -> list[str]:
+                  max_jobs=None, how: run_local.Grouping = run_local.Grouping()) -> list[str]:
   """One shell line per job (a replicated job once, with its replica count), then a count."""
   sweep = sweeps.load(sweep_name)
-  points = sweep.get_sweep()[:max_jobs]
+  points = run_local.sweep_jobs(sweep, max_jobs, how)
   script = registry.get(sweep.EXPERIMENT).script
   lines = []
   for point in points:
@@ -74,7 +78,9 @@ def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
                             num_hosts=num_hosts):
       replicas = f"  # x{job.replicas} replicas" if job.replicas > 1 else ""
       lines.append(jobs.shell_line(["python", script, *jobs.flags_list(job.args)]) + replicas)
-  lines.append(f"# {len(points)} jobs in sweep {sweep_name}")
+  lines.append(f"# {len(points)} jobs in sweep {sweep_name}" + (
+      f" ({len(sweep.get_sweep()[:max_jobs])} points as populations)"
+      if not how.single_runs else ""))
   return lines
 
 
@@ -112,9 +118,10 @@ def main(argv: list[str]) -> None:
                               f"{list(jobs.MULTI_HOST_EXECUTORS)}")
   if not _WORKDIR_ROOT.value.strip():
     raise config_lib.BadInput("--workdir_root=''; allowed: a directory or gs:// path")
-  if _DRY_RUN.value:
+  if flags.FLAGS.dry_run:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
-                                  _WORKDIR_ROOT.value, _MAX_JOBS.value)))
+                                  _WORKDIR_ROOT.value, _MAX_JOBS.value,
+                                  run_local.Grouping.from_flags())))
     return
 
   # Imported here so that --dry_run and the sweep definitions need no XManager install.
@@ -126,7 +133,7 @@ def main(argv: list[str]) -> None:
                               "'.[launch]', or --dry_run to print the commands") from None
 
   sweep = sweeps.load(_SWEEP.value)
-  points = sweep.get_sweep()[: _MAX_JOBS.value]
+  points = run_local.sweep_jobs(sweep, _MAX_JOBS.value, run_local.Grouping.from_flags())
   experiment_name = sweep.EXPERIMENT
   script = registry.get(experiment_name).script
   directory = os.path.basename(os.getcwd())

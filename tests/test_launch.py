@@ -40,6 +40,7 @@ EXPECTED_JOBS = {
     "figa5_holdout_sraven": 3 * 4 * SRAVEN_GRID * SEEDS,  # models x held-out fraction.
     "activations_sraven": 5 * SRAVEN_GRID * SEEDS,
     "smoke_fuzzy": 2,
+    "smoke_population_fuzzy": 4,
 }
 
 
@@ -153,7 +154,8 @@ def test_xm_jobs_single_and_multi_host():
 
 def test_dry_run_prints_one_command_per_job():
   out = subprocess.run(
-      [sys.executable, "-m", "launch.xm_launch", "--sweep=table_a1_sraven", "--dry_run"],
+      [sys.executable, "-m", "launch.xm_launch", "--sweep=table_a1_sraven", "--dry_run",
+       "--single_runs"],
       env=tl.subprocess_env(), capture_output=True, text=True, timeout=120, cwd=tl.REPO,
       check=True).stdout.splitlines()
   commands = [line for line in out if line.startswith("python experiments/sraven_scaling.py")]
@@ -264,3 +266,28 @@ def test_workdir_guard_with_split_seed(tmp_path):
   workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic"))
   with pytest.raises(ValueError, match="task.split_seed: None -> 0"):
     workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
+
+
+def test_paper_sweeps_group_into_populations():
+  """Table A1: each row's grid x seeds is one population (default cap from the memory
+  estimate); a cap splits them; single runs stay available."""
+  from launch import grouping  # pylint: disable=g-import-not-at-top
+  from launch import run_local  # pylint: disable=g-import-not-at-top
+  for name, members in (("table_a1_sraven", SRAVEN_GRID * SEEDS),
+                        ("table_a1_fuzzy", FUZZY_GRID * SEEDS)):
+    sweep = sweeps.load(name)
+    points = sweep.get_sweep()
+    grouped = run_local.sweep_jobs(sweep)
+    assert len(grouped) == 13 and len(points) == 13 * members
+    names = [n for p in grouped for n in p[grouping.NAMES_KEY]]
+    assert sorted(names) == sorted(jobs.point_name(p) for p in points)
+    for job in grouped:
+      assert len(job["population.members"]) == members
+      config = grouping.point_config(job, sweep.EXPERIMENT)  # Flags the script accepts.
+      assert len(config.population.members) == members
+    capped = run_local.sweep_jobs(sweep, how=run_local.Grouping(members_per_job=5))
+    assert len(capped) == 13 * -(-members // 5)
+    assert run_local.sweep_jobs(sweep, how=run_local.Grouping(single_runs=True)) == points
+  lines = xm_launch.dry_run_lines("table_a1_fuzzy", "local", 1, "r")
+  assert lines[-1] == "# 13 jobs in sweep table_a1_fuzzy (156 points as populations)"
+  assert "--config.population.members=" in lines[0]

@@ -88,3 +88,20 @@ def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
   with open(os.path.join(first, "run_local.log")) as f:
     log = f.read()
   assert "SIGTERM received" in log, log[-3000:]
+
+
+def test_sweep_runs_as_populations_and_collects_as_runs(tmp_path):
+  """4 points -> 2 population jobs; every member is collected as a finished run."""
+  root = str(tmp_path / "sweep")
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.run_local", "--sweep=smoke_population_fuzzy",
+       f"--root={root}"], cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
+      text=True, timeout=TIMEOUT_S, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert proc.stdout.splitlines()[-1].startswith("2 finished, 0 skipped"), proc.stdout
+  assert collect.missing_jobs(root, "smoke_population_fuzzy") == []
+  runs = [r for r in collect.load_runs(root) if r.summary is not None]
+  assert sorted((r.config["model.attention"], r.config["seed"]) for r in runs) == [
+      ("hyla", 0), ("hyla", 1), ("softmax", 0), ("softmax", 1)]
+  assert "4 finished runs" in collect.report(root, "smoke_population_fuzzy", "ood",
+                                             str(tmp_path / "t"))

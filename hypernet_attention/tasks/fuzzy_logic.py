@@ -87,6 +87,11 @@ class FuzzyLogic:
       raise ValueError(f'Unknown split {split!r}; allowed: {SPLITS}.')
     return split
 
+  def split_tables(self) -> dict[str, jax.Array]:
+    """The split's task tables {base split: (n, K) int32}, as `sample` reads them; their
+    shapes depend on the task's sizes only, never on its seed."""
+    return dict(self._tables)
+
   def combinations(self, split: str) -> np.ndarray:
     """Term indices (n, K) of the tasks of a split; `train` and `test` share theirs."""
     return self._combinations[self._check_split(split)].copy()
@@ -98,13 +103,18 @@ class FuzzyLogic:
     return literals_BNKL.min(-1).max(-1)
 
   @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def sample(self, key: jax.Array, batch_size: int, split: str) -> dict[str, jax.Array]:
-    """A batch: x (B, N, L) in [0, 1), y (B, N), terms (B, K, L) in {0, 1} (1 = plain)."""
+  def sample(self, key: jax.Array, batch_size: int, split: str,
+             tables=None) -> dict[str, jax.Array]:
+    """A batch: x (B, N, L) in [0, 1), y (B, N), terms (B, K, L) in {0, 1} (1 = plain).
+
+    `tables` (default: `split_tables()`): per-split task tables of the same shapes, e.g. a
+    population member's own held-out split.
+    """
     B, N, L = batch_size, self.num_examples, self.num_variables
     # One draw of random words: each separate jax.random call costs ~1 s of CPU compile.
     bits = jax.random.bits(jax.random.fold_in(key, SPLITS.index(self._check_split(split))),
                            (B, 1 + N * L), jnp.uint32)
-    table = self._tables[split]
+    table = (self._tables if tables is None else tables)[split]
     task = table[(bits[:, 0] % jnp.uint32(table.shape[0])).astype(jnp.int32)]
     terms_BKL = self._terms[task]
     # Uniform floats in [0, 1) from the top 23 bits, as jax.random.uniform makes them.

@@ -136,6 +136,11 @@ class SRaven:
       raise ValueError(f'Unknown split {split!r}; allowed: {SPLITS}.')
     return split.removesuffix('_unpermuted')
 
+  def split_tables(self) -> dict[str, jax.Array]:
+    """The split's task tables {base split: (n, K) int32}, as `sample` reads them; their
+    shapes depend on the task's sizes only, never on its seed."""
+    return dict(self._tables)
+
   def combinations(self, split: str) -> np.ndarray:
     """Sorted rule multisets (n, K) of a split; `train` and `test` share theirs."""
     return self._combinations[self._check_split(split)].copy()
@@ -167,8 +172,12 @@ class SRaven:
     return jnp.stack([constant, *progressions, add, sub, distribute], -3)
 
   @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def sample(self, key: jax.Array, batch_size: int, split: str) -> dict[str, jax.Array]:
+  def sample(self, key: jax.Array, batch_size: int, split: str,
+             tables=None) -> dict[str, jax.Array]:
     """A batch of problems: a pure function of (key, batch_size, split).
+
+    `tables` (default: this task's `split_tables()`) replaces the held-out split's rule
+    tables by arrays of the same shapes: a population of runs passes each member's own.
 
     Returns:
       grid: int32 (B, G, G, K), [row, column, feature slot], values in [0, F).
@@ -182,7 +191,7 @@ class SRaven:
     words = G + G * (G - 1) + F + G * G
     bits = jax.random.bits(jax.random.fold_in(key, _BASE_SPLITS.index(base)),
                            (B, 1 + K * words + G * K), jnp.uint32)
-    table = self._tables[base]
+    table = (self._tables if tables is None else tables)[base]
     rules = table[_randint(bits[:, 0], table.shape[0])]
     all_rules_BKRGG = self._rule_values(bits[:, 1:1 + K * words].reshape(B, K, words), (B, K))
     chosen_BKGG = jnp.take_along_axis(

@@ -14,10 +14,12 @@ Modules (each reads in one sitting):
   checkpointing  Orbax CheckpointManager: async atomic saves, resume, params-only restore.
   events         TensorBoard event files without TensorFlow.
   loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
-  restore        read-only `restore_params(workdir, step)` for analysis (probing).
+  restore        read-only `restore_params(workdir, step, member)` for analysis (probing).
   preemption     SIGTERM -> checkpoint -> exit 75.
   runtime, cli   entry-point start-up (`jax.distributed`) and one-line errors.
   console        what the console shows; TensorFlow loaded quietly for the C4 data only.
   curves         learning curves from the event files.
   benchmark, profiling, lm   throughput, per-op profiles, the language-model entry point.
+  population     members differing in seed / split seed / lr / wd / warmup as one vmapped
+                 program (`config.population.members`); population_loop: its outputs.
 """

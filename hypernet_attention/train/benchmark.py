@@ -29,6 +29,7 @@ from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
+from hypernet_attention.train import population
 from hypernet_attention.train import registry
 from hypernet_attention.train import state as state_lib
 
@@ -52,28 +53,56 @@ def model_config(experiment: str, spec: str, size: str,
 
 @dataclasses.dataclass
 class _Prepared:
-  """One config's trainer and state, compiled for chunks of `steps` steps."""
+  """One config's trainer and state (a single run's or a population's), compiled for
+  chunks of `steps` steps."""
   config: ml_collections.ConfigDict
   setup: build.Setup
-  trainer: loop.Trainer
+  trainer: Any  # loop.Trainer or population.PopulationTrainer.
   state: Any
   compile_s: float = 0.0
   final_loss: float = float("nan")
+  members: int = 1
+  bytes: int = 0  # Device bytes of the compiled chunk (`device_bytes`).
 
   def run_chunk(self, steps: int) -> float:
     """Seconds for one chunk of `steps` steps (the state advances)."""
     start = time.perf_counter()
     self.state, metrics = self.trainer.train_chunk(self.state, steps)
     jax.block_until_ready(metrics)
-    self.final_loss = float(np.asarray(metrics["loss"])[-1])
+    self.final_loss = float(np.mean(np.asarray(metrics["loss"])[..., -1]))
     return time.perf_counter() - start
+
+  def device_bytes(self, steps: int) -> int:
+    """Arguments + outputs + temporaries of the compiled chunk (XLA's memory analysis)."""
+    if self.members > 1:
+      jitted, args = self.trainer._chunk_jit, (self.state, self.trainer.members, steps)  # pylint: disable=protected-access
+    else:
+      jitted, args = self.trainer._train_chunk_jit, (self.state, steps)  # pylint: disable=protected-access
+    with jax.set_mesh(self.trainer.mesh):
+      stats = jitted.lower(*args).compile().memory_analysis()
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def population_config(config: ml_collections.ConfigDict,
+                      members: int) -> ml_collections.ConfigDict:
+  """`config` as a population of `members` seeds (0, 1, ...); 1: the single run itself."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  if members > 1:
+    config.population.members = tuple({"seed": i} for i in range(members))
+  return config
 
 
 def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
   """Builds `config`'s trainer and state and runs one chunk (compiling it)."""
-  s = build.setup(config)
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-  prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
+  if population.is_population(config):
+    p = population.setup(config)
+    trainer = population.PopulationTrainer(p)
+    prepared = _Prepared(config, p.single, trainer, trainer.init_state(), members=p.size)
+  else:
+    s = build.setup(config)
+    trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
   prepared.compile_s = prepared.run_chunk(steps)  # Compiles, then runs the chunk once.
   return prepared
 
@@ -89,7 +118,12 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
   `labels` (default: the attention presets) name the configs in the progress lines.
   """
   labels = labels or [c.model.attention for c in configs]
-  prepared = [prepare(c, steps) for c in configs]
+  prepared = []
+  for config, label in zip(configs, labels):
+    prepared.append(prepare(config, steps))
+    prepared[-1].bytes = prepared[-1].device_bytes(steps)
+    log(f"compiled {label}: {prepared[-1].compile_s:.1f} s, "
+        f"{prepared[-1].bytes / 2**20:.1f} MiB on device")
   times = [[] for _ in prepared]
   for r in range(repeats):
     for p, t in zip(prepared, times):
@@ -97,6 +131,27 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
     log(f"round {r + 1}/{repeats}: " + ", ".join(
         f"{label} {steps / t[-1]:.3g}" for label, t in zip(labels, times)) + " steps/s")
   return [_row(p, steps, t, times[0]) for p, t in zip(prepared, times)]
+
+
+def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[int], *,
+                    steps: int, repeats: int, log=print) -> list[dict[str, Any]]:
+  """Aggregate member-steps/s and device bytes per member of populations of each size,
+  timed interleaved with the single run (member count 1) as in `train_steps_per_second`.
+
+  `speedup` is the median over rounds of (P x single-run chunk time / population chunk
+  time): how many times more member-steps per second than training them one by one.
+  """
+  counts = [1] + [m for m in member_counts if m != 1]
+  configs = [population_config(config, m) for m in counts]
+  rows = train_steps_per_second(configs, steps=steps, repeats=repeats,
+                                labels=[f"P={m}" for m in counts], log=log)
+  out = []
+  for m, row in zip(counts, rows):
+    if m not in member_counts:
+      continue
+    out.append({**row, "members": m, "member_steps_per_s": m * row["steps_per_s"],
+                "speedup": m / row["step_time_ratio"]})
+  return out
 
 
 def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]
@@ -109,7 +164,8 @@ def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]
          "batch_size": config.batch_size, "steps_per_s": steps_per_s,
          "problems_per_s": steps_per_s * config.batch_size,
          "step_time_ratio": float(np.median(np.array(times) / np.array(base_times))),
-         "compile_s": p.compile_s - median, "final_loss": p.final_loss}
+         "compile_s": p.compile_s - median, "final_loss": p.final_loss,
+         "device_bytes": p.bytes, "device_bytes_per_member": p.bytes / p.members}
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))
   if s.model.config.input_kind == "embed":  # Token sequences: tokens/s and MFU.

@@ -84,25 +84,32 @@ class Setup:
                                                  self.shardings)
 
 
-def setup(config: ml_collections.ConfigDict, devices=None) -> Setup:
+def setup(config: ml_collections.ConfigDict, devices=None,
+          member_of_population: bool = False) -> Setup:
   """Everything that validates input: objective, model, optimizer, mesh. No side effects.
 
-  Any problem with the config or the devices is a `config_lib.BadInput`.
+  Any problem with the config or the devices is a `config_lib.BadInput`. A population
+  (`population.setup`) builds its members' run with `member_of_population=True`, which
+  allows a mesh with a `member` axis.
   """
   try:
-    return _setup(config, devices)
+    return _setup(config, devices, member_of_population)
   except config_lib.BadInput:
     raise
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
 
 
-def _setup(config: ml_collections.ConfigDict, devices) -> Setup:
+def _setup(config: ml_collections.ConfigDict, devices, member_of_population: bool) -> Setup:
   config_lib.validate(config)
   _check_intervals(config)
+  state_lib.check_schedule(config)
   check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
+  if mesh.shape["member"] > 1 and not member_of_population:
+    raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "
+                     "over devices; a single run needs mesh.member=1")
   sharding.check_batch_size(config.batch_size, mesh)
   sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
   if not objective.source.on_device:  # Every process reads an equal slice.

@@ -274,10 +274,16 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   c.debug_nans = False
   c.optimizer = ml_collections.ConfigDict(dict(
       learning_rate=1e-3, warmup_steps=1000, end_lr_fraction=0.1, weight_decay=0.1,
-      b1=0.9, b2=0.999, eps=1e-8, grad_clip_norm=0.0))  # 0: no clipping.
+      b1=0.9, b2=0.999, eps=1e-8, grad_clip_norm=0.0,  # 0: no clipping.
+      # True: the authors' decay_steps = steps - warmup (floor reached warmup steps early).
+      authors_schedule=False))
+  # Members trained together as one vmapped program (`train/population.py`): a tuple of
+  # dicts over `population.MEMBER_KEYS`; empty = a single run.
+  c.population = ml_collections.ConfigDict(dict(members=(), member_names=()))
   c.eval = ml_collections.ConfigDict(dict(
       splits=("test", "ood"), num_problems=51_200, batch_size=1024,
       ceiling_problems=0))  # > 0: estimate each split's accuracy ceiling once per run.
-  # Device mesh: `data` x `fsdp` (-1 = all remaining devices).
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  # Device mesh: `member` x `data` x `fsdp` (-1 = all remaining devices); `member` > 1
+  # spreads a population's members over devices.
+  c.mesh = ml_collections.ConfigDict(dict(member=1, data=-1, fsdp=1))
   return c

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import ml_collections
@@ -18,12 +17,12 @@ console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, whic
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
-from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 from hypernet_attention.train import sharding
+from hypernet_attention.train import workdir as workdir_lib
 
 
 def _vocabulary(objective) -> Any:
@@ -53,10 +52,11 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       data.local_batch_size(size, key)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from None
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  root = workdir_lib.path(workdir)
+  if root.exists() and not root.is_dir():
     raise config_lib.BadInput(f"--workdir={workdir!r} is a file, not a directory")
   try:
-    recorded = checkpointing.read_config_json(workdir)
+    recorded = workdir_lib.read_config(workdir)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from None
   if recorded is not None and recorded.get("experiment") != config.experiment:

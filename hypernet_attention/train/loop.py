@@ -20,9 +20,10 @@ summary.json. Only process 0 writes logs and the summary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
@@ -302,11 +303,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   `config_lib.BadInput` before any work for unusable input, and `preemption.Preempted`
   after checkpointing when a SIGTERM arrived.
   """
+  if config.get("population") and config.population.get("members"):
+    from hypernet_attention.train import population_loop  # pylint: disable=g-import-not-at-top
+    return population_loop.train_and_evaluate(config, workdir, devices)
   start_time = time.time()
   s = build.setup(config, devices)
+  with session(config, workdir, lambda w: workdir_lib.check(w, config)) as run:
+    return _train(config, run.workdir, s, run.ckpt, run.watcher, start_time)
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+  """What one invocation of a training loop holds while it runs."""
+  workdir: str  # `~` expanded
+  watcher: preemption.Watcher
+  ckpt: checkpointing.Checkpointer
+
+
+@contextlib.contextmanager
+def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[str], None]):
+  """The workdir guard (`check`, whose ValueError becomes BadInput before anything is
+  written), then the signal handlers, the one-writer lock (`lock.py`), a writable
+  checkpoints/ and the checkpointer; all released on any exit. Single runs and populations
+  (`population_loop.py`) train inside one."""
   workdir = config_lib.workdir_path(workdir)
   try:
-    workdir_lib.check(workdir, config)
+    check(workdir)
   except ValueError as e:
     raise config_lib.BadInput(str(e)) from e
   # The signal handlers first: a SIGTERM once the lock is held is a preemption.
@@ -318,7 +340,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
     try:
-      return _train(config, workdir, s, ckpt, watcher, start_time)
+      yield Session(workdir, watcher, ckpt)
     finally:
       ckpt.close()
 

@@ -13,7 +13,7 @@ no checkpoint was saved at step 0: initialization is a pure function of the seed
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -23,6 +23,7 @@ from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
 from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.train import population
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +49,29 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def restore_params(workdir: str, step: Optional[int] = None,
-                   devices: Optional[Sequence[jax.Device]] = None) -> RestoredRun:
-  """Parameters of checkpoint `step` (default: the newest) of the run in `workdir`."""
+                   devices: Optional[Sequence[jax.Device]] = None,
+                   member: Optional[int] = None) -> RestoredRun:
+  """Parameters of checkpoint `step` (default: the newest) of the run in `workdir`;
+  for a population's workdir, those of member `member` (its `config` is that member's)."""
+  if member is None and (owner := population_of(workdir)) is not None:
+    workdir, member = owner  # A member's directory: restore from its population.
   config = load_config(workdir)
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
+  if population.is_population(config) or member is not None:
+    return _restore_member(workdir, config, step, devices, member)
   s = build.setup(config, devices)
+  step, params = _params_at(workdir, step, s.restore_target(),
+                            lambda: build.init_state(config, s.init_fn, s.shardings).params)
+  return RestoredRun(workdir=workdir, step=step, config=config, params=params,
+                     model=s.model, objective=s.objective)
+
+
+def _params_at(workdir: str, step: Optional[int], target: Any,
+               init: Callable[[], Any]) -> tuple[int, Any]:
+  """(step, params) of checkpoint `step` (None: the newest; 0 without a checkpoint there:
+  `init()`), read-only and without the optimizer state."""
   ckpt_dir = workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir()
           else None)
@@ -66,14 +83,53 @@ def restore_params(workdir: str, step: Optional[int] = None,
                          "initialization)")
       step = steps[-1]
     if step in steps:
-      params = ckpt.restore_params(step, s.restore_target())
-    elif step == 0:
-      params = build.init_state(config, s.init_fn, s.shardings).params
-    else:
-      raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'; available steps: "
-                       f"{steps or 'none'} (0 = the initialization)")
+      return int(step), ckpt.restore_params(step, target)
+    if step == 0:
+      return 0, init()
+    raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'; available steps: "
+                     f"{steps or 'none'} (0 = the initialization)")
   finally:
     if ckpt is not None:
       ckpt.close()
-  return RestoredRun(workdir=workdir, step=int(step), config=config, params=params,
-                     model=s.model, objective=s.objective)
+
+
+def population_of(member_dir: str) -> Optional[tuple[str, int]]:
+  """(population workdir, member index) when `member_dir` is a population member's
+  directory (no checkpoints of its own; its parent's population lists it), else None."""
+  member = workdir_lib.path(member_dir)
+  if (member / workdir_lib.CHECKPOINTS).is_dir():
+    return None
+  try:
+    config = workdir_lib.read_config(member.parent)
+  except ValueError:
+    return None
+  names = population.member_names(ml_collections.ConfigDict(config)) if (
+      config and (config.get("population") or {}).get("members")) else ()
+  return (str(member.parent), list(names).index(member.name)) if member.name in names else None
+
+
+def member_dir(workdir: str, member: int) -> str:
+  """The directory of member `member` of the population in `workdir` (its outputs)."""
+  config = load_config(workdir)
+  names = population.member_names(config)
+  if not population.is_population(config) or not 0 <= member < len(names):
+    raise ValueError(f"--member={member}: {workdir!r} holds " + (
+        f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
+        if population.is_population(config) else "a single run, not a population"))
+  return str(workdir_lib.path(workdir) / names[member])
+
+
+def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
+  """One member of a population: its slice of the stacked checkpoint."""
+  size = len(population.members(config))
+  if not isinstance(member, int) or not 0 <= member < size:
+    raise ValueError(f"{workdir!r} holds " + (
+        f"a population of {size} members; pass member=0..{size - 1}" if size else
+        f"a single run, not a population; member={member!r} allowed only for populations"))
+  p = population.setup(config, devices)
+  step, params = _params_at(workdir, step, p.restore_target(),
+                            lambda: population.PopulationTrainer(p).init_state().params)
+  return RestoredRun(workdir=member_dir(workdir, member), step=int(step),
+                     config=p.member_configs[member],
+                     params=jax.tree.map(lambda x: x[member], params), model=p.single.model,
+                     objective=p.member_objectives[member])

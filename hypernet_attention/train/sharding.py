@@ -1,6 +1,7 @@
 """Mesh, logical-axis shardings and global batches.
 
-One mesh with axes (`data`, `fsdp`). Batches are split over both (every device holds a
+One mesh with axes (`member`, `data`, `fsdp`); `member` is a population's member axis
+(size 1 for a single run). Batches are split over both (every device holds a
 slice of the batch); with `fsdp` > 1 the model width (`embed`) of parameters and optimizer
 moments is split over `fsdp` as well (ZeRO-3 style; XLA inserts the all-gathers). The
 logical names are the ones `transformer.py` annotates its parameters with.
@@ -22,7 +23,9 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp")
+# `member`: a population's members (`population.py`), spread over devices with no
+# communication between them; size 1 for a single run.
+MESH_AXES = ("member", "data", "fsdp")
 BATCH_AXES = ("data", "fsdp")
 # Logical parameter axis -> mesh axis. Everything not listed is replicated.
 LOGICAL_AXIS_RULES = (
@@ -35,9 +38,10 @@ LOGICAL_AXIS_RULES = (
 
 def make_mesh(mesh_config: ml_collections.ConfigDict,
               devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """`mesh_config.data` / `.fsdp` sizes; -1 (at most one) takes the remaining devices."""
+  """`mesh_config.member` / `.data` / `.fsdp` sizes; -1 (at most one) takes the remaining
+  devices."""
   devices = list(devices if devices is not None else jax.devices())
-  sizes = [int(mesh_config.data), int(mesh_config.fsdp)]
+  sizes = [int(mesh_config.get("member", 1)), int(mesh_config.data), int(mesh_config.fsdp)]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))} invalid: use positive "
                      "sizes and at most one -1")
@@ -51,7 +55,7 @@ def make_mesh(mesh_config: ml_collections.ConfigDict,
                      f"devices, have {len(devices)}")
   return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
                        # Auto: XLA propagates shardings from the annotated inputs and outputs.
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 def check_batch_size(batch_size: int, mesh: jax.sharding.Mesh, what: str = "batch_size"):

@@ -120,16 +120,27 @@ def write_summary(workdir: epath.PathLike, summary: dict[str, Any]) -> None:
 
 
 def find_runs(root: epath.PathLike) -> list[epath.Path]:
-  """Every workdir at or below `root` (a directory holding config.json), sorted.
+  """Every workdir at or below `root` (a directory holding config.json; for a population,
+  its members' directories), sorted.
 
   Does not descend into a workdir (its checkpoints hold many files: many listings in a
   bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
   """
   root = path(root)
   if (root / CONFIG).exists():
-    return [root]
+    if not ((read_config(root) or {}).get("population") or {}).get("members"):
+      return [root]
+    # A population's runs are its members (`population_loop.py`), one level down.
+    return [child for child in sorted(root.iterdir(), key=str)
+            if child.name != CHECKPOINTS and (child / CONFIG).exists()]
   return [run for child in sorted(root.iterdir(), key=str) if child.is_dir()
           for run in find_runs(child)]
+
+
+def _is_off(value: Any) -> bool:
+  """A switch added after a run started, at its off value (False, None, empty), which
+  does not change that run: its config.json may lack the key and still resume."""
+  return value is None or value is False or value in ((), [], "", {})
 
 
 def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -137,6 +148,7 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
   return [f"{k}: {old_flat.get(k, '<missing>')!r} -> {new_flat.get(k, '<missing>')!r}"
           for k in sorted(set(old_flat) | set(new_flat))
           if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")
+          and not (k not in old_flat and _is_off(new_flat[k]))
           and k.split(".")[0] not in RESUME_FREE_KEYS]
 
 

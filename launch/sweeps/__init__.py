@@ -24,6 +24,7 @@ SWEEPS = (
     "figa5_holdout_sraven",
     "activations_sraven",
     "smoke_fuzzy",
+    "smoke_population_fuzzy",
 )
 
 

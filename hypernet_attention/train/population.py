@@ -1,0 +1,285 @@
+"""Populations: P runs that differ only in batchable settings, trained as one vmapped program.
+
+The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of
+an accelerator. A population stacks P members' train states along a leading member axis and
+maps the single run's own train step and evaluation (`loop.Trainer`) over it: one jitted,
+scanned chunk trains every member. What may differ between members (`MEMBER_KEYS`) is what
+can be data instead of code: the seed (initialization, data order, dropout), the held-out
+split's seed (each member's split tables are arrays, `task.sample(..., tables=)`), the peak
+learning rate, the weight decay and the warmup (traced hyperparameters,
+`state.make_optimizer(config, member)`). Anything else would change shapes or code and is
+refused in one line naming the key.
+
+Member i computes exactly what the single run with its settings computes: the same step
+function, the same keys, an optimizer state of the same tree. A member whose loss or
+gradient turns NaN/Inf keeps its last finite state (its updates are masked out) while the
+others go on; `population_loop.py` reports it in that member's summary.
+
+The member axis is the mesh's `member` axis (`sharding.py`): members are spread over
+devices with no communication between them; the `data`/`fsdp` axes split each member's
+batch and width as in a single run.
+
+By hand (a sweep's launchers build these flags themselves, `launch/grouping.py`):
+
+  python experiments/sraven_scaling.py --config=experiments/configs/sraven.py:model=hyla \
+      --workdir=W "--config.population.members=({'seed': 0}, {'seed': 1, \
+      'optimizer.learning_rate': 3e-4})" [--config.mesh.member=2 --config.mesh.data=1]
+
+Shape letters: P members.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from hypernet_attention.train import build
+from hypernet_attention.train import checkpointing
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import loop
+from hypernet_attention.train import objectives
+from hypernet_attention.train import sharding
+from hypernet_attention.train import state as state_lib
+
+# Settings a member may set: each is data (a key, a table, a traced scalar), not code.
+MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
+               "optimizer.weight_decay", "optimizer.warmup_steps")
+MEMBER_AXIS = "member"
+
+
+def members(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], ...]:
+  """The member settings of `config.population` (empty: a single run)."""
+  population = config.get("population")
+  return tuple(dict(m) for m in (population.get("members") or ())) if population else ()
+
+
+def is_population(config: ml_collections.ConfigDict) -> bool:
+  return bool(members(config))
+
+
+def member_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """Each member's subdirectory name: `population.member_names`, or member0, member1, ..."""
+  names = tuple(config.population.get("member_names") or ())
+  return names or tuple(f"member{i}" for i in range(len(members(config))))
+
+
+def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
+  """The single run that member `index` is: the population's config with the member's
+  settings and no population (what its `config.json` records)."""
+  member = ml_collections.ConfigDict(config.to_dict())
+  for key, value in members(config)[index].items():
+    config_lib.set_dotted(member, key, value)
+  member.population.members = ()
+  member.population.member_names = ()
+  return member
+
+
+def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+  """Validates the population and returns the member configs; `BadInput` on the first
+  member key that is not batchable, a bad member value or bad member names."""
+  settings = members(config)
+  for i, member in enumerate(settings):
+    for key in member:
+      if key not in MEMBER_KEYS:
+        raise config_lib.BadInput(
+            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
+            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
+            "populations)")
+  names = member_names(config)
+  if len(names) != len(settings) or len(set(names)) != len(names) or any(
+      not n or "/" in n or n.startswith(".") for n in names):
+    raise config_lib.BadInput(
+        f"config.population.member_names={list(names)!r}; allowed: one unique directory "
+        f"name (no '/', not starting with '.') per member ({len(settings)} members)")
+  configs = []
+  for i in range(len(settings)):
+    try:
+      configs.append(member_config(config, i))
+    except (ValueError, TypeError) as e:
+      raise config_lib.BadInput(f"config.population.members[{i}]: {e}") from e
+  return configs
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationSetup:
+  """A population built from its config before any work: validated, nothing materialized."""
+  single: build.Setup  # Member 0's run: model, objective, mesh, one member's shardings.
+  member_configs: tuple[ml_collections.ConfigDict, ...]
+  member_objectives: tuple[objectives.Objective, ...]  # Each member's task (split tables).
+  abstract_state: Any  # Unboxed TrainState of ShapeDtypeStructs with a leading (P,) axis.
+  shardings: Any  # NamedSharding per leaf: member axis over the mesh's `member` axis.
+
+  @property
+  def size(self) -> int:
+    return len(self.member_configs)
+
+  def restore_target(self) -> Any:
+    return checkpointing.abstract_with_shardings(self.abstract_state, self.shardings)
+
+
+def stack_sharding(member_sharding: NamedSharding) -> NamedSharding:
+  """A member leaf's sharding with the leading member axis split over `member`."""
+  axis = MEMBER_AXIS if MEMBER_AXIS in member_sharding.mesh.axis_names else None
+  return NamedSharding(member_sharding.mesh, P(axis, *member_sharding.spec))
+
+
+def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
+  """Validates the population (every member as a run, the member keys, the mesh) and
+  builds it abstractly. Any problem is a `config_lib.BadInput`."""
+  configs = check(config)
+  single = build.setup(configs[0], devices, member_of_population=True)
+  if not single.objective.source.on_device:
+    raise config_lib.BadInput(
+        f"experiment {config.experiment!r} reads host-side data; populations need an "
+        "on-device (synthetic) experiment: sraven or fuzzy_logic")
+  member_objectives = [single.objective]
+  for i, member in enumerate(configs[1:], 1):
+    try:
+      config_lib.check_positive(member)
+      state_lib.check_schedule(member)
+      member_objectives.append(objectives.build(member))
+    except ValueError as e:
+      raise config_lib.BadInput(f"config.population.members[{i}]: {e}") from e
+  shapes = [jax.tree.map(jnp.shape, o.task.split_tables()) for o in member_objectives]
+  if any(s != shapes[0] for s in shapes):
+    raise config_lib.BadInput("population members' held-out splits differ in shape; "
+                              "members may differ only in the split's seed")
+  size = len(configs)
+  mesh_members = single.mesh.shape.get(MEMBER_AXIS, 1)
+  if size % mesh_members:
+    raise config_lib.BadInput(
+        f"{size} population members cannot be split over the mesh's {mesh_members} member "
+        f"devices (mesh {dict(single.mesh.shape)}); use a member count that divides")
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype),
+                          nn.meta.unbox(single.abstract_state))
+  shardings = jax.tree.map(stack_sharding, single.shardings)
+  return PopulationSetup(single, tuple(configs), tuple(member_objectives), abstract, shardings)
+
+
+def member_arrays(p: PopulationSetup) -> dict[str, Any]:
+  """Everything that differs between members, as arrays with a leading (P,) axis: the
+  run keys, the split tables and the optimizer's hyperparameters."""
+  opts = [c.optimizer for c in p.member_configs]
+  tables = [o.task.split_tables() for o in p.member_objectives]
+  return {
+      "rng": jnp.stack([jax.random.key_data(jax.random.key(c.seed))
+                        for c in p.member_configs]),
+      "tables": jax.tree.map(lambda *t: jnp.stack(t), *tables),
+      "learning_rate": jnp.asarray([o.learning_rate for o in opts], jnp.float32),
+      "weight_decay": jnp.asarray([o.weight_decay for o in opts], jnp.float32),
+      "warmup_steps": jnp.asarray([o.warmup_steps for o in opts], jnp.int32),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class _MemberSource:
+  """An on-device source that samples with one member's split tables."""
+  task: Any
+  tables: Any
+  on_device = True
+
+  def sample(self, key, batch_size: int, split: str):
+    return self.task.sample(key, batch_size, split, self.tables)
+
+
+class PopulationTrainer:
+  """The single run's jitted train chunk and evaluation, mapped over the member axis."""
+
+  def __init__(self, p: PopulationSetup):
+    s = p.single
+    self.setup = p
+    self.config = p.member_configs[0]
+    self.mesh = s.mesh
+    self.trainer = loop.Trainer(self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    member_sharding = stack_sharding(sharding.replicated(self.mesh))
+    self.members = jax.device_put(member_arrays(p), member_sharding)
+    self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None
+
+  def _member(self, arrays) -> loop.Trainer:
+    """The single run's Trainer with this member's keys, tables and optimizer (traced)."""
+    view = copy.copy(self.trainer)
+    view.rng = jax.random.wrap_key_data(arrays["rng"])
+    view.tx = state_lib.make_optimizer(self.config, arrays)
+    view.source = _MemberSource(self.trainer.source.task, arrays["tables"])
+    return view
+
+  def _member_step(self, arrays, state):
+    new, metrics = loop.Trainer._train_step(self._member(arrays), state)  # pylint: disable=protected-access
+    # A non-finite step is not applied: the member keeps its last finite state (frozen).
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
+
+  def _vmap(self, fn):
+    return jax.vmap(fn, spmd_axis_name=self.spmd_axis)
+
+  @property
+  def _chunk_jit(self):
+    if not hasattr(self, "_chunk_cache"):
+      def chunk(state, members, length):
+        step = lambda st, _: self._vmap(self._member_step)(members, st)
+        state, metrics = jax.lax.scan(step, state, None, length=length)
+        return state, jax.tree.map(lambda m: m.T, metrics)  # {name: (P, length)}
+      self._chunk_cache = jax.jit(
+          chunk, static_argnums=2, donate_argnums=0,
+          in_shardings=(self.setup.shardings, None),
+          # Metrics stay on their member's devices: the chunk has no collective at all.
+          out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
+    return self._chunk_cache
+
+  def train_chunk(self, state, length: int):
+    """`length` steps of every member; returns the state and metrics {name: (P, length)}."""
+    with jax.set_mesh(self.mesh):
+      return self._chunk_jit(state, self.members, length)
+
+  def init_state(self):
+    """Every member's fresh state, as `build.init_state` makes the single run's."""
+    init_fn = self.setup.single.init_fn
+
+    def init(arrays):
+      key = jax.random.wrap_key_data(arrays["rng"])
+      return nn.meta.unbox(init_fn(jax.random.fold_in(key, 0)))
+    init_jit = jax.jit(self._vmap(init), out_shardings=self.setup.shardings)
+    with jax.set_mesh(self.mesh):
+      return init_jit(self.members)
+
+  @property
+  def _eval_jit(self):
+    if not hasattr(self, "_eval_cache"):
+      splits = self.trainer.eval_splits
+
+      def evaluate(arrays, params):
+        view = self._member(arrays)
+        return {split: loop.Trainer._eval_split(view, params, i, split)  # pylint: disable=protected-access
+                for i, split in enumerate(splits)}
+      self._eval_cache = jax.jit(self._vmap(evaluate),
+                                 in_shardings=(None, self.setup.shardings.params),
+                                 out_shardings=sharding.replicated(self.mesh))
+    return self._eval_cache
+
+  def evaluate(self, params) -> list[dict[str, float]]:
+    """Each member's eval metrics, as `loop.Trainer.evaluate` reports a single run's."""
+    with jax.set_mesh(self.mesh):
+      results = jax.device_get(self._eval_jit(self.members, params))
+    out = []
+    for i, objective in enumerate(self.setup.member_objectives):
+      out.append({f"{split}/{k}": float(v) for split, ms in results.items()
+                  for k, v in objective.finalize(
+                      jax.tree.map(lambda x: x[i], ms)).items()})  # pylint: disable=cell-var-from-loop
+    return out
+
+
+def member_state(state: Any, index: int) -> Any:
+  """Member `index`'s slice of a population state: a single run's state."""
+  return jax.tree.map(lambda x: x[index], state)
+
+
+def learning_rates(configs: Sequence[ml_collections.ConfigDict], step: int) -> list[float]:
+  return [float(state_lib.learning_rate_schedule(c)(step)) for c in configs]
