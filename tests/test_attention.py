@@ -41,7 +41,7 @@ def test_presets_cover_table_a1():
   assert attention.PRESETS["hyla"].activation == "relu"
   assert attention.PRESETS["hyla_linear_value"].activation == "identity"
   assert attention.PRESETS["linear_rmshead_nonlinear_value"] == (
-      "rms_head", "nonlinear_value", "relu", "Linear attention + RMSHead + nonlinear value")
+      "rms_head", "nonlinear_value", "relu")
   assert attention.resolve_preset("hyla", "silu").activation == "silu"
 
 

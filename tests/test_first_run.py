@@ -63,7 +63,8 @@ def test_the_entry_point_with_no_config_flag_trains_demo_and_explains_its_result
   workdir = tmp_path / "first_run"
   overrides = {"num_train_steps": 8, "steps_per_loop": 4, "log_every_steps": 4,
                "eval_every_steps": 8, "checkpoint_every_steps": 8, "eval.num_problems": 32,
-               "eval.batch_size": 16, "eval.ceiling_problems": 32}
+               "eval.batch_size": 16, "eval.ceiling_problems": 32,
+               "optimizer.warmup_steps": 2}
   command = [sys.executable, os.path.join(tl.REPO, "experiments", "sraven_scaling.py"),
              f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
   out = subprocess.run(command, env=tl.subprocess_env(), capture_output=True, text=True,

@@ -61,7 +61,7 @@ import json
 import jax
 from experiments.configs import sraven
 from hypernet_attention.ops import sharded
-from hypernet_attention.train import loop
+from hypernet_attention.train import build, loop
 
 seen = []
 batch_axes = sharded.batch_axes

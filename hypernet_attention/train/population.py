@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -44,7 +45,6 @@ from jax.sharding import PartitionSpec as P
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
-from hypernet_attention.train import loop
 from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
@@ -198,12 +198,14 @@ class PopulationTrainer:
     self.setup = p
     self.config = p.member_configs[0]
     self.mesh = s.mesh
+    # Imported here: restoring a member (probing) needs `setup`, not the training loop.
+    from hypernet_attention.train import loop  # pylint: disable=g-import-not-at-top
     self.trainer = loop.Trainer(self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     member_sharding = stack_sharding(sharding.replicated(self.mesh))
     self.members = jax.device_put(member_arrays(p), member_sharding)
     self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None
 
-  def _member(self, arrays) -> loop.Trainer:
+  def _member(self, arrays):
     """The single run's Trainer with this member's keys, tables and optimizer (traced)."""
     view = copy.copy(self.trainer)
     view.rng = jax.random.wrap_key_data(arrays["rng"])
@@ -212,7 +214,7 @@ class PopulationTrainer:
     return view
 
   def _member_step(self, arrays, state):
-    new, metrics = loop.Trainer._train_step(self._member(arrays), state)  # pylint: disable=protected-access
+    new, metrics = self._member(arrays)._train_step(state)  # pylint: disable=protected-access
     # A non-finite step is not applied: the member keeps its last finite state (frozen).
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
@@ -220,19 +222,17 @@ class PopulationTrainer:
   def _vmap(self, fn):
     return jax.vmap(fn, spmd_axis_name=self.spmd_axis)
 
-  @property
+  @functools.cached_property
   def _chunk_jit(self):
-    if not hasattr(self, "_chunk_cache"):
-      def chunk(state, members, length):
-        step = lambda st, _: self._vmap(self._member_step)(members, st)
-        state, metrics = jax.lax.scan(step, state, None, length=length)
-        return state, jax.tree.map(lambda m: m.T, metrics)  # {name: (P, length)}
-      self._chunk_cache = jax.jit(
-          chunk, static_argnums=2, donate_argnums=0,
-          in_shardings=(self.setup.shardings, None),
-          # Metrics stay on their member's devices: the chunk has no collective at all.
-          out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
-    return self._chunk_cache
+    def chunk(state, members, length):
+      step = lambda st, _: self._vmap(self._member_step)(members, st)
+      state, metrics = jax.lax.scan(step, state, None, length=length)
+      return state, jax.tree.map(lambda m: m.T, metrics)  # {name: (P, length)}
+    return jax.jit(
+        chunk, static_argnums=2, donate_argnums=0,
+        in_shardings=(self.setup.shardings, None),
+        # Metrics stay on their member's devices: the chunk has no collective at all.
+        out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
 
   def train_chunk(self, state, length: int):
     """`length` steps of every member; returns the state and metrics {name: (P, length)}."""
@@ -250,19 +250,16 @@ class PopulationTrainer:
     with jax.set_mesh(self.mesh):
       return init_jit(self.members)
 
-  @property
+  @functools.cached_property
   def _eval_jit(self):
-    if not hasattr(self, "_eval_cache"):
-      splits = self.trainer.eval_splits
+    splits = self.trainer.eval_splits
 
-      def evaluate(arrays, params):
-        view = self._member(arrays)
-        return {split: loop.Trainer._eval_split(view, params, i, split)  # pylint: disable=protected-access
-                for i, split in enumerate(splits)}
-      self._eval_cache = jax.jit(self._vmap(evaluate),
-                                 in_shardings=(None, self.setup.shardings.params),
-                                 out_shardings=sharding.replicated(self.mesh))
-    return self._eval_cache
+    def evaluate(arrays, params):
+      view = self._member(arrays)
+      return {split: view._eval_split(params, i, split)  # pylint: disable=protected-access
+              for i, split in enumerate(splits)}
+    return jax.jit(self._vmap(evaluate), in_shardings=(None, self.setup.shardings.params),
+                   out_shardings=sharding.replicated(self.mesh))
 
   def evaluate(self, params) -> list[dict[str, float]]:
     """Each member's eval metrics, as `loop.Trainer.evaluate` reports a single run's."""

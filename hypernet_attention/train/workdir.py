@@ -105,8 +105,8 @@ def read_config(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
   p = path(workdir) / CONFIG
   config = read_json(p)
   if config is not None and (not isinstance(config, dict) or "experiment" not in config):
-    raise ValueError(f"{p} is not a hypernet-attention config (no 'experiment' key); it "
-                     "was left as it is: use a fresh --workdir")
+    raise errors.BadInput(f"{p} is not a hypernet-attention config (no 'experiment' key); it "
+                          "was left as it is: use a fresh --workdir")
   return config
 
 
@@ -128,7 +128,11 @@ def find_runs(root: epath.PathLike) -> list[epath.Path]:
   """
   root = path(root)
   if (root / CONFIG).exists():
-    if not ((read_config(root) or {}).get("population") or {}).get("members"):
+    try:
+      recorded = read_config(root) or {}
+    except ValueError:
+      return [root]  # Unreadable: the caller names it.
+    if not (recorded.get("population") or {}).get("members"):
       return [root]
     # A population's runs are its members (`population_loop.py`), one level down.
     return [child for child in sorted(root.iterdir(), key=str)
