@@ -12,6 +12,7 @@ process, and must end with exactly the parameters of an uninterrupted local run;
 restored, probed (outputs into the bucket) and collected.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -31,14 +32,15 @@ from hypernet_attention.train import workdir as workdir_lib
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TRAIN = """
+import json
 import sys
 sys.path.insert(0, TESTS)
 import train_testlib as tl
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
-stop = {"stop_after_steps": int(sys.argv[2])} if len(sys.argv) > 2 else {}
-loop.train_and_evaluate(tl.smoke("sraven", **stop), sys.argv[1])
+updates = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+loop.train_and_evaluate(tl.smoke("sraven", **updates), sys.argv[1])
 """.replace("TESTS", repr(TESTS))
 
 
@@ -114,7 +116,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   from launch import collect  # pylint: disable=g-import-not-at-top
   workdir = "gs://bucket/sweep/sraven_hyla"
-  _run(["-c", TRAIN, workdir, "4"])
+  _run(["-c", TRAIN, workdir, json.dumps({"stop_after_steps": 4})])
   root = workdir_lib.path(workdir)
   assert workdir_lib.read_config(workdir)["experiment"] == "sraven"
   assert not (root / workdir_lib.SUMMARY).exists()  # Stopped half way.
@@ -172,3 +174,37 @@ def _files(directory):
   """Every file below `directory` (a bucket has no recursive glob)."""
   for p in directory.iterdir():
     yield from _files(p) if p.is_dir() else [p]
+
+
+LONG = {"num_train_steps": 200, "eval_every_steps": 200, "log_every_steps": 200,
+        "checkpoint_every_steps": 4, "eval.ceiling_problems": 0}
+
+
+def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
+  """SIGKILL mid-run (no handler runs: the lock and maybe a half-written step stay in the
+  bucket); the rerun takes the dead process's lock over and ends bit-identical to an
+  uninterrupted local run."""
+  del gcs
+  from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
+  workdir = "gs://bucket/killed/sraven_hyla"
+  root = workdir_lib.path(workdir)
+  trainer = subprocess.Popen([sys.executable, "-c", TRAIN, workdir, json.dumps(LONG)],
+                             env=tl.subprocess_env(),
+                             cwd=tl.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.time() + 300
+  while not ((root / workdir_lib.CHECKPOINTS / "8").exists() and trainer.poll() is None):
+    assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+    assert time.time() < deadline, "no checkpoint at step 8 in time"
+    time.sleep(0.2)
+  trainer.kill()
+  trainer.wait()
+  assert (root / "lock.json").exists()  # Left behind by the killed process.
+  _run(["-c", TRAIN, workdir, json.dumps(LONG)])  # Resumes past the stale lock.
+  assert workdir_lib.read_summary(workdir)["step"] == LONG["num_train_steps"]
+  assert not (root / "lock.json").exists()
+  local = str(tmp_path / "local")
+  loop.train_and_evaluate(tl.smoke("sraven", **LONG), local)
+  got = tl.flat_params(restore.restore_params(workdir).params)
+  want = tl.flat_params(restore.restore_params(local).params)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
