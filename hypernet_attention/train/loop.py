@@ -327,6 +327,9 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
   checkpoints/ and the checkpointer; all released on any exit. Single runs and populations
   (`population_loop.py`) train inside one."""
   workdir = config_lib.workdir_path(workdir)
+  checkpoints = str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS)
+  if jax.process_index() == 0 and workdir_lib.path(checkpoints).is_dir():
+    lock.check_writable(checkpoints)  # Before `check` records anything.
   try:
     check(workdir)
   except ValueError as e:
@@ -335,7 +338,7 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
   with preemption.Watcher() as watcher, lock.hold(workdir), \
       _debug_nans(config.get("debug_nans", False)):
     if jax.process_index() == 0:  # Found now, not at the first save.
-      lock.check_writable(str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS))
+      lock.check_writable(checkpoints)
     ckpt = checkpointing.Checkpointer(
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
