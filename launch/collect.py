@@ -117,10 +117,7 @@ def _read_cpu(workdir: str) -> float:
 
 def _read_run(directory: str) -> Run:
   """One workdir; `BadInput` naming the file that cannot be read."""
-  config = workdir_lib.read_config(directory)
-  if not isinstance(config, dict) or "experiment" not in config:
-    raise config_lib.BadInput(f"{workdir_lib.path(directory) / workdir_lib.CONFIG} is not a "
-                              "hypernet-attention config (no 'experiment' key)")
+  config = workdir_lib.read_config(directory)  # `find_runs` found it; BadInput if unusable.
   summary = workdir_lib.read_summary(directory)
   if summary is not None and not isinstance(summary, dict):
     raise config_lib.BadInput(f"{workdir_lib.path(directory) / workdir_lib.SUMMARY} is not a "

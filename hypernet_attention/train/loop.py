@@ -328,7 +328,9 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
   (`population_loop.py`) train inside one."""
   workdir = config_lib.workdir_path(workdir)
   checkpoints = str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS)
-  if jax.process_index() == 0 and workdir_lib.path(checkpoints).is_dir():
+  is_chief = jax.process_index() == 0
+  checked = is_chief and workdir_lib.path(checkpoints).is_dir()
+  if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
   try:
     check(workdir)
@@ -337,7 +339,7 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
   # The signal handlers first: a SIGTERM once the lock is held is a preemption.
   with preemption.Watcher() as watcher, lock.hold(workdir), \
       _debug_nans(config.get("debug_nans", False)):
-    if jax.process_index() == 0:  # Found now, not at the first save.
+    if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
       lock.check_writable(checkpoints)
     ckpt = checkpointing.Checkpointer(
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
