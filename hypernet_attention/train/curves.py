@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Sequence
+from typing import Optional, Sequence
 
 from etils import epath
 import numpy as np
@@ -16,8 +16,10 @@ from tensorboard.util import tensor_util
 from hypernet_attention.train import workdir as workdir_lib
 
 
-def read_scalars(workdir: str, tags: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """{tag: (steps, values)} for each of `tags` found in the event files of `workdir`."""
+def read_scalars(workdir: str, tags: Optional[Sequence[str]] = None
+                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{tag: (steps, values)} for each of `tags` (None: every scalar) in the event files of
+  `workdir`."""
   if workdir_lib.is_remote(workdir):
     # tensorboard reads buckets through TensorFlow when it is installed (else fsspec):
     # read local copies instead, whichever is there.
@@ -29,6 +31,7 @@ def read_scalars(workdir: str, tags: Sequence[str]) -> dict[str, tuple[np.ndarra
       workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
   events.Reload()
   available = set(events.Tags()["tensors"]) | set(events.Tags()["scalars"])
+  tags = sorted(available) if tags is None else tags
   missing = sorted(set(tags) - available)
   if missing:
     raise ValueError(f"no scalars {missing} in the events under {workdir!r}; allowed: "

@@ -1,0 +1,134 @@
+r"""The paper-scale campaign: runs the next cells within a budget; reports what is done.
+
+  python -m launch.campaign --dry_run                    # the plan and estimates, runs nothing
+  python -m launch.campaign --budget_minutes=25          # run what fits in 25 minutes
+  setsid nohup python -m launch.campaign --budget_minutes=150 > campaign.out 2>&1 &
+  cat workdirs/campaign/progress.txt                     # what runs, how far, what is left
+  python -m launch.campaign --report                     # experiments/results/paper_scale.md
+
+Cells (`launch/campaign/cells.py`) run in priority order: a) fuzzy logic's Table A1 main
+rows, b) SRAVEN's, c) rule decoding of b, d) the rest of their grids, e) ablation and MoE
+rows, f) Figs. 4, 5C, A5, g) the C4 50M step. Each finished cell is one JSON file in
+--results_dir (commit it: windows on different machines add up); finished cells are skipped
+(--redo=NAME reruns one); a cell cut off by the budget resumes from --root on this machine.
+--cells picks cells by name or shell pattern (`a_*`, `b_sraven_hyla`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import signal
+import time
+
+from absl import flags
+
+from hypernet_attention.train import cli
+from hypernet_attention.train import config_lib
+from launch.campaign import cells as cells_lib
+from launch.campaign import plan
+from launch.campaign import records
+from launch.campaign import report
+from launch.campaign import runner
+
+_BUDGET = flags.DEFINE_float("budget_minutes", None, "Wall-clock minutes this invocation may "
+                             "use; cells that would not finish in what is left are not started.")
+_CELLS = flags.DEFINE_list("cells", None, "Cell names or shell patterns (default: every cell "
+                           "of --set, in priority order).")
+_SET = flags.DEFINE_enum("set", "paper", list(cells_lib.SETS), "Which cells: the paper's, or "
+                         "a smoke campaign that runs in a minute on a CPU.")
+_ROOT = flags.DEFINE_string("root", os.path.join("workdirs", "campaign"), "Workdirs, one per "
+                            "cell, and progress.txt.")
+_RESULTS = flags.DEFINE_string("results_dir", records.DEFAULT_DIR, "Cell files (commit them).")
+_REDO = flags.DEFINE_list("redo", [], "Cells to rerun although their file exists (the file "
+                          "is replaced only when the rerun finishes).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the plan with estimates; run nothing.")
+_REPORT = flags.DEFINE_bool("report", False, "Write the report from the cell files; run nothing.")
+_REPORT_PATH = flags.DEFINE_string("report_path", report.DEFAULT_PATH, "Where --report writes "
+                                   "(figures go beside it, in paper_scale/figures/).")
+_MAX_CONCURRENT = flags.DEFINE_integer("max_concurrent", None, "Cells run at once (default: "
+                                       "1 on a CPU, 4 on an accelerator).")
+_STOP_MARGIN = flags.DEFINE_float("stop_margin_s", 120.0, "SIGTERM a running cell this many "
+                                  "seconds before the budget ends (it checkpoints and exits).")
+_DEVICE_KIND = flags.DEFINE_string("device_kind", None, "--dry_run: plan for this device kind "
+                                   "instead of asking jax (e.g. 'cpu', plan.H100).")
+
+
+def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
+  pool = cells_lib.SETS[cell_set]
+  if not patterns:
+    return list(pool)
+  for p in patterns:
+    if not any(fnmatch.fnmatchcase(c.name, p) for c in pool):
+      raise config_lib.BadInput(f"--cells={p!r} matches no cell of --set={cell_set}; allowed: "
+                                f"names or patterns of {', '.join(c.name for c in pool[:6])}, "
+                                f"... (python -m launch.campaign --dry_run lists them)")
+  return [c for c in pool if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+
+
+def _check_flags(cells) -> None:
+  budget = _BUDGET.value
+  if budget is None and not (_DRY_RUN.value or _REPORT.value):
+    raise config_lib.BadInput("--budget_minutes is required to run cells; allowed: minutes "
+                              "> 0 (or --dry_run / --report)")
+  if budget is not None:
+    if not (math.isfinite(budget) and budget > 0):
+      raise config_lib.BadInput(f"--budget_minutes={budget}; allowed: a number of minutes > 0")
+  if _MAX_CONCURRENT.value is not None and _MAX_CONCURRENT.value < 1:
+    raise config_lib.BadInput(f"--max_concurrent={_MAX_CONCURRENT.value}; allowed: an "
+                              "integer >= 1")
+  if not (math.isfinite(_STOP_MARGIN.value) and _STOP_MARGIN.value >= 0):
+    raise config_lib.BadInput(f"--stop_margin_s={_STOP_MARGIN.value}; allowed: seconds >= 0")
+  unknown = [r for r in _REDO.value if r not in {c.name for c in cells}]
+  if unknown:
+    raise config_lib.BadInput(f"--redo={','.join(unknown)}: not among the selected cells; "
+                              "allowed: names of cells --cells selects")
+  if not _ROOT.value.strip():
+    raise config_lib.BadInput("--root=''; allowed: a directory path")
+
+
+def _on_sigterm(signum, frame):
+  del signum, frame
+  raise SystemExit(cli.PREEMPTED_EXIT_CODE)
+
+
+def main(argv) -> int:
+  del argv
+  cells = select(_CELLS.value, _SET.value)
+  _check_flags(cells)
+  existing = records.read_all(_RESULTS.value)  # A corrupt cell file fails here, first.
+  if _REPORT.value:
+    print(report.write(existing, _REPORT_PATH.value))
+    return 0
+  if not _DRY_RUN.value:
+    records.check_writable(_RESULTS.value)
+  device = ({"kind": _DEVICE_KIND.value, "jax_version": "?"} if _DEVICE_KIND.value
+            else runner.device_info())
+  if _DRY_RUN.value:
+    print(report.plan_text(cells, existing, device["kind"], _ROOT.value, _BUDGET.value))
+    return 0
+  options = runner.Options(
+      root=os.path.abspath(_ROOT.value), results_dir=os.path.abspath(_RESULTS.value),
+      budget_s=_BUDGET.value * 60, redo=frozenset(_REDO.value),
+      max_concurrent=_MAX_CONCURRENT.value or (1 if device["kind"] == "cpu" else 4),
+      stop_margin_s=_STOP_MARGIN.value)
+  signal.signal(signal.SIGTERM, _on_sigterm)
+  start = time.time()
+  print(f"campaign on {device['kind']} (jax {device['jax_version']}): {len(cells)} cell(s) "
+        f"selected, {len(existing)} done before; budget {_BUDGET.value:g} min; progress in "
+        f"{os.path.join(options.root, runner.PROGRESS)}", flush=True)
+  outcomes = runner.Campaign(cells, options, device,
+                             log=lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
+                                                 flush=True)).run()
+  count = {s: sum(o.status == s for o in outcomes)
+           for s in ("finished", "stopped", "failed", "skipped", "done")}
+  print(f"Result: {count['finished']} cell(s) finished, {count['stopped']} stopped "
+        f"(resumable), {count['failed']} failed, {count['skipped']} not started, "
+        f"{count['done']} done before; {(time.time() - start) / 60:.1f} min. Cell files in "
+        f"{_RESULTS.value}; `python -m launch.campaign --report` updates the report.")
+  return 1 if count["failed"] else 0
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,216 @@
+"""The paper-scale campaign's cells, in the order they should run (issue "Paper-scale campaign").
+
+A cell is one job of a paper sweep: one model and config, trained as one population whose
+members are seeds x grid settings (`hypernet_attention/train/population.py`), or a probe of
+a trained cell's members, or a benchmark. Cells are the unit that adds up across short
+accelerator windows: each finished cell becomes one small JSON file under
+`experiments/results/paper_scale/` (`records.py`), named by `Cell.name`, so the names here
+are stable: renaming one orphans its file.
+
+Priority (what a user asks first, cheapest first within a stage):
+  a  fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's default
+     setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU finishes
+     one in a session; seeds interleaved so that paired comparisons come first.
+  b  SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), lr 1e-3,
+     wd 0.1, warmup 1000, 3 seeds per cell.
+  c  rule decoding (Fig. 5F) of b's HYLA and softmax members, where b's checkpoints are.
+  d  the rest of each main row's grid (Table A1 reports the best grid point).
+  e  the ablation and "+ MoE" rows of Table A1, each over its whole grid.
+  f  Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the default setting.
+  g  the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Optional
+
+from launch import grouping
+from launch import sweeps
+from launch.sweeps import common
+from launch.sweeps import fig4_sraven_scaling
+from launch.sweeps import fig5c_heads_sraven
+from launch.sweeps import figa5_holdout_sraven
+
+REPO = sweeps.REPO
+KINDS = ("train", "probe", "benchmark")
+FUZZY, SRAVEN, C4 = "fuzzy_logic", "sraven", "c4_lm"
+FUZZY_CONFIG = "model={model},size=paper"
+SRAVEN_CONFIG = "model={model},size=paper,width={width},depth={depth}"
+# The paper's default setting of each task (Table A1's "main rows" run at it first).
+DEFAULT_SETTING = {
+    FUZZY: {"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1},
+    SRAVEN: {"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1,
+             "optimizer.warmup_steps": 1000},
+}
+GRIDS = {FUZZY: common.FUZZY_GRID, SRAVEN: common.SRAVEN_GRID}
+NUM_STEPS = {FUZZY: 50_000, SRAVEN: 156_250}
+SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
+         "optimizer.warmup_steps": "warmup", "seed": "seed"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One unit of the campaign.
+
+  `train`: `config` (the config file's argument) + `overrides` shared by every member, and
+  `members` (each a dict of `population.MEMBER_KEYS`) named by `member_names`.
+  `probe`: decodes the rules from the latent codes of the members of cell `source`.
+  `benchmark`: times `num_steps`-step chunks of the training step of `models` at size
+  `config` (`experiments/benchmark_training.py`).
+  """
+  name: str
+  stage: str
+  kind: str
+  experiment: str
+  title: str
+  config: str = ""
+  model: str = ""
+  overrides: tuple[tuple[str, Any], ...] = ()
+  members: tuple[dict[str, Any], ...] = ()
+  num_steps: int = 0
+  source: Optional[str] = None  # `probe`: the train cell whose members are probed.
+  models: tuple[str, ...] = ()  # `benchmark`: the presets timed side by side.
+
+  @property
+  def member_names(self) -> tuple[str, ...]:
+    return tuple(member_name(m) for m in self.members)
+
+  def point(self) -> dict[str, Any]:
+    """The population job as a sweep point (`launch.jobs` turns it into flags)."""
+    return {"config": self.config, **dict(self.overrides),
+            grouping.MEMBERS_KEY: self.members, grouping.NAMES_KEY: self.member_names}
+
+
+def member_name(member: dict[str, Any]) -> str:
+  """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
+  return ",".join(f"{SHORT.get(k, k)}{v:g}" if isinstance(v, float) else f"{SHORT.get(k, k)}{v}"
+                  for k, v in member.items())
+
+
+def _settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+  return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+
+
+def _train(name, stage, experiment, model, members, title, config=None, overrides=(),
+           num_steps=None) -> Cell:
+  config = config or (FUZZY_CONFIG if experiment == FUZZY else SRAVEN_CONFIG).format(
+      model=model, width=1, depth=4)
+  return Cell(name, stage, "train", experiment, title, config=config, model=model,
+              overrides=tuple(overrides), members=tuple(members),
+              num_steps=num_steps or NUM_STEPS[experiment])
+
+
+def _default_members(experiment, seeds=common.SEEDS):
+  """At the default setting the members differ only in seed (the setting is an override)."""
+  return [{"seed": s} for s in seeds]
+
+
+def _default_overrides(experiment):
+  return tuple(DEFAULT_SETTING[experiment].items())
+
+
+def _stage_a() -> list[Cell]:
+  return [_train(f"a_fuzzy_{m}_seed{s}", "a", FUZZY, m, _default_members(FUZZY, (s,)),
+                 f"fuzzy logic, {m}, default setting, seed {s}",
+                 overrides=_default_overrides(FUZZY))
+          for s in common.SEEDS for m in ("hyla", "softmax", "linear")]
+
+
+def _stage_b() -> list[Cell]:
+  return [_train(f"b_sraven_{m}", "b", SRAVEN, m, _default_members(SRAVEN),
+                 f"SRAVEN, {m}, default setting, 3 seeds", overrides=_default_overrides(SRAVEN))
+          for m in ("hyla", "softmax", "linear")]
+
+
+def _stage_c() -> list[Cell]:
+  return [Cell(f"c_sraven_decoding_{m}", "c", "probe", SRAVEN,
+               f"rule decoding (Fig. 5F) of b_sraven_{m}", model=m, source=f"b_sraven_{m}")
+          for m in ("hyla", "softmax")]
+
+
+def _grid_members(experiment, exclude_default: bool) -> list[dict[str, Any]]:
+  default = DEFAULT_SETTING[experiment]
+  settings = [s for s in _settings(GRIDS[experiment])
+              if not (exclude_default and all(s.get(k) == v for k, v in default.items()))]
+  return [{**s, "seed": seed} for s in settings for seed in common.SEEDS]
+
+
+def _stage_d() -> list[Cell]:
+  return [_train(f"d_{'fuzzy' if e == FUZZY else 'sraven'}_{m}_grid", "d", e, m,
+                 _grid_members(e, exclude_default=True),
+                 f"{e}, {m}, the rest of its grid")
+          for e in (FUZZY, SRAVEN) for m in common.MAIN_MODELS]
+
+
+def _stage_e() -> list[Cell]:
+  rows = [(p, False) for p in common.TABLE_A1_PRESETS if p not in common.MAIN_MODELS]
+  rows += [(p, True) for p in common.TABLE_A1_MOE_PRESETS]
+  return [_train(f"e_{'fuzzy' if e == FUZZY else 'sraven'}_{p}{'_moe' if moe else ''}", "e",
+                 e, p, _grid_members(e, exclude_default=False),
+                 f"{e}, {p}{' + MoE' if moe else ''}, its whole grid",
+                 overrides=(("model.feed_forward", "moe"),) if moe else ())
+          for e in (FUZZY, SRAVEN) for p, moe in rows]
+
+
+def _stage_f() -> list[Cell]:
+  cells = []
+  problems = fig4_sraven_scaling.PROBLEMS
+  for m in common.MAIN_MODELS:
+    for width, depth, n in itertools.product((1, 4), (4, 16), (problems[0], problems[-1])):
+      steps = n // fig4_sraven_scaling.BATCH_SIZE
+      cells.append(_train(
+          f"f_fig4_{m}_w{width}_d{depth}_{n // 1_000_000}m", "f", SRAVEN, m,
+          _default_members(SRAVEN), f"Fig. 4 corner: {m}, width {width}, depth {depth}, "
+          f"{n // 1_000_000}M problems",
+          config=SRAVEN_CONFIG.format(model=m, width=width, depth=depth),
+          overrides=_default_overrides(SRAVEN) + (("num_train_steps", steps),),
+          num_steps=steps))
+  for m, h in itertools.product(common.MAIN_MODELS, fig5c_heads_sraven.HEADS):
+    cells.append(_train(f"f_fig5c_{m}_heads{h}", "f", SRAVEN, m, _default_members(SRAVEN),
+                        f"Fig. 5C: {m}, {h} heads",
+                        overrides=_default_overrides(SRAVEN) + (("model.num_heads", h),)))
+  for m, fraction in itertools.product(common.MAIN_MODELS, figa5_holdout_sraven.HOLDOUT_FRACTIONS):
+    cells.append(_train(f"f_figa5_{m}_holdout{fraction:g}", "f", SRAVEN, m,
+                        _default_members(SRAVEN), f"Fig. A5: {m}, {fraction:g} held out",
+                        overrides=_default_overrides(SRAVEN)
+                        + (("task.holdout_fraction", fraction),)))
+  return cells
+
+
+def _stage_g() -> list[Cell]:
+  return [Cell("g_c4_50m_step", "g", "benchmark", C4,
+               "C4 50M training step: softmax vs HYLA", config="50m",
+               models=("softmax", "hyla"), num_steps=20)]
+
+
+CELLS: tuple[Cell, ...] = tuple(_stage_a() + _stage_b() + _stage_c() + _stage_d()
+                                + _stage_e() + _stage_f() + _stage_g())
+BY_NAME = {c.name: c for c in CELLS}
+assert len(BY_NAME) == len(CELLS), "cell names must be unique"
+
+# A campaign in a minute on a CPU (`--set=smoke`): every kind of cell at `size=smoke`, for
+# trying the runner and for the tests. Its cells are never mixed with the paper's.
+SMOKE_STEPS = 8  # config_lib.use_smoke_schedule
+
+
+def _smoke() -> list[Cell]:
+  seeds = [{"seed": 0}, {"seed": 1}]
+  return [
+      _train("smoke_fuzzy_hyla", "a", FUZZY, "hyla", seeds, "smoke: fuzzy logic, hyla",
+             config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
+      _train("smoke_fuzzy_softmax", "a", FUZZY, "softmax", seeds, "smoke: fuzzy logic, softmax",
+             config="model=softmax,size=smoke", num_steps=SMOKE_STEPS),
+      _train("smoke_sraven_hyla", "b", SRAVEN, "hyla", seeds, "smoke: SRAVEN, hyla",
+             config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
+      Cell("smoke_sraven_decoding_hyla", "c", "probe", SRAVEN, "smoke: decoding of SRAVEN hyla",
+           model="hyla", source="smoke_sraven_hyla"),
+      Cell("smoke_fuzzy_step", "g", "benchmark", FUZZY, "smoke: fuzzy logic step",
+           config="smoke", models=("softmax", "hyla"), num_steps=2),
+  ]
+
+
+SMOKE_CELLS: tuple[Cell, ...] = tuple(_smoke())
+SETS = {"paper": CELLS, "smoke": SMOKE_CELLS}
+BY_NAME.update({c.name: c for c in SMOKE_CELLS})

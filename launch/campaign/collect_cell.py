@@ -1,0 +1,157 @@
+"""A finished cell's workdir -> its cell file's record (small: metrics, curves, timings).
+
+Reads what the training / probe / benchmark processes wrote (member `config.json`,
+`summary.json`, TensorBoard scalars, `population_summary.json`, the probe's `metrics.json`,
+the benchmark's JSON lines) and this runner's own per-process wall times
+(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from typing import Any
+
+from launch.campaign import cells as cells_lib
+from launch.campaign import plan
+from launch.campaign import records
+
+TIMES = "campaign_times.jsonl"
+POPULATION_SUMMARY = "population_summary.json"
+SETTING_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
+                "optimizer.weight_decay", "optimizer.warmup_steps")
+# Curves kept per member: every evaluation split's metric and loss, and the training loss.
+CURVE_PREFIXES = ("test/", "ood/", "unseen_terms/", "train/loss")
+
+
+def commit(repo: str) -> str:
+  try:
+    return subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def host_cpu() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown"
+
+
+def segments(workdir: str) -> list[dict[str, Any]]:
+  path = os.path.join(workdir, TIMES)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def add_segment(workdir: str, segment: dict[str, Any]) -> None:
+  with open(os.path.join(workdir, TIMES), "a") as f:
+    f.write(json.dumps(segment) + "\n")
+
+
+def _read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _flat(config: dict[str, Any], key: str) -> Any:
+  node = config
+  for part in key.split("."):
+    if not isinstance(node, dict) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
+  from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
+  config = _read_json(os.path.join(member_dir, "config.json"))
+  summary = _read_json(os.path.join(member_dir, "summary.json"))
+  scalars = curves.read_scalars(member_dir)
+  return {
+      "name": name,
+      "settings": {k: _flat(config, k) for k in SETTING_KEYS},
+      "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
+      "frozen_at_step": frozen_at_step,
+      "curves": {tag: [[int(s), float(v)] for s, v in zip(*series)]
+                 for tag, series in scalars.items() if tag.startswith(CURVE_PREFIXES)},
+  }
+
+
+def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[str, Any]:
+  runs = segments(workdir)
+  return {
+      "schema": records.SCHEMA, "cell": cell.name, "stage": cell.stage, "kind": cell.kind,
+      "experiment": cell.experiment, "title": cell.title, "model": cell.model,
+      "config": cell.config, "overrides": dict(cell.overrides),
+      "device": {**device, "host_cpu": host_cpu() if device["kind"] == "cpu" else None},
+      "jax_version": device["jax_version"], "python": platform.python_version(),
+      "commit": commit(cells_lib.REPO), "finished_utc": time.strftime(
+          "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
+  }
+
+
+def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
+  population = _read_json(os.path.join(workdir, POPULATION_SUMMARY))
+  frozen = population.get("frozen_at_step") or [None] * len(cell.members)
+  members = [member_record(os.path.join(workdir, name), name, f)
+             for name, f in zip(cell.member_names, frozen)]
+  record = _base(cell, device, workdir)
+  steps = population["step"]
+  record.update(num_steps=steps, scale=plan.scale(cell),
+                members=members,
+                member_steps_per_s=(len(members) * steps / record["wall_s"]
+                                    if record["wall_s"] else None),
+                member_steps_per_s_training=population.get("member_steps_per_s_overall"))
+  return record
+
+
+def probe_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
+  """Per member and feature set (layer): the headline decoding scores, trained and at step
+  0, and the chance levels (`hypernet_attention/probing/report.py`'s metrics.json)."""
+  metrics = _read_json(os.path.join(workdir, "probe", "metrics.json"))
+  members = []
+  for name, m in metrics.items():
+    layers = {}
+    for layer, block in m["trained"].items():
+      layers[layer] = {"trained": block["decode"], "step0": m["step0"][layer]["decode"],
+                       "selectivity": block.get("selectivity")}
+    members.append({"name": name, "step": m["step"], "splits": m["splits"],
+                    "feature_sets": layers})
+  record = _base(cell, device, workdir)
+  record.update(source=cell.source, members=members)
+  return record
+
+
+def benchmark_record(cell: cells_lib.Cell, workdir: str,
+                     device: dict[str, Any]) -> dict[str, Any]:
+  rows = []
+  with open(os.path.join(workdir, "benchmark.log")) as f:
+    for line in f:
+      if line.startswith("{"):
+        rows.append(json.loads(line))
+  if not rows:
+    raise ValueError(f"{cell.name}: the benchmark printed no result rows")
+  record = _base(cell, device, workdir)
+  record.update(rows=rows)
+  return record
+
+
+BUILDERS = {"train": train_record, "probe": probe_record, "benchmark": benchmark_record}
+
+
+def build(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
+  return BUILDERS[cell.kind](cell, workdir, device)

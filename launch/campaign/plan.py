@@ -1,0 +1,117 @@
+"""How long a cell will take on a device, and which cells fit in a budget.
+
+An estimate comes, in this order, from (1) finished cells of the same experiment and model
+family on the same device kind (their cell files: member-steps per wall-second, evaluation
+and compilation included), or (2) the single-run training rates measured in the repository
+(`REFERENCE_RATES`, each with its source), assuming no population gain (conservative: a
+window then runs fewer cells than it could, never more). Cells of another width or depth
+(Fig. 4) scale by width x depth. Probes and benchmarks have fixed allowances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Optional, Sequence
+
+from launch.campaign import cells as cells_lib
+
+# Single-run steps/s at the paper's sizes (width 1, depth 4 for SRAVEN): (family, experiment)
+# -> ({model family: steps/s}, source).
+REFERENCE_RATES = {
+    ("cpu", cells_lib.FUZZY): (
+        {"softmax": 18.4, "linear": 20.1, "hyla": 17.5},
+        "training_throughput.md: idle 2-core AMD EPYC"),
+    ("cpu", cells_lib.SRAVEN): (
+        {"softmax": 6.44, "linear": 6.57, "hyla": 5.10},
+        "training_throughput.md: idle 2-core AMD EPYC"),
+    ("gpu", cells_lib.SRAVEN): (
+        {"softmax": 714.0, "linear": 880.0, "hyla": 737.0},
+        "kernels.md: one H100, jax 0.11.2"),
+    # No fuzzy-logic step was timed on a GPU: SRAVEN's rate stands in (both models are tiny
+    # at batch 128, so a step is bound by kernel launches, not by FLOPs).
+    ("gpu", cells_lib.FUZZY): (
+        {"softmax": 714.0, "linear": 880.0, "hyla": 737.0},
+        "assumed: SRAVEN's H100 rate (kernels.md)"),
+}
+COMPILE_S = {"cpu": 60.0, "gpu": 30.0, "tpu": 30.0}
+EVAL_OVERHEAD = 1.15  # Evaluations and checkpoints on top of the training steps.
+FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu"): 8.0,
+                 ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0,
+                 ("benchmark", "tpu"): 5.0}
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  minutes: float
+  source: str
+  done_steps: int = 0  # Steps a resumable workdir on this machine already has.
+
+
+def family(device_kind: str) -> str:
+  kind = device_kind.lower()
+  return "cpu" if kind == "cpu" else "tpu" if "tpu" in kind else "gpu"
+
+
+def model_family(preset: str) -> str:
+  return next((f for f in ("hyla", "softmax", "linear") if preset.startswith(f)), "hyla")
+
+
+def scale(cell: cells_lib.Cell) -> float:
+  """Step cost relative to the reference size (Fig. 4: width x depth / 4)."""
+  width = re.search(r"width=(\d+)", cell.config)
+  depth = re.search(r"depth=(\d+)", cell.config)
+  if not (width and depth):
+    return 1.0
+  return int(width.group(1)) * int(depth.group(1)) / 4
+
+
+def checkpointed_step(workdir: str) -> int:
+  """The newest checkpoint step in `workdir` (0 if none): where a rerun resumes."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return 0
+  return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+
+
+def measured_rate(cell: cells_lib.Cell, device_kind: str,
+                  records: Sequence[dict[str, Any]]) -> Optional[tuple[float, int]]:
+  """The best member-steps per wall-second of finished cells like `cell` on `device_kind`
+  (same experiment, model family and size), and how many there were. The best, not the
+  median: a cell slowed by a shared machine would otherwise keep every later cell from
+  starting, and a cell that overruns is only checkpointed, not lost."""
+  rates = [r["member_steps_per_s"] for r in records
+           if r["kind"] == "train" and r["device"]["kind"] == device_kind
+           and r["experiment"] == cell.experiment and r.get("member_steps_per_s")
+           and model_family(r["model"]) == model_family(cell.model)
+           and r.get("scale", 1.0) == scale(cell)]
+  return (max(rates), len(rates)) if rates else None
+
+
+def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
+             workdir: Optional[str] = None) -> Optional[Estimate]:
+  """Minutes `cell` needs on `device_kind` from where its workdir is; None if unknown."""
+  fam = family(device_kind)
+  if cell.kind != "train":
+    minutes = FIXED_MINUTES.get((cell.kind, fam))
+    return Estimate(minutes, "allowance") if minutes else None
+  done = min(checkpointed_step(workdir), cell.num_steps) if workdir else 0
+  member_steps = (cell.num_steps - done) * len(cell.members)
+  measured = measured_rate(cell, device_kind, records)
+  if measured:
+    rate, n = measured
+    return Estimate(member_steps / rate / 60, f"measured: {n} cell(s) on {device_kind}", done)
+  reference = REFERENCE_RATES.get((fam, cell.experiment))
+  if reference is None:
+    return None
+  rates, source = reference
+  rate = rates[model_family(cell.model)] / scale(cell) / EVAL_OVERHEAD
+  return Estimate((member_steps / rate + COMPILE_S[fam]) / 60, source, done)
+
+
+def fmt_minutes(minutes: Optional[float]) -> str:
+  if minutes is None:
+    return "?"
+  return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"

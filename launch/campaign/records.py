@@ -1,0 +1,151 @@
+"""Cell files: one small JSON per finished cell under `experiments/results/paper_scale/`.
+
+A cell file is the only thing a campaign keeps in the repository: the members' settings and
+final metrics, their metrics at every evaluation step, and where and how fast it ran
+(device kind, jax version, commit, wall time, member-steps/s). The report (`report.py`) and
+the estimates of later windows (`plan.py`) are made from these files alone, so windows on
+different machines add up by committing them.
+
+Writes are atomic and never clobber: a finished cell is published with `os.link` (fails if
+the file exists), so two runners on one results folder cannot overwrite each other; only
+`--redo` replaces a file, and only once its new run has finished. A runner claims a cell
+with an exclusive claim file beside the results (`.<cell>.claim`, the runner's host and pid);
+a claim whose process is gone (same host) is stale and taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from typing import Any, Optional
+
+from hypernet_attention.train import config_lib
+
+SCHEMA = 1
+DEFAULT_DIR = os.path.join("experiments", "results", "paper_scale")
+MAX_BYTES = 1_000_000  # Nothing heavy goes into the repository.
+REQUIRED = ("schema", "cell", "stage", "kind", "experiment", "device", "jax_version",
+            "commit", "wall_s")
+
+
+def path_of(results_dir: str, cell: str) -> str:
+  return os.path.join(results_dir, f"{cell}.json")
+
+
+def check_writable(results_dir: str) -> None:
+  """BadInput, before any work, if cell files cannot be written to `results_dir`."""
+  if os.path.exists(results_dir) and not os.path.isdir(results_dir):
+    raise config_lib.BadInput(f"--results_dir={results_dir!r} is a file; allowed: a directory")
+  try:
+    os.makedirs(results_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=results_dir, prefix=".write_test"):
+      pass
+  except OSError as e:
+    raise config_lib.BadInput(f"--results_dir={results_dir!r} is not writable "
+                              f"({e.strerror}); allowed: a writable directory") from None
+
+
+def read(path: str) -> dict[str, Any]:
+  """One cell file; BadInput naming it if it is not a cell file this version can read."""
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise config_lib.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
+                              "(`git checkout -- <file>`) or delete it to rerun the cell") from None
+  missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
+  if missing:
+    raise config_lib.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
+                              "delete it to rerun the cell")
+  if record["schema"] != SCHEMA:
+    raise config_lib.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
+                              f"{SCHEMA}")
+  expected = os.path.splitext(os.path.basename(path))[0]
+  if record["cell"] != expected:
+    raise config_lib.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
+                              f"file named after its cell ({record['cell']}.json)")
+  return record
+
+
+def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
+  """Every cell file of `results_dir` by cell name (all checked: one bad file fails it)."""
+  if not os.path.isdir(results_dir):
+    return {}
+  names = sorted(n for n in os.listdir(results_dir)
+                 if n.endswith(".json") and not n.startswith("."))
+  return {os.path.splitext(n)[0]: read(os.path.join(results_dir, n)) for n in names}
+
+
+def publish(results_dir: str, record: dict[str, Any], replace: bool = False) -> bool:
+  """Writes `record` as its cell's file; False (nothing written) if one exists and not
+  `replace`. The file appears whole or not at all."""
+  data = json.dumps(record, indent=1, sort_keys=True, allow_nan=False).encode()
+  if len(data) > MAX_BYTES:
+    raise ValueError(f"cell {record['cell']}: {len(data):,} bytes; the limit is {MAX_BYTES:,}")
+  final = path_of(results_dir, record["cell"])
+  fd, tmp = tempfile.mkstemp(dir=results_dir, prefix=f".{record['cell']}.")
+  try:
+    os.fchmod(fd, 0o644)
+    with os.fdopen(fd, "wb") as f:
+      f.write(data + b"\n")
+      f.flush()
+      os.fsync(f.fileno())
+    if replace:
+      os.replace(tmp, final)
+      return True
+    try:
+      os.link(tmp, final)  # Atomic and exclusive: never overwrites another runner's file.
+      return True
+    except FileExistsError:
+      return False
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def _claim_path(results_dir: str, cell: str) -> str:
+  return os.path.join(results_dir, f".{cell}.claim")
+
+
+def _alive(claim: dict[str, Any]) -> bool:
+  if claim.get("host") != socket.gethostname():
+    return True  # Another machine's claim: cannot check, so respect it.
+  try:
+    os.kill(int(claim["pid"]), 0)
+  except (ProcessLookupError, ValueError, KeyError, TypeError):
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def claim(results_dir: str, cell: str) -> Optional[dict[str, Any]]:
+  """Claims `cell` for this process. None on success; else the live claim that holds it."""
+  path = _claim_path(results_dir, cell)
+  mine = {"host": socket.gethostname(), "pid": os.getpid()}
+  for _ in range(2):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      try:
+        with open(path) as f:
+          held = json.load(f)
+      except (OSError, json.JSONDecodeError):
+        held = {}
+      if held and _alive(held):
+        return held
+      os.unlink(path)  # Stale (its process is gone) or half-written: take it over.
+      continue
+    with os.fdopen(fd, "w") as f:
+      json.dump(mine, f)
+    return None
+  return {"host": "?", "pid": "?"}
+
+
+def release(results_dir: str, cell: str) -> None:
+  try:
+    os.unlink(_claim_path(results_dir, cell))
+  except FileNotFoundError:
+    pass

@@ -1,0 +1,326 @@
+"""The campaign's report, made from the cell files alone: Table A1 beside the paper, paired
+differences by seed, learning curves, rule decoding by layer, the step benchmark, and the
+cells still to run with their estimated minutes (`python -m launch.campaign --report`)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from hypernet_attention.train import registry
+from launch.campaign import cells as cells_lib
+from launch.campaign import plan
+from launch.collect import Stat
+from launch.sweeps import common
+
+DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
+TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS if c.stage in "abde")
+SPLITS = {cells_lib.FUZZY: ("ood", "test", "unseen_terms"), cells_lib.SRAVEN: ("ood", "test")}
+TITLES = {cells_lib.FUZZY: "Fuzzy logic (OOD R² x100)",
+          cells_lib.SRAVEN: "SRAVEN (OOD accuracy x100)"}
+COLORS = {"softmax": "tab:blue", "linear": "tab:orange", "hyla": "tab:green"}
+
+
+def _metric(experiment: str) -> str:
+  return registry.get(experiment).metric
+
+
+def _row_key(record: dict[str, Any]) -> tuple[str, bool]:
+  return record["model"], record["overrides"].get("model.feed_forward") == "moe"
+
+
+def _setting(member: dict[str, Any]) -> tuple:
+  s = member["settings"]
+  return (s["optimizer.learning_rate"], s["optimizer.weight_decay"],
+          s["optimizer.warmup_steps"])
+
+
+def _setting_text(setting: tuple) -> str:
+  lr, wd, warmup = setting
+  return f"lr {lr:g}, wd {wd:g}, warmup {warmup}"
+
+
+def table_a1_members(records: dict[str, dict[str, Any]], experiment: str):
+  """{row: {setting: {seed: member}}} of Table A1's cells (stages a, b, d, e); a seed that
+  appears twice at one setting is counted once (the first cell's, in name order)."""
+  rows: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
+  for name in sorted(records):
+    r = records[name]
+    if r["kind"] != "train" or r["experiment"] != experiment or r["stage"] not in "abde":
+      continue
+    for m in r["members"]:
+      if m["frozen_at_step"] is None:
+        rows[_row_key(r)][_setting(m)].setdefault(m["settings"]["seed"], m)
+  return rows
+
+
+def _stat(members, key: str) -> Stat:
+  return Stat.of([m["final"][key] for m in members])
+
+
+def _default_setting(experiment: str) -> tuple:
+  d = cells_lib.DEFAULT_SETTING[experiment]
+  warmup = d.get("optimizer.warmup_steps", 100)  # fuzzy logic's config default
+  return (d["optimizer.learning_rate"], d["optimizer.weight_decay"], warmup)
+
+
+def table_a1(records, experiment: str) -> str:
+  metric = _metric(experiment)
+  rows = table_a1_members(records, experiment)
+  if not rows:
+    return f"No finished cell of {experiment} yet.\n"
+  grid_size = math.prod(len(v) for v in cells_lib.GRIDS[experiment].values())
+  split_cols = SPLITS[experiment]
+  lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
+           + " | OOD per seed | paper OOD |", "|---" * (5 + len(split_cols)) + "|"]
+  order = [k for k in common.TABLE_A1_PAPER if k in rows]
+  for key in order:
+    settings = rows[key]
+    name, paper = common.TABLE_A1_PAPER[key]
+    paper_ood = paper[experiment]
+    complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
+    shown = []
+    if _default_setting(experiment) in settings:
+      shown.append((_default_setting(experiment), "default"))
+    if complete:
+      best = max(settings, key=lambda s: _stat(settings[s].values(), f"ood/{metric}").mean)
+      shown.append((best, "best of grid"))
+    elif not shown:
+      shown.append((next(iter(settings)), "only"))
+    for setting, why in shown:
+      members = [settings[setting][s] for s in sorted(settings[setting])]
+      stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
+      per_seed = ", ".join(f"{m['final'][f'ood/{metric}'] * 100:.1f}" for m in members)
+      lines.append(f"| {name} | {_setting_text(setting)} ({why}) | {len(members)} | "
+                   + " | ".join(stats) + f" | {per_seed} | {paper_ood[0]:.2f} ± "
+                   f"{paper_ood[1]:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
+  """`row - baseline` seed by seed at the default setting (a seed fixes the held-out split,
+  so the difference is free of the split's variance); None if no seed has both."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  metric = _metric(experiment)
+  rows = table_a1_members(records, experiment)
+  default = _default_setting(experiment)
+  a = rows.get((row, False), {}).get(default, {})
+  b = rows.get((baseline, False), {}).get(default, {})
+  seeds = sorted(set(a) & set(b))
+  if not seeds:
+    return None
+  x = np.array([a[s]["final"][f"ood/{metric}"] for s in seeds])
+  y = np.array([b[s]["final"][f"ood/{metric}"] for s in seeds])
+  diff = Stat.of(x - y)
+  p = float(stats.ttest_rel(x, y).pvalue) if len(seeds) > 1 else float("nan")
+  per_seed = ", ".join(f"seed {s}: {d * 100:+.1f}" for s, d in zip(seeds, x - y))
+  return (f"| {row} - {baseline} | {len(seeds)} | {diff} | {int((x > y).sum())} of "
+          f"{len(seeds)} | {'-' if math.isnan(p) else f'{p:.3f}'} | {per_seed} |")
+
+
+def _versions(records: Sequence[dict[str, Any]]) -> str:
+  pairs = sorted({(r["device"]["kind"], r["jax_version"]) for r in records})
+  return "; ".join(f"{kind}, jax {v}" for kind, v in pairs)
+
+
+def curves_figure(records, experiment: str, path: str) -> Optional[str]:
+  """OOD metric vs step, one line per member of the Table A1 cells at the default setting."""
+  metric = _metric(experiment)
+  chosen = [r for _, r in sorted(records.items()) if r["kind"] == "train"
+            and r["experiment"] == experiment and r["stage"] in "ab"]
+  if not chosen:
+    return None
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  labelled = set()
+  for r in chosen:
+    for m in r["members"]:
+      curve = m["curves"].get(f"ood/{metric}")
+      if not curve:
+        continue
+      steps, values = zip(*curve)
+      label = r["model"] if r["model"] not in labelled else None
+      labelled.add(r["model"])
+      ax.plot(steps, np.asarray(values) * 100, marker="o", markersize=3, label=label,
+              color=COLORS.get(plan.model_family(r["model"])), alpha=0.8)
+  ax.set_xlabel("step")
+  ax.set_ylabel(f"OOD {metric} x100")
+  ax.set_title(f"{TITLES[experiment]}, one line per seed\n{_versions(chosen)}", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def decoding_text(records) -> str:
+  probes = [r for _, r in sorted(records.items()) if r["kind"] == "probe"]
+  if not probes:
+    return "No decoding cell yet (stage c runs where stage b's checkpoints are).\n"
+  lines = ["| cell | member | step | feature set | trained | step 0 | chance |",
+           "|---|---|---|---|---|---|---|"]
+  for r in probes:
+    for m in r["members"]:
+      for layer, d in m["feature_sets"].items():
+        trained, step0 = d["trained"], d["step0"]
+        score = lambda x: x.get("macro_f1", (x.get("scores") or {}).get("accuracy"))
+        chance = trained.get("chance")
+        lines.append(f"| {r['cell']} | {m['name']} | {m['step']} | {layer} | "
+                     f"{_num(score(trained))} | {_num(score(step0))} | {_chance(chance)} |")
+  return "\n".join(lines) + "\n"
+
+
+def _num(x) -> str:
+  return "-" if x is None else f"{x:.3f}"
+
+
+def _chance(chance) -> str:
+  if not isinstance(chance, dict):
+    return "-"
+  return ", ".join(f"{k} {_num(v if not isinstance(v, dict) else next(iter(v.values())))}"
+                   for k, v in chance.items())
+
+
+def benchmark_text(records) -> str:
+  benches = [r for _, r in sorted(records.items()) if r["kind"] == "benchmark"]
+  if not benches:
+    return "Not run yet.\n"
+  lines = ["| cell | device | jax | model | steps/s | tokens/s | MFU | compile s |",
+           "|---|---|---|---|---|---|---|---|"]
+  for r in benches:
+    for row in r["rows"]:
+      tokens = row.get("tokens_per_s")
+      mfu = row.get("mfu")
+      lines.append(f"| {r['cell']} | {r['device']['kind']} | {r['jax_version']} | "
+                   f"{row.get('label')} | {row['steps_per_s']:.3g} | "
+                   f"{'-' if tokens is None else f'{tokens:,.0f}'} | "
+                   f"{'-' if not mfu else f'{mfu:.1%}'} | {row.get('compile_s', 0):.1f} |")
+  return "\n".join(lines) + "\n"
+
+
+def remaining(records, cell_set=cells_lib.CELLS, root: Optional[str] = None,
+              device_kind: Optional[str] = None) -> list[tuple]:
+  """(cell, here, cpu, h100) minutes of every cell without a file, in priority order."""
+  recs = list(records.values())
+  out = []
+  for c in cell_set:
+    if c.name in records:
+      continue
+    workdir = os.path.join(root, c.name) if root else None
+    here = plan.estimate(c, device_kind, recs, workdir) if device_kind else None
+    out.append((c, here, plan.estimate(c, "cpu", recs), plan.estimate(c, plan.H100, recs)))
+  return out
+
+
+def plan_text(cell_set, records, device_kind: str, root: str,
+              budget_minutes: Optional[float]) -> str:
+  lines = [f"Plan on {device_kind}" + (f", budget {budget_minutes:g} min" if budget_minutes
+                                       else "") + " (minutes: this device / H100):",
+           f"{'cell':42s} {'members':>7s} {'steps':>8s} {'here':>6s} {'H100':>6s}  note"]
+  used = 0.0
+  for c, here, _, h100 in remaining(records, cell_set, root, device_kind):
+    note = here.source if here else "no estimate on this device"
+    if here and here.done_steps:
+      note = f"resumes at step {here.done_steps:,}; " + note
+    if here and budget_minutes:
+      fits = used + here.minutes <= budget_minutes
+      used += here.minutes if fits else 0
+      note = ("fits; " if fits else "does not fit; ") + note
+    lines.append(f"{c.name:42s} {len(c.members) or 1:7d} {c.num_steps:8,d} "
+                 f"{plan.fmt_minutes(here.minutes if here else None):>6s} "
+                 f"{plan.fmt_minutes(h100.minutes if h100 else None):>6s}  {note}")
+  done = [c.name for c in cell_set if c.name in records]
+  lines.append(f"{len(done)} of {len(cell_set)} cells done" + (
+      f"; {used:.0f} of {budget_minutes:g} budget minutes planned" if budget_minutes else ""))
+  return "\n".join(lines)
+
+
+def remaining_text(records) -> str:
+  rows = remaining(records)
+  by_stage = collections.OrderedDict()
+  for c, _, cpu, h100 in rows:
+    s = by_stage.setdefault(c.stage, [0, 0, 0.0, 0.0])
+    s[0] += 1
+    s[1] += len(c.members) or 1
+    s[2] += cpu.minutes if cpu else float("nan")
+    s[3] += h100.minutes if h100 else float("nan")
+  lines = ["| stage | cells left | member runs | est. CPU hours | est. H100 minutes |",
+           "|---|---|---|---|---|"]
+  for stage, (n, members, cpu, h100) in by_stage.items():
+    lines.append(f"| {stage} | {n} | {members} | {cpu / 60:.1f} | {h100:.0f} |")
+  next_cells = ", ".join(f"`{c.name}`" for c, *_ in rows[:6])
+  return "\n".join(lines) + f"\n\nNext in line: {next_cells}.\n"
+
+
+def provenance(records) -> str:
+  lines = ["| cell | device | jax | python | commit | wall | member-steps/s | finished |",
+           "|---|---|---|---|---|---|---|---|"]
+  for name, r in sorted(records.items()):
+    rate = r.get("member_steps_per_s")
+    device = r["device"]["kind"] + (f" ({r['device']['host_cpu']})"
+                                    if r["device"].get("host_cpu") else "")
+    lines.append(f"| {name} | {device} | {r['jax_version']} | {r.get('python', '?')} | "
+                 f"{r['commit']} | {r['wall_s'] / 60:.1f} min | "
+                 f"{'-' if not rate else f'{rate:.2f}'} | {r.get('finished_utc', '?')} |")
+  return "\n".join(lines) + "\n"
+
+
+def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH) -> str:
+  """Writes the report (and its figures under `<dir>/paper_scale/figures/`); returns a
+  one-line summary."""
+  out_dir = os.path.dirname(path) or "."
+  figures = os.path.join(out_dir, "paper_scale", "figures")
+  paper = {c.name for c in cells_lib.CELLS}
+  done = [r for n, r in records.items() if n in paper]
+  runs = sum(len(r["members"]) for r in done if r["kind"] == "train" and r["stage"] in "abde")
+  parts = [
+      "# Paper scale: the campaign's results beside the paper\n",
+      "Made by `python -m launch.campaign --report` from the cell files in "
+      "[paper_scale/](paper_scale/) alone (one JSON per finished cell: settings, final "
+      "metrics and curves per member, device, jax version, commit, wall time). Cells run "
+      "with `python -m launch.campaign --budget_minutes=N` (see `launch/campaign/`).\n",
+      f"**How much of the paper's scale has run:** {len(done)} of {len(paper)} cells; "
+      f"{runs} of Table A1's {TABLE_A1_RUNS} training runs (the paper's sizes and step "
+      "counts; every number below is at the paper's full size).\n",
+  ]
+  for experiment in (cells_lib.FUZZY, cells_lib.SRAVEN):
+    parts.append(f"## Table A1, {TITLES[experiment]}\n")
+    parts.append("Mean ± s.e. over seeds (x100; a row with one seed has no s.e.: a single "
+                 "run). The default setting is the paper's (Table A1's main rows were also "
+                 "tuned over a grid: 'best of grid' appears once a row's whole grid has 3 "
+                 "seeds, picked by OOD as the paper did). The paper's column is its Table A1 "
+                 "(best of grid, 3 seeds).\n")
+    parts.append(table_a1(records, experiment))
+    pairs = [p for p in (paired(records, experiment, "hyla", "softmax"),
+                         paired(records, experiment, "hyla", "linear"),
+                         paired(records, experiment, "linear", "softmax")) if p]
+    if pairs:
+      parts.append("Paired by seed at the default setting (one seed = one held-out split; "
+                   "p: two-sided paired t-test, none below 2 seeds):\n")
+      parts.append("| difference | seeds | mean ± s.e. (x100) | ahead in | p | per seed |\n"
+                   "|---|---|---|---|---|---|\n" + "\n".join(pairs) + "\n")
+    figure = curves_figure(records, experiment,
+                           os.path.join(figures, f"curves_{experiment}.png"))
+    if figure:
+      rel = os.path.relpath(figure, out_dir)
+      parts.append(f"![learning curves, {experiment}]({rel})\n")
+  parts += ["## Rule decoding by layer (Fig. 5F)\n", decoding_text(records),
+            "## C4 50M training step\n", benchmark_text(records),
+            "## Cells still to run\n",
+            "Estimated from finished cells on the same device kind where there are some, "
+            "else from the repository's measured single-run rates with no population gain "
+            "(`launch/campaign/plan.py`).\n", remaining_text(records),
+            "## Where each cell ran\n", provenance(records)]
+  os.makedirs(out_dir, exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(parts))
+  return (f"Report: {len(done)} of {len(paper)} cells done, {runs} of {TABLE_A1_RUNS} "
+          f"Table A1 runs -> {path}")

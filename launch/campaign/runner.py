@@ -1,0 +1,271 @@
+"""Runs the next cells within a time budget, as subprocesses, and publishes each finished one.
+
+Cells start in priority order while a slot is free and their estimate fits in the time left
+(`plan.py`); a cell that does not fit is passed over for a later, smaller one. A cell whose
+run outlives the budget anyway gets SIGTERM `stop_margin_s` before the end: the training
+process checkpoints and exits 75, and a rerun on the same machine resumes it from its
+workdir (`<root>/<cell>`). SIGTERM or Ctrl-C to the runner does the same to its children.
+Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
+for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from hypernet_attention.train import cli
+from launch import jobs
+from launch import run_local
+from launch.campaign import cells as cells_lib
+from launch.campaign import collect_cell
+from launch.campaign import plan
+from launch.campaign import records
+
+PROGRESS = "progress.txt"
+LOG = "campaign.log"
+STEP_RE = re.compile(r"step ([\d,]+)/([\d,]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  root: str  # Workdirs: <root>/<cell>.
+  results_dir: str  # Cell files.
+  budget_s: float
+  redo: frozenset = frozenset()
+  max_concurrent: int = 1
+  stop_margin_s: float = 120.0  # SIGTERM a running cell this long before the budget ends.
+  poll_s: float = 5.0
+  python: str = sys.executable
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  cell: str
+  status: str  # finished, failed, stopped (cut off: resumable), skipped, done (before)
+  detail: str = ""
+
+
+@dataclasses.dataclass
+class _Running:
+  cell: cells_lib.Cell
+  process: subprocess.Popen
+  started: float
+  log_path: str
+  estimate: plan.Estimate
+  first: Optional[tuple[float, int]] = None  # (time, step) when progress was first seen.
+
+
+def device_info(python: str = sys.executable) -> dict[str, Any]:
+  """The accelerator the cells will run on, asked of jax in a subprocess (this module stays
+  importable where JAX is not installed)."""
+  code = ("import jax, json; d = jax.devices()[0]; print(json.dumps(dict(platform=d.platform, "
+          "kind=d.device_kind, count=jax.device_count(), jax_version=jax.__version__)))")
+  out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
+  if cell.kind == "train":
+    return jobs.local_command(options.python, cell.point(), cell.experiment, workdir)
+  if cell.kind == "probe":
+    source = cells_lib.BY_NAME[cell.source]
+    return [options.python, "experiments/probe_latents.py",
+            *[f"--workdir={os.path.join(options.root, source.name, n)}"
+              for n in source.member_names],
+            f"--output_dir={os.path.join(workdir, 'probe')}"]
+  return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
+          f"--size={cell.config}", f"--models={','.join(cell.models)}",
+          f"--steps={cell.num_steps}", "--repeats=3",
+          f"--data_dir={os.path.join(workdir, 'data')}"]
+
+
+def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
+  """Why `cell` cannot run on this machine now (None: it can)."""
+  if cell.kind == "probe":
+    source = os.path.join(options.root, cell.source)
+    if not run_local.is_finished(source):
+      return f"needs the finished workdir of {cell.source} on this machine ({source})"
+  return None
+
+
+def _step_of(log_path: str) -> Optional[tuple[int, int]]:
+  try:
+    with open(log_path, "rb") as f:
+      f.seek(max(0, os.path.getsize(log_path) - 20_000))
+      tail = f.read().decode(errors="replace")
+  except OSError:
+    return None
+  found = STEP_RE.findall(tail)
+  return (int(found[-1][0].replace(",", "")), int(found[-1][1].replace(",", ""))) if found else None
+
+
+class Campaign:
+  """One invocation: starts, watches and publishes cells until the plan or budget ends."""
+
+  def __init__(self, cells: Sequence[cells_lib.Cell], options: Options,
+               device: dict[str, Any], log: Callable[[str], None] = print):
+    self.options, self.device, self.log = options, device, log
+    self.pending = list(cells)
+    self.running: dict[str, _Running] = {}
+    self.outcomes: list[Outcome] = []
+    self.start = time.time()
+    self.deadline = self.start + options.budget_s
+    self.stopping = False
+    self.records = list(records.read_all(options.results_dir).values())
+
+  def workdir(self, cell: cells_lib.Cell) -> str:
+    return os.path.join(self.options.root, cell.name)
+
+  def _end(self, cell, status, detail=""):
+    self.outcomes.append(Outcome(cell.name, status, detail))
+    if status != "done":
+      self.log(f"{status}: {cell.name}{f' ({detail})' if detail else ''}")
+
+  def _publish(self, cell: cells_lib.Cell) -> None:
+    record = collect_cell.build(cell, self.workdir(cell), self.device)
+    replace = cell.name in self.options.redo
+    if records.publish(self.options.results_dir, record, replace=replace):
+      self.records.append(record)
+      self._end(cell, "finished", f"{record['wall_s'] / 60:.1f} min, "
+                f"{records.path_of(self.options.results_dir, cell.name)}")
+    else:
+      self._end(cell, "skipped", "another runner published it first; kept its file")
+
+  def _try_start(self, cell: cells_lib.Cell) -> bool:
+    """Starts `cell` (True), or ends it as done / skipped (False, removed from the plan)."""
+    path = records.path_of(self.options.results_dir, cell.name)
+    if os.path.exists(path) and cell.name not in self.options.redo:
+      self._end(cell, "done")
+      return False
+    reason = blocker(cell, self.options)
+    if reason:
+      self._end(cell, "skipped", reason)
+      return False
+    workdir = self.workdir(cell)
+    finished = cell.kind == "train" and run_local.is_finished(workdir)
+    estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
+    left = self.deadline - time.time() - self.options.stop_margin_s
+    if not finished and (estimate is None or estimate.minutes * 60 > left):
+      need = plan.fmt_minutes(estimate.minutes if estimate else None)
+      self._end(cell, "skipped", f"needs ~{need} min, {max(left, 0) / 60:.0f} left")
+      return False
+    held = records.claim(self.options.results_dir, cell.name)
+    if held:
+      self._end(cell, "skipped", f"claimed by pid {held.get('pid')} on {held.get('host')}")
+      return False
+    if finished:  # Trained before (a cut-off publish, or another runner's crash).
+      try:
+        self._publish(cell)
+      finally:
+        records.release(self.options.results_dir, cell.name)
+      return False
+    os.makedirs(workdir, exist_ok=True)
+    argv = command(cell, workdir, self.options)
+    log_path = os.path.join(workdir, "benchmark.log" if cell.kind == "benchmark" else LOG)
+    with open(log_path, "a") as f:
+      f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
+              f"{jobs.shell_line(argv)}\n")
+      f.flush()
+      process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
+                                 env=run_local.child_env(self.options.max_concurrent))
+    self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate)
+    self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
+             f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
+    return True
+
+  def _reap(self, run: _Running) -> None:
+    cell, code = run.cell, run.process.returncode
+    del self.running[cell.name]
+    collect_cell.add_segment(self.workdir(cell), {
+        "wall_s": time.time() - run.started, "returncode": code,
+        "device_kind": self.device["kind"], "started_utc": time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started))})
+    try:
+      if code == 0 and (cell.kind != "train" or run_local.is_finished(self.workdir(cell))):
+        self._publish(cell)
+      elif code == cli.PREEMPTED_EXIT_CODE:
+        step = _step_of(run.log_path)
+        self._end(cell, "stopped", f"checkpointed{f' near step {step[0]:,}' if step else ''}; "
+                  "rerun on this machine to resume")
+      else:
+        self._end(cell, "failed", f"exit {code}, see {run.log_path}")
+    except (OSError, ValueError, KeyError) as e:
+      self._end(cell, "failed", f"could not collect: {e}")
+    finally:
+      records.release(self.options.results_dir, cell.name)
+
+  def stop_all(self, why: str) -> None:
+    if not self.stopping:
+      self.log(f"stopping the running cells ({why}): they checkpoint and exit")
+    self.stopping = True
+    for run in self.running.values():
+      if run.process.poll() is None:
+        run.process.send_signal(signal.SIGTERM)
+
+  def progress_text(self) -> str:
+    now = time.time()
+    lines = [f"campaign progress at {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(now))} UTC "
+             f"on {self.device['kind']} (jax {self.device['jax_version']})",
+             f"budget: {(now - self.start) / 60:.1f} of {self.options.budget_s / 60:.1f} min "
+             f"used; {max(self.deadline - now, 0) / 60:.1f} left"]
+    for run in self.running.values():
+      step = _step_of(run.log_path)
+      text = f"running: {run.cell.name}, {(now - run.started) / 60:.1f} min"
+      if step:
+        if run.first is None:
+          run.first = (now, step[0])
+        t0, s0 = run.first
+        rate = (step[0] - s0) / (now - t0) if now > t0 and step[0] > s0 else None
+        eta = f", ETA {(step[1] - step[0]) / rate / 60:.0f} min" if rate else ""
+        text += (f", step {step[0]:,}/{step[1]:,}"
+                 + (f", {rate:.2f} steps/s" if rate else "") + eta)
+      lines.append(text)
+    for o in self.outcomes:
+      if o.status != "done":
+        lines.append(f"{o.status}: {o.cell}{f' ({o.detail})' if o.detail else ''}")
+    lines.append(f"not started yet: {len(self.pending)} cell(s)")
+    return "\n".join(lines) + "\n"
+
+  def write_progress(self) -> None:
+    path = os.path.join(self.options.root, PROGRESS)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      f.write(self.progress_text())
+    os.replace(tmp, path)
+
+  def run(self) -> list[Outcome]:
+    os.makedirs(self.options.root, exist_ok=True)
+    try:
+      while self.pending or self.running:
+        if not self.stopping and time.time() > self.deadline - self.options.stop_margin_s:
+          self.stop_all("the budget ends")
+        while (not self.stopping and self.pending
+               and len(self.running) < self.options.max_concurrent):
+          self._try_start(self.pending.pop(0))
+        if self.stopping:
+          for cell in self.pending:
+            self._end(cell, "skipped", "the budget ended")
+          self.pending = []
+        for run in list(self.running.values()):
+          if run.process.poll() is not None:
+            self._reap(run)
+        self.write_progress()
+        if self.running:
+          time.sleep(self.options.poll_s)
+    except BaseException:  # SIGTERM (raised by the entry point) or Ctrl-C: children save.
+      self.stop_all("this runner was stopped")
+      for run in list(self.running.values()):
+        run.process.wait()
+        self._reap(run)
+      self.write_progress()
+      raise
+    return self.outcomes

@@ -1,0 +1,252 @@
+"""The paper-scale campaign (`launch/campaign/`): cells, cell files, estimates, the budget,
+resume of a cut-off cell, the report from the files alone, and bad input."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hypernet_attention.train import config_lib
+from launch import jobs
+from launch.campaign import cells as cells_lib
+from launch.campaign import collect_cell
+from launch.campaign import plan
+from launch.campaign import records
+from launch.campaign import report
+from launch.campaign import runner
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
+
+
+def test_cells_cover_table_a1_in_priority_order():
+  stages = [c.stage for c in cells_lib.CELLS]
+  assert stages == sorted(stages)  # a before b before ... g
+  # Table A1: 13 rows x grid x 3 seeds = 156 fuzzy-logic + 312 SRAVEN runs, each once.
+  runs = [(c.experiment, c.config, tuple(sorted(dict(c.overrides).items())),
+           tuple(sorted(m.items())))
+          for c in cells_lib.CELLS if c.stage in "abde" for m in c.members]
+  fuzzy = [r for r in runs if r[0] == "fuzzy_logic"]
+  assert (len(fuzzy), len(runs) - len(fuzzy)) == (156, 312)
+  first = cells_lib.CELLS[:3]
+  assert [c.model for c in first] == ["hyla", "softmax", "linear"]
+  assert all(c.num_steps == 50_000 and len(c.members) == 1 for c in first)
+  b = cells_lib.BY_NAME["b_sraven_hyla"]
+  assert b.num_steps == 156_250 and "width=1,depth=4" in b.config
+  assert dict(b.overrides)["optimizer.warmup_steps"] == 1000
+
+
+def test_default_members_become_one_population_flag():
+  args = jobs.job_args(cells_lib.BY_NAME["a_fuzzy_hyla_seed0"].point(), "fuzzy_logic", "W")
+  assert args["config.population.members"] == "({'seed': 0},)"
+  assert args["config.population.member_names"] == "('seed0',)"
+  assert args["config.optimizer.learning_rate"] == "0.001"
+
+
+def _record(cell, model, seeds_values, stage="a", experiment="fuzzy_logic", kind="train",
+            device="cpu", rate=10.0):
+  metric = "r2" if experiment == "fuzzy_logic" else "accuracy"
+  members = [{"name": f"seed{s}", "frozen_at_step": None,
+              "settings": {"seed": s, "task.split_seed": None,
+                           "optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1,
+                           "optimizer.warmup_steps": 100 if experiment == "fuzzy_logic"
+                           else 1000},
+              "final": {f"ood/{metric}": v, f"test/{metric}": v + 0.05,
+                        f"unseen_terms/{metric}": 0.1},
+              "curves": {f"ood/{metric}": [[0, 0.0], [50_000, v]]}}
+             for s, v in seeds_values]
+  return {"schema": records.SCHEMA, "cell": cell, "stage": stage, "kind": kind,
+          "experiment": experiment, "model": model, "config": f"model={model},size=paper",
+          "overrides": {}, "title": cell, "device": {"kind": device, "host_cpu": None},
+          "jax_version": "test", "python": "3", "commit": "abc", "wall_s": 100.0,
+          "processes": [], "num_steps": 50_000, "scale": 1.0, "members": members,
+          "member_steps_per_s": rate}
+
+
+def test_publish_never_clobbers_and_redo_replaces(tmp_path):
+  first = _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])
+  assert records.publish(str(tmp_path), first)
+  second = _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.1)])
+  assert not records.publish(str(tmp_path), second)  # Another runner's file stays.
+  path = records.path_of(str(tmp_path), "a_fuzzy_hyla_seed0")
+  assert records.read(path)["members"][0]["final"]["ood/r2"] == 0.8
+  assert records.publish(str(tmp_path), second, replace=True)
+  assert records.read(path)["members"][0]["final"]["ood/r2"] == 0.1
+  assert sorted(os.listdir(tmp_path)) == ["a_fuzzy_hyla_seed0.json"]  # No temporaries left.
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schema": 1, "cell": "a_fuzzy_hyla_seed0"', "unreadable"),
+    ('{"schema": 1}', "lacks"),
+    ('[1, 2]', "lacks"),
+])
+def test_a_corrupt_cell_file_is_named(tmp_path, content, message):
+  (tmp_path / "a_fuzzy_hyla_seed0.json").write_text(content)
+  with pytest.raises(config_lib.BadInput, match=f"a_fuzzy_hyla_seed0.json.*{message}"):
+    records.read_all(str(tmp_path))
+
+
+def test_claims_exclude_a_live_runner_and_take_over_a_dead_one(tmp_path):
+  other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    claim = tmp_path / ".a_fuzzy_hyla_seed0.claim"
+    claim.write_text(json.dumps({"host": os.uname().nodename, "pid": other.pid}))
+    assert records.claim(str(tmp_path), "a_fuzzy_hyla_seed0")["pid"] == other.pid
+  finally:
+    other.kill()
+    other.wait()
+  assert records.claim(str(tmp_path), "a_fuzzy_hyla_seed0") is None  # Its runner is gone.
+  assert json.loads(claim.read_text())["pid"] == os.getpid()
+  records.release(str(tmp_path), "a_fuzzy_hyla_seed0")
+  assert not claim.exists()
+
+
+def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path):
+  cell = cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]
+  reference = plan.estimate(cell, "cpu", [])
+  rate = plan.REFERENCE_RATES[("cpu", "fuzzy_logic")][0]["hyla"] / plan.EVAL_OVERHEAD
+  assert reference.minutes == pytest.approx((50_000 / rate + plan.COMPILE_S["cpu"]) / 60)
+  measured = plan.estimate(cell, "cpu", [_record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)],
+                                                 rate=25.0)])
+  assert measured.minutes == pytest.approx(50_000 / 25.0 / 60)
+  assert "measured" in measured.source
+  (tmp_path / "checkpoints" / "30000").mkdir(parents=True)
+  resumed = plan.estimate(cell, "cpu", [], str(tmp_path))
+  assert resumed.done_steps == 30_000
+  assert resumed.minutes < reference.minutes / 2
+  assert plan.estimate(cell, plan.H100, []).minutes < reference.minutes / 10
+
+
+def test_report_from_the_files_alone(tmp_path):
+  hyla = [(0, 0.81), (1, 0.74), (2, 0.90)]
+  softmax = [(0, 0.60), (1, 0.66), (2, 0.61)]
+  recs = {}
+  for model, values in (("hyla", hyla), ("softmax", softmax)):
+    for s, v in values:
+      name = f"a_fuzzy_{model}_seed{s}"
+      recs[name] = _record(name, model, [(s, v)])
+  path = tmp_path / "paper_scale.md"
+  line = report.write(recs, str(path))
+  assert "6 of 92 cells done, 6 of 468" in line
+  text = path.read_text()
+  # HYLA's row: mean +- s.e. over 3 seeds, x100, from an independent formula.
+  v = np.array([x for _, x in hyla]) * 100
+  assert f"{v.mean():.2f} ± {v.std(ddof=1) / np.sqrt(3):.2f}" in text
+  # The paired difference and its p (t = mean / (sd / sqrt(n)), 2 degrees of freedom).
+  d = v - np.array([x for _, x in softmax]) * 100
+  t = d.mean() / (d.std(ddof=1) / np.sqrt(3))
+  p = 2 * stats.t.sf(abs(t), df=2)
+  assert f"| hyla - softmax | 3 | {d.mean():.2f} ± {d.std(ddof=1) / np.sqrt(3):.2f} | " \
+         f"3 of 3 | {p:.3f} |" in text
+  assert "81.13 ± 7.77" in text  # The paper's HYLA.
+  assert (tmp_path / "paper_scale" / "figures" / "curves_fuzzy_logic.png").stat().st_size > 0
+  assert "a_fuzzy_linear_seed0" in text  # Still to run.
+
+
+def _campaign(tmp_path, cells, budget_s=3600.0, **kw):
+  options = runner.Options(root=str(tmp_path / "root"), results_dir=str(tmp_path / "results"),
+                           budget_s=budget_s, poll_s=0.5, **kw)
+  os.makedirs(options.results_dir, exist_ok=True)
+  return runner.Campaign(cells, options, CPU, log=lambda s: None)
+
+
+def test_the_budget_is_honoured_before_any_work(tmp_path):
+  campaign = _campaign(tmp_path, [cells_lib.BY_NAME["a_fuzzy_hyla_seed0"]], budget_s=600)
+  (outcome,) = campaign.run()
+  assert outcome.status == "skipped" and "needs ~" in outcome.detail
+  assert not os.path.exists(tmp_path / "root" / "a_fuzzy_hyla_seed0")
+
+
+# A smoke cell long enough to be cut off mid-way: 4-step chunks, a checkpoint every 4.
+LONG_SMOKE = dataclasses.replace(
+    cells_lib.BY_NAME["smoke_fuzzy_hyla"], name="smoke_fuzzy_hyla_long", num_steps=200,
+    overrides=(("num_train_steps", 200), ("eval_every_steps", 100)))
+
+
+class _StopAfterFirstStep(runner.Campaign):
+  """Cuts the cell off (as the budget's end would) once it has logged a step."""
+
+  def write_progress(self):
+    super().write_progress()
+    for run in self.running.values():
+      if runner._step_of(run.log_path) and not self.stopping:  # pylint: disable=protected-access
+        self.stop_all("test")
+
+
+def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
+  cut = _StopAfterFirstStep(
+      [LONG_SMOKE], dataclasses.replace(_campaign(tmp_path, []).options), CPU, log=lambda s: None)
+  (outcome,) = cut.run()
+  assert outcome.status == "stopped", outcome
+  workdir = tmp_path / "root" / LONG_SMOKE.name
+  stopped_at = plan.checkpointed_step(str(workdir))
+  assert 0 < stopped_at < 200
+  assert not os.path.exists(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
+
+  (outcome,) = _campaign(tmp_path, [LONG_SMOKE]).run()
+  assert outcome.status == "finished", outcome
+  record = records.read(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
+  assert [p["returncode"] for p in record["processes"]] == [75, 0]
+  assert record["wall_s"] == pytest.approx(sum(p["wall_s"] for p in record["processes"]))
+  assert "resum" in (workdir / runner.LOG).read_text().lower()
+  member = record["members"][1]
+  assert member["name"] == "seed1" and member["settings"]["seed"] == 1
+  assert [s for s, _ in member["curves"]["ood/r2"]] == [100, 200]
+  assert member["final"]["step"] == 200
+
+  (outcome,) = _campaign(tmp_path, [LONG_SMOKE]).run()  # Done: nothing runs again.
+  assert outcome.status == "done"
+  assert len(record["processes"]) == len(collect_cell.segments(str(workdir)))
+
+
+def test_probe_and_benchmark_cells(tmp_path):
+  smoke = [cells_lib.BY_NAME[n] for n in
+           ("smoke_sraven_decoding_hyla", "smoke_sraven_hyla", "smoke_fuzzy_step")]
+  first = _campaign(tmp_path, smoke).run()
+  assert [o.status for o in first] == ["skipped", "finished", "finished"], first
+  assert "needs the finished workdir of smoke_sraven_hyla" in first[0].detail
+  (probe,) = _campaign(tmp_path, smoke[:1]).run()
+  assert probe.status == "finished", probe
+  results = str(tmp_path / "results")
+  decoding = records.read(records.path_of(results, "smoke_sraven_decoding_hyla"))
+  assert [m["name"] for m in decoding["members"]] == ["seed0", "seed1"]
+  assert len(decoding["members"][0]["feature_sets"]) >= 2  # One per layer at least.
+  bench = records.read(records.path_of(results, "smoke_fuzzy_step"))
+  assert [r["label"] for r in bench["rows"]] == ["softmax", "hyla"]
+  text = report.decoding_text(records.read_all(results))
+  assert "smoke_sraven_decoding_hyla | seed0" in text
+
+
+def _cli(*args, cwd=REPO):
+  return subprocess.run([sys.executable, "-m", "launch.campaign", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cells=z_*", "--budget_minutes=5"], "--cells='z_*' matches no cell"),
+    (["--budget_minutes=0"], "--budget_minutes=0.0; allowed: a number of minutes > 0"),
+    (["--budget_minutes=nan"], "--budget_minutes=nan"),
+    ([], "--budget_minutes is required"),
+    (["--budget_minutes=5", "--redo=a_fuzzy_hyla_seed9"], "--redo=a_fuzzy_hyla_seed9"),
+    (["--budget_minutes=5", "--results_dir=/dev/null/x"], "not writable"),
+])
+def test_bad_input_is_one_line_before_any_work(tmp_path, args, message):
+  out = _cli(*args, f"--root={tmp_path / 'root'}", "--set=paper", "--device_kind=cpu")
+  assert out.returncode == 2, out.stderr
+  assert message in out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert not (tmp_path / "root").exists()
+
+
+def test_a_corrupt_cell_file_stops_the_runner_and_is_kept(tmp_path):
+  bad = tmp_path / "a_fuzzy_hyla_seed0.json"
+  bad.write_text("{not json")
+  out = _cli("--budget_minutes=5", f"--results_dir={tmp_path}", f"--root={tmp_path / 'root'}")
+  assert out.returncode == 2 and "a_fuzzy_hyla_seed0.json" in out.stderr
+  assert bad.read_text() == "{not json"
+  assert not (tmp_path / "root").exists()
