@@ -1,0 +1,6 @@
+"""The paper-scale campaign: the paper's sweeps as cells that add up across short windows.
+
+`cells.py` (what runs, in priority order), `plan.py` (estimates per device kind),
+`runner.py` (the budgeted runner), `collect_cell.py` and `records.py` (one JSON file per
+finished cell), `report.py` (the report beside the paper); `python -m launch.campaign`.
+"""
