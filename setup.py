@@ -69,6 +69,12 @@ setuptools.setup(
     version="0.1.0",
     description="Attention as a Hypernetwork: multi-head attention, HYLA and ablations in JAX/Flax.",
     python_requires=">=3.11",
+    # The interpreters the test suite is run on (module docstring; CI: .ci/run).
+    classifiers=[
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+    ],
     packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"]),
     install_requires=BASE,
     extras_require=EXTRAS,
