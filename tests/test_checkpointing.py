@@ -50,6 +50,12 @@ def test_mismatched_checkpoint_is_an_error_and_nothing_moves(run, tmp_path, chan
   assert not os.path.exists(os.path.join(workdir, "corrupt_checkpoints"))
 
 
+# Orbax runs each restore in an event loop of its own and closes it when the restore
+# raises, while reads of the other arrays may still be in flight; one finishing later can
+# reach the closed loop ("RuntimeError: Event loop is closed", printed, never raised; seen
+# on Python 3.12). The restore had already failed and the step is quarantined: nothing lost.
+@pytest.mark.filterwarnings(
+    "ignore:(?s).*Event loop is closed:pytest.PytestUnraisableExceptionWarning")
 def test_truncated_array_files_are_quarantined(run, tmp_path):
   """Metadata intact, array data truncated: unreadable, so moved aside; step 4 restores."""
   workdir = str(tmp_path / "wd")

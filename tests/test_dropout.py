@@ -143,8 +143,7 @@ def test_pallas_dropout_lowers_to_triton():
   fn = lambda q, k, v, seed: pallas_kernel.attention(
       q, k, v, is_causal=True, interpret=False, dropout_rate=RATE, dropout_seed=seed)
   grad = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
-  lowered = jax.jit(grad).trace(q, q, q, jax.ShapeDtypeStruct((), jnp.int32)).lower(
-      lowering_platforms=("cuda",))
+  lowered = pallas_kernel.lower_for_gpu(grad, q, q, q, jax.ShapeDtypeStruct((), jnp.int32))
   assert lowered.as_text().count("xla.gpu.triton") == 3
 
 

@@ -205,7 +205,7 @@ def test_pallas_lowers_to_triton(normalization, value_network):
       q, k, v, bias=b, is_causal=True, normalization=normalization,
       value_network=value_network, interpret=False)
   grad = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2, 3))
-  lowered = jax.jit(grad).trace(q, q, q, bias).lower(lowering_platforms=("cuda",))
+  lowered = pallas_kernel.lower_for_gpu(grad, q, q, q, bias)
   assert lowered.as_text().count("xla.gpu.triton") == 3
 
 

@@ -8,6 +8,7 @@ ENTRY %main {
   %ynn_fusion.33 = f32[16,36]{1,0} fusion(%a, %b), kind=kCustom, metadata={op_name="jit(chunk)/while/body/closed_call/transpose(jvp(Transformer))/layers_3/attention/relative_position/hn,qkn->hqk/dot_general" stack_frame_id=8}
   %dot.7 = f32[128,16,36,4]{3,2,1,0} dot(%c, %d), metadata={op_name="jit(chunk)/while/body/jvp(Transformer)/layers_12/attention/bqhd,bkhd->bhqk/dot_general"}
   %copy.2 = u32[4]{0} copy(%e)
+  %dot.9 = f32[8]{0} dot(%f, %g), metadata={op_name="jit(chunk)/while/body/closed_call/eval_jaxpr/jvp(Transformer)/layers_0/attention/bqhd,bkhd->bhqk/dot_general"}
 }
 """
 
@@ -19,6 +20,8 @@ def test_instruction_ops_maps_names_shapes_and_layers():
   assert ops["dot.7"] == ("f32[128,16,36,4]",
                           "FWD/layers_L/attention/bqhd,bkhd->bhqk/dot_general")
   assert ops["copy.2"] == ("u32[4]", "(copy, no op name)")
+  # jax 0.11's `eval_jaxpr/` level is dropped: the same key as under jax 0.10.
+  assert ops["dot.9"] == ("f32[8]", ops["dot.7"][1])
 
 
 def test_profile_of_a_real_step_has_attention_forward_and_backward(tmp_path):

@@ -475,6 +475,24 @@ def _kernels(interpret: bool, launch: Launch) -> blockwise.Kernels:
       backward=functools.partial(backward, interpret=interpret, launch=launch))
 
 
+# The GPU `lower_for_gpu` targets: the one the kernels were compiled and timed on.
+LOWERING_DEVICE = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=132,
+                                              platform="gpu")
+
+
+def lower_for_gpu(fn, *arg_specs, device: jax.sharding.AbstractDevice = LOWERING_DEVICE):
+  """`jax.jit(fn)` traced on `arg_specs` and lowered for CUDA, on a machine with no GPU too.
+
+  The Triton lowering needs the target GPU's compute capability. jax 0.10 assumed an H100's
+  (9.0) when no GPU was attached; jax 0.11 refuses ("No supported GPU devices found") unless
+  the abstract mesh in context names an abstract GPU `device`, which this supplies. Use it
+  to check ahead of time that the kernels lower (the tests do, on CPU).
+  """
+  mesh = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=device)
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(fn).trace(*arg_specs).lower(lowering_platforms=("cuda",))
+
+
 def attention(
     query_BQHD: jax.Array,
     key_BKHD: jax.Array,

@@ -217,7 +217,10 @@ class Checkpointer:
       except (CheckpointMismatchError, MemoryError):
         raise
       except Exception as e:  # pylint: disable=broad-except
-        self._unreadable(step, e)  # Its metadata or array files are corrupt or truncated.
+        # Its metadata or array files are corrupt or truncated. Orbax closes the restore's
+        # event loop with other reads still in flight; one finishing later may print
+        # "Event loop is closed" (an ignored exception): harmless, the step is moved aside.
+        self._unreadable(step, e)
         continue
       logging.info("Restored checkpoint at step %d from %s", step, self.directory)
       return state

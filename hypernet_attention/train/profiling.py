@@ -47,6 +47,8 @@ class Profile:
 
 def _op_key(op_name: str) -> str:
   op = re.sub(r"layers_\d+", "layers_L", op_name)
+  # jax 0.11 names the body of a closed call `eval_jaxpr/`; 0.10 did not: same keys on both.
+  op = re.sub(r"(^|/)eval_jaxpr/", r"\1", op)
   op = re.sub(r"^.*?/while/body/(closed_call/)?", "", op)
   return op.replace("transpose(jvp(Transformer))", "BWD").replace("jvp(Transformer)", "FWD")
 
