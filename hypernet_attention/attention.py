@@ -239,9 +239,9 @@ def attend(
   """Latent code and value network of `settings.preset` on placed heads -> (B, Q, H, V).
 
   `mask` and `bias` are the caller's (checked here), `position_bias` the T5 one (or None).
-  `dropout_rng` (None: no dropout) drops out the
-  latent code. `materialize` takes the slow path that returns the (B, H, Q, K) latent code
-  (probing); otherwise `ops.dispatch` picks the fast implementation.
+  `dropout_rng` (None: no dropout) drops out the latent code. `materialize` takes the slow
+  path that returns the (B, H, Q, K) latent code (probing); otherwise `ops.dispatch` picks
+  the fast implementation.
   """
   preset = settings.preset
   query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
