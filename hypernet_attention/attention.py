@@ -38,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import partitioning
 from hypernet_attention import positions
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import dropout
@@ -156,6 +157,133 @@ def latent_code_dropout(
   return code_BHQK * (keep.astype(code_BHQK.dtype) / jnp.asarray(keep_prob, code_BHQK.dtype))
 
 
+# W_h^v' of Eq. 10 (HYLA+), indexed [head, input unit, output unit]. Fan-in is H*V because
+# the generated layer sums over heads: sum_h a_hqk W_h^v' keeps unit scale when the latent
+# code has unit RMS across heads (RMSHead).
+VALUE_HIDDEN_INIT = nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=(0, 1), out_axis=2)
+
+
+class Cache(NamedTuple):
+  """The decoding cache's arrays: keys and values of every slot, and the next slot."""
+  key_BKHD: jax.Array
+  value_BKHV: jax.Array
+  index: jax.Array
+
+
+class Heads(NamedTuple):
+  """Projected heads placed at their positions (RoPE applied; on a decode step the whole
+  cache as keys and values, with `cache_mask` hiding the slots not written yet)."""
+  query_BQHD: jax.Array
+  key_BKHD: jax.Array
+  value_BKHV: jax.Array
+  query_positions_Q: jax.Array
+  key_positions_K: jax.Array
+  cache_mask: Optional[jax.Array]
+  cache: Optional[Cache]  # the cache to write back after a decode step
+
+
+class Attended(NamedTuple):
+  out_BQHV: jax.Array
+  latent_code_BHQK: Optional[jax.Array]  # only where the code was materialized
+
+
+# The two functions below are the attention of both modules (this Linen one and
+# `nnx_attention.MultiHeadAttention`): the modules own parameters, cache and rngs and pass
+# themselves as `settings`, read for `preset`, `position`, `rope_max_wavelength`,
+# `dropout_rate`, `broadcast_dropout`, `eps` and `implementation`.
+
+
+def place_heads(settings, query_BQHD, key_BKHD, value_BKHV, cache: Optional[Cache]) -> Heads:
+  """Positions (and RoPE) for a whole sequence, or one decode step written into `cache`."""
+  rope = settings.position == "rope"
+  if cache is None:
+    query_pos, key_pos = jnp.arange(query_BQHD.shape[1]), jnp.arange(key_BKHD.shape[1])
+    if rope:
+      query_BQHD = positions.apply_rope(query_BQHD, query_pos, settings.rope_max_wavelength)
+      key_BKHD = positions.apply_rope(key_BKHD, key_pos, settings.rope_max_wavelength)
+    return Heads(query_BQHD, key_BKHD, value_BKHV, query_pos, key_pos, None, None)
+  batch, max_length, _, _ = cache.key_BKHD.shape
+  if query_BQHD.shape[1] != 1 or query_BQHD.shape[0] != batch:
+    raise ValueError(
+        f"decode=True expects one token per call, query of shape ({batch}, 1, ...); "
+        f"got {query_BQHD.shape[:2]}."
+    )
+  index = cache.index
+  query_pos = index[None]
+  if rope:
+    query_BQHD = positions.apply_rope(query_BQHD, query_pos, settings.rope_max_wavelength)
+    key_BKHD = positions.apply_rope(key_BKHD, query_pos, settings.rope_max_wavelength)
+  # Start indices of one integer type (a literal 0 is int64 under jax_enable_x64).
+  zero = jnp.zeros_like(index)
+  start = (zero, index, zero, zero)
+  key_BKHD = jax.lax.dynamic_update_slice(cache.key_BKHD, key_BKHD, start)
+  value_BKHV = jax.lax.dynamic_update_slice(cache.value_BKHV, value_BKHV, start)
+  cache_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
+  return Heads(query_BQHD, key_BKHD, value_BKHV, query_pos, jnp.arange(max_length),
+               cache_mask, Cache(key_BKHD, value_BKHV, index + 1))
+
+
+def attend(
+    settings,
+    heads: Heads,
+    *,
+    mask: Optional[jax.Array],
+    bias: Optional[jax.Array],
+    position_bias: Optional[jax.Array],
+    is_causal: bool,
+    value_weight_HVV: Optional[jax.Array],
+    dropout_rng: Optional[jax.Array],
+    materialize: bool,
+) -> Attended:
+  """Latent code and value network of `settings.preset` on placed heads -> (B, Q, H, V).
+
+  `mask` and `bias` are the caller's (checked here), `position_bias` the T5 one (or None).
+  `dropout_rng` (None: no dropout) drops out the latent code. `materialize` takes the slow
+  path that returns the (B, H, Q, K) latent code (probing); otherwise `ops.dispatch` picks
+  the fast implementation.
+  """
+  preset = settings.preset
+  query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
+  full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1],
+                key_BKHD.shape[1])
+  check_mask(mask, full_shape)
+  check_mask(bias, full_shape, "bias")
+  if position_bias is not None:
+    bias = position_bias if bias is None else bias + position_bias
+  mask = combine_masks(mask, heads.cache_mask)
+  is_causal = is_causal and heads.cache_mask is None  # on a decode step the cache does it
+  value_network, activation = preset.value_network, preset.activation
+  if value_network == "nonlinear_value":
+    value_BKHV = reference.get_activation(activation)(value_BKHV)
+    value_network, activation = "linear", "identity"
+  if value_weight_HVV is not None:
+    value_weight_HVV = jnp.asarray(value_weight_HVV, value_BKHV.dtype)
+
+  use_dropout = dropout_rng is not None and settings.dropout_rate > 0.0
+  if materialize or (use_dropout and not settings.broadcast_dropout):
+    # The slow path: materialize the latent code, drop out pairs, expose it.
+    mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
+    scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
+    code_BHQK = reference.normalize_scores(
+        scores_BHQK, mask, preset.normalization, settings.eps)
+    if use_dropout:
+      code_BHQK = latent_code_dropout(
+          code_BHQK, settings.dropout_rate, dropout_rng, settings.broadcast_dropout)
+    out_BQHV = reference.apply_value_network(
+        code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
+    return Attended(out_BQHV, code_BHQK)
+  out_BQHV = dispatch.attention(
+      query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, is_causal=is_causal,
+      normalization=preset.normalization, value_network=value_network,
+      activation=activation, value_weight_HVV=value_weight_HVV, eps=settings.eps,
+      implementation=settings.implementation,
+      dropout_rate=settings.dropout_rate if use_dropout else 0.0,
+      dropout_seed=dropout.seed_from_rng(dropout_rng) if use_dropout else None,
+  )
+  return Attended(out_BQHV, None)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with a latent-code normalization and value network by preset.
 
@@ -208,45 +336,21 @@ class MultiHeadAttention(nn.Module):
   def _dense(self, features, axis, names, name):
     return nn.DenseGeneral(
         features=features, axis=axis, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.with_logical_partitioning(self.kernel_init, names),
-        bias_init=nn.with_logical_partitioning(self.bias_init, names[-len(
+        kernel_init=partitioning.with_logical_partitioning(self.kernel_init, names),
+        bias_init=partitioning.with_logical_partitioning(self.bias_init, names[-len(
             features if isinstance(features, tuple) else (features,)):]),
         use_bias=self.use_bias, precision=self.precision, name=name,
     )
 
-  def _decode_step(self, query, key, value):
-    """Writes this step's key/value into the cache; returns the full cache and positions.
-
-    Returns (query_positions_Q, key_positions_K, query, key, value, cache_mask): the query
-    (and, with RoPE, the new key) rotated to the step's position, the whole cache, and a
-    mask that hides the slots not written yet. On the initializing call the cache is only
-    created (returns None) and the input is attended to as a whole.
-    """
+  def _cache(self, key_BKHD, value_BKHV) -> Optional[Cache]:
+    """The decoding cache, as flax's module keeps it: `init` with a full-length input
+    creates it (and returns None: that call attends to the input as a whole)."""
     initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not initialized:
-      return None
-    batch, max_length, _, _ = cached_key.value.shape
-    if query.shape[1] != 1 or query.shape[0] != batch:
-      raise ValueError(
-          f"decode=True expects one token per call, query of shape ({batch}, 1, ...); "
-          f"got {query.shape[:2]}."
-      )
-    index = cache_index.value
-    query_positions = index[None]
-    if self.position == "rope":
-      query = positions.apply_rope(query, query_positions, self.rope_max_wavelength)
-      key = positions.apply_rope(key, query_positions, self.rope_max_wavelength)
-    # Start indices of one integer type (a literal 0 is int64 under jax_enable_x64).
-    start = (jnp.zeros_like(index), index, jnp.zeros_like(index), jnp.zeros_like(index))
-    key = jax.lax.dynamic_update_slice(cached_key.value, key, start)
-    value = jax.lax.dynamic_update_slice(cached_value.value, value, start)
-    cached_key.value, cached_value.value = key, value
-    cache_index.value = index + 1
-    cache_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
-    return query_positions, jnp.arange(max_length), query, key, value, cache_mask
+    key = self.variable("cache", "cached_key", jnp.zeros, key_BKHD.shape, key_BKHD.dtype)
+    value = self.variable(
+        "cache", "cached_value", jnp.zeros, value_BKHV.shape, value_BKHV.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    return Cache(key.value, value.value, index.value) if initialized else None
 
   @nn.compact
   def __call__(
@@ -283,69 +387,36 @@ class MultiHeadAttention(nn.Module):
     key_BKHD = self._dense((heads, head_qk), -1, proj, "key")(inputs_k)
     value_BKHV = self._dense((heads, head_v), -1, proj, "value")(inputs_v)
 
-    step = self._decode_step(query_BQHD, key_BKHD, value_BKHV) if self.decode else None
-    if step is not None:
-      query_pos, key_pos, query_BQHD, key_BKHD, value_BKHV, cache_mask = step
-      mask = combine_masks(mask, cache_mask)
-      is_causal = False
-    else:
-      query_pos = jnp.arange(query_BQHD.shape[1])
-      key_pos = jnp.arange(key_BKHD.shape[1])
-      if self.position == "rope":
-        query_BQHD = positions.apply_rope(query_BQHD, query_pos, self.rope_max_wavelength)
-        key_BKHD = positions.apply_rope(key_BKHD, key_pos, self.rope_max_wavelength)
+    cache = self._cache(key_BKHD, value_BKHV) if self.decode else None
+    placed = place_heads(self, query_BQHD, key_BKHD, value_BKHV, cache)
+    if placed.cache is not None:
+      self.put_variable("cache", "cached_key", placed.cache.key_BKHD)
+      self.put_variable("cache", "cached_value", placed.cache.value_BKHV)
+      self.put_variable("cache", "cache_index", placed.cache.index)
 
-    full_shape = (query_BQHD.shape[0], heads, query_BQHD.shape[1], key_BKHD.shape[1])
-    check_mask(mask, full_shape)
-    check_mask(bias, full_shape, "bias")
+    position_bias = None
     if self.position == "t5":
       position_bias = positions.RelativePositionBias(
           num_heads=heads, num_buckets=self.num_buckets, max_distance=self.max_distance,
           bidirectional=self.bidirectional, dtype=self.dtype or jnp.float32,
           param_dtype=self.param_dtype, name="relative_position",
-      )(query_pos, key_pos)
-      bias = position_bias if bias is None else bias + position_bias
+      )(placed.query_positions_Q, placed.key_positions_K)
 
-    value_network, activation = preset.value_network, preset.activation
-    if value_network == "nonlinear_value":
-      value_BKHV = reference.get_activation(activation)(value_BKHV)
-      value_network, activation = "linear", "identity"
     value_weight_HVV = None
-    if value_network == "deep_mlp":
-      # W_h^v' of Eq. 10, indexed [head, input unit, output unit]. Fan-in is H*V because
-      # the generated layer sums over heads: sum_h a_hqk W_h^v' keeps unit scale when the
-      # latent code has unit RMS across heads (RMSHead).
+    if preset.value_network == "deep_mlp":
       value_weight_HVV = self.param(
           "value_hidden",
-          nn.with_logical_partitioning(
-              nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                               in_axis=(0, 1), out_axis=2),
-              ("heads", "kv", None)),
+          partitioning.with_logical_partitioning(VALUE_HIDDEN_INIT, ("heads", "kv", None)),
           (heads, head_v, head_v), self.param_dtype,
       )
-      value_weight_HVV = jnp.asarray(value_weight_HVV, value_BKHV.dtype)
-
     use_dropout = not deterministic and self.dropout_rate > 0.0
-    rng = self.make_rng("dropout") if use_dropout else None
-    materialize = use_dropout and not self.broadcast_dropout
-    if materialize or self.is_mutable_collection("intermediates"):
-      # The slow path: materialize the latent code, drop out pairs, expose it.
-      mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
-      scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
-      code_BHQK = reference.normalize_scores(scores_BHQK, mask, preset.normalization, self.eps)
-      if use_dropout:
-        code_BHQK = latent_code_dropout(
-            code_BHQK, self.dropout_rate, rng, self.broadcast_dropout)
-      self.sow("intermediates", "latent_code", code_BHQK)
-      out_BQHV = reference.apply_value_network(
-          code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
-    else:
-      out_BQHV = dispatch.attention(
-          query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, is_causal=is_causal,
-          normalization=preset.normalization, value_network=value_network,
-          activation=activation, value_weight_HVV=value_weight_HVV, eps=self.eps,
-          implementation=self.implementation,
-          dropout_rate=self.dropout_rate if use_dropout else 0.0,
-          dropout_seed=dropout.seed_from_rng(rng) if use_dropout else None,
-      )
+    attended = attend(
+        self, placed, mask=mask, bias=bias, position_bias=position_bias, is_causal=is_causal,
+        value_weight_HVV=value_weight_HVV,
+        dropout_rng=self.make_rng("dropout") if use_dropout else None,
+        materialize=self.is_mutable_collection("intermediates"),
+    )
+    if attended.latent_code_BHQK is not None:
+      self.sow("intermediates", "latent_code", attended.latent_code_BHQK)
+    out_BQHV = attended.out_BQHV
     return self._dense(out_features, (-2, -1), ("heads", "kv", "embed"), "out")(out_BQHV)

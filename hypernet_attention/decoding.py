@@ -4,7 +4,7 @@ Shape letters: B batch, T positions (prompt + generated), P prompt length, V voc
 
 Each step feeds one token through `Transformer(config.replace(decode=True))`, whose
 attention modules append that token's key and value to the `cache` collection and attend
-to the cache (see `attention.MultiHeadAttention._decode_step`), so a step costs O(T)
+to the cache (see `attention.place_heads`), so a step costs O(T)
 instead of re-running the O(T^2) prefix. Prompt tokens are fed the same way (teacher
 forcing), so `decode_logits` of a whole sequence equals the full forward pass: the test
 that the cache is right.

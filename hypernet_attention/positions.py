@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hypernet_attention import partitioning
+
 Dtype = Any
 
 
@@ -84,19 +86,35 @@ class RelativePositionBias(nn.Module):
     check_buckets(self.num_buckets, self.max_distance, self.bidirectional)
     table_HN = self.param(
         "rel_embedding",
-        nn.with_logical_partitioning(self.embedding_init, ("heads", "relpos_buckets")),
+        partitioning.with_logical_partitioning(self.embedding_init, ("heads", "relpos_buckets")),
         (self.num_heads, self.num_buckets),
         self.param_dtype,
     )
-    relative_QK = key_positions_K[None, :] - query_positions_Q[:, None]
-    bucket_QK = relative_position_bucket(
-        relative_QK, bidirectional=self.bidirectional,
-        num_buckets=self.num_buckets, max_distance=self.max_distance,
-    )
-    # A one-hot contraction instead of a gather: cheap at these sizes and shards cleanly.
-    one_hot_QKN = jax.nn.one_hot(bucket_QK, self.num_buckets, dtype=self.dtype)
-    bias_HQK = jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, self.dtype), one_hot_QKN)
-    return bias_HQK[None]
+    return relative_position_bias(
+        table_HN, query_positions_Q, key_positions_K, bidirectional=self.bidirectional,
+        max_distance=self.max_distance, dtype=self.dtype)
+
+
+def relative_position_bias(
+    table_HN: jax.Array,
+    query_positions_Q: jax.Array,
+    key_positions_K: jax.Array,
+    *,
+    bidirectional: bool,
+    max_distance: int,
+    dtype: Dtype = jnp.float32,
+) -> jax.Array:
+  """(1, H, Q, K) T5 bias read from the (H, N) table; shared by the Linen and NNX modules."""
+  num_buckets = table_HN.shape[1]
+  relative_QK = key_positions_K[None, :] - query_positions_Q[:, None]
+  bucket_QK = relative_position_bucket(
+      relative_QK, bidirectional=bidirectional,
+      num_buckets=num_buckets, max_distance=max_distance,
+  )
+  # A one-hot contraction instead of a gather: cheap at these sizes and shards cleanly.
+  one_hot_QKN = jax.nn.one_hot(bucket_QK, num_buckets, dtype=dtype)
+  bias_HQK = jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, dtype), one_hot_QKN)
+  return bias_HQK[None]
 
 
 def apply_rope(
