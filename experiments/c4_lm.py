@@ -18,8 +18,8 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import lm
 from hypernet_attention.train import runtime
 
@@ -42,7 +42,7 @@ def main(argv):
                   temperature=_TEMPERATURE.value)
   if _GENERATE.value:
     if not _WORKDIR.value:
-      raise config_lib.BadInput("--generate needs the --workdir of a training run")
+      raise errors.BadInput("--generate needs the --workdir of a training run")
     print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
     return
   workdir = runtime.fresh_workdir("c4_lm") if _WORKDIR.value is None else _WORKDIR.value

@@ -13,7 +13,9 @@ Modules (each reads in one sitting):
                  ceilings, the workdir guard, atomic JSON writes.
   checkpointing  Orbax CheckpointManager: async atomic saves, resume, params-only restore.
   events         TensorBoard event files without TensorFlow.
-  loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
+  trainer        the jitted train chunk and evaluation of one run (Trainer).
+  loop           `train_and_evaluate(config, workdir)`: one loop (`run`) over a Program,
+                 a single run (`SingleRun`) or a population (`population_loop`).
   restore        read-only `restore_params(workdir, step, member)` for analysis (probing).
   preemption     SIGTERM -> checkpoint -> exit 75.
   runtime, cli   entry-point start-up (`jax.distributed`) and one-line errors.
@@ -21,5 +23,5 @@ Modules (each reads in one sitting):
   curves         learning curves from the event files.
   benchmark, profiling, lm   throughput, per-op profiles, the language-model entry point.
   population     members differing in seed / split seed / lr / wd / warmup as one vmapped
-                 program (`config.population.members`); population_loop: its outputs.
+                 program (`config.population.members`); population_loop: its Program.
 """

@@ -27,7 +27,7 @@ from absl import flags
 from absl import logging
 import jax
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 
 flags.DEFINE_bool("multi_process", False,
                   "Call jax.distributed.initialize() with auto-detection even where "
@@ -134,6 +134,6 @@ def log_topology() -> str:
 def fresh_workdir(name: str, root: str = "workdirs") -> str:
   """`<root>/<name>_<UTC time>`; multi-process runs must pass --workdir (clocks differ)."""
   if jax.process_count() > 1:
-    raise config_lib.BadInput("multi-process runs need an explicit --workdir shared by all "
+    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all "
                               "processes")
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")
