@@ -69,7 +69,10 @@ setuptools.setup(
     version="0.1.0",
     description="Attention as a Hypernetwork: multi-head attention, HYLA and ablations in JAX/Flax.",
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"]),
+    packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"])
+    + ["hypernet_attention.configs"],
+    # The experiment configs, so that `registry` finds them in an install without -e.
+    package_dir={"hypernet_attention.configs": "experiments/configs"},
     install_requires=BASE,
     extras_require=EXTRAS,
 )
