@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,9 +18,12 @@ print(json.dumps({"module": registry.__file__, "path": registry.get("sraven").co
 
 
 def test_wheel_install_finds_configs(tmp_path):
-  wheels, target = tmp_path / "wheels", tmp_path / "site"
+  wheels, target, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+  # A copy, so that the build's build/ and *.egg-info stay out of the checkout.
+  shutil.copytree(tl.REPO, source, ignore=shutil.ignore_patterns(
+      ".git", ".venv", "workdirs", "build", "*.egg-info", "__pycache__", "results"))
   subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", str(wheels), tl.REPO], check=True, timeout=600,
+                  "-q", "-w", str(wheels), str(source)], check=True, timeout=600,
                  capture_output=True)
   (wheel,) = os.listdir(wheels)
   subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",

@@ -14,29 +14,28 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-# pylint: disable=unused-import  (re-exported: the training code reads them from here)
+# Re-exported: the training code reads them from here.
 from hypernet_attention.train.run_files import (
-    CONFIG,
-    SUMMARY,
-    CHECKPOINTS,
-    CORRUPT_CHECKPOINTS,
-    CEILINGS,
-    RESUME_FREE_KEYS,
-    POPULATION_SUMMARY,
-    is_remote,
-    path,
-    write_bytes,
-    write_json,
-    read_json,
-    flatten,
-    config_to_json,
-    read_config,
-    read_summary,
-    write_summary,
-    find_runs,
-    is_finished,
+    CONFIG,  # noqa: F401
+    SUMMARY,  # noqa: F401
+    CHECKPOINTS,  # noqa: F401
+    CORRUPT_CHECKPOINTS,  # noqa: F401
+    CEILINGS,  # noqa: F401
+    RESUME_FREE_KEYS,  # noqa: F401
+    POPULATION_SUMMARY,  # noqa: F401
+    is_remote,  # noqa: F401
+    path,  # noqa: F401
+    write_bytes,  # noqa: F401
+    write_json,  # noqa: F401
+    read_json,  # noqa: F401
+    flatten,  # noqa: F401
+    config_to_json,  # noqa: F401
+    read_config,  # noqa: F401
+    read_summary,  # noqa: F401
+    write_summary,  # noqa: F401
+    find_runs,  # noqa: F401
+    is_finished,  # noqa: F401
 )
-# pylint: enable=unused-import
 
 
 def _is_off(value: Any) -> bool:
