@@ -180,3 +180,28 @@ def test_slow_chunk_is_split_and_the_notice_answered_within_the_bound(tmp_path):
   assert saved % length == 0, (saved, length)
   # Without the split the notice would wait for the rest of an 800-step chunk at least.
   print(f"signal to exit: {latency:.2f}s; an 800-step chunk: {full_chunk_s:.2f}s")
+
+
+def test_notice_during_an_evaluation_dispatches_no_further_chunk(tmp_path, monkeypatch):
+  """In-process, a real SIGTERM sent while the step-4 evaluation runs: the run saves at
+  step 4 and stops, with no chunk dispatched after the evaluation."""
+  chunks, original_chunk = [], loop.SingleRun.train_chunk
+  original_evaluate = loop.SingleRun.evaluate
+
+  def train_chunk(self, state, length):
+    chunks.append(length)
+    return original_chunk(self, state, length)
+
+  def evaluate(self, step, state):
+    original_evaluate(self, step, state)
+    os.kill(os.getpid(), signal.SIGTERM)  # Handled by the run's `preemption.Watcher`.
+
+  monkeypatch.setattr(loop.SingleRun, "train_chunk", train_chunk)
+  monkeypatch.setattr(loop.SingleRun, "evaluate", evaluate)
+  config = tl.smoke("sraven", num_train_steps=16, checkpoint_every_steps=16,
+                    **{"eval.ceiling_problems": 0})  # Chunks of 4, evaluation every 4.
+  with pytest.raises(preemption.Preempted, match="checkpoint saved at step 4 "):
+    loop.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert chunks == [4]  # Before the fix: a second chunk ran, saved at step 8.
+  assert sorted(int(d) for d in os.listdir(tmp_path / "wd" / "checkpoints")
+                if d.isdigit()) == [4]
