@@ -77,7 +77,10 @@ setuptools.setup(
         "Programming Language :: Python :: 3.12",
         "Programming Language :: Python :: 3.13",
     ],
-    packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"]),
+    packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"])
+    + ["hypernet_attention.configs"],
+    # The experiment configs, so that `registry` finds them in an install without -e.
+    package_dir={"hypernet_attention.configs": "experiments/configs"},
     install_requires=BASE,
     extras_require=EXTRAS,
 )

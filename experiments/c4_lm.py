@@ -16,18 +16,14 @@ in sraven_scaling.py (--coordinator_address, --num_processes, --process_id).
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import lm
 from hypernet_attention.train import runtime
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:model=hyla,size=local"),
-    "Experiment config file and its argument.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
-                               "under ./workdirs/).")
+_CONFIG, _WORKDIR = runtime.define_run_flags(
+    os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:model=hyla,size=local"))
 _GENERATE = flags.DEFINE_bool("generate", False, "Only sample from --workdir's newest "
                               "checkpoint.")
 _PROMPT = flags.DEFINE_string("prompt", "The", "Text the samples continue.")
@@ -42,7 +38,7 @@ def main(argv):
                   temperature=_TEMPERATURE.value)
   if _GENERATE.value:
     if not _WORKDIR.value:
-      raise config_lib.BadInput("--generate needs the --workdir of a training run")
+      raise errors.BadInput("--generate needs the --workdir of a training run")
     print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
     return
   workdir = runtime.fresh_workdir("c4_lm") if _WORKDIR.value is None else _WORKDIR.value

@@ -10,6 +10,7 @@ import os
 
 from absl import flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import curves
@@ -25,13 +26,13 @@ def main(argv):
   del argv
   workdir = os.path.expanduser(_WORKDIR.value)
   if not os.path.isdir(workdir):
-    raise config_lib.BadInput(f"--workdir={_WORKDIR.value!r} is not a directory; allowed: "
+    raise errors.BadInput(f"--workdir={_WORKDIR.value!r} is not a directory; allowed: "
                               "a training run's workdir")
   out = config_lib.output_path(_OUT.value, "--out", overwrite=_OVERWRITE.value)
   try:
     data = curves.read_scalars(workdir, _TAGS.value)
   except ValueError as e:
-    raise config_lib.BadInput(str(e)) from None
+    raise errors.BadInput(str(e)) from None
   curves.plot(data, out, _TITLE.value or workdir)
   for tag, (steps, values) in data.items():
     print(f"{tag}: step {steps[0]} {values[0]:.4f} -> step {steps[-1]} {values[-1]:.4f}")

@@ -13,9 +13,9 @@ The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract
 
 from absl import flags
 
+from hypernet_attention import errors
 from hypernet_attention.probing import report
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import restore
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
@@ -40,7 +40,7 @@ def main(argv):
       workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]
     probes = report.probe_workdirs(workdirs, _STEP.value, options, _OUTPUT_DIR.value)
   except ValueError as e:  # restore's and the probe's bad input: one line, exit 2
-    raise config_lib.BadInput(str(e)) from e
+    raise errors.BadInput(str(e)) from e
   for p in probes:
     best = max(p.analysis.items(), key=lambda kv: report.score_of(
         kv[1]["decode"], report.headline(p.codes)[-1]))

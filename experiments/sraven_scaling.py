@@ -14,27 +14,14 @@ see train/runtime.py), else add --coordinator_address=HOST:PORT --num_processes=
 --process_id=I (or --multi_process); all with the same --workdir on shared storage.
 """
 
-from absl import flags
-from ml_collections import config_flags
-
 from hypernet_attention.train import cli
 from hypernet_attention.train import loop
 from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", registry.get("sraven").config_flag("model=hyla,size=demo", absolute=True),
-    "Experiment config file and its argument.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
-                               "under ./workdirs/).")
-
-
-def main(argv):
-  del argv
-  runtime.start()
-  workdir = runtime.fresh_workdir("sraven") if _WORKDIR.value is None else _WORKDIR.value
-  loop.train_and_evaluate(_CONFIG.value, workdir)
-
+main = runtime.training_main(
+    "sraven", registry.get("sraven").config_flag("model=hyla,size=demo", absolute=True),
+    loop.train_and_evaluate)
 
 if __name__ == "__main__":
   cli.run(main)

@@ -20,6 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from hypernet_attention.tasks import c4
+from hypernet_attention.train import checks
 from hypernet_attention.train import cli
 from hypernet_attention.train import config_lib
 
@@ -32,7 +33,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it exist
 
 def main(argv):
   del argv
-  config_lib.validate(_CONFIG.value)
+  checks.validate(_CONFIG.value)
   output = config_lib.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
   task = _CONFIG.value.task
   print(f"training a {task.vocab_size}-piece vocabulary on the first "

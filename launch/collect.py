@@ -34,10 +34,10 @@ from typing import Any, Optional, Sequence
 from absl import flags
 import numpy as np
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.train import run_files
 from launch import jobs
 from launch import run_local
 from launch import sweeps
@@ -46,7 +46,7 @@ from launch.sweeps import common
 HPARAMS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimizer.warmup_steps")
 # Keys that never define a cell: the seed, and what may differ between a run and its resume
 # (runs written before such a key existed lack it).
-IGNORED = ("seed",) + workdir_lib.RESUME_FREE_KEYS
+IGNORED = ("seed",) + run_files.RESUME_FREE_KEYS
 SELECTIONS = ("ood", "test")
 
 
@@ -108,7 +108,7 @@ class Paired:
 
 
 def _read_cpu(workdir: str) -> float:
-  path = workdir_lib.path(workdir) / run_local.TIMES
+  path = run_files.path(workdir) / run_local.TIMES
   if not path.exists():
     return 0.0
   return sum(json.loads(line)["cpu_s"] for line in path.read_text().splitlines()
@@ -117,16 +117,16 @@ def _read_cpu(workdir: str) -> float:
 
 def _read_run(directory: str) -> Run:
   """One workdir; `BadInput` naming the file that cannot be read."""
-  config = workdir_lib.read_config(directory)  # `find_runs` found it; BadInput if unusable.
-  summary = workdir_lib.read_summary(directory)
+  config = run_files.read_config(directory)  # `find_runs` found it; BadInput if unusable.
+  summary = run_files.read_summary(directory)
   if summary is not None and not isinstance(summary, dict):
-    raise config_lib.BadInput(f"{workdir_lib.path(directory) / workdir_lib.SUMMARY} is not a "
+    raise errors.BadInput(f"{run_files.path(directory) / run_files.SUMMARY} is not a "
                               "summary (a JSON object)")
   try:
     cpu_s = _read_cpu(directory)
   except (OSError, ValueError, KeyError, TypeError):
     cpu_s = 0.0  # Timing only: the run itself is fine.
-  return Run(directory, workdir_lib.flatten(config), summary, cpu_s)
+  return Run(directory, run_files.flatten(config), summary, cpu_s)
 
 
 def load_runs(root: str, warn=None) -> list[Run]:
@@ -138,10 +138,10 @@ def load_runs(root: str, warn=None) -> list[Run]:
   """
   warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
   runs = []
-  for directory in workdir_lib.find_runs(root):
+  for directory in run_files.find_runs(root):
     try:
       runs.append(_read_run(str(directory)))
-    except config_lib.BadInput as e:
+    except errors.BadInput as e:
       warn(f"warning: skipping {directory}: {e}")
   return runs
 
@@ -175,7 +175,7 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
     return []
   experiments = {r.config["experiment"] for r in finished}
   if len(experiments) > 1:
-    raise config_lib.BadInput(f"runs of several experiments {sorted(experiments)} under one root; "
+    raise errors.BadInput(f"runs of several experiments {sorted(experiments)} under one root; "
                      "collect one experiment at a time")
   experiment = registry.get(experiments.pop())
   keys = _cell_keys(finished)
@@ -305,7 +305,7 @@ def check_sweep(runs: Sequence[Run], sweep_name: str) -> None:
   expected = sweeps.load(sweep_name).EXPERIMENT
   found = sorted({r.config["experiment"] for r in runs} - {expected})
   if found:
-    raise config_lib.BadInput(f"--sweep={sweep_name} is a {expected!r} sweep but the runs "
+    raise errors.BadInput(f"--sweep={sweep_name} is a {expected!r} sweep but the runs "
                               f"under the root are {found}; allowed: the sweep that filled "
                               "the root (or no --sweep)")
 
@@ -317,7 +317,7 @@ def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
     check_sweep(runs, sweep_name)
   cells = tabulate(runs, select)
   if not cells:
-    raise config_lib.BadInput(f"no finished run (summary.json) under {root!r}")
+    raise errors.BadInput(f"no finished run (summary.json) under {root!r}")
   metric = registry.get(runs[0].config["experiment"]).metric
   text = markdown(cells, select, metric)
   pairs = paired(cells)
@@ -357,10 +357,10 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
-  if f.root is None or not str(f.root).strip() or not workdir_lib.path(f.root).is_dir():
-    raise config_lib.BadInput(f"--root={f.root!r}; allowed: an existing sweep folder")
-  root = str(workdir_lib.path(f.root))
-  print(report(root, f.sweep, f.select, str(workdir_lib.path(f.out or root))))
+  if f.root is None or not str(f.root).strip() or not run_files.path(f.root).is_dir():
+    raise errors.BadInput(f"--root={f.root!r}; allowed: an existing sweep folder")
+  root = str(run_files.path(f.root))
+  print(report(root, f.sweep, f.select, str(run_files.path(f.out or root))))
 
 
 if __name__ == "__main__":

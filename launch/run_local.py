@@ -38,15 +38,14 @@ from typing import Any, Mapping, Optional, Sequence
 
 from absl import flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
+from hypernet_attention.train import run_files
 from launch import jobs
 from launch import sweeps
 
-SUMMARY = "summary.json"
 LOG = "run_local.log"
 TIMES = "run_local.json"
-POPULATION_SUMMARY = "population_summary.json"  # population_loop.SUMMARY (no JAX import here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,18 +56,6 @@ class Outcome:
   wall_s: float = 0.0
   cpu_s: float = 0.0
   returncode: int = 0
-
-
-def is_finished(workdir: str) -> bool:
-  """A run with its summary, or a population whose every member has one."""
-  if os.path.exists(os.path.join(workdir, SUMMARY)):
-    return True
-  path = os.path.join(workdir, POPULATION_SUMMARY)
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    names = json.load(f).get("members", [])
-  return bool(names) and all(os.path.exists(os.path.join(workdir, n, SUMMARY)) for n in names)
 
 
 # Training processes this invocation started and that still run: stopped with it.
@@ -113,7 +100,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
   """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
   name = jobs.point_name(point)
   workdir = os.path.join(root, name)
-  if is_finished(workdir):
+  if run_files.is_finished(workdir):
     return Outcome(name, "skipped")
   os.makedirs(workdir, exist_ok=True)
   argv = jobs.local_command(python, point, experiment, workdir, extra_flags)
@@ -136,7 +123,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
         _CHILDREN.discard(process)
     process.returncode = os.waitstatus_to_exitcode(status)
   wall, cpu = time.time() - start, usage.ru_utime + usage.ru_stime
-  ok = process.returncode == 0 and is_finished(workdir)
+  ok = process.returncode == 0 and run_files.is_finished(workdir)
   times = {"wall_s": wall, "cpu_s": cpu, "returncode": process.returncode}
   with open(os.path.join(workdir, TIMES), "a") as f:
     f.write(json.dumps(times) + "\n")
@@ -149,7 +136,7 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
   """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
   if num_jobs < 1:
     raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")
-  done = sum(is_finished(os.path.join(root, jobs.point_name(p))) for p in points)
+  done = sum(run_files.is_finished(os.path.join(root, jobs.point_name(p))) for p in points)
   log(f"{len(points)} points in {root}: {done} already finished, running the other "
       f"{len(points) - done}, {num_jobs} at a time")
   outcomes = []
@@ -239,19 +226,19 @@ def main(argv: list[str]) -> Optional[int]:
   del argv
   f = flags.FLAGS
   if f.sweep is None:
-    raise config_lib.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
+    raise errors.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
   if f.jobs < 1:
-    raise config_lib.BadInput(f"--jobs={f.jobs}; allowed: an integer >= 1")
+    raise errors.BadInput(f"--jobs={f.jobs}; allowed: an integer >= 1")
   if f.max_jobs is not None and f.max_jobs < 1:
-    raise config_lib.BadInput(f"--max_jobs={f.max_jobs}; allowed: an integer >= 1")
+    raise errors.BadInput(f"--max_jobs={f.max_jobs}; allowed: an integer >= 1")
   if f.root is not None and not f.root.strip():
-    raise config_lib.BadInput("--root=''; allowed: a directory path (or leave it out)")
+    raise errors.BadInput("--root=''; allowed: a directory path (or leave it out)")
   sweep = sweeps.load(f.sweep)
   points = sweep_jobs(sweep, f.max_jobs, Grouping.from_flags())
   if f.dry_run:
     print("\n".join(grouping_lines(f.sweep, sweep.get_sweep()[: f.max_jobs], points)))
     return 0
-  root = os.path.abspath(os.path.expanduser(f.root or os.path.join("workdirs", f.sweep)))
+  root = str(run_files.path(f.root or os.path.join("workdirs", f.sweep)))
   signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   outcomes = run_sweep(points, sweep.EXPERIMENT, root, f.jobs)

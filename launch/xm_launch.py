@@ -36,8 +36,8 @@ import os
 
 from absl import flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
 from launch import jobs
 from launch import run_local
@@ -108,16 +108,16 @@ def _executor_spec(xm_local):
 def main(argv: list[str]) -> None:
   del argv
   if _SWEEP.value is None:
-    raise config_lib.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
+    raise errors.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
   for name in ("num_hosts", "accelerator_count", "max_jobs"):
     value = flags.FLAGS[name].value
     if value is not None and value < 1:
-      raise config_lib.BadInput(f"--{name}={value}; allowed: an integer >= 1")
+      raise errors.BadInput(f"--{name}={value}; allowed: an integer >= 1")
   if _NUM_HOSTS.value > 1 and _EXECUTOR.value not in jobs.MULTI_HOST_EXECUTORS:
-    raise config_lib.BadInput(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
+    raise errors.BadInput(f"--num_hosts={_NUM_HOSTS.value} needs --executor in "
                               f"{list(jobs.MULTI_HOST_EXECUTORS)}")
   if not _WORKDIR_ROOT.value.strip():
-    raise config_lib.BadInput("--workdir_root=''; allowed: a directory or gs:// path")
+    raise errors.BadInput("--workdir_root=''; allowed: a directory or gs:// path")
   if flags.FLAGS.dry_run:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
                                   _WORKDIR_ROOT.value, _MAX_JOBS.value,
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> None:
     from xmanager import xm  # pylint: disable=g-import-not-at-top
     from xmanager import xm_local  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise config_lib.BadInput(f"launching needs XManager ({e}); allowed: pip install -e "
+    raise errors.BadInput(f"launching needs XManager ({e}); allowed: pip install -e "
                               "'.[launch]', or --dry_run to print the commands") from None
 
   sweep = sweeps.load(_SWEEP.value)

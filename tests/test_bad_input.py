@@ -19,7 +19,7 @@ from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unuse
 import train_testlib as tl
 
 from hypernet_attention.tasks import sraven
-from hypernet_attention.train import build
+from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 
@@ -88,11 +88,11 @@ def test_task_memory_bound_follows_the_estimate():
   """SRAVEN K=7 without ceilings is small (3,432 rule multisets); with them the K!**2
   readings are not; the bound is the estimate against the budget."""
   config = tl.smoke("sraven", **{"task.num_features": 7, "eval.ceiling_problems": 0})
-  build.check_task_memory(config, budget=2**30)
+  checks.check_task_memory(config, budget=2**30)
   with config.unlocked():
     config.eval.ceiling_problems = 32
   with pytest.raises(config_lib.BadInput, match="eval.ceiling_problems=32 needs ~"):
-    build.check_task_memory(config, budget=2**30)
+    checks.check_task_memory(config, budget=2**30)
   # The estimate: (7!)**2 readings x 7 slots x 1024 problems x (8 values + 4) bytes at least.
   assert sraven.memory_estimate(7, 8, 3, 1024) > 5040**2 * 7 * 1024 * 12
 

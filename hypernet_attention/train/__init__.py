@@ -2,24 +2,28 @@
 
 Modules (each reads in one sitting):
   registry       experiment name -> entry point, config file, metric (launchers, tests).
-  config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig; BadInput.
+  config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig.
+  checks         every check a config needs before any work (messages users see).
   objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic, C4), by name.
   data           where batches come from: on device (synthetic) or host (language model).
   state          TrainState, AdamW with warmup + cosine to 0.1x, weight-decay mask.
   sharding       mesh, logical axis rules -> NamedSharding, host-local -> global arrays.
   build          a validated Setup from a config (model, optimizer, mesh, abstract state);
                  no CLU, no TensorFlow: training, restore and the benchmarks start here.
-  workdir        every file a run keeps, local or gs:// (etils.epath): config, summary,
-                 ceilings, the workdir guard, atomic JSON writes.
+  run_files      every file a run keeps, local or gs:// (etils.epath), without JAX: names,
+                 atomic JSON, finished?, population? (what launch/ uses).
+  workdir        the workdir guard (config.json must match to resume), cached JSON.
   checkpointing  Orbax CheckpointManager: async atomic saves, resume, params-only restore.
   events         TensorBoard event files without TensorFlow.
-  loop           `train_and_evaluate(config, workdir)`: the program the experiments run.
+  trainer        the jitted train chunk and evaluation of one run (Trainer).
+  loop           `train_and_evaluate(config, workdir)`: one loop (`run`) over a Program,
+                 a single run (`SingleRun`) or a population (`population_loop`).
   restore        read-only `restore_params(workdir, step, member)` for analysis (probing).
-  preemption     SIGTERM -> checkpoint -> exit 75.
+  preemption     SIGTERM -> finish the running chunk -> checkpoint -> exit 75; ChunkBound.
   runtime, cli   entry-point start-up (`jax.distributed`) and one-line errors.
   console        what the console shows; TensorFlow loaded quietly for the C4 data only.
   curves         learning curves from the event files.
   benchmark, profiling, lm   throughput, per-op profiles, the language-model entry point.
   population     members differing in seed / split seed / lr / wd / warmup as one vmapped
-                 program (`config.population.members`); population_loop: its outputs.
+                 program (`config.population.members`); population_loop: its Program.
 """

@@ -1,4 +1,4 @@
-"""Throughput of the real train step (`loop.Trainer.train_chunk`), without a workdir.
+"""Throughput of the real train step (`trainer.Trainer.train_chunk`), without a workdir.
 
 Used by `experiments/benchmark_training.py`; numbers go in experiments/results/, not in
 timed tests. Several models are timed interleaved in one process, so their ratio is robust
@@ -28,10 +28,11 @@ import numpy as np
 from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
-from hypernet_attention.train import loop
 from hypernet_attention.train import population
 from hypernet_attention.train import registry
+from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import trainer as trainer_lib
 
 
 def model_config(experiment: str, spec: str, size: str,
@@ -57,7 +58,7 @@ class _Prepared:
   chunks of `steps` steps."""
   config: ml_collections.ConfigDict
   setup: build.Setup
-  trainer: Any  # loop.Trainer or population.PopulationTrainer.
+  trainer: Any  # trainer.Trainer or population.PopulationTrainer.
   state: Any
   compile_s: float = 0.0
   final_loss: float = float("nan")
@@ -95,13 +96,13 @@ def population_config(config: ml_collections.ConfigDict,
 
 def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
   """Builds `config`'s trainer and state and runs one chunk (compiling it)."""
-  if population.is_population(config):
+  if run_files.is_population(config):
     p = population.setup(config)
     trainer = population.PopulationTrainer(p)
     prepared = _Prepared(config, p.single, trainer, trainer.init_state(), members=p.size)
   else:
     s = build.setup(config)
-    trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
   prepared.compile_s = prepared.run_chunk(steps)  # Compiles, then runs the chunk once.
   return prepared

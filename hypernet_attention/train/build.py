@@ -1,7 +1,7 @@
 """Building a run from its config: validated, nothing materialized, no CLU or TensorFlow.
 
 `setup(config)` turns a config into a `Setup` (objective, model, optimizer, mesh, the
-abstract train state and its shardings) and raises `config_lib.BadInput` for anything
+abstract train state and its shardings) and raises `errors.BadInput` for anything
 unusable, before any work. `init_state` materializes a fresh state with its shardings.
 Training (`loop.py`), read-only restore for probing (`restore.py`) and the benchmarks all
 start here, so analysis never imports the training loop or its writers.
@@ -10,7 +10,6 @@ start here, so analysis never imports the training loop or its writers.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -19,52 +18,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from hypernet_attention import errors
 from hypernet_attention import transformer
-from hypernet_attention.tasks import sraven
 from hypernet_attention.train import checkpointing
+from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
-
-
-def _check_intervals(config: ml_collections.ConfigDict) -> None:
-  if config.eval.num_problems % config.eval.batch_size:
-    raise ValueError(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
-                     f"config.eval.batch_size={config.eval.batch_size}")
-
-
-def memory_budget() -> int:
-  """Bytes a run may plan for: half of this host's physical memory (the task tables and the
-  accuracy-ceiling readings live on the host; a larger estimate would swap or be killed)."""
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
-
-# Experiment -> bytes its task needs on the host, from the config alone (before building it).
-TASK_MEMORY = {"sraven": lambda config: sraven.memory_estimate(
-    config.task.num_features, config.task.num_values, config.task.get("grid_size", 3),
-    ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)}
-
-
-def check_task_memory(config: ml_collections.ConfigDict, budget: int | None = None) -> None:
-  """Refuses task sizes whose tables would not fit in memory (e.g. SRAVEN's K! readings)."""
-  estimate = TASK_MEMORY.get(config.experiment)
-  if estimate is None:
-    return
-  try:
-    need = estimate(config)
-  except (TypeError, ValueError):
-    return  # Wrong types: the task's own constructor names them.
-  budget = memory_budget() if budget is None else budget
-  if need > budget:
-    sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
-                      if k in ("num_features", "num_values", "grid_size"))
-    raise config_lib.BadInput(
-        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
-        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
-        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
-        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,23 +50,21 @@ def setup(config: ml_collections.ConfigDict, devices=None,
           member_of_population: bool = False) -> Setup:
   """Everything that validates input: objective, model, optimizer, mesh. No side effects.
 
-  Any problem with the config or the devices is a `config_lib.BadInput`. A population
+  Any problem with the config or the devices is a `errors.BadInput`. A population
   (`population.setup`) builds its members' run with `member_of_population=True`, which
   allows a mesh with a `member` axis.
   """
   try:
     return _setup(config, devices, member_of_population)
-  except config_lib.BadInput:
+  except errors.BadInput:
     raise
   except ValueError as e:
-    raise config_lib.BadInput(str(e)) from e
+    raise errors.BadInput(str(e)) from e
 
 
 def _setup(config: ml_collections.ConfigDict, devices, member_of_population: bool) -> Setup:
-  config_lib.validate(config)
-  _check_intervals(config)
-  state_lib.check_schedule(config)
-  check_task_memory(config)
+  checks.validate(config)
+  checks.check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   if mesh.shape["member"] > 1 and not member_of_population:

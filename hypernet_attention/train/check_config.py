@@ -5,7 +5,7 @@ r"""Checks a run's config on the launching machine, before anything is copied or
 
 Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
 would, and runs every check that needs no accelerator and no data: the config's values
-(`config_lib.validate`), the eval intervals, the attention preset, the workdir path. Prints
+(`checks.validate`: values, intervals, schedule), the attention preset, the workdir path. Prints
 `script config_file` (the entry point and config file, relative to the repository root, as
 `registry` does) and exits 0, or prints one line `check_config: error: ...` and exits 2.
 `launch/tpu_pod.sh` and `launch/slurm.sh` call it before copying, installing or submitting.
@@ -20,6 +20,8 @@ from typing import Sequence
 
 import ml_collections
 
+from hypernet_attention import errors
+from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import registry
 
@@ -47,33 +49,26 @@ def load(experiment: str, config_arg: str,
   try:
     config = registry.get(experiment).get_config(config_arg or None)
   except (ValueError, KeyError, TypeError, AttributeError) as e:
-    raise config_lib.BadInput(f"config argument {config_arg!r} of {experiment}: {e}") from None
+    raise errors.BadInput(f"config argument {config_arg!r} of {experiment}: {e}") from None
   with config.unlocked():
     for item in overrides:
       if not item.startswith("--config.") or "=" not in item:
-        raise config_lib.BadInput(f"{item!r}; allowed: --config.<key>=<value> overrides")
+        raise errors.BadInput(f"{item!r}; allowed: --config.<key>=<value> overrides")
       key, text = item[len("--config."):].split("=", 1)
       try:
         config_lib.set_dotted(config, key, _value(_node(config, key), text))
       except (ValueError, TypeError) as e:
-        raise config_lib.BadInput(f"{item}: {e}") from None
+        raise errors.BadInput(f"{item}: {e}") from None
   return config
 
 
 def check(experiment: str, config_arg: str, workdir: str,
           overrides: Sequence[str] = ()) -> registry.Experiment:
-  """Raises `config_lib.BadInput` for anything the launching machine can already refuse."""
+  """Raises `errors.BadInput` for anything the launching machine can already refuse."""
   config = load(experiment, config_arg, overrides)
-  config_lib.validate(config)
+  checks.validate(config)
   config_lib.workdir_path(workdir)
-  if config.eval.num_problems % config.eval.batch_size:
-    raise config_lib.BadInput(
-        f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
-        f"config.eval.batch_size={config.eval.batch_size}")
-  try:
-    config_lib.check_preset(config.model.attention)
-  except ValueError as e:
-    raise config_lib.BadInput(str(e)) from None
+  checks.check_preset(config.model.attention)
   return registry.get(experiment)
 
 
@@ -84,7 +79,7 @@ def main(argv: Sequence[str]) -> int:
     return 2
   try:
     experiment = check(argv[0], argv[1], argv[2], argv[3:])
-  except (config_lib.BadInput, ValueError) as e:
+  except (errors.BadInput, ValueError) as e:
     print(f"check_config: error: {e}", file=sys.stderr)
     return 2
   print(experiment.script, experiment.config_file)

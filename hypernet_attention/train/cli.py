@@ -4,7 +4,7 @@
 
 - Bad flags and bad input (unknown or mistyped flags, a config argument or
   `--config.<key>=` override that does not exist or does not parse, any
-  `config_lib.BadInput` the library raises before work starts) print one line,
+  `errors.BadInput` the library raises before work starts) print one line,
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
 - A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
@@ -28,7 +28,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 from hypernet_attention.train import console
 
 # The training library's exceptions, looked up only where it was imported (so that tools
@@ -149,7 +149,7 @@ def _guarded(call: Callable[[], object]) -> object:
   """`call()` with the library's errors turned into one line and the exit codes above."""
   try:
     return call()
-  except (config_lib.BadInput, app.UsageError) as e:
+  except (errors.BadInput, app.UsageError) as e:
     if logging.get_verbosity() >= 1:
       logging.exception("bad input")
     _fail(str(e))

@@ -8,113 +8,13 @@ is allowed, raised before anything runs.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
-from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported)
-
-
-# Config fields that must be positive integers wherever they appear (sizes and intervals).
-POSITIVE_FIELDS = (
-    "batch_size", "num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",
-    "checkpoint_every_steps", "keep_checkpoints", "eval.num_problems", "eval.batch_size",
-    "model.num_layers", "model.emb_dim", "model.num_heads", "model.qk_dim", "model.v_dim",
-    "model.mlp_dim")
-# Floating-point dtypes a model may compute or store its parameters in.
-DTYPES = ("float32", "bfloat16", "float16")
-# Real-valued fields: (key, lowest, highest, lowest allowed?, highest allowed?). Every one
-# must also be finite; a value outside trains silently wrong (a negative learning rate
-# ascends the gradient, a negative clip norm flips every gradient, dropout 1 drops all).
-RANGES = (
-    ("optimizer.learning_rate", 0.0, math.inf, False, False),
-    ("optimizer.weight_decay", 0.0, math.inf, True, False),
-    ("optimizer.end_lr_fraction", 0.0, 1.0, True, True),
-    ("optimizer.b1", 0.0, 1.0, True, False),
-    ("optimizer.b2", 0.0, 1.0, True, False),
-    ("optimizer.eps", 0.0, math.inf, False, False),
-    ("optimizer.grad_clip_norm", 0.0, math.inf, True, False),
-    ("model.attention_dropout", 0.0, 1.0, True, False),
-)
-
-
-def _get(config: ml_collections.ConfigDict, key: str) -> Any:
-  """`config.<dotted key>`, or None where a part of the path is absent."""
-  node = config
-  for name in key.split("."):
-    node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
-  return node
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_positive(config: ml_collections.ConfigDict) -> None:
-  """Raises `BadInput` naming the first of `POSITIVE_FIELDS` that is not a positive int."""
-  for key in POSITIVE_FIELDS:
-    value = _get(config, key)
-    if value is not None and (not _is_int(value) or value <= 0):
-      raise BadInput(f"config.{key}={value!r} must be a positive integer")
-
-
-def _interval(low: float, high: float, low_in: bool, high_in: bool) -> str:
-  if high == math.inf:
-    return f"a finite number {'>=' if low_in else '>'} {low:g}"
-  return f"a number in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-
-
-def check_ranges(config: ml_collections.ConfigDict) -> None:
-  """Raises `BadInput` naming the first of `RANGES` that is not a finite number in range."""
-  for key, low, high, low_in, high_in in RANGES:
-    value = _get(config, key)
-    if value is None:
-      continue
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (low <= value if low_in else low < value)
-          and (value <= high if high_in else value < high))
-    if not ok:
-      raise BadInput(f"config.{key}={value!r}; allowed: "
-                     f"{_interval(low, high, low_in, high_in)}")
-
-
-def check_run(config: ml_collections.ConfigDict) -> None:
-  """The run-level fields no single module owns: seed, schedule, stop step, eval, dtypes."""
-  seed = config.get("seed")
-  if not _is_int(seed) or not 0 <= seed < 2**32:
-    raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
-  warmup, steps = _get(config, "optimizer.warmup_steps"), config.num_train_steps
-  if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
-    raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
-                   f"[0, config.num_train_steps={steps})")
-  stop = config.get("stop_after_steps")
-  if stop is not None and (not _is_int(stop) or stop <= 0):
-    raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
-                   "integer")
-  splits = _get(config, "eval.splits")
-  if splits is not None and (isinstance(splits, str) or not tuple(splits)):
-    raise BadInput(f"config.eval.splits={splits!r}; allowed: a non-empty list of split names")
-  ceiling = _get(config, "eval.ceiling_problems")
-  if ceiling is not None and (not _is_int(ceiling) or ceiling < 0):
-    raise BadInput(f"config.eval.ceiling_problems={ceiling!r}; allowed: an integer >= 0 "
-                   "(0: no ceilings)")
-  for key in ("model.dtype", "model.param_dtype"):
-    value = _get(config, key)
-    if value is not None and str(value) not in DTYPES:
-      raise BadInput(f"config.{key}={value!r}; allowed: {', '.join(DTYPES)}")
-
-
-def validate(config: ml_collections.ConfigDict) -> None:
-  """Every config value whose type, range or finiteness the config alone decides.
-
-  Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
-  device checks (sizes against memory, the mesh) follow in `build.setup`.
-  """
-  check_positive(config)
-  check_ranges(config)
-  check_run(config)
+from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported for callers of old)
+from hypernet_attention.train import checks
 
 
 def workdir_path(workdir: Optional[str]) -> str:
@@ -187,14 +87,6 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
   parent[leaf] = value
 
 
-def check_preset(name: str) -> str:
-  """Raises unless `name` is an attention preset of `hypernet_attention.attention`."""
-  from hypernet_attention import attention  # pylint: disable=g-import-not-at-top
-  if name not in attention.PRESETS:
-    raise ValueError(f"unknown attention preset {name!r}; allowed: {sorted(attention.PRESETS)}")
-  return name
-
-
 def transformer_config(model: Mapping[str, Any], **overrides: Any):
   """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -208,7 +100,7 @@ def transformer_config(model: Mapping[str, Any], **overrides: Any):
   for key in ("dtype", "param_dtype"):
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
-  check_preset(kwargs["attention"])
+  checks.check_preset(kwargs["attention"])
   return transformer.TransformerConfig(**kwargs)
 
 
@@ -218,7 +110,7 @@ def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
   Fixed as in the authors' code (the paper's appendix): GeLU MLP, T5 relative bias with
   `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32.
   """
-  check_preset(attention)
+  checks.check_preset(attention)
   model = ml_collections.ConfigDict(dict(
       attention=attention, feed_forward="gelu_mlp", position="t5", bidirectional=False,
       causal=False, attention_dropout=0.1, dtype="float32", implementation="auto",
@@ -268,6 +160,11 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 5000
   c.keep_checkpoints = 3
   c.async_checkpoints = True
+  # Seconds between a preemption notice (SIGTERM) and the hard kill on the target platform
+  # (~30 s on GCE spot VMs and Kubernetes; SLURM: the cluster's KillWait / --signal lead).
+  # A chunk is kept under half of it, leaving the rest for the save (`preemption.py`);
+  # 0: chunks of `steps_per_loop` however long they take.
+  c.preemption_grace_s = 30.0
   # Test hook: stop this invocation at this step (as if killed); rerun to resume.
   c.stop_after_steps = ml_collections.config_dict.placeholder(int)
   # jax_debug_nans for this run: stop at the first op that makes a NaN (slow; for hunting).

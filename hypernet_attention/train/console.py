@@ -94,3 +94,20 @@ def duration(seconds: float) -> str:
   if seconds < 3600:
     return f"{seconds // 60}m{seconds % 60:02d}s"
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+  """Steps/s over the last log interval (evaluation time excluded) and the ETA: the tail
+  of the training line a single run and a population print alike."""
+
+  def __init__(self, step: int, total: int):
+    self.total, self.step, self.time, self.excluded = total, step, time.time(), 0.0
+    self.rate = 0.0
+
+  def line(self, step: int, metrics: str) -> str:
+    """`step S/T | <metrics> | R steps/s | ETA ...`, measured since the previous line."""
+    now = time.time()
+    self.rate = rate = (step - self.step) / max(now - self.time - self.excluded, 1e-9)
+    self.step, self.time, self.excluded = step, now, 0.0
+    return (f"step {step:,}/{self.total:,} | {metrics} | {rate:.2f} steps/s | "
+            f"ETA {duration((self.total - step) / max(rate, 1e-9))}")

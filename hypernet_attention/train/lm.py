@@ -11,12 +11,14 @@ from typing import Any, Optional
 import ml_collections
 
 from hypernet_attention import decoding
+from hypernet_attention import errors
 from hypernet_attention.train import console
 
 console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, which logs natively.
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
+from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
@@ -37,11 +39,11 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """What can be refused before the corpus and vocabulary are written into `workdir`:
   the config's values, the row length, and a workdir holding another experiment's run.
   Returns the workdir as the run uses it (`~` expanded)."""
-  config_lib.validate(config)
+  checks.validate(config)
   workdir = config_lib.workdir_path(workdir)
   length = config.task.sequence_length
   if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-    raise config_lib.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
+    raise errors.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
                               ">= 2 (one input and one target token)")
   c4.check_sequence_length(length, config.model.get("max_len"))
   try:
@@ -51,16 +53,16 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       sharding.check_batch_size(size, mesh, key)
       data.local_batch_size(size, key)
   except ValueError as e:
-    raise config_lib.BadInput(str(e)) from None
+    raise errors.BadInput(str(e)) from None
   root = workdir_lib.path(workdir)
   if root.exists() and not root.is_dir():
-    raise config_lib.BadInput(f"--workdir={workdir!r} is a file, not a directory")
+    raise errors.BadInput(f"--workdir={workdir!r} is a file, not a directory")
   try:
     recorded = workdir_lib.read_config(workdir)
   except ValueError as e:
-    raise config_lib.BadInput(str(e)) from None
+    raise errors.BadInput(str(e)) from None
   if recorded is not None and recorded.get("experiment") != config.experiment:
-    raise config_lib.BadInput(
+    raise errors.BadInput(
         f"workdir {workdir!r} holds a different experiment ({recorded.get('experiment')!r}, "
         f"not {config.experiment!r}); nothing was written: use a fresh --workdir")
   return workdir
@@ -87,9 +89,9 @@ def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperatu
   try:
     experiment = restore.load_config(workdir).experiment
   except ValueError as e:
-    raise config_lib.BadInput(str(e)) from None
+    raise errors.BadInput(str(e)) from None
   if experiment != "c4_lm":
-    raise config_lib.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: "
+    raise errors.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: "
                               "the workdir of a language-modeling (c4_lm) run")
   run = restore.restore_params(workdir, step)
   texts = decoding.sample_text(

@@ -39,7 +39,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 
 LOCK_FILE = "lock.json"
 HEARTBEAT_S = 60.0
@@ -132,7 +132,7 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
 class WorkdirLock:
   """`with WorkdirLock(workdir):` holds `<workdir>/lock.json` (see the module docstring).
 
-  Raises `config_lib.BadInput` naming the holder when another live process holds it.
+  Raises `errors.BadInput` naming the holder when another live process holds it.
   """
 
   def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
@@ -163,18 +163,18 @@ class WorkdirLock:
         if not self.path.exists():
           continue  # Released between our attempts.
         if now - self.path.stat().mtime < self.stale_after_s:
-          raise config_lib.BadInput(
+          raise errors.BadInput(
               f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} "
               f"less than {self.stale_after_s:.0f} s old (a trainer is starting there?); "
               "allowed: one training process per workdir: wait, or remove it if no trainer "
               "runs")
       elif not is_stale(holder, now, self.stale_after_s):
-        raise config_lib.BadInput(
+        raise errors.BadInput(
             f"workdir {str(self.path.parent)!r} is in use by another training process "
             f"({holder.describe(now)}; lock {self.path}); allowed: one training process per "
             "workdir: wait for it to end, stop it, or pass another --workdir")
       self.path.unlink(missing_ok=True)  # Stale: its holder is gone.
-    raise config_lib.BadInput(f"could not take the lock {self.path}: other processes keep "
+    raise errors.BadInput(f"could not take the lock {self.path}: other processes keep "
                               "taking it; allowed: one training process per workdir")
 
   def _start_heartbeat(self, start: float) -> None:
@@ -220,7 +220,7 @@ def check_writable(directory: str) -> None:
     probe.write_text("probe")
     probe.unlink()
   except OSError as e:
-    raise config_lib.BadInput(
+    raise errors.BadInput(
         f"{directory!r} is not writable ({e.strerror or e}); allowed: a directory this "
         "process can write to (fix its permissions, or pass another --workdir)") from None
 
@@ -233,12 +233,12 @@ def hold(workdir: str) -> Iterator[WorkdirLock]:
   if jax.process_index() == 0:
     try:
       lock.acquire()
-    except config_lib.BadInput as e:
+    except errors.BadInput as e:
       error = e
   if jax.process_count() > 1:
     held = multihost_utils.broadcast_one_to_all(np.int32(error is None))
     if error is None and not held:
-      error = config_lib.BadInput(f"workdir {workdir!r} is in use by another training "
+      error = errors.BadInput(f"workdir {workdir!r} is in use by another training "
                                   "process (process 0 found its lock); allowed: one "
                                   "training process per workdir")
   if error is not None:

@@ -2,7 +2,7 @@
 
 The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of
 an accelerator. A population stacks P members' train states along a leading member axis and
-maps the single run's own train step and evaluation (`loop.Trainer`) over it: one jitted,
+maps the single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted,
 scanned chunk trains every member. What may differ between members (`MEMBER_KEYS`) is what
 can be data instead of code: the seed (initialization, data order, dropout), the held-out
 split's seed (each member's split tables are arrays, `task.sample(..., tables=)`), the peak
@@ -13,7 +13,7 @@ refused in one line naming the key.
 Member i computes exactly what the single run with its settings computes: the same step
 function, the same keys, an optimizer state of the same tree. A member whose loss or
 gradient turns NaN/Inf keeps its last finite state (its updates are masked out) while the
-others go on; `population_loop.py` reports it in that member's summary.
+others go on; `population_loop.PopulationRun` reports it in that member's summary.
 
 The member axis is the mesh's `member` axis (`sharding.py`): members are spread over
 devices with no communication between them; the `data`/`fsdp` axes split each member's
@@ -42,40 +42,26 @@ import ml_collections
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from hypernet_attention import errors
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
+from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
+from hypernet_attention.train import run_files
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import trainer as trainer_lib
 
-# Settings a member may set: each is data (a key, a table, a traced scalar), not code.
-MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
-               "optimizer.weight_decay", "optimizer.warmup_steps")
+MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-
-
-def members(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], ...]:
-  """The member settings of `config.population` (empty: a single run)."""
-  population = config.get("population")
-  return tuple(dict(m) for m in (population.get("members") or ())) if population else ()
-
-
-def is_population(config: ml_collections.ConfigDict) -> bool:
-  return bool(members(config))
-
-
-def member_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """Each member's subdirectory name: `population.member_names`, or member0, member1, ..."""
-  names = tuple(config.population.get("member_names") or ())
-  return names or tuple(f"member{i}" for i in range(len(members(config))))
 
 
 def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
   """The single run that member `index` is: the population's config with the member's
   settings and no population (what its `config.json` records)."""
   member = ml_collections.ConfigDict(config.to_dict())
-  for key, value in members(config)[index].items():
+  for key, value in run_files.members(config)[index].items():
     config_lib.set_dotted(member, key, value)
   member.population.members = ()
   member.population.member_names = ()
@@ -85,18 +71,18 @@ def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collectio
 def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
   """Validates the population and returns the member configs; `BadInput` on the first
   member key that is not batchable, a bad member value or bad member names."""
-  settings = members(config)
+  settings = run_files.members(config)
   for i, member in enumerate(settings):
     for key in member:
       if key not in MEMBER_KEYS:
-        raise config_lib.BadInput(
+        raise errors.BadInput(
             f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
             f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
             "populations)")
-  names = member_names(config)
+  names = run_files.member_names(config)
   if len(names) != len(settings) or len(set(names)) != len(names) or any(
       not n or "/" in n or n.startswith(".") for n in names):
-    raise config_lib.BadInput(
+    raise errors.BadInput(
         f"config.population.member_names={list(names)!r}; allowed: one unique directory "
         f"name (no '/', not starting with '.') per member ({len(settings)} members)")
   configs = []
@@ -104,7 +90,7 @@ def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
     try:
       configs.append(member_config(config, i))
     except (ValueError, TypeError) as e:
-      raise config_lib.BadInput(f"config.population.members[{i}]: {e}") from e
+      raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
   return configs
 
 
@@ -133,29 +119,29 @@ def stack_sharding(member_sharding: NamedSharding) -> NamedSharding:
 
 def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
   """Validates the population (every member as a run, the member keys, the mesh) and
-  builds it abstractly. Any problem is a `config_lib.BadInput`."""
+  builds it abstractly. Any problem is a `errors.BadInput`."""
   configs = check(config)
   single = build.setup(configs[0], devices, member_of_population=True)
   if not single.objective.source.on_device:
-    raise config_lib.BadInput(
+    raise errors.BadInput(
         f"experiment {config.experiment!r} reads host-side data; populations need an "
         "on-device (synthetic) experiment: sraven or fuzzy_logic")
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):
     try:
-      config_lib.check_positive(member)
-      state_lib.check_schedule(member)
+      checks.check_positive(member)
+      checks.check_schedule(member)
       member_objectives.append(objectives.build(member))
     except ValueError as e:
-      raise config_lib.BadInput(f"config.population.members[{i}]: {e}") from e
+      raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
   shapes = [jax.tree.map(jnp.shape, o.task.split_tables()) for o in member_objectives]
   if any(s != shapes[0] for s in shapes):
-    raise config_lib.BadInput("population members' held-out splits differ in shape; "
+    raise errors.BadInput("population members' held-out splits differ in shape; "
                               "members may differ only in the split's seed")
   size = len(configs)
   mesh_members = single.mesh.shape.get(MEMBER_AXIS, 1)
   if size % mesh_members:
-    raise config_lib.BadInput(
+    raise errors.BadInput(
         f"{size} population members cannot be split over the mesh's {mesh_members} member "
         f"devices (mesh {dict(single.mesh.shape)}); use a member count that divides")
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype),
@@ -198,9 +184,8 @@ class PopulationTrainer:
     self.setup = p
     self.config = p.member_configs[0]
     self.mesh = s.mesh
-    # Imported here: restoring a member (probing) needs `setup`, not the training loop.
-    from hypernet_attention.train import loop  # pylint: disable=g-import-not-at-top
-    self.trainer = loop.Trainer(self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    self.trainer = trainer_lib.Trainer(
+        self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     member_sharding = stack_sharding(sharding.replicated(self.mesh))
     self.members = jax.device_put(member_arrays(p), member_sharding)
     self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None
@@ -214,7 +199,7 @@ class PopulationTrainer:
     return view
 
   def _member_step(self, arrays, state):
-    new, metrics = self._member(arrays)._train_step(state)  # pylint: disable=protected-access
+    new, metrics = self._member(arrays).train_step(state)
     # A non-finite step is not applied: the member keeps its last finite state (frozen).
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
@@ -256,13 +241,13 @@ class PopulationTrainer:
 
     def evaluate(arrays, params):
       view = self._member(arrays)
-      return {split: view._eval_split(params, i, split)  # pylint: disable=protected-access
+      return {split: view.eval_split(params, i, split)
               for i, split in enumerate(splits)}
     return jax.jit(self._vmap(evaluate), in_shardings=(None, self.setup.shardings.params),
                    out_shardings=sharding.replicated(self.mesh))
 
   def evaluate(self, params) -> list[dict[str, float]]:
-    """Each member's eval metrics, as `loop.Trainer.evaluate` reports a single run's."""
+    """Each member's eval metrics, as `trainer.Trainer.evaluate` reports a single run's."""
     with jax.set_mesh(self.mesh):
       results = jax.device_get(self._eval_jit(self.members, params))
     out = []

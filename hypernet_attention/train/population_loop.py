@@ -1,4 +1,4 @@
-"""`train_and_evaluate` of a population: the single run's loop, with per-member outputs.
+"""A population's `Program` for `loop.run`: the single run's loop, with per-member outputs.
 
 Layout of a population workdir (what `launch.collect`, probing and TensorBoard read):
 
@@ -11,7 +11,7 @@ Layout of a population workdir (what `launch.collect`, probing and TensorBoard r
 
 So a sweep root holding populations tabulates exactly as one holding separate runs, and
 `restore.restore_params(workdir, member=i)` reads one member's parameters. Order of work,
-resume, SIGTERM and bad input are as in `loop.train_and_evaluate`. A member whose step turns
+resume, SIGTERM and bad input are as for a single run: `loop.run` drives both. A member whose step turns
 NaN/Inf is frozen (`population.PopulationTrainer`): its summary records `frozen_at_step`
 and its last finite state's metrics; the run stops with FloatingPointError only when every
 member is frozen.
@@ -30,91 +30,98 @@ import numpy as np
 
 from hypernet_attention.train import console
 from hypernet_attention.train import events
-from hypernet_attention.train import loop
 from hypernet_attention.train import population
-from hypernet_attention.train import preemption
+from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import trainer as trainer_lib
 from hypernet_attention.train import workdir as workdir_lib
 
-SUMMARY = "population_summary.json"
 
 
 def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  return [str(workdir_lib.path(workdir) / name) for name in population.member_names(config)]
+  return [str(workdir_lib.path(workdir) / name) for name in run_files.member_names(config)]
 
 
-def _check_workdirs(config, p: population.PopulationSetup, workdir: str) -> None:
+def check_workdirs(config, p: population.PopulationSetup, workdir: str) -> None:
   """The population's workdir guard, then each member's (records their config.json)."""
   workdir_lib.check(workdir, config)
   for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
     workdir_lib.check(member_dir, member_config)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       devices=None) -> dict[str, Any]:
-  """Trains every member (resuming from `workdir`), evaluates, writes their summaries.
-
-  Returns {"members": [member summary, ...], "state": stacked final state}. Raises
-  `config_lib.BadInput` before any work, `preemption.Preempted` after checkpointing.
-  """
-  start_time = time.time()
-  p = population.setup(config, devices)
-  with loop.session(config, workdir, lambda w: _check_workdirs(config, p, w)) as run:
-    dirs = member_dirs(config, run.workdir)
-    return _Run(config, run.workdir, dirs, p, run.ckpt, start_time).train(run.watcher)
-
-
-class _Run:
+class PopulationRun:
   """One invocation of a population's loop: its state, writers and per-member records."""
 
-  def __init__(self, config, workdir, dirs, p, ckpt, start_time):
-    self.config, self.workdir, self.dirs, self.p, self.ckpt = config, workdir, dirs, p, ckpt
-    self.start_time = start_time
+  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float):
+    self.config, self.workdir, self.p, self.start_time = config, workdir, p, start_time
+    self.dirs = member_dirs(config, workdir)
     self.trainer = population.PopulationTrainer(p)
+    self.data_iterator = None  # On-device data only.
     self.frozen: list[Optional[int]] = [None] * p.size
-    self.last_train: list[dict[str, float]] = [{} for _ in dirs]
-    self.eval_metrics: list[dict[str, float]] = [{} for _ in dirs]
+    self.last_train: list[dict[str, float]] = [{} for _ in self.dirs]
+    self.eval_metrics: list[dict[str, float]] = [{} for _ in self.dirs]
+    self.evaluated = False
+    self.writers, self.ceilings = [], []
 
-  def _restore_or_init(self):
-    state = self.ckpt.restore_latest(self.p.restore_target())
+  def restore_or_init(self, ckpt):
+    state = ckpt.restore_latest(self.p.restore_target())
     if state is None:
       logging.info("New population of %d members in %s", self.p.size, self.workdir)
       return self.trainer.init_state(), 0
-    step = int(self.ckpt.latest_step())
+    step = int(ckpt.latest_step())
     self._read_frozen()
     logging.info("Resuming population %s from step %d of %d", self.workdir, step,
                  self.config.num_train_steps)
     return state, step
 
   def _read_frozen(self):
-    recorded = workdir_lib.read_json(workdir_lib.path(self.workdir) / SUMMARY)
+    recorded = workdir_lib.read_json(workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY)
     if recorded is not None:
       self.frozen = recorded.get("frozen_at_step", self.frozen)
 
-  def _finished(self, step: int) -> bool:
-    return step >= self.config.num_train_steps and all(
-        (workdir_lib.path(d) / workdir_lib.SUMMARY).exists() for d in self.dirs)
+  def finished(self, state):
+    if not run_files.is_finished(self.workdir):
+      return None
+    logging.info("%s already holds a finished population (step %d)", self.workdir,
+                 self.config.num_train_steps)
+    return {"members": [workdir_lib.read_summary(d) for d in self.dirs], "state": state}
 
-  def _note_nonfinite(self, pending) -> None:
+  def open(self, step: int, state) -> None:
+    del state
+    self.writers = [events.EventsWriter(d, just_logging=jax.process_index() != 0)
+                    for d in self.dirs]
+    self.ceilings = [o.run_metrics(c, d) for o, c, d in zip(
+        self.p.member_objectives, self.p.member_configs, self.dirs)]
+    for writer, c in zip(self.writers, self.ceilings):
+      if c:
+        writer.write_scalars(step, c)
+
+  def train_chunk(self, state, length: int):
+    return self.trainer.train_chunk(state, length)
+
+  def check_finite(self, pending, ckpt) -> None:
     """Records each member's first non-finite step; raises when every member is frozen."""
     for i in range(self.p.size):
       if self.frozen[i] is None:
-        bad = loop._first_nonfinite(  # pylint: disable=protected-access
+        bad = trainer_lib.first_nonfinite(
             [(start, jax.tree.map(lambda m: m[i], metrics)) for start, metrics in pending])  # pylint: disable=cell-var-from-loop
         if bad is not None:
           self.frozen[i] = bad
           logging.warning("member %s: non-finite training loss at step %d; frozen at its "
                           "last finite state", os.path.basename(self.dirs[i]), bad)
     if all(f is not None for f in self.frozen):
-      self.ckpt.wait()
+      ckpt.wait()
       raise FloatingPointError(
           f"non-finite training loss in every member (steps {self.frozen}); stopping "
-          f"(checkpoints up to step {self.ckpt.latest_step()} are intact)")
+          f"(checkpoints up to step {ckpt.latest_step()} are intact)")
 
-  def _log(self, step: int, pending, writers) -> None:
+  def saved(self, step: int, start_step: int) -> None:
+    self._write_population_summary(step, start_step)
+
+  def log(self, step: int, pending, progress: console.Progress) -> None:
     objective = self.p.single.objective
     steps = np.concatenate([start + 1 + np.arange(m["loss"].shape[1]) for start, m in pending])
-    for i, (config, writer) in enumerate(zip(self.p.member_configs, writers)):
+    for i, (config, writer) in enumerate(zip(self.p.member_configs, self.writers)):
       keep = steps < (self.frozen[i] or np.inf)  # A frozen member: its finite steps only.
       if not keep.any():
         continue
@@ -125,67 +132,26 @@ class _Run:
       self.last_train[i] = train
       writer.write_scalars(step, train)
     losses = [t["train/loss"] for t in self.last_train if t]
-    logging.info("step %s/%s | train/loss over %d members: mean %.4f, min %.4f, max %.4f",
-                 f"{step:,}", f"{self.config.num_train_steps:,}", len(losses),
-                 np.mean(losses), np.min(losses), np.max(losses))
+    logging.info("%s", progress.line(step, (
+        f"train/loss over {len(losses)} members: mean {np.mean(losses):.4f}, "
+        f"min {np.min(losses):.4f}, max {np.max(losses):.4f}")))
 
-  def _evaluate(self, step: int, state, writers) -> None:
+  def evaluate(self, step: int, state) -> None:
     self.eval_metrics = self.trainer.evaluate(state.params)
-    for writer, metrics in zip(writers, self.eval_metrics):
+    self.evaluated = True
+    for writer, metrics in zip(self.writers, self.eval_metrics):
       writer.write_scalars(step, metrics)
     main = [k for k in self.eval_metrics[0] if k.endswith(f"/{self.p.single.objective.main_metric}")]
     logging.info("eval at step %s | %s", f"{step:,}", " | ".join(
         f"{k} mean {np.mean([m[k] for m in self.eval_metrics]):.4f}" for k in sorted(main)))
 
-  def train(self, watcher: preemption.Watcher) -> dict[str, Any]:
-    config = self.config
-    state, step = self._restore_or_init()
-    start_step = step
-    if self._finished(step):
-      logging.info("%s already holds a finished population (step %d)", self.workdir, step)
-      return {"members": [_read(d) for d in self.dirs], "state": state}
-    is_chief = jax.process_index() == 0
-    writers = [events.EventsWriter(d, just_logging=not is_chief) for d in self.dirs]
-    ceilings = [o.run_metrics(c, d) for o, c, d in zip(
-        self.p.member_objectives, self.p.member_configs, self.dirs)]
-    for writer, c in zip(writers, ceilings):
-      if c:
-        writer.write_scalars(step, c)
-    pending = []
-    try:
-      while step < config.num_train_steps:
-        if config.get("stop_after_steps") and step >= config.stop_after_steps:
-          break
-        end = loop._next_boundary(step, config)  # pylint: disable=protected-access
-        state, metrics = self.trainer.train_chunk(state, end - step)
-        self.ckpt.check()  # A failed asynchronous save stops the run here.
-        pending.append((step, metrics))
-        step = end
-        is_last = step == config.num_train_steps
-        preempted = watcher.reached()
-        saving = self.ckpt.should_save(step) or is_last or preempted
-        if saving or step % config.log_every_steps == 0:
-          pending = jax.device_get(pending)
-          self._note_nonfinite(pending)
-        if saving and self.ckpt.save(step, state, force=is_last or preempted):
-          self._write_population_summary(step, start_step)
-          logging.info("saving checkpoint at step %s -> %s", f"{step:,}", self.ckpt.directory)
-        if step % config.log_every_steps == 0 or is_last:
-          self._log(step, pending, writers)
-          pending = []
-        if preempted:
-          self.ckpt.wait()
-          raise preemption.Preempted(step, self.workdir, watcher.reason)
-        if step % config.eval_every_steps == 0 or is_last:
-          self._evaluate(step, state, writers)
-      if step >= config.num_train_steps and not self.eval_metrics[0]:
-        self._evaluate(step, state, writers)  # Killed after the final save.
-      self.ckpt.wait()
-    finally:
-      for writer in writers:
-        writer.close()
-    summaries = self._summaries(step, start_step, ceilings)
-    if step >= config.num_train_steps and is_chief:
+  def close(self) -> None:
+    for writer in self.writers:
+      writer.close()
+
+  def summarize(self, step: int, start_step: int, state) -> dict[str, Any]:
+    summaries = self._summaries(step, start_step)
+    if step >= self.config.num_train_steps and jax.process_index() == 0:
       for d, summary in zip(self.dirs, summaries):
         workdir_lib.write_summary(d, summary)
       self._write_population_summary(step, start_step)
@@ -194,7 +160,7 @@ class _Run:
                    ", ".join(self.dirs))
     return {"members": summaries, "state": state}
 
-  def _summaries(self, step: int, start_step: int, ceilings) -> list[dict[str, Any]]:
+  def _summaries(self, step: int, start_step: int) -> list[dict[str, Any]]:
     wall_time = time.time() - self.start_time
     num_params = state_lib.count_params(self.p.single.abstract_state.params)
     out = []
@@ -203,7 +169,7 @@ class _Run:
                  "steps_per_s_overall": (step - start_step) / wall_time,
                  "num_devices": jax.device_count(), "num_processes": jax.process_count(),
                  "population": {"workdir": self.workdir, "member": i, "size": self.p.size},
-                 **self.last_train[i], **self.eval_metrics[i], **ceilings[i]}
+                 **self.last_train[i], **self.eval_metrics[i], **self.ceilings[i]}
       if self.frozen[i] is not None:
         summary["frozen_at_step"] = self.frozen[i]
       out.append(summary)
@@ -213,11 +179,7 @@ class _Run:
     if jax.process_index() != 0:
       return
     wall_time = time.time() - self.start_time
-    workdir_lib.write_json(workdir_lib.path(self.workdir) / SUMMARY, {
+    workdir_lib.write_json(workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY, {
         "step": step, "members": [os.path.basename(d) for d in self.dirs],
         "frozen_at_step": self.frozen,
         "member_steps_per_s_overall": self.p.size * (step - start_step) / wall_time})
-
-
-def _read(directory: str) -> dict[str, Any]:
-  return workdir_lib.read_summary(directory)

@@ -1,9 +1,11 @@
 """Preemption: on SIGTERM (or Ctrl-C), finish the chunk, checkpoint, wait for it, exit 75.
 
-Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine. The loop asks
-`Watcher.reached()` at every chunk boundary; once it says yes, the loop saves the state at
-that step (every process at the same step), waits until the checkpoint is committed, writes
-nothing else (no summary.json) and raises `Preempted`; entry points exit with `EXIT_CODE`
+Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine (about 30 s on
+GCE spot VMs and by default on Kubernetes). The loop waits for each chunk to end before it
+dispatches the next, and asks `Watcher.reached()` after every chunk and before every
+dispatch; once it says yes, the loop saves the state at that step (every process at the
+same step), waits until the checkpoint is committed, runs no evaluation and logs nothing
+more, writes no summary.json and raises `Preempted`; entry points exit with `EXIT_CODE`
 (75, EX_TEMPFAIL in sysexits.h: "temporary failure, retry"), which schedulers can map to a
 requeue. Rerunning the same command resumes from that step, and because every batch is a
 pure function of (seed, step) it ends with the parameters of an uninterrupted run.
@@ -13,6 +15,11 @@ Agreement between processes: with `jax.distributed` running, JAX's preemption sy
 index passed to it must be the same on all processes: the number of chunk boundaries seen,
 not the step (the manager picks "largest index any process reached + 1"). In a single
 process a plain Python SIGTERM handler sets a flag.
+
+So the time from the notice to exit is at most one chunk, plus the save and the exit.
+`ChunkBound` keeps a chunk under half of `config.preemption_grace_s` (default 30 s: the
+other half is for the save and the exit) by running shorter chunks where the configured
+`steps_per_loop` would take longer; 0 turns the bound off.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import threading
 from typing import Any
 
 from absl import logging
-from jax.experimental import multihost_utils
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 EXIT_CODE = 75
 
@@ -82,3 +90,40 @@ class Watcher:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+class ChunkBound:
+  """The chunk length the loop uses: `steps_per_loop`, or a divisor of it whose chunks
+  take at most half of `grace_s` seconds.
+
+  The first chunk of each length compiles, so the decision waits for the first chunk of a
+  length already run (the same boundary on every process: chunk lengths follow from the
+  config), measures its seconds per step and, with `jax.distributed`, takes process 0's
+  choice. A divisor keeps every boundary of the configured chunks (log, eval and checkpoint
+  steps stay where they were, and so do the data and the parameters: each step is a pure
+  function of the state and the step), at the cost of one more compilation.
+  """
+
+  def __init__(self, steps_per_loop: int, grace_s: float | None):
+    self.length, self.grace_s = steps_per_loop, grace_s
+    self._seen: set[int] = set()
+    self._decided = not grace_s
+
+  def observe(self, length: int, seconds: float) -> None:
+    """Records one chunk of `length` steps that took `seconds` (dispatch to finish)."""
+    if self._decided or length not in self._seen:
+      self._seen.add(length)
+      return
+    self._decided = True
+    bound = self.grace_s / 2
+    per_step = seconds / length
+    fits = [d for d in range(1, self.length + 1)
+            if self.length % d == 0 and d * per_step <= bound]
+    chosen = max(fits, default=1)
+    if jax.process_count() > 1:
+      chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+    if chosen < self.length:
+      logging.info("chunks of %d steps take ~%.1fs, over the preemption bound of %.1fs "
+                   "(half of preemption_grace_s=%g): running chunks of %d steps", self.length,
+                   self.length * per_step, bound, self.grace_s, chosen)
+      self.length = chosen

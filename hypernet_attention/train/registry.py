@@ -19,6 +19,8 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INSTALLED_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "configs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,15 +32,23 @@ class Experiment:
   # summary.json reports it per split (`test/<metric>`, `ood/<metric>`); tables show x100.
   metric: str
 
+  def config_path(self) -> str:
+    """The config file's absolute path: in the checkout, or where an install without -e
+    put it (`setup.py` ships `experiments/configs` as `hypernet_attention.configs`)."""
+    path = os.path.join(REPO, self.config_file)
+    if os.path.exists(path):
+      return path
+    return os.path.join(INSTALLED_CONFIGS, os.path.basename(self.config_file))
+
   def config_flag(self, arg: str, absolute: bool = False) -> str:
     """The entry point's `--config=` value for `get_config(arg)` (relative to the
     repository root, as launchers run it, or absolute, for a default valid from any cwd)."""
-    path = os.path.join(REPO, self.config_file) if absolute else self.config_file
+    path = self.config_path() if absolute else self.config_file
     return f"{path}:{arg}"
 
   def get_config(self, arg: str | None = None):
     """`get_config(arg)` of the config file, loaded by path as `--config=` does."""
-    path = os.path.join(REPO, self.config_file)
+    path = self.config_path()
     spec = importlib.util.spec_from_file_location(f"_config_{self.name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

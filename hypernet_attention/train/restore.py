@@ -22,6 +22,7 @@ import ml_collections
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
+from hypernet_attention.train import run_files
 from hypernet_attention.train import workdir as workdir_lib
 from hypernet_attention.train import population
 
@@ -59,7 +60,7 @@ def restore_params(workdir: str, step: Optional[int] = None,
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
   devices = list(devices) if devices is not None else jax.local_devices()[:1]
-  if population.is_population(config) or member is not None:
+  if run_files.is_population(config) or member is not None:
     return _restore_member(workdir, config, step, devices, member)
   s = build.setup(config, devices)
   step, params = _params_at(workdir, step, s.restore_target(),
@@ -103,25 +104,24 @@ def population_of(member_dir: str) -> Optional[tuple[str, int]]:
     config = workdir_lib.read_config(member.parent)
   except ValueError:
     return None
-  names = population.member_names(ml_collections.ConfigDict(config)) if (
-      config and (config.get("population") or {}).get("members")) else ()
+  names = run_files.member_names(config) if config and run_files.is_population(config) else ()
   return (str(member.parent), list(names).index(member.name)) if member.name in names else None
 
 
 def member_dir(workdir: str, member: int) -> str:
   """The directory of member `member` of the population in `workdir` (its outputs)."""
   config = load_config(workdir)
-  names = population.member_names(config)
-  if not population.is_population(config) or not 0 <= member < len(names):
+  names = run_files.member_names(config)
+  if not run_files.is_population(config) or not 0 <= member < len(names):
     raise ValueError(f"--member={member}: {workdir!r} holds " + (
         f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
-        if population.is_population(config) else "a single run, not a population"))
+        if run_files.is_population(config) else "a single run, not a population"))
   return str(workdir_lib.path(workdir) / names[member])
 
 
 def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
   """One member of a population: its slice of the stacked checkpoint."""
-  size = len(population.members(config))
+  size = len(run_files.members(config))
   if not isinstance(member, int) or not 0 <= member < size:
     raise ValueError(f"{workdir!r} holds " + (
         f"a population of {size} members; pass member=0..{size - 1}" if size else

@@ -21,13 +21,13 @@ import dataclasses
 import json
 import os
 import time
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from absl import flags
 from absl import logging
 import jax
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 
 flags.DEFINE_bool("multi_process", False,
                   "Call jax.distributed.initialize() with auto-detection even where "
@@ -134,6 +134,29 @@ def log_topology() -> str:
 def fresh_workdir(name: str, root: str = "workdirs") -> str:
   """`<root>/<name>_<UTC time>`; multi-process runs must pass --workdir (clocks differ)."""
   if jax.process_count() > 1:
-    raise config_lib.BadInput("multi-process runs need an explicit --workdir shared by all "
-                              "processes")
+    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all "
+                          "processes")
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")
+
+
+def define_run_flags(config_flag: str):
+  """The `--config` (locked, as `config_flag` by default) and `--workdir` flags every
+  training entry point has; returns their holders."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config = config_flags.DEFINE_config_file(
+      "config", config_flag, "Experiment config file and its argument.", lock_config=True)
+  workdir = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
+                                "under ./workdirs/).")
+  return config, workdir
+
+
+def training_main(name: str, config_flag: str, train: Callable[[Any, str], Any]):
+  """The `main(argv)` of an entry point that trains one config: the run flags, start-up
+  (`start`), a fresh workdir unless --workdir is given, then `train(config, workdir)`."""
+  config, workdir = define_run_flags(config_flag)
+
+  def main(argv):
+    del argv
+    start()
+    train(config.value, fresh_workdir(name) if workdir.value is None else workdir.value)
+  return main

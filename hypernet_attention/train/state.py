@@ -47,17 +47,6 @@ def decay_steps(config: ml_collections.ConfigDict, warmup_steps=None):
       warmup, jax.Array) else max(config.num_train_steps, warmup + 1)
 
 
-def check_schedule(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError when the authors' schedule leaves no cosine part."""
-  opt = config.optimizer
-  if opt.get("authors_schedule", False) and (
-      config.num_train_steps - 2 * opt.warmup_steps <= 0):
-    raise ValueError(
-        f"optimizer.authors_schedule=True needs num_train_steps > 2 * warmup_steps (its "
-        f"cosine lasts num_train_steps - 2 * warmup_steps); got num_train_steps="
-        f"{config.num_train_steps}, warmup_steps={opt.warmup_steps}")
-
-
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """0 -> peak over `warmup_steps`, then cosine to `end_lr_fraction` x peak (`decay_steps`)."""
   opt = config.optimizer

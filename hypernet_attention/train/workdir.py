@@ -1,144 +1,41 @@
-"""A run's directory, on local disk or in a bucket (`gs://b/run`): every file a run keeps.
+"""A run's workdir as the training code uses it: the guard (`check`) and `cached_json`.
 
-All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
-bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
-`<cwd>/gs:/b/run`), `path("~/runs/x")` is expanded. Orbax takes the same paths (its arrays
-go through tensorstore's own GCS driver).
-
-For `gs://`, epath is pointed at fsspec/gcsfs rather than TensorFlow's `tf.io.gfile`
-(`EPATH_USE_TF=false` unless the environment sets it), so a bucket workdir never loads
-TensorFlow, which only the language-model data needs. gcsfs's directory-listing cache is
-turned off: other processes and hosts write the same workdir (a resumed run, a probe, Orbax
-on every host), and a cached listing would hide their files.
-
-JSON files are written whole or not at all: locally through a temporary file renamed over
-the target (a rename is atomic on one file system); in a bucket one object write is already
-atomic (the object appears only when its upload completes), and a rename there would be a
-copy plus a delete.
+The files themselves (names, paths local or gs://, JSON, "finished", "population") are
+`run_files.py`, which needs no JAX; their names are kept here for the training code.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
-# Before any gs:// path picks its backend (the choice is cached on first use).
-os.environ.setdefault("EPATH_USE_TF", "false")
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath
-import fsspec
-
-fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from hypernet_attention import errors
-
-CONFIG = "config.json"  # The run's config; what a resume must match.
-SUMMARY = "summary.json"  # Written once, when the run finished.
-CHECKPOINTS = "checkpoints"  # Orbax's steps.
-CORRUPT_CHECKPOINTS = "corrupt_checkpoints"  # Unreadable steps moved aside, never deleted.
-CEILINGS = "accuracy_ceilings.json"  # SRAVEN's per-split accuracy ceilings, estimated once.
-# Config keys that may change between a run and its resumption (they do not change
-# results): where to stop this invocation, the device layout, NaN hunting.
-RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans")
-
-
-def is_remote(p: epath.PathLike) -> bool:
-  """Whether `p` names an object store (`gs://`, `s3://`, ...) rather than local disk."""
-  return "://" in os.fspath(p)
-
-
-def path(workdir: epath.PathLike) -> epath.Path:
-  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute."""
-  text = os.fspath(workdir)
-  if is_remote(text):
-    return epath.Path(text)
-  return epath.Path(os.path.abspath(os.path.expanduser(text)))
-
-
-def write_bytes(p: epath.PathLike, data: bytes) -> None:
-  """Writes `data` to `p` atomically: readers see the old file or the new one, never half."""
-  p = epath.Path(p)
-  if is_remote(p):
-    p.write_bytes(data)  # One object upload: atomic by itself.
-    return
-  tmp = p.with_name(p.name + ".tmp")
-  tmp.write_bytes(data)
-  tmp.replace(p)
-
-
-def write_json(p: epath.PathLike, data: Any, indent: int = 2) -> None:
-  write_bytes(p, json.dumps(data, indent=indent, sort_keys=True).encode())
-
-
-def read_json(p: epath.PathLike) -> Optional[Any]:
-  """The parsed file, None if it does not exist; a clear error if it is not JSON."""
-  p = epath.Path(p)
-  if not p.exists():
-    return None
-  try:
-    return json.loads(p.read_text())
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise errors.BadInput(f"{p} is not readable JSON ({e}); it was left as it is: restore "
-                          "or remove it") from None
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(flatten(v, f"{prefix}{k}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
-def config_to_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  return json.loads(config.to_json_best_effort(sort_keys=True))
-
-
-def read_config(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
-  """The run's recorded config, None if there is none; a clear error if it is corrupt."""
-  p = path(workdir) / CONFIG
-  config = read_json(p)
-  if config is not None and (not isinstance(config, dict) or "experiment" not in config):
-    raise errors.BadInput(f"{p} is not a hypernet-attention config (no 'experiment' key); it "
-                          "was left as it is: use a fresh --workdir")
-  return config
-
-
-def read_summary(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
-  """The finished run's summary, None while it is unfinished."""
-  return read_json(path(workdir) / SUMMARY)
-
-
-def write_summary(workdir: epath.PathLike, summary: dict[str, Any]) -> None:
-  write_json(path(workdir) / SUMMARY, summary)
-
-
-def find_runs(root: epath.PathLike) -> list[epath.Path]:
-  """Every workdir at or below `root` (a directory holding config.json; for a population,
-  its members' directories), sorted.
-
-  Does not descend into a workdir (its checkpoints hold many files: many listings in a
-  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
-  """
-  root = path(root)
-  if (root / CONFIG).exists():
-    try:
-      recorded = read_config(root) or {}
-    except ValueError:
-      return [root]  # Unreadable: the caller names it.
-    if not (recorded.get("population") or {}).get("members"):
-      return [root]
-    # A population's runs are its members (`population_loop.py`), one level down.
-    return [child for child in sorted(root.iterdir(), key=str)
-            if child.name != CHECKPOINTS and (child / CONFIG).exists()]
-  return [run for child in sorted(root.iterdir(), key=str) if child.is_dir()
-          for run in find_runs(child)]
+# Re-exported: the training code reads them from here.
+from hypernet_attention.train.run_files import (
+    CONFIG,  # noqa: F401
+    SUMMARY,  # noqa: F401
+    CHECKPOINTS,  # noqa: F401
+    CORRUPT_CHECKPOINTS,  # noqa: F401
+    CEILINGS,  # noqa: F401
+    RESUME_FREE_KEYS,  # noqa: F401
+    POPULATION_SUMMARY,  # noqa: F401
+    is_remote,  # noqa: F401
+    path,  # noqa: F401
+    write_bytes,  # noqa: F401
+    write_json,  # noqa: F401
+    read_json,  # noqa: F401
+    flatten,  # noqa: F401
+    config_to_json,  # noqa: F401
+    read_config,  # noqa: F401
+    read_summary,  # noqa: F401
+    write_summary,  # noqa: F401
+    find_runs,  # noqa: F401
+    is_finished,  # noqa: F401
+)
 
 
 def _is_off(value: Any) -> bool:

@@ -1,0 +1,176 @@
+"""A run's files, on local disk or in a bucket (`gs://b/run`), without JAX.
+
+File names, the `~` / gs:// path step, JSON reads and atomic writes, "is this a finished
+run", "is this a population" and its members' names: what the training code (`workdir.py`
+adds the guard), the launchers (`launch/`, which run where JAX is not installed) and
+`collect` share.
+
+All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
+bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
+`<cwd>/gs:/b/run`), `path("~/runs/x")` is expanded. Orbax takes the same paths (its arrays
+go through tensorstore's own GCS driver).
+
+For `gs://`, epath is pointed at fsspec/gcsfs rather than TensorFlow's `tf.io.gfile`
+(`EPATH_USE_TF=false` unless the environment sets it), so a bucket workdir never loads
+TensorFlow, which only the language-model data needs. gcsfs's directory-listing cache is
+turned off: other processes and hosts write the same workdir (a resumed run, a probe, Orbax
+on every host), and a cached listing would hide their files.
+
+JSON files are written whole or not at all: locally through a temporary file renamed over
+the target (a rename is atomic on one file system); in a bucket one object write is already
+atomic (the object appears only when its upload completes), and a rename there would be a
+copy plus a delete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional
+
+# Before any gs:// path picks its backend (the choice is cached on first use).
+os.environ.setdefault("EPATH_USE_TF", "false")
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from etils import epath
+import fsspec
+
+fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
+
+from hypernet_attention import errors
+
+CONFIG = "config.json"  # The run's config; what a resume must match.
+SUMMARY = "summary.json"  # Written once, when the run finished.
+CHECKPOINTS = "checkpoints"  # Orbax's steps.
+CORRUPT_CHECKPOINTS = "corrupt_checkpoints"  # Unreadable steps moved aside, never deleted.
+CEILINGS = "accuracy_ceilings.json"  # SRAVEN's per-split accuracy ceilings, estimated once.
+# Config keys that may change between a run and its resumption (they do not change
+# results): where to stop this invocation, the device layout, NaN hunting, the chunk bound.
+RESUME_FREE_KEYS = ("stop_after_steps", "mesh", "debug_nans", "preemption_grace_s")
+POPULATION_SUMMARY = "population_summary.json"  # Members' names, frozen members, throughput.
+# Settings a population member may set: each is data (a key, a table, a traced scalar),
+# not code (`population.py`); the launchers group sweep points by the other keys.
+MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
+               "optimizer.weight_decay", "optimizer.warmup_steps")
+
+
+def is_remote(p: epath.PathLike) -> bool:
+  """Whether `p` names an object store (`gs://`, `s3://`, ...) rather than local disk."""
+  return "://" in os.fspath(p)
+
+
+def path(workdir: epath.PathLike) -> epath.Path:
+  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute."""
+  text = os.fspath(workdir)
+  if is_remote(text):
+    return epath.Path(text)
+  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def write_bytes(p: epath.PathLike, data: bytes) -> None:
+  """Writes `data` to `p` atomically: readers see the old file or the new one, never half."""
+  p = epath.Path(p)
+  if is_remote(p):
+    p.write_bytes(data)  # One object upload: atomic by itself.
+    return
+  tmp = p.with_name(p.name + ".tmp")
+  tmp.write_bytes(data)
+  tmp.replace(p)
+
+
+def write_json(p: epath.PathLike, data: Any, indent: int = 2) -> None:
+  write_bytes(p, json.dumps(data, indent=indent, sort_keys=True).encode())
+
+
+def read_json(p: epath.PathLike) -> Optional[Any]:
+  """The parsed file, None if it does not exist; a clear error if it is not JSON."""
+  p = epath.Path(p)
+  if not p.exists():
+    return None
+  try:
+    return json.loads(p.read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise errors.BadInput(f"{p} is not readable JSON ({e}); it was left as it is: restore "
+                          "or remove it") from None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  if isinstance(tree, dict):
+    out = {}
+    for k, v in tree.items():
+      out.update(flatten(v, f"{prefix}{k}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def config_to_json(config: Any) -> dict[str, Any]:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def members(config: Any) -> tuple[dict[str, Any], ...]:
+  """The member settings of `config.population` (empty: a single run)."""
+  population = config.get("population")
+  return tuple(dict(m) for m in (population.get("members") or ())) if population else ()
+
+
+def is_population(config: Any) -> bool:
+  """Whether `config` (a ConfigDict, or a recorded config.json's dict) is a population."""
+  return bool(members(config))
+
+
+def member_names(config: Any) -> tuple[str, ...]:
+  """Each member's subdirectory name: `population.member_names`, or member0, member1, ..."""
+  names = tuple(config["population"].get("member_names") or ())
+  return names or tuple(f"member{i}" for i in range(len(members(config))))
+
+
+def is_finished(workdir: epath.PathLike) -> bool:
+  """A run with its summary, or a population whose every member has one (the members
+  named by its population_summary.json, written with every checkpoint)."""
+  root = path(workdir)
+  if (root / SUMMARY).exists():
+    return True
+  recorded = read_json(root / POPULATION_SUMMARY)
+  names = (recorded or {}).get("members", [])
+  return bool(names) and all((root / n / SUMMARY).exists() for n in names)
+
+
+def read_config(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
+  """The run's recorded config, None if there is none; a clear error if it is corrupt."""
+  p = path(workdir) / CONFIG
+  config = read_json(p)
+  if config is not None and (not isinstance(config, dict) or "experiment" not in config):
+    raise errors.BadInput(f"{p} is not a hypernet-attention config (no 'experiment' key); it "
+                          "was left as it is: use a fresh --workdir")
+  return config
+
+
+def read_summary(workdir: epath.PathLike) -> Optional[dict[str, Any]]:
+  """The finished run's summary, None while it is unfinished."""
+  return read_json(path(workdir) / SUMMARY)
+
+
+def write_summary(workdir: epath.PathLike, summary: dict[str, Any]) -> None:
+  write_json(path(workdir) / SUMMARY, summary)
+
+
+def find_runs(root: epath.PathLike) -> list[epath.Path]:
+  """Every workdir at or below `root` (a directory holding config.json; for a population,
+  its members' directories), sorted.
+
+  Does not descend into a workdir (its checkpoints hold many files: many listings in a
+  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
+  """
+  root = path(root)
+  if (root / CONFIG).exists():
+    try:
+      recorded = read_config(root) or {}
+    except ValueError:
+      return [root]  # Unreadable: the caller names it.
+    if not is_population(recorded):
+      return [root]
+    # A population's runs are its members (`population_loop.py`), one level down.
+    return [child for child in sorted(root.iterdir(), key=str)
+            if child.name != CHECKPOINTS and (child / CONFIG).exists()]
+  return [run for child in sorted(root.iterdir(), key=str) if child.is_dir()
+          for run in find_runs(child)]

@@ -1,0 +1,199 @@
+"""`Trainer`: the jitted train chunk and evaluation of one (config, objective, mesh).
+
+Data comes from the objective's source (`data.py`), of one of two kinds:
+  on device (synthetic tasks): the models are small, so host overhead per step would
+    dominate on an accelerator. One jitted call runs `length` optimizer steps in a
+    `lax.scan`, generating each step's batch on device from `fold_in(seed, step)`.
+    Because a batch is a pure function of (seed, step), resuming replays exactly the data.
+  on the host (language modeling): each process reads its slice, `data.to_global` makes
+    global arrays, and one jitted step per batch takes it as an argument with its
+    sharding; the next batch is read and transferred while the device runs the current
+    step. The iterator's position is saved in every checkpoint and restored with it.
+Either way the state is donated and its shardings are explicit, and metrics stay on
+device until a log step. A population (`population.py`) maps `train_step` and
+`eval_split` over its member axis; the loop that drives either is `loop.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hypernet_attention.train import data
+from hypernet_attention.train import objectives
+from hypernet_attention.train import sharding
+from hypernet_attention.train import state as state_lib
+
+
+def _constrain_batch(tree: Any, mesh) -> Any:
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim)), tree)
+
+
+class Trainer:
+  """Jitted train chunks and evaluation for one (config, objective, mesh).
+
+  For a host source it owns this process's training iterator (`self.data_iterator`),
+  whose position the checkpoints save and restore.
+  """
+
+  def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
+               state_shardings):
+    self.config, self.objective, self.model, self.tx, self.mesh = (
+        config, objective, model, tx, mesh)
+    self.state_shardings = state_shardings
+    self.rng = jax.random.key(config.seed)
+    self.eval_splits = tuple(config.eval.splits)
+    self.source = objective.source
+    self.data_iterator = None
+    if not self.source.on_device:
+      self.data_iterator = self.source.train(
+          config.seed, data.local_batch_size(config.batch_size), jax.process_index(),
+          jax.process_count())
+
+  def _loss(self, params, batch, dropout_key):
+    inputs, _ = self.objective.encode(batch)
+    outputs = self.model.apply({"params": params}, inputs, deterministic=False,
+                               rngs={"dropout": dropout_key})
+    metrics = self.objective.metrics_fn(outputs, batch)
+    return metrics["loss"].mean(), jax.tree.map(jnp.mean, metrics)
+
+  def train_step(self, state: state_lib.TrainState, host_batch=None):
+    """One optimizer step; the batch is sampled on device unless `host_batch` is given."""
+    key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), state.step)
+    data_key, dropout_key = jax.random.split(key)
+    if host_batch is None:
+      batch = self.source.sample(data_key, self.config.batch_size, "train")
+      batch = _constrain_batch(batch, self.mesh)
+    else:
+      batch = host_batch
+    grads, metrics = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  @functools.cached_property
+  def _train_chunk_jit(self):
+    def chunk(state, length):
+      return jax.lax.scan(self.train_step, state, None, length=length)
+    return jax.jit(chunk, static_argnums=1, donate_argnums=0,
+                   in_shardings=(self.state_shardings,),
+                   out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
+
+  @functools.cached_property
+  def _host_step_jit(self):
+    batch_shardings = data.global_shardings(self.source.example(self.config.batch_size),
+                                            self.mesh)
+    return jax.jit(self.train_step, donate_argnums=0,
+                   in_shardings=(self.state_shardings, batch_shardings),
+                   out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
+
+  def _next_batch(self):
+    return data.to_global(next(self.data_iterator), self.mesh, self.config.batch_size)
+
+  def train_chunk(self, state, length: int):
+    """`length` steps; returns the new state and per-step metrics {name: (length,)}.
+
+    Host source: the iterator advances by exactly `length` batches, so at a chunk end its
+    position matches `state.step` (what a checkpoint there records). Traced and run with
+    the mesh in context (`jax.set_mesh`), so the tiled attention kernels run per device
+    on their batch shard (`ops/sharded.py`) instead of being gathered.
+    """
+    with jax.set_mesh(self.mesh):
+      return self._train_chunk(state, length)
+
+  def _train_chunk(self, state, length: int):
+    if self.source.on_device:
+      return self._train_chunk_jit(state, length)
+    per_step, batch = [], self._next_batch()
+    for i in range(length):
+      state, metrics = self._host_step_jit(state, batch)  # Dispatched asynchronously.
+      per_step.append(metrics)
+      if i + 1 < length:
+        batch = self._next_batch()  # Read and transfer while the device works.
+    return state, jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
+
+  def compiled_chunk_text(self, state, length: int) -> str:
+    """Optimized HLO text of the scanned `length`-step chunk (on-device data sources)."""
+    if not self.source.on_device:
+      raise ValueError(f"experiment {self.config.experiment!r} reads host-side data, so it "
+                       "has no scanned chunk; allowed: on-device (synthetic) experiments.")
+    return self._train_chunk_jit.lower(state, length).compile().as_text()
+
+  def _batch_sums(self, params, batch):
+    inputs, _ = self.objective.encode(batch)
+    outputs = self.model.apply({"params": params}, inputs, deterministic=True)
+    return jax.tree.map(jnp.sum, self.objective.metrics_fn(outputs, batch))
+
+  def eval_split(self, params, split_index: int, split: str):
+    num_batches = self.config.eval.num_problems // self.config.eval.batch_size
+    split_key = jax.random.fold_in(jax.random.fold_in(self.rng, 2), split_index)
+
+    def batch_sums(i):
+      batch = self.source.sample(
+          jax.random.fold_in(split_key, i), self.config.eval.batch_size, split)
+      return self._batch_sums(params, _constrain_batch(batch, self.mesh))
+
+    def body(sums, i):
+      return jax.tree.map(jnp.add, sums, batch_sums(i)), None
+
+    sums, _ = jax.lax.scan(body, batch_sums(0), jnp.arange(1, num_batches))
+    return jax.tree.map(lambda s: s / self.config.eval.num_problems, sums)
+
+  @functools.cached_property
+  def _eval_jit(self):
+    def evaluate(params):
+      return {split: self.eval_split(params, i, split)
+              for i, split in enumerate(self.eval_splits)}
+    return jax.jit(evaluate, in_shardings=(self.state_shardings.params,),
+                   out_shardings=sharding.replicated(self.mesh))
+
+  @functools.cached_property
+  def _host_eval_jit(self):
+    example = self.source.example(self.config.eval.batch_size)
+    return jax.jit(self._batch_sums, in_shardings=(
+        self.state_shardings.params, data.global_shardings(example, self.mesh)),
+                   out_shardings=sharding.replicated(self.mesh))
+
+  def _host_evaluate(self, params) -> dict[str, dict[str, jax.Array]]:
+    """Sums over the split's first `eval.num_problems` rows, read by every process."""
+    eval_config = self.config.eval
+    results = {}
+    for split in self.eval_splits:
+      sums = None
+      for local in self.source.evaluate(
+          split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
+          eval_config.num_problems // eval_config.batch_size, jax.process_index(),
+          jax.process_count()):
+        batch_sums = self._host_eval_jit(
+            params, data.to_global(local, self.mesh, eval_config.batch_size))
+        sums = batch_sums if sums is None else jax.tree.map(jnp.add, sums, batch_sums)
+      results[split] = jax.tree.map(lambda x: x / eval_config.num_problems, sums)
+    return results
+
+  def evaluate(self, params) -> dict[str, float]:
+    """Mean metrics on a fixed set of `eval.num_problems` problems per split (and what
+    the objective derives from them)."""
+    with jax.set_mesh(self.mesh):  # As in `train_chunk`.
+      results = jax.device_get(self._eval_jit(params) if self.source.on_device
+                               else self._host_evaluate(params))
+    return {f"{split}/{k}": float(v) for split, ms in results.items()
+            for k, v in self.objective.finalize(ms).items()}
+
+
+def first_nonfinite(chunks) -> Optional[int]:
+  """1-based number of the first step whose training loss is NaN/Inf, or None."""
+  for start, metrics in chunks:
+    # A finite loss with a non-finite gradient would make the *next* state non-finite.
+    finite = np.isfinite(metrics["loss"]) & np.isfinite(metrics["grad_norm"])
+    bad = np.flatnonzero(~finite)
+    if bad.size:
+      return start + int(bad[0]) + 1
+  return None
