@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 from launch import jobs
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
@@ -87,7 +87,7 @@ def test_publish_never_clobbers_and_redo_replaces(tmp_path):
 ])
 def test_a_corrupt_cell_file_is_named(tmp_path, content, message):
   (tmp_path / "a_fuzzy_hyla_seed0.json").write_text(content)
-  with pytest.raises(config_lib.BadInput, match=f"a_fuzzy_hyla_seed0.json.*{message}"):
+  with pytest.raises(errors.BadInput, match=f"a_fuzzy_hyla_seed0.json.*{message}"):
     records.read_all(str(tmp_path))
 
 

@@ -24,8 +24,8 @@ import time
 
 from absl import flags
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records
@@ -61,7 +61,7 @@ def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
     return list(pool)
   for p in patterns:
     if not any(fnmatch.fnmatchcase(c.name, p) for c in pool):
-      raise config_lib.BadInput(f"--cells={p!r} matches no cell of --set={cell_set}; allowed: "
+      raise errors.BadInput(f"--cells={p!r} matches no cell of --set={cell_set}; allowed: "
                                 f"names or patterns of {', '.join(c.name for c in pool[:6])}, "
                                 f"... (python -m launch.campaign --dry_run lists them)")
   return [c for c in pool if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
@@ -70,22 +70,22 @@ def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
 def _check_flags(cells) -> None:
   budget = _BUDGET.value
   if budget is None and not (_DRY_RUN.value or _REPORT.value):
-    raise config_lib.BadInput("--budget_minutes is required to run cells; allowed: minutes "
+    raise errors.BadInput("--budget_minutes is required to run cells; allowed: minutes "
                               "> 0 (or --dry_run / --report)")
   if budget is not None:
     if not (math.isfinite(budget) and budget > 0):
-      raise config_lib.BadInput(f"--budget_minutes={budget}; allowed: a number of minutes > 0")
+      raise errors.BadInput(f"--budget_minutes={budget}; allowed: a number of minutes > 0")
   if _MAX_CONCURRENT.value is not None and _MAX_CONCURRENT.value < 1:
-    raise config_lib.BadInput(f"--max_concurrent={_MAX_CONCURRENT.value}; allowed: an "
+    raise errors.BadInput(f"--max_concurrent={_MAX_CONCURRENT.value}; allowed: an "
                               "integer >= 1")
   if not (math.isfinite(_STOP_MARGIN.value) and _STOP_MARGIN.value >= 0):
-    raise config_lib.BadInput(f"--stop_margin_s={_STOP_MARGIN.value}; allowed: seconds >= 0")
+    raise errors.BadInput(f"--stop_margin_s={_STOP_MARGIN.value}; allowed: seconds >= 0")
   unknown = [r for r in _REDO.value if r not in {c.name for c in cells}]
   if unknown:
-    raise config_lib.BadInput(f"--redo={','.join(unknown)}: not among the selected cells; "
+    raise errors.BadInput(f"--redo={','.join(unknown)}: not among the selected cells; "
                               "allowed: names of cells --cells selects")
   if not _ROOT.value.strip():
-    raise config_lib.BadInput("--root=''; allowed: a directory path")
+    raise errors.BadInput("--root=''; allowed: a directory path")
 
 
 def _on_sigterm(signum, frame):

@@ -15,12 +15,12 @@ import subprocess
 import time
 from typing import Any
 
+from hypernet_attention.train import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records
 
 TIMES = "campaign_times.jsonl"
-POPULATION_SUMMARY = "population_summary.json"
 SETTING_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
                 "optimizer.weight_decay", "optimizer.warmup_steps")
 # Curves kept per member: every evaluation split's metric and loss, and the training loss.
@@ -77,8 +77,8 @@ def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
   console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
-  config = _read_json(os.path.join(member_dir, "config.json"))
-  summary = _read_json(os.path.join(member_dir, "summary.json"))
+  config = _read_json(os.path.join(member_dir, run_files.CONFIG))
+  summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
   scalars = curves.read_scalars(member_dir)
   return {
       "name": name,
@@ -105,7 +105,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
 
 
 def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
-  population = _read_json(os.path.join(workdir, POPULATION_SUMMARY))
+  population = _read_json(os.path.join(workdir, run_files.POPULATION_SUMMARY))
   frozen = population.get("frozen_at_step") or [None] * len(cell.members)
   members = [member_record(os.path.join(workdir, name), name, f)
              for name, f in zip(cell.member_names, frozen)]

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any, Optional, Sequence
 
+from hypernet_attention.train import run_files
 from launch.campaign import cells as cells_lib
 
 # Single-run steps/s at the paper's sizes (width 1, depth 4 for SRAVEN): (family, experiment)
@@ -70,7 +71,7 @@ def scale(cell: cells_lib.Cell) -> float:
 
 def checkpointed_step(workdir: str) -> int:
   """The newest checkpoint step in `workdir` (0 if none): where a rerun resumes."""
-  directory = os.path.join(workdir, "checkpoints")
+  directory = os.path.join(workdir, run_files.CHECKPOINTS)
   if not os.path.isdir(directory):
     return 0
   return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)

@@ -21,7 +21,7 @@ import socket
 import tempfile
 from typing import Any, Optional
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 
 SCHEMA = 1
 DEFAULT_DIR = os.path.join("experiments", "results", "paper_scale")
@@ -37,13 +37,13 @@ def path_of(results_dir: str, cell: str) -> str:
 def check_writable(results_dir: str) -> None:
   """BadInput, before any work, if cell files cannot be written to `results_dir`."""
   if os.path.exists(results_dir) and not os.path.isdir(results_dir):
-    raise config_lib.BadInput(f"--results_dir={results_dir!r} is a file; allowed: a directory")
+    raise errors.BadInput(f"--results_dir={results_dir!r} is a file; allowed: a directory")
   try:
     os.makedirs(results_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=results_dir, prefix=".write_test"):
       pass
   except OSError as e:
-    raise config_lib.BadInput(f"--results_dir={results_dir!r} is not writable "
+    raise errors.BadInput(f"--results_dir={results_dir!r} is not writable "
                               f"({e.strerror}); allowed: a writable directory") from None
 
 
@@ -53,18 +53,18 @@ def read(path: str) -> dict[str, Any]:
     with open(path) as f:
       record = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise config_lib.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
+    raise errors.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
                               "(`git checkout -- <file>`) or delete it to rerun the cell") from None
   missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
   if missing:
-    raise config_lib.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
+    raise errors.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
                               "delete it to rerun the cell")
   if record["schema"] != SCHEMA:
-    raise config_lib.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
+    raise errors.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
                               f"{SCHEMA}")
   expected = os.path.splitext(os.path.basename(path))[0]
   if record["cell"] != expected:
-    raise config_lib.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
+    raise errors.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
                               f"file named after its cell ({record['cell']}.json)")
   return record
 

@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from hypernet_attention.train import cli
+from hypernet_attention.train import run_files
 from launch import jobs
 from launch import run_local
 from launch.campaign import cells as cells_lib
@@ -92,7 +93,7 @@ def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
   if cell.kind == "probe":
     source = os.path.join(options.root, cell.source)
-    if not run_local.is_finished(source):
+    if not run_files.is_finished(source):
       return f"needs the finished workdir of {cell.source} on this machine ({source})"
   return None
 
@@ -151,7 +152,7 @@ class Campaign:
       self._end(cell, "skipped", reason)
       return False
     workdir = self.workdir(cell)
-    finished = cell.kind == "train" and run_local.is_finished(workdir)
+    finished = cell.kind == "train" and run_files.is_finished(workdir)
     estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
     left = self.deadline - time.time() - self.options.stop_margin_s
     if not finished and (estimate is None or estimate.minutes * 60 > left):
@@ -190,7 +191,7 @@ class Campaign:
         "device_kind": self.device["kind"], "started_utc": time.strftime(
             "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started))})
     try:
-      if code == 0 and (cell.kind != "train" or run_local.is_finished(self.workdir(cell))):
+      if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)
       elif code == cli.PREEMPTED_EXIT_CODE:
         step = _step_of(run.log_path)
