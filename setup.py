@@ -1,7 +1,7 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python 3.12
+orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python 3.12
 jax 0.11.2, flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8 (jax 0.11 needs Python >= 3.12).
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
 0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
@@ -14,6 +14,8 @@ BASE = [
     "jax>=0.10.2,<0.12",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
+    # Shape contracts in the model and tasks, tree assertions and trace counts in tests.
+    "chex>=0.1.92,<0.2",
     "orbax-checkpoint>=0.12.8,<0.13",
     "etils[epath]>=1.7",  # workdir I/O: local paths and gs:// alike
     "fsspec>=2026.9",  # epath's gs:// backend without TensorFlow (train/workdir.py)
@@ -60,7 +62,9 @@ EXTRAS = {
     "tpu": ["jax[tpu]>=0.10.2,<0.12"] + GCS,
     # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
     # runs gs:// workdirs against a local GCS emulator.
-    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19"]
+    # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
+    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
+            "ruff>=0.17.6,<0.18"]
            + LM + GCS,
 }
 
