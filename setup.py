@@ -1,7 +1,8 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python 3.12
+orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21,
+gcsfs 2026.10.1; on Python 3.12
 jax 0.11.2, flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8 (jax 0.11 needs Python >= 3.12).
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
 0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
