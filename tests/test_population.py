@@ -177,5 +177,4 @@ def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):
   for member in (0, 1):
     a = restore.restore_params(str(workdir), tp.STEPS, member=member)
     b = restore.restore_params(str(reference), tp.STEPS, member=member)
-    for key, value in tl.flat_params(a.params).items():
-      np.testing.assert_array_equal(value, tl.flat_params(b.params)[key], err_msg=key)
+    chex.assert_trees_all_equal(a.params, b.params)
