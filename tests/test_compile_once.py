@@ -16,7 +16,9 @@ import contextlib
 import jax
 import pytest
 
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 import train_testlib as tl
+
 from hypernet_attention.train import loop
 
 # JAX records this event each time it traces a Python function to a jaxpr (cache misses
