@@ -1,7 +1,7 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python
+orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python
 3.12.1 and 3.13.0 (pip picks the same for both) jax 0.11.2, flax 0.12.12, optax 0.2.8,
 orbax-checkpoint 0.12.8, tensorflow 2.21 (jax 0.11 needs Python >= 3.12). The README's
 "Versions" says which tests ran on which.
@@ -16,6 +16,8 @@ BASE = [
     "jax>=0.10.2,<0.12",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
+    # Shape contracts in the model and tasks, tree assertions and trace counts in tests.
+    "chex>=0.1.92,<0.2",
     "orbax-checkpoint>=0.12.8,<0.13",
     "etils[epath]>=1.7",  # workdir I/O: local paths and gs:// alike
     "fsspec>=2026.9",  # epath's gs:// backend without TensorFlow (train/workdir.py)
@@ -62,7 +64,9 @@ EXTRAS = {
     "tpu": ["jax[tpu]>=0.10.2,<0.12"] + GCS,
     # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
     # runs gs:// workdirs against a local GCS emulator.
-    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19"]
+    # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
+    "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
+            "ruff>=0.17.6,<0.18"]
            + LM + GCS,
 }
 

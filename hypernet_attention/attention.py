@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, NamedTuple, Optional
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -270,6 +271,7 @@ def attend(
     if use_dropout:
       code_BHQK = latent_code_dropout(
           code_BHQK, settings.dropout_rate, dropout_rng, settings.broadcast_dropout)
+    chex.assert_shape(code_BHQK, full_shape)  # The latent code that is sown: (B, H, Q, K).
     out_BQHV = reference.apply_value_network(
         code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
     return Attended(out_BQHV, code_BHQK)
@@ -376,6 +378,10 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"Unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}.")
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
+    # Trace-time contracts (free under jit): (B, Q, E) queries, (B, K, E') keys and values.
+    chex.assert_rank([inputs_q, inputs_k, inputs_v], 3)
+    chex.assert_equal_shape_prefix([inputs_q, inputs_k, inputs_v], 1)
+    chex.assert_equal_shape_prefix([inputs_k, inputs_v], 2)
     qk_features = self.qk_features or inputs_q.shape[-1]
     v_features = self.v_features or inputs_q.shape[-1]
     out_features = self.out_features or inputs_q.shape[-1]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,8 @@ def latent_code(
   """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs."""
   params = nn.meta.unbox(params)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+  chex.assert_rank([inputs_q, inputs_kv], 3)
+  chex.assert_equal_shape_prefix([inputs_q, inputs_kv], 1)
   preset = module.preset
   q_BQHD = jnp.einsum("bqe,ehd->bqhd", inputs_q, params["query"]["kernel"])
   k_BKHD = jnp.einsum("bke,ehd->bkhd", inputs_kv, params["key"]["kernel"])
@@ -79,6 +82,7 @@ def latent_code(
   if is_causal:
     causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
     mask = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+  chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
   visible_BHQK = (jnp.ones(scores_BHQK.shape, bool) if mask is None
                   else jnp.broadcast_to(mask.astype(bool), scores_BHQK.shape))
   if preset.normalization == "softmax":
@@ -118,6 +122,8 @@ def generate_value_network(
                          over the fixed (not generated) features phi(W_h^v x + b_h^v).
   """
   params = nn.meta.unbox(params)
+  chex.assert_rank(code_BHQK, 4)
+  chex.assert_axis_dimension(code_BHQK, 1, module.num_heads)
   value_HVA = _value_layer_HVA(params, module.use_bias)
   out_HOV = jnp.transpose(params["out"]["kernel"], (0, 2, 1))
   network = module.preset.value_network
@@ -145,6 +151,10 @@ def apply_value_network(
 ) -> jax.Array:
   """Applies every pair's generated network to x_k and sums over keys: (B, Q, O)."""
   params = nn.meta.unbox(params)
+  chex.assert_rank(inputs_kv, 3)
+  # Every generated weight is (B, Q, K, ...) over the same batch and keys as x_k.
+  q_len = next(iter(weights.values())).shape[1]
+  chex.assert_tree_shape_prefix(weights, (*inputs_kv.shape[:1], q_len, inputs_kv.shape[1]))
   phi = reference.get_activation(module.preset.activation)
   x_BKA = jnp.concatenate([inputs_kv, jnp.ones(inputs_kv.shape[:-1] + (1,),
                                                inputs_kv.dtype)], axis=-1)

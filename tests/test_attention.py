@@ -1,5 +1,6 @@
 """MultiHeadAttention: presets, flax compatibility, masks, RMSHead, dropout, decode cache."""
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,7 @@ def test_flax_weights_reproduce_flax_output():
   expected = flax_mha.apply({"params": flax_params}, x, kv, mask=mask)
   ours = make("softmax", v_features=4, out_features=5)
   our_params = nn.meta.unbox(ours.init(jax.random.PRNGKey(4), x, kv)["params"])
-  assert jax.tree.map(jnp.shape, our_params) == jax.tree.map(jnp.shape, flax_params)
+  chex.assert_trees_all_equal_shapes(our_params, flax_params)
   for impl in ("auto", "reference"):
     got = ours.clone(implementation=impl).apply({"params": flax_params}, x, kv, mask=mask)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

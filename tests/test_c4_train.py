@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -90,9 +91,7 @@ def test_killed_and_resumed_run_sees_the_uninterrupted_batches(corpus, tmp_path,
   np.testing.assert_array_equal(np.stack(seen), np.stack(uninterrupted))
   # The batches differ from step to step (the check would be vacuous otherwise).
   assert not np.array_equal(uninterrupted[3], uninterrupted[4])
-  for key, value in tl.flat_params(resumed["state"].params).items():
-    np.testing.assert_array_equal(value, tl.flat_params(whole["state"].params)[key],
-                                  err_msg=key)
+  chex.assert_trees_all_equal(resumed["state"].params, whole["state"].params)
 
 
 def test_to_global_fails_loudly_when_the_batch_does_not_divide():

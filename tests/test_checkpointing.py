@@ -5,6 +5,7 @@ import logging
 import os
 import shutil
 
+import chex
 import numpy as np
 import pytest
 
@@ -83,17 +84,13 @@ def test_restore_params_is_read_only_and_exact(run, caplog):
   assert not [r.getMessage() for r in caplog.records
               if r.levelno >= logging.WARNING and "orbax" in r.pathname]
   assert latest.step == 8 and latest.config.experiment == "sraven"
-  want, got = tl.flat_params(summary["state"].params), tl.flat_params(latest.params)
-  assert want.keys() == got.keys()
-  for k in want:
-    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  chex.assert_trees_all_equal(latest.params, summary["state"].params)
   assert restore.restore_params(workdir, step=4).step == 4
   # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
   init = restore.restore_params(workdir, step=0)
   s = build.setup(init.config)
-  fresh = tl.flat_params(build.init_state(init.config, s.init_fn, s.shardings).params)
-  for k, v in tl.flat_params(init.params).items():
-    np.testing.assert_array_equal(v, fresh[k], err_msg=k)
+  chex.assert_trees_all_equal(init.params,
+                              build.init_state(init.config, s.init_fn, s.shardings).params)
   assert tl.snapshot(workdir) == before
 
 

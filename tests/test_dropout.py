@@ -7,6 +7,7 @@ under one seed every implementation must compute the same function, in value and
 pairs, independently of the seed.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,8 +134,8 @@ def test_module_fast_path_equals_materialized_path_under_dropout(preset):
                        mutable=["intermediates"] if sow else False)
     return jnp.sum((out[0] if sow else out) * cot)
 
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-               jax.grad(loss)(params, False), jax.grad(loss)(params, True))
+  chex.assert_trees_all_close(jax.grad(loss)(params, False), jax.grad(loss)(params, True),
+                              rtol=1e-4, atol=1e-5)
 
 
 def test_pallas_dropout_lowers_to_triton():

@@ -2,6 +2,7 @@
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,7 +100,7 @@ def test_r2_per_sequence(task):
 def test_deterministic_and_traceable_in_scan(task):
   key = jax.random.key(5)
   a, b = task.sample(key, 8, 'train'), task.sample(key, 8, 'train')
-  jax.tree.map(np.testing.assert_array_equal, a, b)
+  chex.assert_trees_all_equal(a, b)
   assert not np.array_equal(a['x'], task.sample(key, 8, 'test')['x'])
   assert not np.array_equal(a['x'], task.sample(jax.random.key(6), 8, 'train')['x'])
 

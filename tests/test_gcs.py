@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import numpy as np
 import pytest
 
@@ -133,10 +134,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   assert summary["test/accuracy"] == expected["test/accuracy"]
   run = restore.restore_params(workdir)
   assert run.step == 8
-  got, want = tl.flat_params(run.params), tl.flat_params(restore.restore_params(local).params)
-  assert got.keys() == want.keys()
-  for k in want:
-    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  chex.assert_trees_all_equal(run.params, restore.restore_params(local).params)
   steps, losses = curves.read_scalars(workdir, ["train/loss"])["train/loss"]
   assert steps.tolist() == [4, 8] and losses[-1] == pytest.approx(summary["train/loss"])
 
@@ -204,7 +202,5 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   assert not (root / "lock.json").exists()
   local = str(tmp_path / "local")
   loop.train_and_evaluate(tl.smoke("sraven", **LONG), local)
-  got = tl.flat_params(restore.restore_params(workdir).params)
-  want = tl.flat_params(restore.restore_params(local).params)
-  for k in want:
-    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  chex.assert_trees_all_equal(restore.restore_params(workdir).params,
+                              restore.restore_params(local).params)

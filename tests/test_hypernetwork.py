@@ -6,6 +6,8 @@ pairs in float64; it shares no code with the package (T5 buckets and RoPE includ
 
 import math
 
+from absl.testing import parameterized
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -95,30 +97,54 @@ def paper_formula(p, x, mask, preset, position, num_buckets, eps=1e-6):
   return out
 
 
-@pytest.mark.parametrize("position", ["t5", "rope"])
-@pytest.mark.parametrize("preset", sorted(attention.PRESETS))
-def test_attention_hypernetwork_and_formula_agree(x64, preset, position):
-  module = attention.MultiHeadAttention(
-      num_heads=HEADS, attention=preset, qk_features=QK, v_features=V,
-      position=position, num_buckets=LENGTH, max_distance=LENGTH,
-      dtype=jnp.float64, param_dtype=jnp.float64, implementation="reference")
-  keys = jax.random.split(jax.random.PRNGKey(sum(map(ord, preset))), 4)
-  x = jax.random.normal(keys[0], (BATCH, LENGTH, WIDTH), jnp.float64)
-  params = module.init(keys[1], x)["params"]
-  # Non-zero biases so that the [x; 1] augmentation of the hypernetwork is exercised.
-  params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(keys[2], a.shape, a.dtype),
-                        nn.meta.unbox(params))
-  causal = np.tril(np.ones((LENGTH, LENGTH), bool))
-  padding = np.ones((BATCH, 1, 1, LENGTH), bool)
-  padding[1, ..., -2:] = False
-  mask = np.logical_and(causal, padding)  # (B, 1, T, T); row 0 of batch 1 keeps key 0
+class AttentionHypernetworkFormulaTest(chex.TestCase):
+  """The module (the attention core) and its hypernetwork form against the paper's formula,
+  each traced under jit and run eagerly (`chex.variants`): the same float64 numbers."""
 
-  got = module.apply({"params": params}, x, mask=jnp.asarray(padding), is_causal=True)
-  hyper = hypernetwork.hypernetwork_attention(
-      module, params, x, mask=jnp.asarray(padding), is_causal=True)
-  expected = paper_formula(params, np.asarray(x), mask, module.preset, position, LENGTH)
-  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-9, atol=1e-9)
-  np.testing.assert_allclose(np.asarray(hyper), expected, rtol=1e-9, atol=1e-9)
+  def setUp(self):
+    super().setUp()
+    self.enter_context(jax.enable_x64(True))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(preset=sorted(attention.PRESETS), position=("t5", "rope"))
+  def test_attention_hypernetwork_and_formula_agree(self, preset, position):
+    module = attention.MultiHeadAttention(
+        num_heads=HEADS, attention=preset, qk_features=QK, v_features=V,
+        position=position, num_buckets=LENGTH, max_distance=LENGTH,
+        dtype=jnp.float64, param_dtype=jnp.float64, implementation="reference")
+    keys = jax.random.split(jax.random.PRNGKey(sum(map(ord, preset))), 4)
+    x = jax.random.normal(keys[0], (BATCH, LENGTH, WIDTH), jnp.float64)
+    params = module.init(keys[1], x)["params"]
+    # Non-zero biases so that the [x; 1] augmentation of the hypernetwork is exercised.
+    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(keys[2], a.shape, a.dtype),
+                          nn.meta.unbox(params))
+    causal = np.tril(np.ones((LENGTH, LENGTH), bool))
+    padding = np.ones((BATCH, 1, 1, LENGTH), bool)
+    padding[1, ..., -2:] = False
+    mask = np.logical_and(causal, padding)  # (B, 1, T, T); row 0 of batch 1 keeps key 0
+
+    attend = self.variant(lambda p, x, m: module.apply({"params": p}, x, mask=m,
+                                                       is_causal=True))
+    hyper = self.variant(lambda p, x, m: hypernetwork.hypernetwork_attention(
+        module, p, x, mask=m, is_causal=True))
+    expected = paper_formula(params, np.asarray(x), mask, module.preset, position, LENGTH)
+    for got in (attend(params, x, jnp.asarray(padding)), hyper(params, x, jnp.asarray(padding))):
+      chex.assert_type(got, jnp.float64)
+      np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_wrong_shapes_fail_with_chex_naming_both():
+  """A wrong shape reaches no einsum: chex's message names the shapes."""
+  module = attention.MultiHeadAttention(num_heads=HEADS, qk_features=QK, v_features=V)
+  x = jnp.ones((BATCH, LENGTH, WIDTH))
+  params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), x)["params"])
+  with pytest.raises(AssertionError, match=r"shape prefixes: \[\(2,\), \(3,\)\]"):
+    hypernetwork.latent_code(module, params, x, jnp.ones((BATCH + 1, LENGTH, WIDTH)))
+  with pytest.raises(AssertionError, match=r"rank 2 \(shape \(5, 6\)\) but expected 3"):
+    module.apply({"params": params}, x[0])
+  code = hypernetwork.latent_code(module, params, x)
+  with pytest.raises(AssertionError, match=r"dimension equal to '3' on axis '1' but got '2'"):
+    hypernetwork.generate_value_network(module, params, code[:, :-1])
 
 
 @pytest.mark.parametrize("preset", ["softmax", "hyla", "hyla_deep"])

@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -86,8 +87,7 @@ def test_resume_outputs_and_frozen_member(tmp_path):
   whole = _population(str(tmp_path / "whole"))
   _population(str(tmp_path / "killed"), stop_after_steps=4)
   resumed = _population(str(tmp_path / "killed"))
-  for a, b in zip(jax.tree.leaves(whole["state"]), jax.tree.leaves(resumed["state"])):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # Bit for bit.
+  chex.assert_trees_all_equal(whole["state"], resumed["state"])  # Bit for bit.
   healthy, frozen = resumed["members"]
   assert "frozen_at_step" not in healthy and math.isfinite(healthy["ood/r2"])
   # Frozen at its last finite training state (whose evaluation may overflow itself).
@@ -104,11 +104,10 @@ def test_resume_outputs_and_frozen_member(tmp_path):
     assert json.load(f)["ood/r2"] == healthy["ood/r2"]
   restored = restore.restore_params(root, member=0)
   by_dir = restore.restore_params(os.path.join(root, "seed=0"))
-  expected = tl.flat_params(population.member_state(resumed["state"], 0).params)
+  expected = population.member_state(resumed["state"], 0).params
   for got in (restored, by_dir):
     assert got.config.seed == 0 and got.step == STEPS
-    for key, value in tl.flat_params(got.params).items():
-      np.testing.assert_array_equal(value, expected[key])
+    chex.assert_trees_all_equal(got.params, expected)
   with pytest.raises(ValueError, match="population of 2 members"):
     restore.restore_params(root)
 
@@ -178,5 +177,4 @@ def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):
   for member in (0, 1):
     a = restore.restore_params(str(workdir), tp.STEPS, member=member)
     b = restore.restore_params(str(reference), tp.STEPS, member=member)
-    for key, value in tl.flat_params(a.params).items():
-      np.testing.assert_array_equal(value, tl.flat_params(b.params)[key], err_msg=key)
+    chex.assert_trees_all_equal(a.params, b.params)

@@ -42,7 +42,7 @@ def _command(workdir, process_id=None, port=None):
 
 def _env(devices):
   env = tl.subprocess_env()
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["JAX_NUM_CPU_DEVICES"] = str(devices)  # jax's own option (no XLA flag string)
   env["JAX_PLATFORMS"] = "cpu"
   return env
 

@@ -173,11 +173,10 @@ def test_grouped_folds_and_unit_permutations():
 # ------------------------------------------------------- restore across device counts
 _FAKE_DEVICES = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=4")
-os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
 import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_num_cpu_devices", 4)
 import numerics
 import train_testlib as tl
 from hypernet_attention.probing import extract

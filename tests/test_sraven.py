@@ -2,6 +2,7 @@
 
 import itertools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -152,7 +153,7 @@ def test_encoding_layout(task8):
 def test_deterministic_and_traceable_in_scan(task8):
   key = jax.random.key(11)
   a, b = task8.sample(key, 32, 'train'), task8.sample(key, 32, 'train')
-  jax.tree.map(np.testing.assert_array_equal, a, b)
+  chex.assert_trees_all_equal(a, b)
   c = task8.sample(jax.random.key(12), 32, 'train')
   assert not np.array_equal(a['grid'], c['grid'])
   assert not np.array_equal(a['grid'], task8.sample(key, 32, 'test')['grid'])

@@ -12,14 +12,14 @@ import json
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           f" --xla_force_host_platform_device_count="
-                           f"{4 if sys.argv[1] == 'devices' else 2}")
-os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
+
+# jax's own options, before anything initializes a backend.
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_num_cpu_devices", 4 if sys.argv[1] == "devices" else 2)
 import numpy as np
 
 from experiments.configs import sraven

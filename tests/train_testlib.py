@@ -20,8 +20,9 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 # pylint: disable=wrong-import-position
-from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402
-from experiments.configs import sraven as sraven_config  # noqa: E402
+# Re-exported: tests reach the experiment configs as tl.sraven_config, tl.fuzzy_config.
+from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402, F401
+from experiments.configs import sraven as sraven_config  # noqa: E402, F401
 from hypernet_attention import transformer  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402

@@ -35,6 +35,7 @@ import functools
 import io
 from typing import Any
 
+import chex
 from etils import epath
 import jax
 import jax.numpy as jnp
@@ -76,6 +77,13 @@ class Codes:
   step: int
   code_axes: str  # what the C axis holds
 
+  PER_SAMPLE = ("codes_NLC", "labels", "task_N", "unit_N", "stratum_N", "split_N", "target_N")
+
+  def __post_init__(self):
+    # One row per sample in every per-sample array (a saved file included).
+    chex.assert_rank(self.codes_NLC, 3)
+    chex.assert_equal_shape_prefix([getattr(self, k) for k in self.PER_SAMPLE], 1)
+
   @property
   def multilabel(self) -> bool:
     return self.labels.ndim == 2
@@ -98,8 +106,7 @@ class Codes:
 
   def split(self, index: int) -> "Codes":
     keep = self.split_N == index
-    per_sample = ("codes_NLC", "labels", "task_N", "unit_N", "stratum_N", "split_N", "target_N")
-    return dataclasses.replace(self, **{k: getattr(self, k)[keep] for k in per_sample})
+    return dataclasses.replace(self, **{k: getattr(self, k)[keep] for k in self.PER_SAMPLE})
 
 
 class SRavenSetting:
@@ -125,6 +132,7 @@ class SRavenSetting:
     """One sample per (problem, probed feature)."""
     B, L, H, _ = codes_BLHP.shape
     S = len(self.features)
+    chex.assert_shape(codes_BLHP, (B, L, H, len(self.query_P)))
     codes_BSLC = codes_BLHP.reshape(B, L, H, S, -1).transpose(0, 3, 1, 2, 4).reshape(B, S, L, -1)
     rules_BK = np.asarray(batch["rules"])
     task_B = np.array([self._task_id[tuple(r)] for r in rules_BK])
@@ -165,6 +173,7 @@ class FuzzyLogicSetting:
 
   def samples(self, batch, codes_BLHP) -> dict[str, np.ndarray]:
     B = codes_BLHP.shape[0]
+    chex.assert_shape(codes_BLHP, (B, None, None, len(self.query_P)))
     terms_BK = np.asarray(batch["terms"]) @ self._bit_weights
     task_B = np.array([self._task_id[tuple(t)] for t in terms_BK])
     return dict(codes_NLC=codes_BLHP.reshape(B, codes_BLHP.shape[1], -1),
@@ -200,6 +209,9 @@ def code_collector(model, query_P: tuple[int, ...], key_P: tuple[int, ...]):
     flat = traverse_util.flatten_dict(state["intermediates"])
     layers = sorted((k for k in flat if k[-1] == "latent_code"),
                     key=lambda k: int(k[0].split("_")[-1]))
+    # Each layer sows one (B, H, Q, K) latent code over the same batch and heads.
+    chex.assert_rank([flat[k][0] for k in layers], 4)
+    chex.assert_equal_shape([flat[k][0] for k in layers])
     codes = [flat[k][0][:, :, query_P, key_P] for k in layers]
     return outputs, jnp.stack(codes, 1)
   return collect

@@ -32,6 +32,7 @@ import json
 import os
 from typing import Iterable, Iterator, Mapping, Optional
 
+import chex
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -354,7 +355,11 @@ class DataIterator:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in next(self._iterator).items()}
+    batch = {k: v.numpy() for k, v in next(self._iterator).items()}
+    # Tokens, targets and loss weights: (B, T) each, T fixed by the pipeline's padding.
+    chex.assert_rank(batch["inputs"], 2)
+    chex.assert_equal_shape([batch["inputs"], batch["targets"], batch["weights"]])
+    return batch
 
   def path(self, directory: str) -> str:
     return os.path.join(directory, self._name)

@@ -24,6 +24,7 @@ import functools
 import itertools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,11 +121,15 @@ class FuzzyLogic:
     # Uniform floats in [0, 1) from the top 23 bits, as jax.random.uniform makes them.
     mantissa = (bits[:, 1:] >> 9) | jnp.uint32(0x3F800000)
     x_BNL = (jax.lax.bitcast_convert_type(mantissa, jnp.float32) - 1.0).reshape(B, N, L)
+    chex.assert_shape(terms_BKL, (B, self.num_terms, L))
     return {'x': x_BNL, 'y': self.evaluate(terms_BKL, x_BNL), 'terms': terms_BKL}
 
   def encode(self, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """Tokens (B, N, L+1) = [x; y] with the query's y zeroed, and the target y[:, -1]."""
     y_BN = batch['y']
+    chex.assert_shape(batch['x'], (None, self.num_examples, self.num_variables))
+    chex.assert_shape(y_BN, batch['x'].shape[:2])
+    chex.assert_type([batch['x'], y_BN], float)
     tokens_BNT = jnp.concatenate([batch['x'], y_BN[..., None]], -1).at[:, -1, -1].set(0.0)
     return tokens_BNT.astype(jnp.float32), y_BN[:, -1].astype(jnp.float32)
 

@@ -35,6 +35,7 @@ import functools
 import itertools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -202,6 +203,7 @@ class SRaven:
     else:
       perms_BGK = jnp.broadcast_to(jnp.arange(K), (B, G, K))
     grid_BGGK = jnp.take_along_axis(unpermuted_BGGK, perms_BGK[:, None], axis=-1)
+    chex.assert_shape([grid_BGGK, rules, perms_BGK], [(B, G, G, K), (B, K), (B, G, K)])
     return {'grid': grid_BGGK.astype(jnp.int32), 'rules': rules.astype(jnp.int32),
             'perms': perms_BGK.astype(jnp.int32)}
 
@@ -213,11 +215,16 @@ class SRaven:
     """
     grid = batch['grid']
     B, K = grid.shape[0], self.num_features
+    G = self.grid_size
+    chex.assert_shape(grid, (B, G, G, K))
+    chex.assert_type(grid, int)
     panels_BPK = grid.reshape(B, -1, K)
     context_BTF = jax.nn.one_hot(panels_BPK[:, :-1].reshape(B, -1), self.num_values,
                                  dtype=jnp.float32)
     query_BKF = jnp.zeros((B, K, self.num_values), jnp.float32)
-    return jnp.concatenate([context_BTF, query_BKF], 1), panels_BPK[:, -1].astype(jnp.int32)
+    tokens_BTF = jnp.concatenate([context_BTF, query_BKF], 1)
+    chex.assert_shape(tokens_BTF, (B, G * G * K, self.num_values))
+    return tokens_BTF, panels_BPK[:, -1].astype(jnp.int32)
 
   # -------------------------------------------------------------- ambiguity
   @functools.cached_property

@@ -17,6 +17,7 @@ import inspect
 from typing import Any, Callable, Mapping
 
 from absl import logging
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -114,6 +115,7 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
   def metrics_fn(logits_BTF, batch):
     _, targets_BK = task.encode(batch)
     num_k = targets_BK.shape[1]
+    chex.assert_shape(logits_BTF, (targets_BK.shape[0], None, task.num_values))
     logits_BKF = logits_BTF[:, -num_k:].astype(jnp.float32)
     ce_BK = optax.softmax_cross_entropy_with_integer_labels(logits_BKF, targets_BK)
     correct_BK = jnp.argmax(logits_BKF, -1) == targets_BK
@@ -144,6 +146,7 @@ def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
 
   def metrics_fn(outputs_BT1, batch):
     _, target_B = task.encode(batch)
+    chex.assert_shape(outputs_BT1, (*target_B.shape, None, 1))
     pred_B = outputs_BT1[:, -1, 0].astype(jnp.float32)
     return {"loss": jnp.square(pred_B - target_B),
             "r2": task.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
@@ -193,6 +196,8 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
 
   def metrics_fn(logits_BTV, batch):
     targets_BT, weights_BT = batch["targets"], batch["weights"].astype(jnp.float32)
+    chex.assert_shape(logits_BTV, (*targets_BT.shape, bytes_V.shape[0]))
+    chex.assert_equal_shape([targets_BT, weights_BT])
     logits_BTV = logits_BTV.astype(jnp.float32)
     nats_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
     correct_BT = (jnp.argmax(logits_BTV, -1) == targets_BT).astype(jnp.float32)
