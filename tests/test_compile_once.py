@@ -12,6 +12,7 @@ process invocation: a resume is a new invocation and traces again, once.
 
 import collections
 import contextlib
+import functools
 
 import jax
 import pytest
@@ -89,7 +90,10 @@ def test_a_train_chunk_rejitted_per_call_is_caught(tmp_path, monkeypatch):
   def jit_per_call(fun, *args, **kwargs):
     if getattr(fun, "__name__", None) != "chunk":
       return real_jit(fun, *args, **kwargs)
-    return lambda *call_args: real_jit(fun, *args, **kwargs)(*call_args)
+    # A new function object per call, as a jit built inside the loop would be: JAX's
+    # trace cache is keyed on the function, so re-jitting the same object would not miss.
+    return lambda *call_args: real_jit(
+        functools.wraps(fun)(lambda *a: fun(*a)), *args, **kwargs)(*call_args)
 
   monkeypatch.setattr(jax, "jit", jit_per_call)
   with count_traces() as counts:
