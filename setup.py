@@ -1,10 +1,10 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21, gcsfs 2026.10.1; on Python
-3.12.1 and 3.13.0 (pip picks the same for both) jax 0.11.2, flax 0.12.12, optax 0.2.8,
-orbax-checkpoint 0.12.8, tensorflow 2.21 (jax 0.11 needs Python >= 3.12). The README's
-"Versions" says which tests ran on which.
+orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21,
+gcsfs 2026.10.1; on Python 3.12.1 and 3.13.0 (pip picks the same for both) jax 0.11.2,
+flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8, chex 0.1.92, tensorflow 2.21 (jax 0.11
+needs Python >= 3.12). The README's "Versions" says which tests ran on which.
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
 0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
 """
@@ -73,7 +73,8 @@ EXTRAS = {
 setuptools.setup(
     name="hypernet-attention",
     version="0.1.0",
-    description="Attention as a Hypernetwork: multi-head attention, HYLA and ablations in JAX/Flax.",
+    description=("Attention as a Hypernetwork: multi-head attention, HYLA and ablations in "
+                 "JAX/Flax."),
     python_requires=">=3.11",
     # The interpreters the test suite is run on (module docstring; CI: .ci/run).
     classifiers=[

@@ -36,8 +36,8 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
-from hypernet_attention.train import console  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
+from hypernet_attention.train import console  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
 
@@ -116,8 +116,8 @@ def population_table(args, models, counts):
   tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
                                               repeats=args.repeats))
             for model, config in zip(models, configs)]
-  print(f"\n| experiment | size | model | members | member-steps/s | x one run | "
-        f"MiB per member | vs one run's |")
+  print("\n| experiment | size | model | members | member-steps/s | x one run | "
+        "MiB per member | vs one run's |")
   print("|---|---|---|---|---|---|---|---|")
   for model, rows in tables:
     base = next((r for r in rows if r["members"] == 1), None)

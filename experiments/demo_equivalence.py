@@ -86,7 +86,7 @@ def parameter_counts():
     for config, shape in ((transformer.fuzzy_logic_config(16, attention=name), (1, 16, 5)),
                           (transformer.sraven_config(attention=name), (1, 36, 8))):
       model = transformer.Transformer(config)
-      abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape)))
+      abstract = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(shape)))  # noqa: B023
       counts.append(state_lib.count_params(abstract["params"]))
     print(f"  {name:10s} fuzzy logic {counts[0]:9,d}   SRAVEN {counts[1]:9,d}")
 
@@ -102,7 +102,7 @@ def timing(batch, steps):
 
     @jax.jit
     def grad_fn(p, rng):
-      loss = lambda p: jnp.mean(model.apply({"params": p}, x, deterministic=False,
+      loss = lambda p: jnp.mean(model.apply({"params": p}, x, deterministic=False,  # noqa: B023
                                             rngs={"dropout": rng}) ** 2)
       return jax.value_and_grad(loss)(p)
 

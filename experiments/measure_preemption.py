@@ -5,8 +5,9 @@ r"""Seconds from a preemption notice (SIGTERM) at a random moment to the run's e
 
 Each trial starts the task's entry point at `size=paper` in a fresh workdir, waits until
 its state is built (the `Model:` line; compilation and training follow), then a uniformly
-random 0..`--window_s` seconds, sends SIGTERM and times the exit. A trial records the exit code (75 expected),
-the step of the newest checkpoint, and whether an evaluation line came after the notice.
+random 0..`--window_s` seconds, sends SIGTERM and times the exit. A trial records the exit
+code (75 expected), the step of the newest checkpoint, and whether an evaluation line came
+after the notice.
 `--repo` runs another checkout's code (e.g. the commit before a change) with the same
 interpreter. Results (every trial, then the median and maximum per task) go to
 `experiments/results/preemption_latency_<label>.json`; a timing, not a test: run on the
@@ -97,7 +98,8 @@ def main() -> None:
                       help="the notice comes 0..window_s seconds after the `Model:` line")
   parser.add_argument("--timeout_s", type=float, default=1800.0)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=None, help="default: results/preemption_latency_<label>.json")
+  parser.add_argument("--out", default=None,
+                      help="default: results/preemption_latency_<label>.json")
   parser.add_argument("overrides", nargs="*", help="extra --config.key=value flags")
   args = parser.parse_args()
   tasks = [t for t in args.tasks.split(",") if t]

@@ -38,7 +38,7 @@ def main():
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   profile = profiling.profile_train_step(config, args.steps, args.trace_dir)
-  print(f"| ms/step | share | output shape | op (layers summed) |\n|---|---|---|---|")
+  print("| ms/step | share | output shape | op (layers summed) |\n|---|---|---|---|")
   for row in profile.ops[:args.top]:
     print(f"| {row.ms_per_step:.2f} | {row.ms_per_step / profile.ms_per_step:.1%} | "
           f"{row.shape} | {row.op} |")

@@ -134,7 +134,7 @@ def generate_value_network(
     batch, _, q_len, k_len = code_BHQK.shape
     readout_BQKOHV = jnp.einsum("bhqk,hov->bqkohv", code_BHQK, out_HOV)
     return {"W2": readout_BQKOHV.reshape(batch, q_len, k_len, out_HOV.shape[1], -1)}
-  weights = {"W1": jnp.einsum("bhqk,hva->bqkva", code_BHQK, value_HVA), 
+  weights = {"W1": jnp.einsum("bhqk,hva->bqkva", code_BHQK, value_HVA),
              "W2": jnp.einsum("bhqk,hov->bqkov", code_BHQK, out_HOV)}
   if network == "deep_mlp":
     # Stored as [head, input unit, output unit]; as a matrix acting on z it is W'_h^T.

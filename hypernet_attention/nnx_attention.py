@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Union
 
+from flax import nnx
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import nnx
-from flax import traverse_util
 
 from hypernet_attention import attention as linen_attention
 from hypernet_attention import positions

@@ -16,9 +16,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from flax.core import meta
 import flax.linen as nn
 import jax.numpy as jnp
-from flax.core import meta
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):

@@ -84,6 +84,7 @@ def member_bytes(config) -> float:
   ~24 float32 tensors of that size kept for the backward pass, attention scores on top)."""
   # pylint: disable=g-import-not-at-top
   import jax
+
   from hypernet_attention.train import build
   # pylint: enable=g-import-not-at-top
   s = build.setup(config, jax.devices()[:1])

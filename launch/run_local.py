@@ -152,7 +152,8 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
         if outcome.status != "skipped":
           log(f"[{len(outcomes)}/{len(points)}] {outcome.status}: {outcome.name} "
               f"({outcome.wall_s / 60:.1f} min wall, {outcome.cpu_s / 60:.1f} min CPU"
-              f"{'' if outcome.status == 'finished' else f', exit {outcome.returncode}, see {LOG}'})")
+              + ("" if outcome.status == "finished"
+                 else f", exit {outcome.returncode}, see {LOG}") + ")")
     except BaseException:  # Ctrl-C or SIGTERM: the children checkpoint and stop too.
       for future in futures:
         future.cancel()

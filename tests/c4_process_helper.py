@@ -24,6 +24,7 @@ from experiments.configs import c4_lm
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from experiments.configs import sraven
 from hypernet_attention.train import population
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 NUM_STEPS = 8

@@ -15,13 +15,13 @@ import sys
 
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.tasks import sraven
 from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 LIBRARY_CASES = {
     # name: (config overrides, expected message regex)

@@ -13,16 +13,16 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-import seqio
 import sentencepiece as spm
+import seqio
 import tensorflow_datasets as tfds
 
+from experiments.configs import c4_lm as c4_config
 from hypernet_attention import transformer
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import state as state_lib
 
-from experiments.configs import c4_lm as c4_config
 import c4_testlib
 import train_testlib as tl
 

@@ -19,10 +19,6 @@ import pytest
 import seqio
 import tensorflow_datasets as tfds
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import c4_testlib
-import train_testlib as tl
-
 from experiments.configs import c4_lm as c4_config
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import benchmark
@@ -30,6 +26,10 @@ from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import sharding
+
+import c4_testlib
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")

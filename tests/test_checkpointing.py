@@ -6,16 +6,15 @@ import os
 import shutil
 
 import chex
-import numpy as np
 import pytest
-
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
 
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")

@@ -59,8 +59,8 @@ def test_unreadable_runs_are_skipped_by_name(root):
       "(Unterminated string starting at: line 1 column 16 (char 15)); it was left as it is: "
       "restore or remove it",
       f"warning: skipping {broken_summary}: {broken_summary}/summary.json is not readable "
-      "JSON (Expecting ',' delimiter: line 1 column 13 (char 12)); it was left as it is: restore or "
-      "remove it"]
+      "JSON (Expecting ',' delimiter: line 1 column 13 (char 12)); it was left as it is: "
+      "restore or remove it"]
 
 
 def test_sweep_of_another_experiment_is_refused(root):

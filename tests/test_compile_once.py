@@ -17,10 +17,10 @@ import functools
 import jax
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import loop
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 # JAX records this event each time it traces a Python function to a jaxpr (cache misses
 # only), with `fun_name`; `jax.monitoring` is its public listener API.

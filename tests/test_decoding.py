@@ -2,15 +2,14 @@
 attention path (the blockwise kernel, never the materialized reference)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import train_testlib as tl
 
 from hypernet_attention import decoding
 from hypernet_attention import transformer
 from hypernet_attention.ops import reference
+
+import train_testlib as tl
 
 VOCAB, T = 37, 12
 

@@ -15,11 +15,11 @@ import chex
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 HELPER = os.path.join(tl.REPO, "tests", "train_helper.py")
 TIMEOUT_S = 420

@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import objectives
 from hypernet_attention.train import registry
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 def test_demo_is_local_with_two_features_and_twice_the_steps():

@@ -166,6 +166,7 @@ def test_split_seed_follows_run_seed_unless_fixed():
 def test_legacy_task_seed_in_config_json_still_builds():
   """config.json files written before `split_seed` hold `task.seed` (a fixed split)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
+
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=smoke').to_dict()

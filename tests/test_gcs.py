@@ -20,16 +20,15 @@ import sys
 import time
 
 import chex
-import numpy as np
 import pytest
-
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
 
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 from hypernet_attention.train import workdir as workdir_lib
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TRAIN = """

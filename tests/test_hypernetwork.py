@@ -60,7 +60,7 @@ def paper_formula(p, x, mask, preset, position, num_buckets, eps=1e-6):
   phi = ACTIVATIONS[act]
   out = np.zeros((BATCH, LENGTH, WIDTH))
   for b in range(BATCH):
-    proj = lambda n: np.stack([x[b] @ p[n]["kernel"][:, h] + p[n]["bias"][h]
+    proj = lambda n: np.stack([x[b] @ p[n]["kernel"][:, h] + p[n]["bias"][h]  # noqa: B023
                                for h in range(HEADS)])  # (H, T, .)
     q, k, v = proj("query"), proj("key"), proj("value")
     if position == "rope":

@@ -13,8 +13,6 @@ import sys
 import jax
 import pytest
 
-import train_testlib as tl
-
 from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
@@ -25,6 +23,8 @@ from launch import jobs
 from launch import sweeps
 from launch import xm_launch
 from launch.sweeps import common
+
+import train_testlib as tl
 
 FUZZY_GRID, SRAVEN_GRID = 2 * 2, 2 * 2 * 2  # The paper's appendix: lr x wd (x warmup).
 SEEDS = 3
@@ -109,7 +109,6 @@ def test_table_a1_grid_is_the_papers(name, grid):
 
 
 def test_heads_sweep_keeps_parameters_equal():
-  from hypernet_attention.train import loop  # pylint: disable=g-import-not-at-top
   counts = collections.defaultdict(set)
   for point in sweeps.load("fig5c_heads_sraven").get_sweep():
     # One setting of HYLA (its value network is where H could change parameters).

@@ -5,11 +5,11 @@ submitted: fake `gcloud`, `sbatch` and `srun` on PATH record whether they were c
 import subprocess
 
 import pytest
-
 from test_launch import _fake_tools  # pylint: disable=g-bad-import-order
-import train_testlib as tl
 
 from hypernet_attention.train import check_config
+
+import train_testlib as tl
 
 BAD = {
     # name: (experiment, config argument, workdir, overrides, expected error line)

@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import lock
 from hypernet_attention.train import loop
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 def _record(path, **changes):

@@ -9,12 +9,12 @@ import os
 import subprocess
 import sys
 
+from flax import nnx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from hypernet_attention import attention
 from hypernet_attention import nnx_attention

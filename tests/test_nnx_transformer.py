@@ -2,9 +2,9 @@
 
 import math
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from experiments import nnx_transformer
 from hypernet_attention import nnx_attention

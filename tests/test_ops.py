@@ -18,14 +18,15 @@ from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
 
+from numerics import NAMES
 from numerics import assert_close
 from numerics import compare
 from numerics import error_bound
 from numerics import float64_value_and_grads
-from numerics import NAMES
 from numerics import reduction_length
 from numerics import rel_err
 from numerics import value_and_grads
+
 
 def make_inputs(seed, batch=2, q_len=19, k_len=13, heads=3, depth=8, v_dim=5,
                 bias_shape=None, mask_shape=None, dtype=jnp.float32):
@@ -167,7 +168,7 @@ def test_fully_masked_rows_are_zero():
   mask[..., 4, :] = False
   for normalization in ("rms_head", "softmax"):
     out = jax.jit(lambda q, k, v: blockwise.attention(
-        q, k, v, mask=mask, normalization=normalization, block_q=4, block_k=4))(q, k, v)
+        q, k, v, mask=mask, normalization=normalization, block_q=4, block_k=4))(q, k, v)  # noqa: B023
     ref = reference.attention(q, k, v, mask=mask, normalization=normalization)
     np.testing.assert_array_equal(np.asarray(out[:, 4]), 0.0)
     assert rel_err(out, ref) < error_bound(0.0, reduction_length(q, k, v), out.dtype)

@@ -18,9 +18,9 @@ from hypernet_attention.ops import pallas_kernel
 from numerics import assert_close
 from numerics import compare
 from test_ops import CASES
+from test_ops import VARIANTS
 from test_ops import make_inputs
 from test_ops import reference_fn
-from test_ops import VARIANTS
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,10 +14,10 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-import numerics
 from hypernet_attention.ops import sharded
-from hypernet_attention.train import build
 from hypernet_attention.train import sharding
+
+import numerics
 
 SCRIPT = r"""
 import json, sys

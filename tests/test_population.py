@@ -10,10 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-import numerics
-
 from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
@@ -21,6 +17,10 @@ from hypernet_attention.train import population
 from hypernet_attention.train import restore
 from hypernet_attention.train import state as state_lib
 from launch import collect
+
+import numerics
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 STEPS = 8
 # Every batchable key differs between the two members.
@@ -153,6 +153,7 @@ def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):
   exit 75 -> the rerun ends with an uninterrupted population's parameters, bit for bit."""
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
+
   import test_preemption as tp  # pylint: disable=g-import-not-at-top
   members = ("--config.population.members=({'seed': 0}, "
              "{'seed': 1, 'optimizer.learning_rate': 0.003})")

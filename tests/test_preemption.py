@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import preemption
 from hypernet_attention.train import restore
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 # Two processes agree on the preemption step within a few seconds (the coordination
 # service relays the notice), so they need a longer run than one process does.

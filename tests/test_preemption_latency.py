@@ -17,13 +17,13 @@ import time
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import curves
 from hypernet_attention.train import loop
 from hypernet_attention.train import preemption
 from hypernet_attention.train import restore
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 CHUNK = 100  # Steps per chunk; long enough that the notice lands inside one.
 STEPS = 4 * CHUNK

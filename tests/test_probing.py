@@ -11,19 +11,18 @@ import numpy as np
 import pytest
 import threadpoolctl
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import numerics
-import train_testlib as tl
-
 from hypernet_attention import hypernetwork
 from hypernet_attention.probing import decode
 from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights
-from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
+
+import numerics
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 CLI = os.path.join(tl.REPO, "experiments", "probe_latents.py")
 FILES = ("codes_8.npz", "codes_0.npz", "metrics.json", "report.md", "decoder_vs_layer.png",

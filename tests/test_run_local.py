@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
-import train_testlib as tl
-
 from launch import collect
 from launch import jobs
 from launch import sweeps
+
+import train_testlib as tl
 
 TIMEOUT_S = 400
 

@@ -14,17 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
-import train_testlib as tl
-
 from hypernet_attention.train import build
-from hypernet_attention.train import checkpointing
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import workdir as workdir_lib
+
+import train_testlib as tl
+from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")

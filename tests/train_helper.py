@@ -26,6 +26,7 @@ from experiments.configs import sraven
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
+
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 NUM_STEPS = 8

@@ -26,6 +26,7 @@ from experiments.configs import sraven as sraven_config  # noqa: E402, F401
 from hypernet_attention import transformer  # noqa: E402
 from hypernet_attention.train import config_lib  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
+
 # pylint: enable=wrong-import-position
 
 CACHE_DIR = os.path.join(tempfile.gettempdir(), "hypernet_attention_test_xla_cache")

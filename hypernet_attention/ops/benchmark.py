@@ -21,7 +21,7 @@ import json
 import os
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -186,7 +186,7 @@ def markdown_table(rows: list[dict]) -> str:
            " fwd+bwd TFLOP/s | status |", "|---|---|---|---|---|---|---|---|"]
   fmt = lambda x, f: "-" if x is None else format(x, f)
   for r in rows:
-    temp = lambda k: None if r.get(k) is None else r[k] / 2**20
+    temp = lambda k: None if r.get(k) is None else r[k] / 2**20  # noqa: B023
     lines.append(
         f"| {r['seq_len']} | {r['implementation']} | {fmt(r.get('fwd_ms'), '.1f')} | "
         f"{fmt(r.get('fwd_bwd_ms'), '.1f')} | {fmt(temp('fwd_temp_bytes'), '.1f')} | "

@@ -41,8 +41,8 @@ import functools
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 from jax.experimental import pallas as pl
+import jax.numpy as jnp
 
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
@@ -436,7 +436,7 @@ def backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg,
   out_specs = [tile(cfg.block_q, d_pad)]
   if bias4 is not None:
     # Per batch element and query tile; reduced over broadcast axes below.
-    q_full, k_full = bias4.shape[2] != 1, bias4.shape[3] != 1
+    q_full = bias4.shape[2] != 1
     rows = cfg.q_padded if q_full else cfg.num_q_blocks
     out_shape.append(jax.ShapeDtypeStruct(
         (batch, bias4.shape[1], rows, bias4.shape[3]), _F32))

@@ -36,8 +36,8 @@ cross-validated and are reported as skipped).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Optional
+import warnings
 
 import numpy as np
 from sklearn import dummy

@@ -37,11 +37,11 @@ from typing import Any
 
 import chex
 from etils import epath
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
-from flax import traverse_util
 
 from hypernet_attention.tasks import sraven as sraven_lib
 from hypernet_attention.train import workdir as workdir_lib

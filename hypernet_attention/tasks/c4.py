@@ -37,12 +37,12 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
-import seqio
 import sentencepiece as spm
+import seqio
 import tensorflow as tf
 
-from hypernet_attention.tasks import docstring_corpus
 from hypernet_attention.errors import BadInput
+from hypernet_attention.tasks import docstring_corpus
 
 TASKS = ("c4_lm", "text_lm")
 SPLITS = ("train", "validation")

@@ -22,7 +22,6 @@ import ml_collections
 
 from hypernet_attention.errors import BadInput
 
-
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
 POSITIVE_FIELDS = (
     "batch_size", "num_train_steps", "steps_per_loop", "log_every_steps", "eval_every_steps",

@@ -90,6 +90,7 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
 def transformer_config(model: Mapping[str, Any], **overrides: Any):
   """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
   fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
   kwargs = dict(model)

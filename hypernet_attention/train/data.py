@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
+from etils import epath
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 
 from hypernet_attention.train import sharding
 

@@ -161,6 +161,7 @@ def _lm_source(task, sequence_length: int) -> data.HostSource:
   seed, endless; eval: the split's first rows, unshuffled, repeated if it is short)."""
   # pylint: disable=g-import-not-at-top
   import seqio
+
   from hypernet_attention.tasks import c4
   # pylint: enable=g-import-not-at-top
 

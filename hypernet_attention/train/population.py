@@ -38,9 +38,9 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import ml_collections
 
 from hypernet_attention import errors
 from hypernet_attention.train import build
@@ -254,7 +254,7 @@ class PopulationTrainer:
     for i, objective in enumerate(self.setup.member_objectives):
       out.append({f"{split}/{k}": float(v) for split, ms in results.items()
                   for k, v in objective.finalize(
-                      jax.tree.map(lambda x: x[i], ms)).items()})  # pylint: disable=cell-var-from-loop
+                      jax.tree.map(lambda x: x[i], ms)).items()})  # pylint: disable=cell-var-from-loop  # noqa: B023
     return out
 
 

@@ -11,8 +11,8 @@ Layout of a population workdir (what `launch.collect`, probing and TensorBoard r
 
 So a sweep root holding populations tabulates exactly as one holding separate runs, and
 `restore.restore_params(workdir, member=i)` reads one member's parameters. Order of work,
-resume, SIGTERM and bad input are as for a single run: `loop.run` drives both. A member whose step turns
-NaN/Inf is frozen (`population.PopulationTrainer`): its summary records `frozen_at_step`
+resume, SIGTERM and bad input are as for a single run: `loop.run` drives both. A member whose
+step turns NaN/Inf is frozen (`population.PopulationTrainer`): its summary records `frozen_at_step`
 and its last finite state's metrics; the run stops with FloatingPointError only when every
 member is frozen.
 """
@@ -35,7 +35,6 @@ from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 from hypernet_attention.train import workdir as workdir_lib
-
 
 
 def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
@@ -104,7 +103,7 @@ class PopulationRun:
     for i in range(self.p.size):
       if self.frozen[i] is None:
         bad = trainer_lib.first_nonfinite(
-            [(start, jax.tree.map(lambda m: m[i], metrics)) for start, metrics in pending])  # pylint: disable=cell-var-from-loop
+            [(start, jax.tree.map(lambda m: m[i], metrics)) for start, metrics in pending])  # pylint: disable=cell-var-from-loop  # noqa: B023
         if bad is not None:
           self.frozen[i] = bad
           logging.warning("member %s: non-finite training loss at step %d; frozen at its "
@@ -141,7 +140,8 @@ class PopulationRun:
     self.evaluated = True
     for writer, metrics in zip(self.writers, self.eval_metrics):
       writer.write_scalars(step, metrics)
-    main = [k for k in self.eval_metrics[0] if k.endswith(f"/{self.p.single.objective.main_metric}")]
+    metric = self.p.single.objective.main_metric
+    main = [k for k in self.eval_metrics[0] if k.endswith(f"/{metric}")]
     logging.info("eval at step %s | %s", f"{step:,}", " | ".join(
         f"{k} mean {np.mean([m[k] for m in self.eval_metrics]):.4f}" for k in sorted(main)))
 

@@ -22,9 +22,9 @@ import ml_collections
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
+from hypernet_attention.train import population
 from hypernet_attention.train import run_files
 from hypernet_attention.train import workdir as workdir_lib
-from hypernet_attention.train import population
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-import ml_collections
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+import ml_collections
+import numpy as np
 
 # `member`: a population's members (`population.py`), spread over devices with no
 # communication between them; size 1 for a single run.

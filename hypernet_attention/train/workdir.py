@@ -14,28 +14,27 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
+from hypernet_attention.train.run_files import CEILINGS  # noqa: F401
+from hypernet_attention.train.run_files import CHECKPOINTS  # noqa: F401
+
 # Re-exported: the training code reads them from here.
-from hypernet_attention.train.run_files import (
-    CONFIG,  # noqa: F401
-    SUMMARY,  # noqa: F401
-    CHECKPOINTS,  # noqa: F401
-    CORRUPT_CHECKPOINTS,  # noqa: F401
-    CEILINGS,  # noqa: F401
-    RESUME_FREE_KEYS,  # noqa: F401
-    POPULATION_SUMMARY,  # noqa: F401
-    is_remote,  # noqa: F401
-    path,  # noqa: F401
-    write_bytes,  # noqa: F401
-    write_json,  # noqa: F401
-    read_json,  # noqa: F401
-    flatten,  # noqa: F401
-    config_to_json,  # noqa: F401
-    read_config,  # noqa: F401
-    read_summary,  # noqa: F401
-    write_summary,  # noqa: F401
-    find_runs,  # noqa: F401
-    is_finished,  # noqa: F401
-)
+from hypernet_attention.train.run_files import CONFIG  # noqa: F401
+from hypernet_attention.train.run_files import CORRUPT_CHECKPOINTS  # noqa: F401
+from hypernet_attention.train.run_files import POPULATION_SUMMARY  # noqa: F401
+from hypernet_attention.train.run_files import RESUME_FREE_KEYS  # noqa: F401
+from hypernet_attention.train.run_files import SUMMARY  # noqa: F401
+from hypernet_attention.train.run_files import config_to_json  # noqa: F401
+from hypernet_attention.train.run_files import find_runs  # noqa: F401
+from hypernet_attention.train.run_files import flatten  # noqa: F401
+from hypernet_attention.train.run_files import is_finished  # noqa: F401
+from hypernet_attention.train.run_files import is_remote  # noqa: F401
+from hypernet_attention.train.run_files import path  # noqa: F401
+from hypernet_attention.train.run_files import read_config  # noqa: F401
+from hypernet_attention.train.run_files import read_json  # noqa: F401
+from hypernet_attention.train.run_files import read_summary  # noqa: F401
+from hypernet_attention.train.run_files import write_bytes  # noqa: F401
+from hypernet_attention.train.run_files import write_json  # noqa: F401
+from hypernet_attention.train.run_files import write_summary  # noqa: F401
 
 
 def _is_off(value: Any) -> bool:

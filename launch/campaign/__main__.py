@@ -27,7 +27,6 @@ from absl import flags
 from hypernet_attention import errors
 from hypernet_attention.train import cli
 from launch.campaign import cells as cells_lib
-from launch.campaign import plan
 from launch.campaign import records
 from launch.campaign import report
 from launch.campaign import runner
