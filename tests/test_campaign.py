@@ -192,6 +192,7 @@ def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
   assert outcome.status == "finished", outcome
   record = records.read(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
   assert [p["returncode"] for p in record["processes"]] == [75, 0]
+  assert record["commit"] == record["processes"][0]["commit"] != "?"  # The code that trained.
   assert record["wall_s"] == pytest.approx(sum(p["wall_s"] for p in record["processes"]))
   assert "resum" in (workdir / runner.LOG).read_text().lower()
   member = record["members"][1]

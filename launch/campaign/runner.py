@@ -61,6 +61,7 @@ class _Running:
   started: float
   log_path: str
   estimate: plan.Estimate
+  commit: str  # The code it runs (`git describe --dirty` when it started).
   first: Optional[tuple[float, int]] = None  # (time, step) when progress was first seen.
 
 
@@ -178,7 +179,8 @@ class Campaign:
       f.flush()
       process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
                                  env=run_local.child_env(self.options.max_concurrent))
-    self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate)
+    self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
+                                       collect_cell.commit(cells_lib.REPO))
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
     return True
@@ -188,7 +190,7 @@ class Campaign:
     del self.running[cell.name]
     collect_cell.add_segment(self.workdir(cell), {
         "wall_s": time.time() - run.started, "returncode": code,
-        "device_kind": self.device["kind"], "started_utc": time.strftime(
+        "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
             "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started))})
     try:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
