@@ -31,28 +31,30 @@ from launch.campaign import records
 from launch.campaign import report
 from launch.campaign import runner
 
-_BUDGET = flags.DEFINE_float("budget_minutes", None, "Wall-clock minutes this invocation may "
-                             "use; cells that would not finish in what is left are not started.")
-_CELLS = flags.DEFINE_list("cells", None, "Cell names or shell patterns (default: every cell "
-                           "of --set, in priority order).")
-_SET = flags.DEFINE_enum("set", "paper", list(cells_lib.SETS), "Which cells: the paper's, or "
-                         "a smoke campaign that runs in a minute on a CPU.")
-_ROOT = flags.DEFINE_string("root", os.path.join("workdirs", "campaign"), "Workdirs, one per "
-                            "cell, and progress.txt.")
-_RESULTS = flags.DEFINE_string("results_dir", records.DEFAULT_DIR, "Cell files (commit them).")
-_REDO = flags.DEFINE_list("redo", [], "Cells to rerun although their file exists (the file "
-                          "is replaced only when the rerun finishes).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the plan with estimates; run nothing.")
-_REPORT = flags.DEFINE_bool("report", False, "Write the report from the cell files; run nothing.")
-_REPORT_PATH = flags.DEFINE_string("report_path", report.DEFAULT_PATH, "Where --report writes "
-                                   "(figures go beside it, in paper_scale/figures/).")
-_MAX_CONCURRENT = flags.DEFINE_integer("max_concurrent", None, "Cells run at once (default: "
-                                       "1 on a CPU, 4 on an accelerator).")
-_STOP_MARGIN = flags.DEFINE_float("stop_margin_s", 120.0, "SIGTERM a running cell this many "
-                                  "seconds before the budget ends (it checkpoints and exits).")
-_DEVICE_KIND = flags.DEFINE_string("device_kind", None, "--dry_run: plan for this device kind "
-                                   "instead of asking jax (e.g. 'cpu', plan.H100).")
 
+def _define_flags() -> None:
+  """Defined only when run as a program, so that other tools can import this module."""
+  flags.DEFINE_float("budget_minutes", None, "Wall-clock minutes this invocation may use; "
+                     "cells that would not finish in what is left are not started.")
+  flags.DEFINE_list("cells", None, "Cell names or shell patterns (default: every cell of "
+                    "--set, in priority order).")
+  flags.DEFINE_enum("set", "paper", list(cells_lib.SETS), "Which cells: the paper's, or a "
+                    "smoke campaign that runs in a minute on a CPU.")
+  flags.DEFINE_string("root", os.path.join("workdirs", "campaign"), "Workdirs, one per cell, "
+                      "and progress.txt.")
+  flags.DEFINE_string("results_dir", records.DEFAULT_DIR, "Cell files (commit them).")
+  flags.DEFINE_list("redo", [], "Cells to rerun although their file exists (the file is "
+                    "replaced only when the rerun finishes).")
+  flags.DEFINE_bool("dry_run", False, "Print the plan with estimates; run nothing.")
+  flags.DEFINE_bool("report", False, "Write the report from the cell files; run nothing.")
+  flags.DEFINE_string("report_path", report.DEFAULT_PATH, "Where --report writes (figures go "
+                      "beside it, in paper_scale/figures/).")
+  flags.DEFINE_integer("max_concurrent", None, "Cells run at once (default: 1 on a CPU, 4 on "
+                       "an accelerator).")
+  flags.DEFINE_float("stop_margin_s", 120.0, "SIGTERM a running cell this many seconds before "
+                     "the budget ends (it checkpoints and exits).")
+  flags.DEFINE_string("device_kind", None, "--dry_run: plan for this device kind instead of "
+                      "asking jax (e.g. 'cpu', 'NVIDIA H100 80GB HBM3').")
 
 def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
   pool = cells_lib.SETS[cell_set]
@@ -61,29 +63,29 @@ def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
   for p in patterns:
     if not any(fnmatch.fnmatchcase(c.name, p) for c in pool):
       raise errors.BadInput(f"--cells={p!r} matches no cell of --set={cell_set}; allowed: "
-                                f"names or patterns of {', '.join(c.name for c in pool[:6])}, "
-                                f"... (python -m launch.campaign --dry_run lists them)")
+                            f"names or patterns of {', '.join(c.name for c in pool[:6])}, "
+                            f"... (python -m launch.campaign --dry_run lists them)")
   return [c for c in pool if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
 
 
 def _check_flags(cells) -> None:
-  budget = _BUDGET.value
-  if budget is None and not (_DRY_RUN.value or _REPORT.value):
+  budget = flags.FLAGS.budget_minutes
+  if budget is None and not (flags.FLAGS.dry_run or flags.FLAGS.report):
     raise errors.BadInput("--budget_minutes is required to run cells; allowed: minutes "
-                              "> 0 (or --dry_run / --report)")
+                          "> 0 (or --dry_run / --report)")
   if budget is not None:
     if not (math.isfinite(budget) and budget > 0):
       raise errors.BadInput(f"--budget_minutes={budget}; allowed: a number of minutes > 0")
-  if _MAX_CONCURRENT.value is not None and _MAX_CONCURRENT.value < 1:
-    raise errors.BadInput(f"--max_concurrent={_MAX_CONCURRENT.value}; allowed: an "
-                              "integer >= 1")
-  if not (math.isfinite(_STOP_MARGIN.value) and _STOP_MARGIN.value >= 0):
-    raise errors.BadInput(f"--stop_margin_s={_STOP_MARGIN.value}; allowed: seconds >= 0")
-  unknown = [r for r in _REDO.value if r not in {c.name for c in cells}]
+  if flags.FLAGS.max_concurrent is not None and flags.FLAGS.max_concurrent < 1:
+    raise errors.BadInput(f"--max_concurrent={flags.FLAGS.max_concurrent}; allowed: an "
+                          "integer >= 1")
+  if not (math.isfinite(flags.FLAGS.stop_margin_s) and flags.FLAGS.stop_margin_s >= 0):
+    raise errors.BadInput(f"--stop_margin_s={flags.FLAGS.stop_margin_s}; allowed: seconds >= 0")
+  unknown = [r for r in flags.FLAGS.redo if r not in {c.name for c in cells}]
   if unknown:
     raise errors.BadInput(f"--redo={','.join(unknown)}: not among the selected cells; "
-                              "allowed: names of cells --cells selects")
-  if not _ROOT.value.strip():
+                          "allowed: names of cells --cells selects")
+  if not flags.FLAGS.root.strip():
     raise errors.BadInput("--root=''; allowed: a directory path")
 
 
@@ -94,28 +96,30 @@ def _on_sigterm(signum, frame):
 
 def main(argv) -> int:
   del argv
-  cells = select(_CELLS.value, _SET.value)
+  cells = select(flags.FLAGS.cells, flags.FLAGS.set)
   _check_flags(cells)
-  existing = records.read_all(_RESULTS.value)  # A corrupt cell file fails here, first.
-  if _REPORT.value:
-    print(report.write(existing, _REPORT_PATH.value))
+  existing = records.read_all(flags.FLAGS.results_dir)  # A corrupt cell file fails here, first.
+  if flags.FLAGS.report:
+    print(report.write(existing, flags.FLAGS.report_path))
     return 0
-  if not _DRY_RUN.value:
-    records.check_writable(_RESULTS.value)
-  device = ({"kind": _DEVICE_KIND.value, "jax_version": "?"} if _DEVICE_KIND.value
+  if not flags.FLAGS.dry_run:
+    records.check_writable(flags.FLAGS.results_dir)
+  device = ({"kind": flags.FLAGS.device_kind, "jax_version": "?"} if flags.FLAGS.device_kind
             else runner.device_info())
-  if _DRY_RUN.value:
-    print(report.plan_text(cells, existing, device["kind"], _ROOT.value, _BUDGET.value))
+  if flags.FLAGS.dry_run:
+    print(report.plan_text(cells, existing, device["kind"], flags.FLAGS.root,
+                           flags.FLAGS.budget_minutes))
     return 0
   options = runner.Options(
-      root=os.path.abspath(_ROOT.value), results_dir=os.path.abspath(_RESULTS.value),
-      budget_s=_BUDGET.value * 60, redo=frozenset(_REDO.value),
-      max_concurrent=_MAX_CONCURRENT.value or (1 if device["kind"] == "cpu" else 4),
-      stop_margin_s=_STOP_MARGIN.value)
+      root=os.path.abspath(flags.FLAGS.root), results_dir=os.path.abspath(flags.FLAGS.results_dir),
+      budget_s=flags.FLAGS.budget_minutes * 60, redo=frozenset(flags.FLAGS.redo),
+      max_concurrent=flags.FLAGS.max_concurrent or (1 if device["kind"] == "cpu" else 4),
+      stop_margin_s=flags.FLAGS.stop_margin_s)
   signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   print(f"campaign on {device['kind']} (jax {device['jax_version']}): {len(cells)} cell(s) "
-        f"selected, {len(existing)} done before; budget {_BUDGET.value:g} min; progress in "
+        f"selected, {len(existing)} done before; budget {flags.FLAGS.budget_minutes:g} min; "
+        f"progress in "
         f"{os.path.join(options.root, runner.PROGRESS)}", flush=True)
   outcomes = runner.Campaign(cells, options, device,
                              log=lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
@@ -125,9 +129,10 @@ def main(argv) -> int:
   print(f"Result: {count['finished']} cell(s) finished, {count['stopped']} stopped "
         f"(resumable), {count['failed']} failed, {count['skipped']} not started, "
         f"{count['done']} done before; {(time.time() - start) / 60:.1f} min. Cell files in "
-        f"{_RESULTS.value}; `python -m launch.campaign --report` updates the report.")
+        f"{flags.FLAGS.results_dir}; `python -m launch.campaign --report` updates the report.")
   return 1 if count["failed"] else 0
 
 
 if __name__ == "__main__":
+  _define_flags()
   cli.run(main)

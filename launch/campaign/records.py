@@ -44,7 +44,7 @@ def check_writable(results_dir: str) -> None:
       pass
   except OSError as e:
     raise errors.BadInput(f"--results_dir={results_dir!r} is not writable "
-                              f"({e.strerror}); allowed: a writable directory") from None
+                          f"({e.strerror}); allowed: a writable directory") from None
 
 
 def read(path: str) -> dict[str, Any]:
@@ -54,18 +54,18 @@ def read(path: str) -> dict[str, Any]:
       record = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
     raise errors.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
-                              "(`git checkout -- <file>`) or delete it to rerun the cell") from None
+                          "(`git checkout -- <file>`) or delete it to rerun the cell") from None
   missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
   if missing:
     raise errors.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
-                              "delete it to rerun the cell")
+                          "delete it to rerun the cell")
   if record["schema"] != SCHEMA:
     raise errors.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
-                              f"{SCHEMA}")
+                          f"{SCHEMA}")
   expected = os.path.splitext(os.path.basename(path))[0]
   if record["cell"] != expected:
     raise errors.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
-                              f"file named after its cell ({record['cell']}.json)")
+                          f"file named after its cell ({record['cell']}.json)")
   return record
 
 
