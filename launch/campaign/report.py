@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hypernet_attention.train import registry
+from hypernet_attention.train import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.collect import Stat
@@ -230,6 +231,8 @@ def plan_text(cell_set, records, device_kind: str, root: str,
     note = here.source if here else "no estimate on this device"
     if here and here.done_steps:
       note = f"resumes at step {here.done_steps:,}; " + note
+    if c.source and not run_files.is_finished(os.path.join(root, c.source)):
+      note, here = f"blocked: needs {c.source}'s checkpoints on this machine", None
     if here and budget_minutes:
       fits = used + here.minutes <= budget_minutes
       used += here.minutes if fits else 0
