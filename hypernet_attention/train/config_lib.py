@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
@@ -89,6 +90,10 @@ def check_run(config: ml_collections.ConfigDict) -> None:
   if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
     raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
                    f"[0, config.num_train_steps={steps})")
+  split_seed = _get(config, "task.split_seed")
+  if split_seed is not None and (not _is_int(split_seed) or not 0 <= split_seed < 2**32):
+    raise BadInput(f"config.task.split_seed={split_seed!r}; allowed: None (the run's seed) "
+                   "or an integer in [0, 2**32)")
   stop = config.get("stop_after_steps")
   if stop is not None and (not _is_int(stop) or stop <= 0):
     raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
@@ -107,7 +112,8 @@ def check_run(config: ml_collections.ConfigDict) -> None:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Every config value whose type, range or finiteness the config alone decides.
+  """Every config value whose type, range or finiteness the config alone decides, for the
+  run and for each population member (`check_population`).
 
   Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
   device checks (sizes against memory, the mesh) follow in `build.setup`.
@@ -115,14 +121,160 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check_positive(config)
   check_ranges(config)
   check_run(config)
+  check_population(config)
+
+
+# Settings a population member may set (`population.py`): each is data (a key, a table, a
+# traced scalar), not code.
+MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
+               "optimizer.weight_decay", "optimizer.warmup_steps")
+# What a population's workdir holds itself (`population_loop.py`, `lock.py`,
+# `launch/run_local.py`): a member directory of one of these names would overwrite it.
+RESERVED_NAMES = ("checkpoints", "corrupt_checkpoints", "config.json", "summary.json",
+                  "population_summary.json", "lock.json", "accuracy_ceilings.json",
+                  "run_local.json")
+EVENTS_PREFIX = "events.out.tfevents"  # TensorBoard's event files.
+
+
+def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
+  """`config.population.members` as a tuple of mappings; `BadInput` for any other shape
+  (a dict where the tuple goes: `({'seed': 1})` lacks its trailing comma)."""
+  value = _get(config, "population.members")
+  if value is None:
+    return ()
+  if not _is_sequence(value):
+    raise BadInput(f"config.population.members={_plain(value)!r}; allowed: a tuple of dicts, one per "
+                   "member (one member needs a trailing comma: ({'seed': 1},))")
+  for i, member in enumerate(value):
+    if not isinstance(member, (Mapping, ml_collections.ConfigDict)):
+      raise BadInput(f"config.population.members[{i}]={member!r}; allowed: a dict of "
+                     f"{list(MEMBER_KEYS)}")
+    for key, setting in dict(member).items():
+      if key not in MEMBER_KEYS:
+        raise BadInput(
+            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
+            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
+            "populations)")
+      if not (isinstance(setting, (int, float, str)) and not isinstance(setting, bool)
+              or setting is None and key == "task.split_seed"):
+        raise BadInput(f"config.population.members[{i}]: {key}={setting!r}; allowed: a number")
+  return tuple(dict(m) for m in value)
+
+
+def _plain(value: Any) -> Any:
+  """A ConfigDict as the dict it was given as (its repr is multi-line YAML)."""
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+
+
+def _is_sequence(value: Any) -> bool:
+  """A tuple or list (not a string, dict or ConfigDict, which iterate too)."""
+  return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _bad_name(name: Any) -> bool:
+  return (not isinstance(name, str) or not name.strip() or name != name.strip()
+          or name.startswith(".") or any(c in name for c in "/\\:") or not name.isprintable()
+          or len(name.encode()) > 255 or name in RESERVED_NAMES
+          or name.startswith(EVENTS_PREFIX))
+
+
+def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[str, ...]:
+  """Each member's directory name (`population.member_names`, or member0, member1, ...);
+  `BadInput` unless there is one unique, plain name per member that no file of the
+  population's own workdir has."""
+  names = _get(config, "population.member_names") or ()
+  if not _is_sequence(names):
+    raise BadInput(f"config.population.member_names={_plain(names)!r}; allowed: a tuple of "
+                   "directory names, one per member")
+  if names and not size:
+    raise BadInput(f"config.population.member_names={list(names)!r} but "
+                   "config.population.members is empty; allowed: names only with members "
+                   "(a single run takes no names)")
+  names = tuple(names) or tuple(f"member{i}" for i in range(size))
+  bad = [n for n in names if _bad_name(n)]
+  if len(names) != size or len(set(names)) != len(names) or bad:
+    raise BadInput(
+        f"config.population.member_names={list(names)!r}"
+        + (f" ({bad[0]!r} is not allowed)" if bad else "")
+        + f"; allowed: one unique directory name per member ({size} members): printable, "
+        "no '/', '\\' or ':', not starting with '.', not one of the workdir's own "
+        f"{list(RESERVED_NAMES)} or {EVENTS_PREFIX}*")
+  return names
+
+
+def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
+  """The single run that member `index` is: the population's config with the member's
+  settings and no population (what its `config.json` records)."""
+  member = ml_collections.ConfigDict(config.to_dict())
+  for key, value in _member_settings(config)[index].items():
+    try:
+      set_dotted(member, key, value)
+    except (ValueError, TypeError) as e:
+      raise BadInput(f"config.population.members[{index}]: {key}={value!r} ({e})") from None
+  member.population.members = ()
+  member.population.member_names = ()
+  return member
+
+
+def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+  """Checks every member of `config.population` as the single run it is, before any work,
+  and returns their configs (empty for a single run).
+
+  `BadInput` on the first problem: members that are not a tuple of dicts, a member key
+  that is not batchable, bad member names, a member value a single run would refuse
+  (prefixed by `config.population.members[i]`), two members that are the same run.
+  """
+  settings = _member_settings(config)
+  check_member_names(config, len(settings))
+  configs, seen = [], {}
+  for i in range(len(settings)):
+    member = member_config(config, i)
+    try:
+      validate(member)
+    except BadInput as e:
+      raise BadInput(f"config.population.members[{i}]: {e}") from None
+    run = member.to_json_best_effort(sort_keys=True)
+    if run in seen:
+      raise BadInput(
+          f"config.population.members[{seen[run]}] and [{i}] are the same run "
+          f"({settings[i]!r}); allowed: members that differ (a seed, the split's seed, the "
+          "learning rate, weight decay or warmup)")
+    seen[run] = i
+    configs.append(member)
+  return configs
+
+
+# A bucket path: gs://<bucket>/<object path>, with GCS's bucket naming rules (lowercase
+# letters, digits, '-', '_', '.'; starting and ending with a letter or digit) and no empty,
+# '.' or '..' part (an object store keeps them literally: `gs://b/x/../y` is no `gs://b/y`).
+BUCKET_PATH = re.compile(r"gs://[a-z0-9]([a-z0-9._-]{0,220}[a-z0-9])?(/[^/]+)*/?")
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def check_bucket_path(path: str, flag: str = "--workdir") -> str:
+  """`path` if it is a local path or a well-formed gs:// path; `BadInput` for a malformed
+  bucket path (`gs://`, `gs:///x`, `gs:/b/x`, `GS://b/x`, `s3://...`), which would
+  otherwise name an odd bucket or a local folder called `gs:`."""
+  text = str(path)
+  looks_remote = "://" in text or (SCHEME.match(text.strip()) is not None
+                                    and text.strip()[:3].lower() == "gs:")
+  if not looks_remote:
+    return text
+  parts = text[5:].split("/")
+  if not BUCKET_PATH.fullmatch(text) or any(p in (".", "..") for p in parts[1:]):
+    raise BadInput(f"{flag}={text!r} is not a valid bucket path; allowed: gs://<bucket>/<path> "
+                   "(lowercase gs://, a bucket of lowercase letters, digits, '-', '_' or "
+                   "'.', no empty, '.' or '..' parts), or a local path")
+  return text
 
 
 def workdir_path(workdir: Optional[str]) -> str:
-  """`--workdir` as the run will use it: `~` expanded; empty or blank refused."""
+  """`--workdir` as the run will use it: `~` expanded; empty, blank or a malformed gs://
+  path refused."""
   if workdir is None or not str(workdir).strip():
     raise BadInput(f"--workdir={workdir!r}; allowed: a directory path (new, or holding this "
                    "run); leave the flag out for a fresh one under ./workdirs/")
-  return os.path.expanduser(str(workdir))
+  return os.path.expanduser(check_bucket_path(str(workdir)))
 
 
 def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
@@ -278,7 +430,7 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
       # True: the authors' decay_steps = steps - warmup (floor reached warmup steps early).
       authors_schedule=False))
   # Members trained together as one vmapped program (`train/population.py`): a tuple of
-  # dicts over `population.MEMBER_KEYS`; empty = a single run.
+  # dicts over `config_lib.MEMBER_KEYS`; empty = a single run.
   c.population = ml_collections.ConfigDict(dict(members=(), member_names=()))
   c.eval = ml_collections.ConfigDict(dict(
       splits=("test", "ood"), num_problems=51_200, batch_size=1024,

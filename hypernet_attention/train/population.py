@@ -49,10 +49,9 @@ from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 
-# Settings a member may set: each is data (a key, a table, a traced scalar), not code.
-MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
-               "optimizer.weight_decay", "optimizer.warmup_steps")
+MEMBER_KEYS = config_lib.MEMBER_KEYS  # Settings a member may set: data, not code.
 MEMBER_AXIS = "member"
+member_config = config_lib.member_config
 
 
 def members(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], ...]:
@@ -71,41 +70,11 @@ def member_names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   return names or tuple(f"member{i}" for i in range(len(members(config))))
 
 
-def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
-  """The single run that member `index` is: the population's config with the member's
-  settings and no population (what its `config.json` records)."""
-  member = ml_collections.ConfigDict(config.to_dict())
-  for key, value in members(config)[index].items():
-    config_lib.set_dotted(member, key, value)
-  member.population.members = ()
-  member.population.member_names = ()
-  return member
-
-
 def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """Validates the population and returns the member configs; `BadInput` on the first
-  member key that is not batchable, a bad member value or bad member names."""
-  settings = members(config)
-  for i, member in enumerate(settings):
-    for key in member:
-      if key not in MEMBER_KEYS:
-        raise config_lib.BadInput(
-            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
-            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
-            "populations)")
-  names = member_names(config)
-  if len(names) != len(settings) or len(set(names)) != len(names) or any(
-      not n or "/" in n or n.startswith(".") for n in names):
-    raise config_lib.BadInput(
-        f"config.population.member_names={list(names)!r}; allowed: one unique directory "
-        f"name (no '/', not starting with '.') per member ({len(settings)} members)")
-  configs = []
-  for i in range(len(settings)):
-    try:
-      configs.append(member_config(config, i))
-    except (ValueError, TypeError) as e:
-      raise config_lib.BadInput(f"config.population.members[{i}]: {e}") from e
-  return configs
+  """Validates the population and returns the member configs: every member checked as
+  the single run it is (`config_lib.check_population`), before any work."""
+  config_lib.validate(config)
+  return config_lib.check_population(config)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,10 +44,12 @@ def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
 
 
 def _check_workdirs(config, p: population.PopulationSetup, workdir: str) -> None:
-  """The population's workdir guard, then each member's (records their config.json)."""
-  workdir_lib.check(workdir, config)
-  for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
-    workdir_lib.check(member_dir, member_config)
+  """The population's workdir guard, then each member's; all pass before any config.json
+  is recorded."""
+  for record in (False, True):
+    workdir_lib.check(workdir, config, record=record)
+    for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
+      workdir_lib.check(member_dir, member_config, population=workdir, record=record)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

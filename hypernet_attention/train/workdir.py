@@ -20,7 +20,9 @@ copy plus a delete.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from typing import Any, Callable, Optional
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
@@ -35,6 +37,30 @@ from jax.experimental import multihost_utils
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention.train import config_lib
+
+
+class _OncePerBucket(logging.Filter):
+  """gcsfs warns that it cannot tell a bucket's type (no storage-layout permission, an
+  emulator) once per file it opens: hundreds of identical lines a run. One per bucket
+  and kind of warning says the same."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen: set[tuple[int, str]] = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    match = re.search(r"[Bb]ucket (?:name )?([^\s:]+)", record.getMessage())
+    if record.levelno < logging.WARNING or "bucket type" not in record.getMessage() or not match:
+      return True
+    key = (record.lineno, match.group(1))
+    if key in self.seen:
+      return False
+    self.seen.add(key)
+    return True
+
+
+logging.getLogger("gcsfs").addFilter(_OncePerBucket())
 
 CONFIG = "config.json"  # The run's config; what a resume must match.
 SUMMARY = "summary.json"  # Written once, when the run finished.
@@ -51,10 +77,20 @@ def is_remote(p: epath.PathLike) -> bool:
   return "://" in os.fspath(p)
 
 
-def path(workdir: epath.PathLike) -> epath.Path:
-  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute."""
-  text = os.fspath(workdir)
+def path(workdir: epath.PathLike, flag: str = "--workdir") -> epath.Path:
+  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute.
+
+  `BadInput` (naming `flag`) for a malformed bucket path (`config_lib.check_bucket_path`)
+  and for a bucket path without gcsfs installed.
+  """
+  text = config_lib.check_bucket_path(os.fspath(workdir), flag)
   if is_remote(text):
+    try:
+      import gcsfs  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise errors.BadInput(f"{flag}={text!r} is in a bucket, which needs gcsfs (not "
+                            "installed); allowed: pip install 'hypernet-attention[gcs]', or "
+                            "a local path") from None
     return epath.Path(text)
   return epath.Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -156,15 +192,50 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
           and k.split(".")[0] not in RESUME_FREE_KEYS]
 
 
-def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> None:
-  """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
+def _check_not_inside_a_run(root: epath.Path, workdir: epath.PathLike) -> None:
+  """Refuses a workdir inside another run's: a population's member directory has one
+  writer, its population (a single run there would overwrite the member's summary), and a
+  run's own folders (checkpoints/) are Orbax's."""
+  for parent in (root.parent, root.parent.parent):
+    if parent == root or not (parent / CONFIG).exists():
+      continue
+    try:
+      recorded = read_config(parent) or {}
+    except ValueError:
+      recorded = {}
+    population = recorded.get("population") or {}
+    members = population.get("members") or ()
+    names = population.get("member_names") or [f"member{i}" for i in range(len(members))]
+    if members and parent == root.parent and root.name in names:
+      raise ValueError(
+          f"--workdir={workdir!r} is member {root.name!r} of the population in {parent}, "
+          "whose run is its only writer; allowed: rerun the population (--workdir="
+          f"{parent}), read the member with restore_params({str(parent)!r}, member="
+          f"{list(names).index(root.name)}), or pass another --workdir")
+    raise ValueError(f"--workdir={workdir!r} is inside the run in {parent} (its config.json); "
+                     "allowed: a directory outside any run's workdir")
 
-  Call before any work: a refused workdir is left untouched.
+
+def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
+          population: Optional[epath.PathLike] = None, record: bool = True) -> None:
+  """Raises if `workdir` is unusable or holds another experiment's run; else records the config
+  (unless `record` is False: a dry pass, so that several workdirs are all checked before
+  any of them is written).
+
+  `population`: the population's workdir when `workdir` is one of its members' (which may
+  then hold nothing but what the population writes there). Call before any work: a refused
+  workdir is left untouched.
   """
   root = path(workdir)
   if root.exists() and not root.is_dir():
     raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
                      "(new or holding this run)")
+  if population is None:
+    _check_not_inside_a_run(root, workdir)
+  elif (root / CHECKPOINTS).exists() or (root / "lock.json").exists():
+    raise ValueError(f"member directory {str(root)!r} of the population in {population} "
+                     "holds a single run's checkpoints or lock; allowed: move that run away "
+                     "or name the member otherwise (config.population.member_names)")
   new = config_to_json(config)
   old = read_config(root)
   if old is not None:
@@ -177,6 +248,8 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> None:
   elif (root / CHECKPOINTS).is_dir() and any((root / CHECKPOINTS).iterdir()):
     raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG}; refusing "
                      "to mix runs: use a fresh --workdir")
+  if not record:
+    return
   if jax.process_index() == 0:
     try:
       root.mkdir(parents=True, exist_ok=True)
