@@ -1,6 +1,6 @@
 """A sweep's points grouped into populations: one job trains many points as one program.
 
-Points that agree on everything but the member keys (`population.MEMBER_KEYS`: seed,
+Points that agree on everything but the member keys (`config_lib.MEMBER_KEYS`: seed,
 split seed, learning rate, weight decay, warmup) become the members of one population job
 (`hypernet_attention/train/population.py`), at most `max_members` per job. A population
 job is itself a point: the shared overrides plus `population.members` (each member's
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hypernet_attention.train import population
+from hypernet_attention.train import config_lib
 
 MEMBERS_KEY = "population.members"
 NAMES_KEY = "population.member_names"
@@ -45,7 +45,7 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
     raise ValueError(f"--members_per_job={max_members!r}; allowed: an integer >= 1")
   groups: dict[str, tuple[dict[str, Any], list[Mapping[str, Any]]]] = {}
   for point in points:
-    common = {k: v for k, v in point.items() if k not in population.MEMBER_KEYS}
+    common = {k: v for k, v in point.items() if k not in config_lib.MEMBER_KEYS}
     key = repr(sorted(common.items(), key=lambda kv: kv[0]))
     groups.setdefault(key, (common, []))[1].append(point)
   out = []
@@ -59,7 +59,7 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
         out.append(dict(chunk[0]))
         continue
       out.append({**common,
-                  MEMBERS_KEY: tuple({k: v for k, v in m.items() if k in population.MEMBER_KEYS}
+                  MEMBERS_KEY: tuple({k: v for k, v in m.items() if k in config_lib.MEMBER_KEYS}
                                      for m in chunk),
                   NAMES_KEY: tuple(name(m) for m in chunk)})
   return out

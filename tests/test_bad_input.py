@@ -236,6 +236,31 @@ CLI_CASES = {
         "--seq_lens='0'; allowed: comma-separated positive integers", 2),
     "task_stats_zero_problems": ([os.path.join("experiments", "task_stats.py"),
                                   "--num_problems=0"], "--num_problems=0; allowed", 2),
+    # Populations, grouping, collect and gs:// (issue 25).
+    "population_dict_instead_of_tuple": (
+        SRAVEN + ["--config.population.members=({'seed': 1})"],
+        "config.population.members={'seed': 1}; allowed: a tuple of dicts, one per member", 2),
+    "population_member_named_checkpoints": (
+        SRAVEN + ["--config.population.members=({'seed': 0}, {'seed': 1})",
+                  "--config.population.member_names=('checkpoints', 'b')"],
+        "('checkpoints' is not allowed)", 2),
+    "population_second_member_nan_lr": (
+        SRAVEN + ["--config.population.members=({'seed': 0}, "
+                  "{'optimizer.learning_rate': float('nan')})"],
+        "members[1]: config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
+    "workdir_malformed_bucket": (SRAVEN + ["--workdir=gs:/b/run"],
+                                 "--workdir='gs:/b/run' is not a valid bucket path", 2),
+    "run_local_zero_members_per_job": (
+        ["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--members_per_job=0", "--dry_run"],
+        "--members_per_job=0; allowed: an integer >= 1", 2),
+    "run_local_nan_member_memory": (
+        ["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--member_memory_gib=nan",
+         "--dry_run"], "--member_memory_gib=nan; allowed: a finite number of GiB > 0", 2),
+    "collect_out_is_a_file": (
+        ["-m", "launch.collect", "--root={tmp}/fuzzy_root", "--out={tmp}/existing.model"],
+        "--out='{tmp}/existing.model' is a file; allowed: a folder", 2),
+    "collect_malformed_bucket_root": (["-m", "launch.collect", "--root=GS://b/sweep"],
+                                      "--root='GS://b/sweep' is not a valid bucket path", 2),
 }
 TRAINERS = (SRAVEN[0], os.path.join("experiments", "fuzzy_logic.py"))
 

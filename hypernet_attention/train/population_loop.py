@@ -76,6 +76,7 @@ class _Run:
     self.frozen: list[Optional[int]] = [None] * p.size
     self.last_train: list[dict[str, float]] = [{} for _ in dirs]
     self.eval_metrics: list[dict[str, float]] = [{} for _ in dirs]
+    self.rewrite_summary = False  # population_summary.json was unreadable.
 
   def _restore_or_init(self):
     state = self.ckpt.restore_latest(self.p.restore_target())
@@ -89,7 +90,12 @@ class _Run:
     return state, step
 
   def _read_frozen(self):
-    recorded = workdir_lib.read_json(workdir_lib.path(self.workdir) / SUMMARY)
+    try:
+      recorded = workdir_lib.read_json(workdir_lib.path(self.workdir) / SUMMARY)
+    except ValueError as e:  # Written again below; a frozen member is found again.
+      logging.warning("%s (rewritten by this run)", e)
+      self.rewrite_summary = True
+      return
     if recorded is not None:
       self.frozen = recorded.get("frozen_at_step", self.frozen)
 
@@ -145,6 +151,8 @@ class _Run:
     start_step = step
     if self._finished(step):
       logging.info("%s already holds a finished population (step %d)", self.workdir, step)
+      if self.rewrite_summary:
+        self._write_population_summary(step, start_step)
       return {"members": [_read(d) for d in self.dirs], "state": state}
     is_chief = jax.process_index() == 0
     writers = [events.EventsWriter(d, just_logging=not is_chief) for d in self.dirs]
