@@ -495,3 +495,13 @@ def test_population_over_a_single_runs_directory_refused(tmp_path):
                      r"population in .* holds a single run's checkpoints or lock"):
     loop.train_and_evaluate(_population(M2), str(tmp_path / "pop"))
   assert tl.snapshot(str(tmp_path)) == before
+
+
+def test_language_model_population_refused_from_the_config_alone():
+  """Before the vocabulary is trained or data are read (issue 25, point 7)."""
+  config = config_lib.base_config(experiment="c4_lm")
+  config.population.members = ({"seed": 0}, {"seed": 1})
+  with pytest.raises(config_lib.BadInput, match=r"population.members set for experiment "
+                     r"'c4_lm', which reads host-side data; allowed: populations of sraven, "
+                     r"fuzzy_logic"):
+    config_lib.check_population(config)

@@ -134,6 +134,9 @@ RESERVED_NAMES = ("checkpoints", "corrupt_checkpoints", "config.json", "summary.
                   "population_summary.json", "lock.json", "accuracy_ceilings.json",
                   "run_local.json")
 EVENTS_PREFIX = "events.out.tfevents"  # TensorBoard's event files.
+# Experiments whose data are sampled on device, which a population needs (`population.py`);
+# refused here, before a language model's vocabulary or data are touched.
+POPULATION_EXPERIMENTS = ("sraven", "fuzzy_logic")
 
 
 def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
@@ -225,6 +228,10 @@ def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.C
   (prefixed by `config.population.members[i]`), two members that are the same run.
   """
   settings = _member_settings(config)
+  if settings and config.get("experiment") not in POPULATION_EXPERIMENTS:
+    raise BadInput(f"config.population.members set for experiment "
+                   f"{config.get('experiment')!r}, which reads host-side data; allowed: "
+                   f"populations of {', '.join(POPULATION_EXPERIMENTS)} (on-device tasks)")
   check_member_names(config, len(settings))
   configs, seen = [], {}
   for i in range(len(settings)):
