@@ -239,7 +239,7 @@ CLI_CASES = {
     # Populations, grouping, collect and gs:// (issue 25).
     "population_dict_instead_of_tuple": (
         SRAVEN + ["--config.population.members=({'seed': 1})"],
-        "config.population.members={'seed': 1}; allowed: a tuple of dicts, one per member", 2),
+        "config.population.members[0]='seed'; allowed: a dict of", 2),
     "population_member_named_checkpoints": (
         SRAVEN + ["--config.population.members=({'seed': 0}, {'seed': 1})",
                   "--config.population.member_names=('checkpoints', 'b')"],

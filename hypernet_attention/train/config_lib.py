@@ -151,7 +151,8 @@ def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
   for i, member in enumerate(value):
     if not isinstance(member, (Mapping, ml_collections.ConfigDict)):
       raise BadInput(f"config.population.members[{i}]={member!r}; allowed: a dict of "
-                     f"{list(MEMBER_KEYS)}")
+                     f"{list(MEMBER_KEYS)} (one member needs a trailing comma: "
+                     "({'seed': 1},))")
     for key, setting in dict(member).items():
       if key not in MEMBER_KEYS:
         raise BadInput(
