@@ -246,7 +246,7 @@ CLI_CASES = {
         "('checkpoints' is not allowed)", 2),
     "population_second_member_nan_lr": (
         SRAVEN + ["--config.population.members=({'seed': 0}, "
-                  "{'optimizer.learning_rate': float('nan')})"],
+                  "{'optimizer.learning_rate': 'nan'})"],
         "members[1]: config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
     "workdir_malformed_bucket": (SRAVEN + ["--workdir=gs:/b/run"],
                                  "--workdir='gs:/b/run' is not a valid bucket path", 2),
