@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -57,6 +58,16 @@ class Run:
   config: dict[str, Any]
   summary: Optional[dict[str, Any]]
   cpu_s: float  # CPU time of its run_local processes (0 when not run by run_local).
+
+  @property
+  def frozen_at_step(self) -> Optional[int]:
+    """A population member whose loss turned non-finite: it finished, frozen at its last
+    finite state (`population_loop.py`), so it is a failed run, not a result."""
+    return (self.summary or {}).get("frozen_at_step")
+
+  @property
+  def finished(self) -> bool:
+    return self.summary is not None and self.frozen_at_step is None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +154,27 @@ def load_runs(root: str, warn=None) -> list[Run]:
       runs.append(_read_run(str(directory)))
     except errors.BadInput as e:
       warn(f"warning: skipping {directory}: {e}")
-  return runs
+  for run in runs:
+    if run.frozen_at_step is not None:
+      warn(f"warning: {run.workdir} failed: its loss turned non-finite at step "
+           f"{run.frozen_at_step} (a frozen population member); not counted")
+  return _once(runs, warn)
+
+
+def _once(runs: Sequence[Run], warn) -> list[Run]:
+  """Each run once: the same point trained twice (a population's member and a single
+  run, two members of one population, a copied workdir) would count as two seeds. Keeps
+  the first finished copy (by path) and warns naming both."""
+  kept: dict[str, Run] = {}
+  for run in sorted(runs, key=lambda r: (not r.finished, r.workdir)):
+    point = json.dumps({k: v for k, v in run.config.items() if k.split(".")[0] not in IGNORED
+                        or k == "seed"}, sort_keys=True, default=str)
+    if point in kept:
+      warn(f"warning: {run.workdir} is the same run as {kept[point].workdir} (same config); "
+           "counted once")
+      continue
+    kept[point] = run
+  return sorted(kept.values(), key=lambda r: r.workdir)
 
 
 def _cell_keys(runs: Sequence[Run]) -> list[str]:
@@ -170,7 +201,7 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
   """One Cell per group of finished runs, in Table A1's row order."""
   if select not in SELECTIONS:
     raise ValueError(f"select={select!r}; allowed: {', '.join(SELECTIONS)}")
-  finished = [r for r in runs if r.summary is not None]
+  finished = [r for r in runs if r.finished]
   if not finished:
     return []
   experiments = {r.config["experiment"] for r in finished}
@@ -239,11 +270,13 @@ def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
   return "\n".join(lines)
 
 
-def missing_jobs(root: str, sweep_name: str) -> list[str]:
+def missing_jobs(root: str, sweep_name: str,
+                 runs: Optional[Sequence[Run]] = None) -> list[str]:
   """The sweep's points with no summary.json in a `<point name>` directory under `root`
   (`<root>/<point name>`, or `<root>/<population>/<point name>` for a population's member)."""
   points = sweeps.load(sweep_name).get_sweep()
-  finished = {os.path.basename(r.workdir) for r in load_runs(root) if r.summary is not None}
+  runs = load_runs(root) if runs is None else runs
+  finished = {os.path.basename(r.workdir) for r in runs if r.summary is not None}
   return [jobs.point_name(p) for p in points if jobs.point_name(p) not in finished]
 
 
@@ -267,8 +300,9 @@ def markdown(cells: Sequence[Cell], select: str, metric: str) -> str:
   return "\n".join(lines)
 
 
-def write_csv(cells: Sequence[Cell], path: str) -> None:
-  with open(path, "w", newline="") as f:
+def csv_text(cells: Sequence[Cell]) -> str:
+  """The table as CSV (written through epath: --out may be a bucket)."""
+  with io.StringIO(newline="") as f:
     writer = csv.writer(f)
     writer.writerow(["row", "seeds", *HPARAMS, "settings_tried", "ood_mean", "ood_se",
                      "test_mean", "test_se", "paper_mean", "paper_se"])
@@ -277,10 +311,11 @@ def write_csv(cells: Sequence[Cell], path: str) -> None:
       writer.writerow([c.label, " ".join(map(str, c.seeds)),
                        *(c.setting[h] for h in HPARAMS), c.num_settings,
                        c.ood.mean, c.ood.se, c.test.mean, c.test.se, *paper])
+    return f.getvalue()
 
 
-def plot(cells: Sequence[Cell], path: str, title: str) -> None:
-  """Grouped bars: ours and the paper's OOD metric per row, s.e. error bars."""
+def plot(cells: Sequence[Cell], title: str) -> bytes:
+  """Grouped bars: ours and the paper's OOD metric per row, s.e. error bars; PNG bytes."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -295,8 +330,10 @@ def plot(cells: Sequence[Cell], path: str, title: str) -> None:
   ax.set_title(title, fontsize=9)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=120)
   plt.close(fig)
+  return png.getvalue()
 
 
 def check_sweep(runs: Sequence[Run], sweep_name: str) -> None:
@@ -324,8 +361,10 @@ def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
   if pairs:
     text += "\n\n" + paired_markdown(pairs, "softmax attention", metric)
   unfinished = [os.path.relpath(r.workdir, root) for r in runs if r.summary is None]
-  missing = missing_jobs(root, sweep_name) if sweep_name else []
-  finished = [r for r in runs if r.summary is not None]
+  failed = [f"{os.path.relpath(r.workdir, root)} (frozen at step {r.frozen_at_step})"
+            for r in runs if r.frozen_at_step is not None]
+  missing = missing_jobs(root, sweep_name, runs) if sweep_name else []
+  finished = [r for r in runs if r.finished]
   text += (f"\n\n{len(finished)} finished runs under {root}; CPU time of their training "
            f"processes {sum(r.cpu_s for r in finished) / 3600:.2f} h (run_local), wall time "
            f"{sum(r.summary['wall_time_s'] for r in finished) / 3600:.2f} h (summaries).")
@@ -334,12 +373,15 @@ def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
     text += "\n".join(f"- {name}" for name in missing)
   elif unfinished:
     text += "\n\nUnfinished runs:\n" + "\n".join(f"- {name}" for name in unfinished)
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "table_a1.md"), "w") as f:
-    f.write(text + "\n")
-  write_csv(cells, os.path.join(out, "table_a1.csv"))
-  plot(cells, os.path.join(out, "table_a1.png"),
-       f"{os.path.basename(os.path.normpath(root))}: best of grid by {select}/{metric}")
+  if failed:
+    text += ("\n\nFailed runs (non-finite loss; not counted):\n"
+             + "\n".join(f"- {name}" for name in failed))
+  out = run_files.path(out, "--out")
+  out.mkdir(parents=True, exist_ok=True)
+  run_files.write_bytes(out / "table_a1.md", (text + "\n").encode())
+  run_files.write_bytes(out / "table_a1.csv", csv_text(cells).encode())
+  run_files.write_bytes(out / "table_a1.png", plot(
+      cells, f"{os.path.basename(os.path.normpath(root))}: best of grid by {select}/{metric}"))
   return text
 
 
@@ -357,10 +399,14 @@ def _define_flags() -> None:
 def main(argv: list[str]) -> None:
   del argv
   f = flags.FLAGS
-  if f.root is None or not str(f.root).strip() or not run_files.path(f.root).is_dir():
+  if f.root is None or not str(f.root).strip() or not run_files.path(f.root, "--root").is_dir():
     raise errors.BadInput(f"--root={f.root!r}; allowed: an existing sweep folder")
-  root = str(run_files.path(f.root))
-  print(report(root, f.sweep, f.select, str(run_files.path(f.out or root))))
+  root = str(run_files.path(f.root, "--root"))
+  out = run_files.path(f.out or root, "--out")
+  if out.exists() and not out.is_dir():
+    raise errors.BadInput(f"--out={f.out!r} is a file; allowed: a folder (new or "
+                          "existing) for table_a1.md, .csv and .png")
+  print(report(root, f.sweep, f.select, str(out)))
 
 
 if __name__ == "__main__":

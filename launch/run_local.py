@@ -28,8 +28,10 @@ import atexit
 import concurrent.futures
 import dataclasses
 import json
+import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +43,7 @@ from absl import flags
 from hypernet_attention import errors
 from hypernet_attention.train import cli
 from hypernet_attention.train import run_files
+from launch import grouping
 from launch import jobs
 from launch import sweeps
 
@@ -56,6 +59,64 @@ class Outcome:
   wall_s: float = 0.0
   cpu_s: float = 0.0
   returncode: int = 0
+
+
+def is_finished(workdir: str, log=None) -> bool:
+  """A run with its summary, or a population whose every member has one
+  (`run_files.is_finished`). An unreadable population_summary.json is named (through `log`)
+  and its job counts as unfinished: the rerun resumes it and writes the file again."""
+  try:
+    return run_files.is_finished(workdir)
+  except (ValueError, AttributeError, TypeError) as e:
+    reason = e.__context__ if isinstance(e, errors.BadInput) and e.__context__ else e
+    path = os.path.join(workdir, run_files.POPULATION_SUMMARY)
+    (log or print)(f"warning: {path} is not a readable population summary ({reason}); "
+                   "rerunning that job")
+    return False
+
+
+def finished_points(root: str) -> set[str]:
+  """The names of the finished points under `root`: `<root>/<name>` single runs and
+  `<root>/<population>/<name>` members, so that a point trained either way is done."""
+  names = set()
+  for name in (os.listdir(root) if os.path.isdir(root) else ()):
+    workdir = os.path.join(root, name)
+    if os.path.exists(os.path.join(workdir, run_files.SUMMARY)):
+      names.add(name)
+    elif os.path.isdir(workdir):
+      names |= {m for m in os.listdir(workdir)
+                if os.path.exists(os.path.join(workdir, m, run_files.SUMMARY))}
+  return names
+
+
+def is_done(point: Mapping[str, Any], root: str, finished: set[str], log=None) -> bool:
+  """Whether `point` (a run or a population job) needs no training: its workdir finished,
+  or each of its points finished as a single run or as another job's member."""
+  names = point.get(grouping.NAMES_KEY) or (jobs.point_name(point),)
+  return is_finished(os.path.join(root, jobs.point_name(point)), log) or all(
+      n in finished for n in names)
+
+
+def wait_for_previous_trainer(workdir: str, log, timeout_s: float = 600.0) -> None:
+  """Waits while a live process on this host holds `workdir`'s lock (`train/lock.py`): a
+  rerun right after a killed run_local finds its trainers still checkpointing on their
+  way out. A lock of a dead process is taken over by the trainer itself; after
+  `timeout_s` the trainer names the holder."""
+  path, deadline, told = os.path.join(workdir, "lock.json"), time.time() + timeout_s, False
+  while time.time() < deadline:
+    try:
+      with open(path) as f:
+        holder = json.load(f)
+      if holder["host"] != socket.gethostname():
+        return
+      os.kill(int(holder["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+      return  # No lock, an unreadable one, or its process is gone.
+    if not told:
+      log(f"waiting for the previous trainer of {os.path.basename(workdir)} (pid "
+          f"{holder['pid']}) to stop")
+      told = True
+    time.sleep(1.0)
 
 
 # Training processes this invocation started and that still run: stopped with it.
@@ -100,9 +161,10 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
   """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
   name = jobs.point_name(point)
   workdir = os.path.join(root, name)
-  if run_files.is_finished(workdir):
+  if is_done(point, root, finished_points(root), log):
     return Outcome(name, "skipped")
   os.makedirs(workdir, exist_ok=True)
+  wait_for_previous_trainer(workdir, log or print)
   argv = jobs.local_command(python, point, experiment, workdir, extra_flags)
   if log is not None:
     log(f"started: {name} (console output in its {LOG})")
@@ -136,7 +198,8 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
   """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
   if num_jobs < 1:
     raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")
-  done = sum(run_files.is_finished(os.path.join(root, jobs.point_name(p))) for p in points)
+  finished = finished_points(root)
+  done = sum(is_done(p, root, finished, log) for p in points)
   log(f"{len(points)} points in {root}: {done} already finished, running the other "
       f"{len(points) - done}, {num_jobs} at a time")
   outcomes = []
@@ -200,7 +263,17 @@ class Grouping:
   @classmethod
   def from_flags(cls) -> "Grouping":
     f = flags.FLAGS
-    return cls(f.single_runs, f.members_per_job, f.member_memory_gib)
+    return cls(f.single_runs, f.members_per_job, f.member_memory_gib).checked()
+
+  def checked(self) -> "Grouping":
+    """Itself; `BadInput` for a cap or memory budget that cannot size a job."""
+    if self.members_per_job is not None and self.members_per_job < 1:
+      raise errors.BadInput(f"--members_per_job={self.members_per_job}; allowed: an "
+                                "integer >= 1 (or leave it out: sized by --member_memory_gib)")
+    if not (math.isfinite(self.member_memory_gib) and self.member_memory_gib > 0):
+      raise errors.BadInput(f"--member_memory_gib={self.member_memory_gib}; allowed: a "
+                                "finite number of GiB > 0")
+    return self
 
 
 def sweep_jobs(sweep, max_points: Optional[int] = None,
@@ -239,7 +312,10 @@ def main(argv: list[str]) -> Optional[int]:
   if f.dry_run:
     print("\n".join(grouping_lines(f.sweep, sweep.get_sweep()[: f.max_jobs], points)))
     return 0
-  root = str(run_files.path(f.root or os.path.join("workdirs", f.sweep)))
+  root = str(run_files.path(f.root or os.path.join("workdirs", f.sweep), "--root"))
+  if os.path.exists(root) and not os.path.isdir(root):
+    raise errors.BadInput(f"--root={f.root!r} is a file; allowed: a folder (new, or "
+                          "holding this sweep's points)")
   signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   outcomes = run_sweep(points, sweep.EXPERIMENT, root, f.jobs)

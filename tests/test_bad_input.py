@@ -8,17 +8,22 @@ that the last line of stderr is `<program>: error: ...` with exit status 2 (no t
 
 import concurrent.futures
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from hypernet_attention.tasks import sraven
+from hypernet_attention.train import check_config
 from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
+from hypernet_attention.train import population
+from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -231,6 +236,31 @@ CLI_CASES = {
         "--seq_lens='0'; allowed: comma-separated positive integers", 2),
     "task_stats_zero_problems": ([os.path.join("experiments", "task_stats.py"),
                                   "--num_problems=0"], "--num_problems=0; allowed", 2),
+    # Populations, grouping, collect and gs:// (issue 25).
+    "population_dict_instead_of_tuple": (
+        SRAVEN + ["--config.population.members=({'seed': 1})"],
+        "config.population.members[0]='seed'; allowed: a dict of", 2),
+    "population_member_named_checkpoints": (
+        SRAVEN + ["--config.population.members=({'seed': 0}, {'seed': 1})",
+                  "--config.population.member_names=('checkpoints', 'b')"],
+        "('checkpoints' is not allowed)", 2),
+    "population_second_member_nan_lr": (
+        SRAVEN + ["--config.population.members=({'seed': 0}, "
+                  "{'optimizer.learning_rate': 'nan'})"],
+        "members[1]: config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
+    "workdir_malformed_bucket": (SRAVEN + ["--workdir=gs:/b/run"],
+                                 "--workdir='gs:/b/run' is not a valid bucket path", 2),
+    "run_local_zero_members_per_job": (
+        ["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--members_per_job=0", "--dry_run"],
+        "--members_per_job=0; allowed: an integer >= 1", 2),
+    "run_local_nan_member_memory": (
+        ["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--member_memory_gib=nan",
+         "--dry_run"], "--member_memory_gib=nan; allowed: a finite number of GiB > 0", 2),
+    "collect_out_is_a_file": (
+        ["-m", "launch.collect", "--root={tmp}/fuzzy_root", "--out={tmp}/existing.model"],
+        "--out='{tmp}/existing.model' is a file; allowed: a folder", 2),
+    "collect_malformed_bucket_root": (["-m", "launch.collect", "--root=GS://b/sweep"],
+                                      "--root='GS://b/sweep' is not a valid bucket path", 2),
 }
 TRAINERS = (SRAVEN[0], os.path.join("experiments", "fuzzy_logic.py"))
 
@@ -291,3 +321,188 @@ def test_collect_names_the_unreadable_file_it_skipped(cli_results):
   stderr = results["collect_truncated_summary"].stderr
   assert (f"warning: skipping {tmp}/truncated_root/run: {tmp}/truncated_root/run/summary.json "
           "is not readable JSON") in stderr, stderr
+
+
+# Populations (issue 25, point 1): every member is checked as the single run it is, before
+# any work; before, only member 0's values were (a NaN learning rate froze member 1 at step
+# 2 and the run exited 0).
+M2 = ({"seed": 0}, {"seed": 1})
+POPULATION_CASES = {
+    # name: (members, member_names, expected message regex)
+    "member_negative_lr": (({"seed": 0}, {"optimizer.learning_rate": -1e-3}), (),
+                           r"members\[1\]: config.optimizer.learning_rate=-0.001; allowed: a "
+                           r"finite number > 0"),
+    "member_nan_lr": (({"seed": 0}, {"optimizer.learning_rate": float("nan")}), (),
+                      r"members\[1\]: config.optimizer.learning_rate=nan"),
+    "member_zero_lr": (({"seed": 0}, {"optimizer.learning_rate": 0.0}), (),
+                       r"members\[1\]: config.optimizer.learning_rate=0.0"),
+    "member_bool_lr": (({"seed": 0}, {"optimizer.learning_rate": True}), (),
+                       r"members\[1\]: optimizer.learning_rate=True; allowed: a number"),
+    "member_none_lr": (({"seed": 0}, {"optimizer.learning_rate": None}), (),
+                       r"members\[1\]: optimizer.learning_rate=None; allowed: a number"),
+    "member_negative_weight_decay": (({"seed": 0}, {"optimizer.weight_decay": -0.1}), (),
+                                     r"members\[1\]: config.optimizer.weight_decay=-0.1"),
+    "member_inf_weight_decay": (({"seed": 0}, {"optimizer.weight_decay": float("inf")}), (),
+                                r"members\[1\]: config.optimizer.weight_decay=inf"),
+    "member_warmup_longer_than_run": (({"seed": 0}, {"optimizer.warmup_steps": 100}), (),
+                                      r"members\[1\]: config.optimizer.warmup_steps=100; "
+                                      r"allowed: an integer in \[0, config.num_train_steps=8\)"),
+    "member_negative_warmup": (({"seed": 0}, {"optimizer.warmup_steps": -1}), (),
+                               r"members\[1\]: config.optimizer.warmup_steps=-1"),
+    "member_negative_seed": (({"seed": 0}, {"seed": -1}), (),
+                             r"members\[1\]: config.seed=-1; allowed: an integer in "
+                             r"\[0, 2\*\*32\)"),
+    "member_seed_too_big": (({"seed": 0}, {"seed": 2**32}), (),
+                            r"members\[1\]: config.seed=4294967296"),
+    "member_float_seed": (({"seed": 0}, {"seed": 1.5}), (), r"members\[1\]: seed=1.5"),
+    "member_negative_split_seed": (({"seed": 0}, {"task.split_seed": -2}), (),
+                                   r"members\[1\]: config.task.split_seed=-2; allowed: None"),
+    "member_string_split_seed": (({"seed": 0}, {"task.split_seed": "x"}), (),
+                                 r"members\[1\]: config.task.split_seed='x'"),
+    "duplicate_members": (({"seed": 1}, {"seed": 1}), (),
+                          r"members\[0\] and \[1\] are the same run \({'seed': 1}\)"),
+    "member_equal_to_base": (({}, {"seed": 0}), (), r"members\[0\] and \[1\] are the same run"),
+    "duplicate_after_float_spelling": (({"optimizer.learning_rate": 1e-3},
+                                        {"optimizer.learning_rate": 0.001}), (),
+                                       r"members\[0\] and \[1\] are the same run"),
+    "dict_instead_of_tuple": ({"seed": 1}, (), r"config.population.members={'seed': 1}; "
+                              r"allowed: a tuple of dicts, one per member \(one member needs a "
+                              r"trailing comma"),
+    "members_a_string": ("seed=1", (), r"config.population.members='seed=1'; allowed: a tuple"),
+    "member_not_a_dict": (({"seed": 0}, 3), (), r"members\[1\]=3; allowed: a dict of"),
+    "member_unbatchable_key": (({"seed": 0}, {"optimizer.learning_rte": 1.0}), (),
+                               r"members\[1\] sets 'optimizer.learning_rte'"),
+    "names_without_members": ((), ("a", "b"), r"member_names=\['a', 'b'\] but "
+                              r"config.population.members is empty"),
+    "name_checkpoints": (M2, ("checkpoints", "b"), r"\('checkpoints' is not allowed\)"),
+    "name_config_json": (M2, ("config.json", "b"), r"\('config.json' is not allowed\)"),
+    "name_lock": (M2, ("lock.json", "b"), r"\('lock.json' is not allowed\)"),
+    "name_population_summary": (M2, ("a", "population_summary.json"),
+                                r"\('population_summary.json' is not allowed\)"),
+    "name_event_file": (M2, ("events.out.tfevents.1.h", "b"), r"'events.out.tfevents.1.h' is not"),
+    "name_dotdot": (M2, ("..", "b"), r"\('..' is not allowed\)"),
+    "name_slash": (M2, ("a/b", "b"), r"\('a/b' is not allowed\)"),
+    "name_blank": (M2, (" ", "b"), r"\(' ' is not allowed\)"),
+    "name_newline": (M2, ("a\nb", "b"), r"is not allowed"),
+    "name_not_a_string": (M2, ("a", None), r"\(None is not allowed\)"),
+    "names_a_string": (M2, "ab", r"member_names='ab'; allowed: a tuple of directory names"),
+    "names_duplicate": (M2, ("a", "a"), r"member_names=\['a', 'a'\]; allowed: one unique"),
+    "names_too_many": (M2, ("a", "b", "c"), r"one unique directory name per member \(2 members\)"),
+}
+
+
+def _population(members, names=(), **overrides):
+  """A smoke config with `config.population` as `--config.population.*=` sets it (any
+  Python literal, not only what the field's type allows)."""
+  config = tl.smoke("sraven", **{"eval.ceiling_problems": 0, **overrides})
+  with config.unlocked():
+    config.population = ml_collections.ConfigDict(dict(members=members, member_names=names))
+  return config
+
+
+@pytest.mark.parametrize("case", sorted(POPULATION_CASES))
+def test_population_refused_before_any_work(case, tmp_path):
+  members, names, message = POPULATION_CASES[case]
+  with pytest.raises(config_lib.BadInput, match=message):
+    loop.train_and_evaluate(_population(members, names), str(tmp_path / "wd"))
+  assert os.listdir(tmp_path) == []
+
+
+def test_launch_check_runs_the_population_checks():
+  """`check_config` (tpu_pod.sh, slurm.sh) refuses a bad member on the laptop (point 6)."""
+  with pytest.raises(config_lib.BadInput, match=r"members\[1\]: config.optimizer.learning_rate"):
+    check_config.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
+        "--config.population.members=({'seed': 0}, {'optimizer.learning_rate': -1.0})"])
+  with pytest.raises(config_lib.BadInput, match=r"\('checkpoints' is not allowed\)"):
+    check_config.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
+        "--config.population.members=({'seed': 0}, {'seed': 1})",
+        "--config.population.member_names=('checkpoints', 'b')"])
+
+
+# gs:// paths (point 5): refused in one line before any work; before, these named odd
+# buckets (`gs://` -> bucket '', `gs:///x` -> bucket 'x') or made a local `./gs:/` folder.
+BAD_BUCKET_PATHS = ("gs://", "gs:///x", "gs:/b/run", "GS://b/x", "Gs://b/x", "gs:b/x",
+                    "gs://b//x", "gs://B_ad!/x", "gs://-b/x", "gs://b/x/../y", "gs://b/./x",
+                    "gcs://b/x", "s3://b/x", "http://b/x", " gs://b/x")
+
+
+@pytest.mark.parametrize("bad", BAD_BUCKET_PATHS)
+def test_malformed_bucket_paths_refused(bad, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(config_lib.BadInput, match=r"is not a valid bucket path; allowed: "
+                     r"gs://<bucket>/<path>"):
+    loop.train_and_evaluate(tl.smoke("sraven"), bad)
+  with pytest.raises(config_lib.BadInput, match=r"--root=.* is not a valid bucket path"):
+    workdir_lib.path(bad, "--root")
+  assert os.listdir(tmp_path) == []
+
+
+def test_good_paths_pass_unchanged():
+  for good in ("gs://b/run", "gs://my-bucket.example.com/a/b/", "runs/a:b", "/tmp/x"):
+    assert config_lib.check_bucket_path(good) == good
+
+
+def test_bucket_path_without_gcsfs_names_the_extra(monkeypatch):
+  monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError.
+  with pytest.raises(config_lib.BadInput, match=r"needs gcsfs \(not installed\); allowed: pip "
+                     r"install 'hypernet-attention\[gcs\]'"):
+    workdir_lib.path("gs://bucket/run")
+
+
+def test_gcsfs_bucket_type_warning_shown_once_per_bucket(caplog):
+  gcsfs_logger = logging.getLogger("gcsfs")
+  with caplog.at_level(logging.WARNING, logger="gcsfs"):
+    for i in range(50):
+      gcsfs_logger.warning("Could not determine bucket type for bucket name bkt1: "
+                           f"error {i}, falling back to GCSFileSystem")
+      gcsfs_logger.warning("Could not determine bucket type for bucket name bkt2: "
+                           f"error {i}, falling back to GCSFileSystem")
+    gcsfs_logger.warning("something else")
+    gcsfs_logger.warning("something else")
+  assert [r.getMessage()[:55] for r in caplog.records] == [
+      "Could not determine bucket type for bucket name bkt1: e",
+      "Could not determine bucket type for bucket name bkt2: e",
+      "something else", "something else"]
+
+
+# One writer per workdir covers the members' directories (point 2).
+def _fake_population(root) -> ml_collections.ConfigDict:
+  """A population's workdir as its run records it before training (config.json files)."""
+  config = _population(M2)
+  workdir_lib.check(str(root), config)
+  for i, member in enumerate(population.check(config)):
+    workdir_lib.check(str(root / f"member{i}"), member, population=str(root))
+  return config
+
+
+def test_single_run_into_a_member_directory_refused(tmp_path):
+  config = _fake_population(tmp_path / "pop")
+  before = tl.snapshot(str(tmp_path))
+  member1 = population.member_config(config, 1)
+  with pytest.raises(config_lib.BadInput, match=r"is member 'member1' of the population in "
+                     r".*pop, whose run is its only writer; allowed: rerun the population"):
+    loop.train_and_evaluate(member1, str(tmp_path / "pop" / "member1"))
+  for inside in ("checkpoints", "member1/x", "checkpoints/x"):
+    with pytest.raises(config_lib.BadInput, match=r"is inside the run in .*; allowed: a "
+                       r"directory outside any run's workdir"):
+      loop.train_and_evaluate(member1, str(tmp_path / "pop" / inside))
+  assert tl.snapshot(str(tmp_path)) == before
+
+
+def test_population_over_a_single_runs_directory_refused(tmp_path):
+  (tmp_path / "pop" / "member1" / "checkpoints" / "4").mkdir(parents=True)
+  before = tl.snapshot(str(tmp_path))
+  with pytest.raises(config_lib.BadInput, match=r"member directory .*member1' of the "
+                     r"population in .* holds a single run's checkpoints or lock"):
+    loop.train_and_evaluate(_population(M2), str(tmp_path / "pop"))
+  assert tl.snapshot(str(tmp_path)) == before
+
+
+def test_language_model_population_refused_from_the_config_alone():
+  """Before the vocabulary is trained or data are read (issue 25, point 7)."""
+  config = config_lib.base_config(experiment="c4_lm")
+  config.population.members = ({"seed": 0}, {"seed": 1})
+  with pytest.raises(config_lib.BadInput, match=r"population.members set for experiment "
+                     r"'c4_lm', which reads host-side data; allowed: populations of sraven, "
+                     r"fuzzy_logic"):
+    config_lib.check_population(config)

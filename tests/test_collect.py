@@ -134,3 +134,43 @@ def test_no_finished_run_is_a_clear_error(tmp_path):
     collect.report(str(tmp_path), None, "ood", str(tmp_path))
   with pytest.raises(ValueError, match="select='best'; allowed: ood, test"):
     collect.tabulate([], "best")
+
+
+def _warnings():
+  lines = []
+  return lines, lines.append
+
+
+def test_a_point_trained_twice_counts_once(root, tmp_path):
+  """A population member and a single run of the same point (or two identical members of
+  an old population) are one seed, with a warning naming both (issue 25, point 3)."""
+  lines, warn = _warnings()
+  expected = collect.tabulate(collect.load_runs(root, warn))
+  assert lines == []
+  name = jobs.point_name(_write_run(os.path.join(root, "x"), "hyla", 1e-3, 0, (0.1, 0.1)))
+  os.rename(os.path.join(root, "x"), os.path.join(root, "pop"))
+  with open(os.path.join(root, "pop", "config.json"), "w") as f:  # Its population's record.
+    json.dump({"experiment": "fuzzy_logic", "population": {"members": [{"seed": 0}]}}, f)
+  runs = collect.load_runs(root, warn)
+  assert collect.tabulate(runs) == expected
+  assert lines == [f"warning: {root}/pop/{name} is the same run as {root}/{name} (same "
+                   "config); counted once"]
+
+
+def test_a_frozen_member_is_a_failed_run(root):
+  workdir = os.path.join(root, jobs.point_name({
+      "config": "model=hyla,size=paper", "optimizer.learning_rate": 1e-3,
+      "optimizer.weight_decay": 0.1, "seed": 0}))
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  summary.update({"frozen_at_step": 2, "ood/r2": 0.99, "test/r2": 0.99})
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f)
+  lines, warn = _warnings()
+  runs = collect.load_runs(root, warn)
+  assert lines == [f"warning: {workdir} failed: its loss turned non-finite at step 2 (a "
+                   "frozen population member); not counted"]
+  assert all(0.99 * 100 not in c.ood.values for c in collect.tabulate(runs))
+  text = collect.report(root, None, "ood", root)
+  assert f"Failed runs (non-finite loss; not counted):\n- {os.path.basename(workdir)} " \
+         "(frozen at step 2)" in text

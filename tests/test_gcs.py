@@ -203,3 +203,23 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   loop.train_and_evaluate(tl.smoke("sraven", **LONG), local)
   chex.assert_trees_all_equal(restore.restore_params(workdir).params,
                               restore.restore_params(local).params)
+
+
+def test_collect_writes_its_tables_to_the_bucket(gcs, tmp_path):
+  """A gs:// root's tables go to the bucket (before: a local `./gs:/...` folder)."""
+  del gcs
+  run = workdir_lib.path("gs://bucket/tables/fuzzy_hyla")
+  run.mkdir(parents=True, exist_ok=True)
+  workdir_lib.write_json(run / "config.json", {
+      "experiment": "fuzzy_logic", "seed": 0, "model": {"attention": "hyla"}})
+  workdir_lib.write_json(run / "summary.json", {"ood/r2": 0.5, "test/r2": 0.6,
+                                                "wall_time_s": 1.0})
+  proc = subprocess.run([sys.executable, os.path.join(tl.REPO, "launch", "collect.py"),
+                         "--root=gs://bucket/tables"], env=tl.subprocess_env(),
+                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = workdir_lib.path("gs://bucket/tables")
+  assert "1 finished runs under gs://bucket/tables" in (out / "table_a1.md").read_text()
+  assert (out / "table_a1.csv").exists() and (out / "table_a1.png").read_bytes()[:4] == \
+      b"\x89PNG"
+  assert os.listdir(tmp_path) == []

@@ -156,3 +156,19 @@ def test_failed_save_stops_the_run_at_once(tmp_path):
   assert "finalized steps none are intact" in last
   assert elapsed < 200, elapsed  # Orbax's timeouts alone are 300 s.
   assert not os.path.exists(workdir / "summary.json")
+
+
+def test_heartbeat_in_the_future_says_how_to_clear_it(tmp_path):
+  """Another host's clock ahead of ours: its lock looks fresh for hours. One line naming
+  the skew and the file to remove (issue 25, point 7); the lock is left as it is."""
+  first = lock.WorkdirLock(str(tmp_path)).acquire()
+  first._stop.set()  # pylint: disable=protected-access
+  _record(first.path, host="other-host", heartbeat=time.time() + 3600)
+  before = first.path.read_text()
+  with pytest.raises(config_lib.BadInput, match=(
+      r"has a lock whose heartbeat is 3[56]\d\d s in the future \(host other-host, .*; the "
+      r"clocks of this host and other-host differ\); allowed: if no trainer runs there, "
+      r"remove .*lock.json, else wait for it to end")):
+    lock.WorkdirLock(str(tmp_path)).acquire()
+  assert first.path.read_text() == before
+  first.path.unlink()

@@ -3,12 +3,15 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 from launch import collect
 from launch import jobs
+from launch import run_local
 from launch import sweeps
 
 import train_testlib as tl
@@ -105,3 +108,58 @@ def test_sweep_runs_as_populations_and_collects_as_runs(tmp_path):
       ("hyla", 0), ("hyla", 1), ("softmax", 0), ("softmax", 1)]
   assert "4 finished runs" in collect.report(root, "smoke_population_fuzzy", "ood",
                                              str(tmp_path / "t"))
+
+
+def _finished(workdir, population_summary=None):
+  os.makedirs(workdir, exist_ok=True)
+  name = "population_summary.json" if population_summary is not None else "summary.json"
+  with open(os.path.join(workdir, name), "w") as f:
+    f.write(population_summary if population_summary is not None else '{"step": 8}')
+
+
+def test_points_finished_either_way_are_skipped(tmp_path):
+  """--single_runs after a population job (and a population after single runs) trains
+  nothing: each point is done, wherever it was trained (issue 25, point 4)."""
+  points = sweeps.load("smoke_fuzzy").get_sweep()
+  names = [jobs.point_name(p) for p in points]
+  population_root, single_root = str(tmp_path / "pops"), str(tmp_path / "singles")
+  _finished(os.path.join(population_root, "pop"), json.dumps({"members": names}))
+  for name in names:
+    _finished(os.path.join(population_root, "pop", name))
+    _finished(os.path.join(single_root, name))
+  lines = []
+  outcomes = run_local.run_sweep(points, "fuzzy_logic", population_root, log=lines.append)
+  assert [o.status for o in outcomes] == ["skipped"] * len(points)
+  assert lines == [f"{len(points)} points in {population_root}: {len(points)} already "
+                   "finished, running the other 0, 1 at a time"]
+  job = {**points[0], "population.members": ({"seed": 0}, {"seed": 1}),
+         "population.member_names": tuple(names)}
+  assert run_local.is_done(job, single_root, run_local.finished_points(single_root))
+
+
+def test_truncated_population_summary_is_named_and_rerun(tmp_path):
+  workdir = str(tmp_path / "pop")
+  _finished(workdir, '{"members": ["a"')
+  lines = []
+  assert not run_local.is_finished(workdir, lines.append)
+  assert len(lines) == 1 and lines[0].startswith(
+      f"warning: {workdir}/population_summary.json is not a readable population summary")
+  assert lines[0].endswith("rerunning that job")
+
+
+def test_rerun_waits_for_the_previous_trainer_to_let_go(tmp_path):
+  """A rerun right after a killed run_local: its trainer is still checkpointing on its way
+  out, holding the lock; the point waits for it instead of failing."""
+  holder = subprocess.Popen(["sleep", "3"])
+  threading.Thread(target=holder.wait, daemon=True).start()  # Reaped when it exits.
+  with open(tmp_path / "lock.json", "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": holder.pid}, f)
+  lines, start = [], time.time()
+  run_local.wait_for_previous_trainer(str(tmp_path), lines.append)
+  assert holder.poll() is not None and time.time() - start >= 2
+  assert lines == [f"waiting for the previous trainer of {tmp_path.name} (pid {holder.pid}) "
+                   "to stop"]
+  (tmp_path / "lock.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  start = time.time()
+  run_local.wait_for_previous_trainer(str(tmp_path), lines.append)  # Another host's lock:
+  assert time.time() - start < 1  # the trainer judges it by its heartbeat.

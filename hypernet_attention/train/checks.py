@@ -6,7 +6,8 @@ training run and population member), in the language-model entry point and on th
 launching machine (`check_config.py`, before anything is copied or submitted), so each
 message is written once. `check_task_memory` weighs the task's tables against this host's
 memory. Checks that need the devices (mesh, batch divisibility) stay with the mesh
-(`sharding.py`, `data.py`); checks of a population's members with `population.py`.
+(`sharding.py`, `data.py`). A population's members are checked here too, each as the
+single run it is (`check_population`, run by `validate`).
 
 JAX is not imported here (the attention presets and SRAVEN's estimate load it on first
 use), so a launching machine without JAX can run `validate`.
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
 from hypernet_attention.errors import BadInput
+from hypernet_attention.train.run_files import MEMBER_KEYS
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
 POSITIVE_FIELDS = (
@@ -95,6 +97,10 @@ def check_run(config: ml_collections.ConfigDict) -> None:
   if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
     raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
                    f"[0, config.num_train_steps={steps})")
+  split_seed = _get(config, "task.split_seed")
+  if split_seed is not None and (not _is_int(split_seed) or not 0 <= split_seed < 2**32):
+    raise BadInput(f"config.task.split_seed={split_seed!r}; allowed: None (the run's seed) "
+                   "or an integer in [0, 2**32)")
   stop = config.get("stop_after_steps")
   if stop is not None and (not _is_int(stop) or stop <= 0):
     raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
@@ -139,7 +145,8 @@ def check_preset(name: str) -> str:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Every config value whose type, range or finiteness the config alone decides.
+  """Every config value whose type, range or finiteness the config alone decides, for the
+  run and for each population member (`check_population`).
 
   Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
   device checks (sizes against memory, the mesh) follow in `build.setup`.
@@ -149,6 +156,146 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check_run(config)
   check_intervals(config)
   check_schedule(config)
+  check_population(config)
+
+
+def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
+  """`config.<key> = value` for a dotted `key` (e.g. 'model.activation'), as
+  `--config.<key>=` would set it: an unknown key is a ValueError, never a new field, and
+  a string given for a number or bool field is converted to that field's type."""
+  *parents, leaf = key.split(".")
+  node = config
+  for name in parents + [leaf]:
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+      raise ValueError(f"unknown config key {key!r}")
+    parent, node = node, node[name]
+  if isinstance(value, str) and isinstance(node, (bool, int, float)):
+    value = (value.lower() in ("1", "true")) if isinstance(node, bool) else type(node)(value)
+  parent[leaf] = value
+
+
+# What a population's workdir holds itself (`population_loop.py`, `lock.py`,
+# `launch/run_local.py`): a member directory of one of these names would overwrite it.
+RESERVED_NAMES = ("checkpoints", "corrupt_checkpoints", "config.json", "summary.json",
+                  "population_summary.json", "lock.json", "accuracy_ceilings.json",
+                  "run_local.json")
+EVENTS_PREFIX = "events.out.tfevents"  # TensorBoard's event files.
+# Experiments whose data are sampled on device, which a population needs (`population.py`);
+# refused here, before a language model's vocabulary or data are touched.
+POPULATION_EXPERIMENTS = ("sraven", "fuzzy_logic")
+
+
+def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
+  """`config.population.members` as a tuple of mappings; `BadInput` for any other shape
+  (a dict where the tuple goes: `({'seed': 1})` lacks its trailing comma)."""
+  value = _get(config, "population.members")
+  if value is None:
+    return ()
+  if not _is_sequence(value):
+    raise BadInput(f"config.population.members={_plain(value)!r}; allowed: a tuple of dicts, "
+                   "one per member (one member needs a trailing comma: ({'seed': 1},))")
+  for i, member in enumerate(value):
+    if not isinstance(member, (Mapping, ml_collections.ConfigDict)):
+      raise BadInput(f"config.population.members[{i}]={member!r}; allowed: a dict of "
+                     f"{list(MEMBER_KEYS)} (one member needs a trailing comma: "
+                     "({'seed': 1},))")
+    for key, setting in dict(member).items():
+      if key not in MEMBER_KEYS:
+        raise BadInput(
+            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
+            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
+            "populations)")
+      if not (isinstance(setting, (int, float, str)) and not isinstance(setting, bool)
+              or setting is None and key == "task.split_seed"):
+        raise BadInput(f"config.population.members[{i}]: {key}={setting!r}; allowed: a number")
+  return tuple(dict(m) for m in value)
+
+
+def _plain(value: Any) -> Any:
+  """A ConfigDict as the dict it was given as (its repr is multi-line YAML)."""
+  return value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value
+
+
+def _is_sequence(value: Any) -> bool:
+  """A tuple or list (not a string, dict or ConfigDict, which iterate too)."""
+  return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _bad_name(name: Any) -> bool:
+  return (not isinstance(name, str) or not name.strip() or name != name.strip()
+          or name.startswith(".") or any(c in name for c in "/\\:") or not name.isprintable()
+          or len(name.encode()) > 255 or name in RESERVED_NAMES
+          or name.startswith(EVENTS_PREFIX))
+
+
+def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[str, ...]:
+  """Each member's directory name (`population.member_names`, or member0, member1, ...);
+  `BadInput` unless there is one unique, plain name per member that no file of the
+  population's own workdir has."""
+  names = _get(config, "population.member_names") or ()
+  if not _is_sequence(names):
+    raise BadInput(f"config.population.member_names={_plain(names)!r}; allowed: a tuple of "
+                   "directory names, one per member")
+  if names and not size:
+    raise BadInput(f"config.population.member_names={list(names)!r} but "
+                   "config.population.members is empty; allowed: names only with members "
+                   "(a single run takes no names)")
+  names = tuple(names) or tuple(f"member{i}" for i in range(size))
+  bad = [n for n in names if _bad_name(n)]
+  if len(names) != size or len(set(names)) != len(names) or bad:
+    raise BadInput(
+        f"config.population.member_names={list(names)!r}"
+        + (f" ({bad[0]!r} is not allowed)" if bad else "")
+        + f"; allowed: one unique directory name per member ({size} members): printable, "
+        "no '/', '\\' or ':', not starting with '.', not one of the workdir's own "
+        f"{list(RESERVED_NAMES)} or {EVENTS_PREFIX}*")
+  return names
+
+
+def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
+  """The single run that member `index` is: the population's config with the member's
+  settings and no population (what its `config.json` records)."""
+  member = ml_collections.ConfigDict(config.to_dict())
+  for key, value in _member_settings(config)[index].items():
+    try:
+      set_dotted(member, key, value)
+    except (ValueError, TypeError) as e:
+      raise BadInput(f"config.population.members[{index}]: {key}={value!r} ({e})") from None
+  member.population.members = ()
+  member.population.member_names = ()
+  return member
+
+
+def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+  """Checks every member of `config.population` as the single run it is, before any work,
+  and returns their configs (empty for a single run).
+
+  `BadInput` on the first problem: members that are not a tuple of dicts, a member key
+  that is not batchable, bad member names, a member value a single run would refuse
+  (prefixed by `config.population.members[i]`), two members that are the same run.
+  """
+  settings = _member_settings(config)
+  if settings and config.get("experiment") not in POPULATION_EXPERIMENTS:
+    raise BadInput(f"config.population.members set for experiment "
+                   f"{config.get('experiment')!r}, which reads host-side data; allowed: "
+                   f"populations of {', '.join(POPULATION_EXPERIMENTS)} (on-device tasks)")
+  check_member_names(config, len(settings))
+  configs, seen = [], {}
+  for i in range(len(settings)):
+    member = member_config(config, i)
+    try:
+      validate(member)
+    except BadInput as e:
+      raise BadInput(f"config.population.members[{i}]: {e}") from None
+    run = member.to_json_best_effort(sort_keys=True)
+    if run in seen:
+      raise BadInput(
+          f"config.population.members[{seen[run]}] and [{i}] are the same run "
+          f"({settings[i]!r}); allowed: members that differ (a seed, the split's seed, the "
+          "learning rate, weight decay or warmup)")
+    seen[run] = i
+    configs.append(member)
+  return configs
 
 
 def memory_budget() -> int:

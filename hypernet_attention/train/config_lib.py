@@ -15,14 +15,22 @@ import ml_collections
 
 from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported for callers of old)
 from hypernet_attention.train import checks
+from hypernet_attention.train import run_files
+
+# Re-exported for callers of old: population checks and the bucket-path check live in
+# `checks.py` and `run_files.py`.
+set_dotted = checks.set_dotted
+check_population = checks.check_population
+check_bucket_path = run_files.check_bucket_path
 
 
 def workdir_path(workdir: Optional[str]) -> str:
-  """`--workdir` as the run will use it: `~` expanded; empty or blank refused."""
+  """`--workdir` as the run will use it: `~` expanded; empty, blank or a malformed gs://
+  path refused."""
   if workdir is None or not str(workdir).strip():
     raise BadInput(f"--workdir={workdir!r}; allowed: a directory path (new, or holding this "
                    "run); leave the flag out for a fresh one under ./workdirs/")
-  return os.path.expanduser(str(workdir))
+  return os.path.expanduser(check_bucket_path(str(workdir)))
 
 
 def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
@@ -70,21 +78,6 @@ def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = 
       raise ValueError(
           f"config argument {key}={result[key]!r} is not allowed; choose from {list(values)}")
   return ml_collections.ConfigDict(result)
-
-
-def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
-  """`config.<key> = value` for a dotted `key` (e.g. 'model.activation'), as
-  `--config.<key>=` would set it: an unknown key is a ValueError, never a new field, and
-  a string given for a number or bool field is converted to that field's type."""
-  *parents, leaf = key.split(".")
-  node = config
-  for name in parents + [leaf]:
-    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-      raise ValueError(f"unknown config key {key!r}")
-    parent, node = node, node[name]
-  if isinstance(value, str) and isinstance(node, (bool, int, float)):
-    value = (value.lower() in ("1", "true")) if isinstance(node, bool) else type(node)(value)
-  parent[leaf] = value
 
 
 def transformer_config(model: Mapping[str, Any], **overrides: Any):
@@ -176,7 +169,7 @@ def base_config(*, experiment: str, seed: int = 0) -> ml_collections.ConfigDict:
       # True: the authors' decay_steps = steps - warmup (floor reached warmup steps early).
       authors_schedule=False))
   # Members trained together as one vmapped program (`train/population.py`): a tuple of
-  # dicts over `population.MEMBER_KEYS`; empty = a single run.
+  # dicts over `run_files.MEMBER_KEYS`; empty = a single run.
   c.population = ml_collections.ConfigDict(dict(members=(), member_names=()))
   c.eval = ml_collections.ConfigDict(dict(
       splits=("test", "ood"), num_problems=51_200, batch_size=1024,

@@ -168,6 +168,13 @@ class WorkdirLock:
               f"less than {self.stale_after_s:.0f} s old (a trainer is starting there?); "
               "allowed: one training process per workdir: wait, or remove it if no trainer "
               "runs")
+      elif holder.heartbeat > now + self.heartbeat_s and not is_stale(
+          holder, now, self.stale_after_s):
+        raise errors.BadInput(
+            f"workdir {str(self.path.parent)!r} has a lock whose heartbeat is "
+            f"{holder.heartbeat - now:.0f} s in the future ({holder.describe(holder.heartbeat)};"
+            f" the clocks of this host and {holder.host} differ); allowed: if no trainer runs "
+            f"there, remove {self.path}, else wait for it to end")
       elif not is_stale(holder, now, self.stale_after_s):
         raise errors.BadInput(
             f"workdir {str(self.path.parent)!r} is in use by another training process "

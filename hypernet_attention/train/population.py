@@ -46,7 +46,6 @@ from hypernet_attention import errors
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import run_files
 from hypernet_attention.train import sharding
@@ -55,43 +54,14 @@ from hypernet_attention.train import trainer as trainer_lib
 
 MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-
-
-def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collections.ConfigDict:
-  """The single run that member `index` is: the population's config with the member's
-  settings and no population (what its `config.json` records)."""
-  member = ml_collections.ConfigDict(config.to_dict())
-  for key, value in run_files.members(config)[index].items():
-    config_lib.set_dotted(member, key, value)
-  member.population.members = ()
-  member.population.member_names = ()
-  return member
+member_config = checks.member_config
 
 
 def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """Validates the population and returns the member configs; `BadInput` on the first
-  member key that is not batchable, a bad member value or bad member names."""
-  settings = run_files.members(config)
-  for i, member in enumerate(settings):
-    for key in member:
-      if key not in MEMBER_KEYS:
-        raise errors.BadInput(
-            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
-            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
-            "populations)")
-  names = run_files.member_names(config)
-  if len(names) != len(settings) or len(set(names)) != len(names) or any(
-      not n or "/" in n or n.startswith(".") for n in names):
-    raise errors.BadInput(
-        f"config.population.member_names={list(names)!r}; allowed: one unique directory "
-        f"name (no '/', not starting with '.') per member ({len(settings)} members)")
-  configs = []
-  for i in range(len(settings)):
-    try:
-      configs.append(member_config(config, i))
-    except (ValueError, TypeError) as e:
-      raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
-  return configs
+  """Validates the population and returns the member configs: every member checked as
+  the single run it is (`checks.check_population`), before any work."""
+  checks.validate(config)
+  return checks.check_population(config)
 
 
 @dataclasses.dataclass(frozen=True)

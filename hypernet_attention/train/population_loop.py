@@ -42,10 +42,12 @@ def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
 
 
 def check_workdirs(config, p: population.PopulationSetup, workdir: str) -> None:
-  """The population's workdir guard, then each member's (records their config.json)."""
-  workdir_lib.check(workdir, config)
-  for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
-    workdir_lib.check(member_dir, member_config)
+  """The population's workdir guard, then each member's; all pass before any config.json
+  is recorded."""
+  for record in (False, True):
+    workdir_lib.check(workdir, config, record=record)
+    for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
+      workdir_lib.check(member_dir, member_config, population=workdir, record=record)
 
 
 class PopulationRun:
@@ -61,6 +63,7 @@ class PopulationRun:
     self.eval_metrics: list[dict[str, float]] = [{} for _ in self.dirs]
     self.evaluated = False
     self.writers, self.ceilings = [], []
+    self.rewrite_summary = False  # population_summary.json was unreadable.
 
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.p.restore_target())
@@ -74,15 +77,27 @@ class PopulationRun:
     return state, step
 
   def _read_frozen(self):
-    recorded = workdir_lib.read_json(workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY)
+    try:
+      recorded = workdir_lib.read_json(
+          workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY)
+    except ValueError as e:  # Written again below; a frozen member is found again.
+      logging.warning("%s (rewritten by this run)", e)
+      self.rewrite_summary = True
+      return
     if recorded is not None:
       self.frozen = recorded.get("frozen_at_step", self.frozen)
 
   def finished(self, state):
-    if not run_files.is_finished(self.workdir):
+    if self.rewrite_summary:  # Unreadable population_summary.json: the members' summaries.
+      done = all((workdir_lib.path(d) / run_files.SUMMARY).exists() for d in self.dirs)
+    else:
+      done = run_files.is_finished(self.workdir)
+    if not done:
       return None
     logging.info("%s already holds a finished population (step %d)", self.workdir,
                  self.config.num_train_steps)
+    if self.rewrite_summary:
+      self._write_population_summary(self.config.num_train_steps, self.config.num_train_steps)
     return {"members": [workdir_lib.read_summary(d) for d in self.dirs], "state": state}
 
   def open(self, step: int, state) -> None:

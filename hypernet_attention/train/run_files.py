@@ -25,7 +25,9 @@ copy plus a delete.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from typing import Any, Optional
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
@@ -37,6 +39,29 @@ import fsspec
 fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 from hypernet_attention import errors
+
+
+class _OncePerBucket(logging.Filter):
+  """gcsfs warns that it cannot tell a bucket's type (no storage-layout permission, an
+  emulator) once per file it opens: hundreds of identical lines a run. One per bucket
+  and kind of warning says the same."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen: set[tuple[int, str]] = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    match = re.search(r"[Bb]ucket (?:name )?([^\s:]+)", record.getMessage())
+    if record.levelno < logging.WARNING or "bucket type" not in record.getMessage() or not match:
+      return True
+    key = (record.lineno, match.group(1))
+    if key in self.seen:
+      return False
+    self.seen.add(key)
+    return True
+
+
+logging.getLogger("gcsfs").addFilter(_OncePerBucket())
 
 CONFIG = "config.json"  # The run's config; what a resume must match.
 SUMMARY = "summary.json"  # Written once, when the run finished.
@@ -58,10 +83,45 @@ def is_remote(p: epath.PathLike) -> bool:
   return "://" in os.fspath(p)
 
 
-def path(workdir: epath.PathLike) -> epath.Path:
-  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute."""
-  text = os.fspath(workdir)
+# A bucket path: gs://<bucket>/<object path>, with GCS's bucket naming rules (lowercase
+# letters, digits, '-', '_', '.'; starting and ending with a letter or digit) and no empty,
+# '.' or '..' part (an object store keeps them literally: `gs://b/x/../y` is no `gs://b/y`).
+BUCKET_PATH = re.compile(r"gs://[a-z0-9]([a-z0-9._-]{0,220}[a-z0-9])?(/[^/]+)*/?")
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def check_bucket_path(path: str, flag: str = "--workdir") -> str:
+  """`path` if it is a local path or a well-formed gs:// path; `BadInput` for a malformed
+  bucket path (`gs://`, `gs:///x`, `gs:/b/x`, `GS://b/x`, `s3://...`), which would
+  otherwise name an odd bucket or a local folder called `gs:`."""
+  text = str(path)
+  looks_remote = "://" in text or (SCHEME.match(text.strip()) is not None
+                                    and text.strip()[:3].lower() == "gs:")
+  if not looks_remote:
+    return text
+  parts = text[5:].split("/")
+  if not BUCKET_PATH.fullmatch(text) or any(p in (".", "..") for p in parts[1:]):
+    raise errors.BadInput(f"{flag}={text!r} is not a valid bucket path; allowed: "
+                          "gs://<bucket>/<path> (lowercase gs://, a bucket of lowercase "
+                          "letters, digits, '-', '_' or '.', no empty, '.' or '..' parts), "
+                          "or a local path")
+  return text
+
+
+def path(workdir: epath.PathLike, flag: str = "--workdir") -> epath.Path:
+  """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute.
+
+  `BadInput` (naming `flag`) for a malformed bucket path (`check_bucket_path`) and for a
+  bucket path without gcsfs installed.
+  """
+  text = check_bucket_path(os.fspath(workdir), flag)
   if is_remote(text):
+    try:
+      import gcsfs  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    except ImportError:
+      raise errors.BadInput(f"{flag}={text!r} is in a bucket, which needs gcsfs (not "
+                            "installed); allowed: pip install 'hypernet-attention[gcs]', or "
+                            "a local path") from None
     return epath.Path(text)
   return epath.Path(os.path.abspath(os.path.expanduser(text)))
 
@@ -114,8 +174,10 @@ def members(config: Any) -> tuple[dict[str, Any], ...]:
 
 
 def is_population(config: Any) -> bool:
-  """Whether `config` (a ConfigDict, or a recorded config.json's dict) is a population."""
-  return bool(members(config))
+  """Whether `config` (a ConfigDict, or a recorded config.json's dict) is a population: any
+  `population.members` set (of any shape: `checks.check_population` names a bad one)."""
+  population = config.get("population")
+  return bool(population and population.get("members"))
 
 
 def member_names(config: Any) -> tuple[str, ...]:

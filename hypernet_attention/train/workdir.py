@@ -7,7 +7,7 @@ The files themselves (names, paths local or gs://, JSON, "finished", "population
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from etils import epath
 import jax
@@ -52,15 +52,50 @@ def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
           and k.split(".")[0] not in RESUME_FREE_KEYS]
 
 
-def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> None:
-  """Raises if `workdir` is unusable or holds another experiment's run; else records the config.
+def _check_not_inside_a_run(root: epath.Path, workdir: epath.PathLike) -> None:
+  """Refuses a workdir inside another run's: a population's member directory has one
+  writer, its population (a single run there would overwrite the member's summary), and a
+  run's own folders (checkpoints/) are Orbax's."""
+  for parent in (root.parent, root.parent.parent):
+    if parent == root or not (parent / CONFIG).exists():
+      continue
+    try:
+      recorded = read_config(parent) or {}
+    except ValueError:
+      recorded = {}
+    population = recorded.get("population") or {}
+    members = population.get("members") or ()
+    names = population.get("member_names") or [f"member{i}" for i in range(len(members))]
+    if members and parent == root.parent and root.name in names:
+      raise ValueError(
+          f"--workdir={workdir!r} is member {root.name!r} of the population in {parent}, "
+          "whose run is its only writer; allowed: rerun the population (--workdir="
+          f"{parent}), read the member with restore_params({str(parent)!r}, member="
+          f"{list(names).index(root.name)}), or pass another --workdir")
+    raise ValueError(f"--workdir={workdir!r} is inside the run in {parent} (its config.json); "
+                     "allowed: a directory outside any run's workdir")
 
-  Call before any work: a refused workdir is left untouched.
+
+def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
+          population: Optional[epath.PathLike] = None, record: bool = True) -> None:
+  """Raises if `workdir` is unusable or holds another experiment's run; else records the config
+  (unless `record` is False: a dry pass, so that several workdirs are all checked before
+  any of them is written).
+
+  `population`: the population's workdir when `workdir` is one of its members' (which may
+  then hold nothing but what the population writes there). Call before any work: a refused
+  workdir is left untouched.
   """
   root = path(workdir)
   if root.exists() and not root.is_dir():
     raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
                      "(new or holding this run)")
+  if population is None:
+    _check_not_inside_a_run(root, workdir)
+  elif (root / CHECKPOINTS).exists() or (root / "lock.json").exists():
+    raise ValueError(f"member directory {str(root)!r} of the population in {population} "
+                     "holds a single run's checkpoints or lock; allowed: move that run away "
+                     "or name the member otherwise (config.population.member_names)")
   new = config_to_json(config)
   old = read_config(root)
   if old is not None:
@@ -73,6 +108,8 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict) -> None:
   elif (root / CHECKPOINTS).is_dir() and any((root / CHECKPOINTS).iterdir()):
     raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG}; refusing "
                      "to mix runs: use a fresh --workdir")
+  if not record:
+    return
   if jax.process_index() == 0:
     try:
       root.mkdir(parents=True, exist_ok=True)
