@@ -77,11 +77,14 @@ def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
   lock_file = os.path.join(first, "lock.json")
   launcher = _run_local(root)
   deadline = time.time() + TIMEOUT_S
-  while not os.path.exists(lock_file) and time.time() < deadline:
+  trainer_pid = None
+  while trainer_pid is None and time.time() < deadline:  # The lock is created, then written.
     assert launcher.poll() is None
-    time.sleep(0.05)
-  with open(lock_file) as f:
-    trainer_pid = json.load(f)["pid"]
+    try:
+      with open(lock_file) as f:
+        trainer_pid = json.load(f)["pid"]
+    except (FileNotFoundError, json.JSONDecodeError):
+      time.sleep(0.05)
   launcher.kill()
   launcher.communicate(timeout=60)
   while os.path.exists(f"/proc/{trainer_pid}") and time.time() < deadline:
