@@ -21,8 +21,6 @@ from launch.campaign import plan
 from launch.campaign import records
 
 TIMES = "campaign_times.jsonl"
-SETTING_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
-                "optimizer.weight_decay", "optimizer.warmup_steps")
 # Curves kept per member: every evaluation split's metric and loss, and the training loss.
 CURVE_PREFIXES = ("test/", "ood/", "unseen_terms/", "train/loss")
 
@@ -64,25 +62,16 @@ def _read_json(path: str) -> Any:
     return json.load(f)
 
 
-def _flat(config: dict[str, Any], key: str) -> Any:
-  node = config
-  for part in key.split("."):
-    if not isinstance(node, dict) or part not in node:
-      return None
-    node = node[part]
-  return node
-
-
 def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
   console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
-  config = _read_json(os.path.join(member_dir, run_files.CONFIG))
+  flat = run_files.flatten(_read_json(os.path.join(member_dir, run_files.CONFIG)))
   summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
   scalars = curves.read_scalars(member_dir)
   return {
       "name": name,
-      "settings": {k: _flat(config, k) for k in SETTING_KEYS},
+      "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
       "frozen_at_step": frozen_at_step,
       "curves": {tag: [[int(s), float(v)] for s, v in zip(*series)]
