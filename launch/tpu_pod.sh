@@ -33,8 +33,17 @@ read -r script config_file <<< "$checked"
 extra=$(printf ' %q' "$@")
 
 # Copy the working tree to every host, install it, then start the same command everywhere.
+# Only what git would carry (tracked and untracked-but-not-ignored files): virtual
+# environments of any name, workdirs and caches stay here. Outside a git checkout, everything
+# but the usual environment and output folders.
 archive="${TMPDIR:-/tmp}/$name.tgz"
-tar -C "$(dirname "$repo")" --exclude="$name/.venv" --exclude="$name/workdirs" -czf "$archive" "$name"
+if git -C "$repo" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git -C "$repo" ls-files -z --cached --others --exclude-standard \
+    | tar -C "$repo" --null --ignore-failed-read --transform="s,^,$name/," -czf "$archive" -T -
+else
+  tar -C "$(dirname "$repo")" --exclude="$name/.venv*" --exclude="$name/workdirs" \
+    --exclude=__pycache__ -czf "$archive" "$name"
+fi
 gcloud compute tpus tpu-vm scp "$archive" "$tpu":~ --zone="$zone" --worker=all
 gcloud compute tpus tpu-vm ssh "$tpu" --zone="$zone" --worker=all --command="
   set -e

@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import subprocess
+import tarfile
 import sys
 
 import jax
@@ -192,6 +193,14 @@ def test_tpu_pod_script_starts_every_host_with_multi_process(tmp_path):
                  cwd=tl.REPO, env=env, check=True, timeout=120, capture_output=True)
   scp, ssh = log.read_text().split("---\n")[:2]
   assert "--worker=all" in scp.split() and "--worker=all" in ssh.split()
+  # The copy holds the package but none of the checkout's virtual environments or workdirs
+  # (CI runs this with .venv and .venv312 inside the checkout: a gigabyte if they went along).
+  name = os.path.basename(tl.REPO)
+  with tarfile.open(tmp_path / f"{name}.tgz") as archive:
+    members = archive.getnames()
+  assert f"{name}/setup.py" in members and f"{name}/launch/tpu_pod.sh" in members
+  tops = {m.split("/")[1] for m in members if "/" in m}
+  assert not [t for t in tops if t.startswith((".venv", "workdirs")) or t == ".git"], tops
   remote = ssh.split("--command=")[1]
   assert ("python3 experiments/fuzzy_logic.py --multi_process" in remote
           and "--config=experiments/configs/fuzzy_logic.py:model=hyla\\,size=paper" in remote
