@@ -130,19 +130,31 @@ def test_notice_stops_after_the_running_chunk_without_evaluating(tmp_path, popul
       np.testing.assert_array_equal(a[k], b[k], err_msg=f"member {member}: {k}")
 
 
-def test_chunk_bound_picks_the_largest_divisor_under_half_the_grace():
+def test_chunk_bound_probes_short_chunks_then_picks_the_largest_divisor_that_fits():
   bound = preemption.ChunkBound(250, 30.0)
-  bound.observe(250, 100.0)  # The first chunk of a length compiles: not measured.
-  assert bound.length == 250
-  bound.observe(250, 25.0)  # 0.1 s per step: at most 15 s -> 150 steps; divisors of 250.
-  assert bound.length == 125
-  bound.observe(125, 0.01)  # Decided once.
-  assert bound.length == 125
+  assert bound.length == 50  # The largest divisor of 250 up to PROBE_STEPS, until measured.
+  bound.observe(50, 100.0)  # The first chunk of a length compiles: not a step time.
+  assert bound.length == 50
+  bound.observe(50, 5.0)  # 0.1 s per step, a new length compiles in 95 s: 50 stays.
+  assert bound.length == 50
+  bound.observe(50, 0.01)  # Decided once.
+  assert bound.length == 50
+  cheap = preemption.ChunkBound(250, 30.0)
+  cheap.observe(50, 6.0)
+  cheap.observe(50, 5.0)  # 0.1 s per step, 1 s to compile: 1 + 125 * 0.1 <= 15 < 250 * 0.1.
+  assert cheap.length == 125
   fast = preemption.ChunkBound(250, 30.0)
-  fast.observe(250, 1.0)
-  fast.observe(250, 1.0)
+  fast.observe(50, 3.0)
+  fast.observe(50, 1.0)  # 0.02 s per step, 2 s to compile: 2 + 250 * 0.02 <= 15.
   assert fast.length == 250
+  slow = preemption.ChunkBound(250, 30.0)
+  slow.observe(50, 60.0)
+  slow.observe(50, 40.0)  # 0.8 s per step: only divisors of up to 18 steps fit.
+  assert slow.length == 10
+  small = preemption.ChunkBound(40, 30.0)  # At most PROBE_STEPS: one length, one compile.
+  assert small.length == 40
   off = preemption.ChunkBound(250, 0)
+  assert off.length == 250
   off.observe(250, 1e6)
   off.observe(250, 1e6)
   assert off.length == 250
@@ -165,16 +177,19 @@ def test_split_chunks_end_bit_identical(tmp_path):
 
 
 def test_slow_chunk_is_split_and_the_notice_answered_within_the_bound(tmp_path):
-  """Chunks of 800 steps measured slower than half the grace period run as divisors of
-  800; a notice then waits for one short chunk, not for the configured one."""
+  """Chunks of 800 steps, slower than half the grace period, never run: the probe chunks
+  are measured and the run goes on in divisors of 800 that fit; a notice then waits for one
+  short chunk, not for the configured one."""
   overrides = {**OVERRIDES, "num_train_steps": 4000, "steps_per_loop": 800,
                "log_every_steps": 800, "eval_every_steps": 4000,
                "checkpoint_every_steps": 4000, "preemption_grace_s": 0.2}
   code, text, _, latency = _run(_command(tmp_path / "wd", False, overrides),
                                 tmp_path / "log", signal_after=r"running chunks of \d+ steps")
   assert code == preemption.EXIT_CODE, text[-3000:]
-  match = re.search(r"chunks of 800 steps take ~([\d.]+)s.*running chunks of (\d+) steps", text)
-  full_chunk_s, length = float(match.group(1)), int(match.group(2))
+  match = re.search(r"running chunks of (\d+) steps, not steps_per_loop=800: ([\d.]+)s per step",
+                    text)
+  length, per_step = int(match.group(1)), float(match.group(2))
+  full_chunk_s = 800 * per_step
   assert length < 800 and 800 % length == 0
   saved = max(int(d) for d in os.listdir(tmp_path / "wd" / "checkpoints") if d.isdigit())
   assert saved % length == 0, (saved, length)

@@ -92,38 +92,59 @@ class Watcher:
     self.close()
 
 
+PROBE_STEPS = 50  # The longest first chunk while the bound is on: 50 paper-size steps take
+                  # at most ~10 s on a 2-core CPU (SRAVEN, the slowest), far less on a GPU.
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
 class ChunkBound:
   """The chunk length the loop uses: `steps_per_loop`, or a divisor of it whose chunks
   take at most half of `grace_s` seconds.
 
-  The first chunk of each length compiles, so the decision waits for the first chunk of a
-  length already run (the same boundary on every process: chunk lengths follow from the
-  config), measures its seconds per step and, with `jax.distributed`, takes process 0's
-  choice. A divisor keeps every boundary of the configured chunks (log, eval and checkpoint
-  steps stay where they were, and so do the data and the parameters: each step is a pure
-  function of the state and the step), at the cost of one more compilation.
+  Nothing is known about a step's time before one runs, so with the bound on the loop starts
+  with short chunks (the largest divisor of `steps_per_loop` of at most `PROBE_STEPS` steps:
+  a notice during the first chunks waits for one of those, not for a long configured one).
+  The first chunk of a length compiles, so the decision waits for the second chunk of that
+  length: it gives the seconds per step, and the difference to the first chunk the
+  compilation time. The chosen length is the largest divisor whose chunks fit the bound,
+  counting for a new length its compilation too (its first chunk must fit as well, else the
+  probe length stays); with `jax.distributed` process 0's choice is taken. A divisor keeps
+  every boundary of the configured chunks (log, eval and checkpoint steps stay where they
+  were, and so do the data and the parameters: each step is a pure function of the state and
+  the step), at the cost of one more compilation where the choice differs from the probe.
+  `steps_per_loop` <= `PROBE_STEPS` (smoke and local configs) compiles once, as without
+  the bound.
   """
 
   def __init__(self, steps_per_loop: int, grace_s: float | None):
-    self.length, self.grace_s = steps_per_loop, grace_s
-    self._seen: set[int] = set()
+    self.steps_per_loop, self.grace_s = steps_per_loop, grace_s
     self._decided = not grace_s
+    self.length = steps_per_loop if self._decided else max(
+        d for d in _divisors(steps_per_loop) if d <= PROBE_STEPS)
+    self._first: dict[int, float] = {}  # Seconds of the first (compiling) chunk per length.
 
   def observe(self, length: int, seconds: float) -> None:
     """Records one chunk of `length` steps that took `seconds` (dispatch to finish)."""
-    if self._decided or length not in self._seen:
-      self._seen.add(length)
+    if self._decided:
+      return
+    if length not in self._first:
+      self._first[length] = seconds
       return
     self._decided = True
     bound = self.grace_s / 2
     per_step = seconds / length
-    fits = [d for d in range(1, self.length + 1)
-            if self.length % d == 0 and d * per_step <= bound]
-    chosen = max(fits, default=1)
+    compile_s = max(self._first[length] - seconds, 0.0)
+    steady = [d for d in _divisors(self.steps_per_loop) if d * per_step <= bound]
+    cheap = [d for d in steady if d == length or compile_s + d * per_step <= bound]
+    chosen = max(cheap or steady or [1])
     if jax.process_count() > 1:
       chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
-    if chosen < self.length:
-      logging.info("chunks of %d steps take ~%.1fs, over the preemption bound of %.1fs "
-                   "(half of preemption_grace_s=%g): running chunks of %d steps", self.length,
-                   self.length * per_step, bound, self.grace_s, chosen)
-      self.length = chosen
+    if chosen < self.steps_per_loop:
+      logging.info("running chunks of %d steps, not steps_per_loop=%d: %.3fs per step, a new "
+                   "chunk length compiles in ~%.1fs, bound %.1fs (half of "
+                   "preemption_grace_s=%g)", chosen, self.steps_per_loop, per_step, compile_s,
+                   bound, self.grace_s)
+    self.length = chosen
