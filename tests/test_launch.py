@@ -8,8 +8,8 @@ import collections
 import json
 import os
 import subprocess
-import tarfile
 import sys
+import tarfile
 
 import jax
 import pytest
