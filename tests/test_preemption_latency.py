@@ -220,3 +220,32 @@ def test_notice_during_an_evaluation_dispatches_no_further_chunk(tmp_path, monke
   assert chunks == [4]  # Before the fix: a second chunk ran, saved at step 8.
   assert sorted(int(d) for d in os.listdir(tmp_path / "wd" / "checkpoints")
                 if d.isdigit()) == [4]
+
+
+SLOW_FIRST_CHUNK = """
+import runpy, sys, time
+from hypernet_attention.train import loop
+original = loop.SingleRun.train_chunk
+def train_chunk(self, state, length):  # The first chunk blocks like a long compilation.
+  if not getattr(self, "slowed", False):
+    self.slowed = True
+    print("first chunk dispatched", flush=True)
+    time.sleep(600)
+  return original(self, state, length)
+loop.SingleRun.train_chunk = train_chunk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_notice_before_the_first_chunk_finished_exits_at_once(tmp_path):
+  """A notice while the first chunk compiles (here: a first chunk that blocks for 10
+  minutes) exits with 75 at once, writes no checkpoint and leaves the workdir unlocked."""
+  workdir = tmp_path / "wd"
+  command = [sys.executable, "-c", SLOW_FIRST_CHUNK] + _command(workdir, False)[1:]
+  code, text, _, latency = _run(command, tmp_path / "log", signal_after="first chunk dispatched")
+  assert code == preemption.EXIT_CODE, text[-3000:]
+  assert latency < 60, (latency, text[-3000:])  # Without the exit at once: 600 s and more.
+  assert "nothing trained yet since step 0" in text
+  assert not (workdir / "lock.json").exists()
+  assert not [d for d in os.listdir(workdir / "checkpoints") if d.isdigit()]

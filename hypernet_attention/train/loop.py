@@ -88,6 +88,7 @@ class Session:
   workdir: str  # `~` expanded
   watcher: preemption.Watcher
   ckpt: checkpointing.Checkpointer
+  release: Callable[[], None]  # Frees the workdir's lock (for an exit without unwinding).
 
 
 @contextlib.contextmanager
@@ -107,7 +108,7 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
   except ValueError as e:
     raise errors.BadInput(str(e)) from e
   # The signal handlers first: a SIGTERM once the lock is held is a preemption.
-  with preemption.Watcher() as watcher, lock.hold(workdir), \
+  with preemption.Watcher() as watcher, lock.hold(workdir) as held, \
       _debug_nans(config.get("debug_nans", False)):
     if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
       lock.check_writable(checkpoints)
@@ -115,7 +116,7 @@ def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[st
         workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
         use_async=config.async_checkpoints)
     try:
-      yield Session(workdir, watcher, ckpt)
+      yield Session(workdir, watcher, ckpt, held.release)
     finally:
       ckpt.close()
 
@@ -166,10 +167,13 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
         stop(step, state)
       end = _next_boundary(step, config, chunks.length)
       chunk_start = time.time()
-      state, metrics = program.train_chunk(state, end - step)
-      # The chunk ends before the notice is read, so one that came during it stops the
-      # run here, with no chunk queued behind it (`preemption.py`).
-      jax.block_until_ready(metrics)
+      # Until the first chunk is done (it compiles) a notice exits at once: nothing to save.
+      with (watcher.nothing_to_save(step, sess.workdir, sess.release) if step == start_step
+            else contextlib.nullcontext()):
+        state, metrics = program.train_chunk(state, end - step)
+        # The chunk ends before the notice is read, so one that came during it stops the
+        # run here, with no chunk queued behind it (`preemption.py`).
+        jax.block_until_ready(metrics)
       chunks.observe(end - step, time.time() - chunk_start)
       ckpt.check()  # A failed asynchronous save stops the run here.
       pending.append((step, metrics))

@@ -20,13 +20,23 @@ So the time from the notice to exit is at most one chunk, plus the save and the 
 `ChunkBound` keeps a chunk under half of `config.preemption_grace_s` (default 30 s: the
 other half is for the save and the exit) by running shorter chunks where the configured
 `steps_per_loop` would take longer; 0 turns the bound off.
+
+Before the first chunk of an invocation has finished there is nothing to save (the state is
+the restored checkpoint, or the seed's initialization), yet that chunk compiles, which takes
+minutes for large models. A Python signal handler only runs once the compilation returns,
+so in a single process the signal is also written to a pipe (`signal.set_wakeup_fd`) that a
+thread watches: a notice in that phase exits at once with status 75 (the lock released, the
+checkpoints untouched), and rerunning resumes as after any preemption.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import jax
@@ -54,11 +64,56 @@ class Watcher:
     self._previous: dict[int, Any] = {}
     self.reason = "preempted"
     self._multi_process = jax.process_count() > 1
+    self._exit_now: Callable[[], None] | None = None  # Set while there is nothing to save.
+    self._phase = threading.Lock()  # The block's end and an exit at once never overlap.
+    self._wakeup: tuple[int, int, int] | None = None  # (read fd, write fd, previous fd)
     if not self._multi_process and threading.current_thread() is threading.main_thread():
       self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
       # Ctrl-C takes the same path (a checkpoint, then one line); a second Ctrl-C stops
       # at once (KeyboardInterrupt; the newest committed checkpoint stays).
       self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+      read_fd, write_fd = os.pipe()
+      os.set_blocking(write_fd, False)
+      previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+      self._wakeup = (read_fd, write_fd, previous)
+      threading.Thread(target=self._watch, args=(read_fd,), name="preemption-wakeup",
+                       daemon=True).start()
+
+  def _watch(self, read_fd: int) -> None:
+    """Runs beside the main thread, which may be inside a compilation for minutes."""
+    while True:
+      signums = os.read(read_fd, 64)
+      if not signums:  # close() closed the writing end.
+        os.close(read_fd)
+        return
+      if {signal.SIGTERM, signal.SIGINT} & set(signums):
+        with self._phase:
+          if self._exit_now is not None:
+            self._exit_now()
+
+  @contextlib.contextmanager
+  def nothing_to_save(self, step: int, workdir: str, release: Callable[[], None]):
+    """A notice inside this block exits the process at once (status 75): nothing has been
+    trained since `step`'s state was restored or built. `release` frees the workdir's lock
+    first. In a single process only (several processes must agree on a step)."""
+    def exit_now():
+      release()
+      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: nothing trained yet since step "
+            f"{step}; the checkpoints in {workdir} are unchanged; rerun the same command to "
+            "resume", file=sys.stderr, flush=True)
+      os._exit(EXIT_CODE)  # pylint: disable=protected-access
+    if self._wakeup is None:
+      yield
+      return
+    with self._phase:
+      if self._received.is_set():
+        exit_now()  # The notice came before this block (during the restore).
+      self._exit_now = exit_now
+    try:
+      yield
+    finally:
+      with self._phase:
+        self._exit_now = None
 
   def _on_signal(self, signum, frame) -> None:
     del frame
@@ -84,6 +139,11 @@ class Watcher:
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
+    if self._wakeup is not None:
+      _, write_fd, previous = self._wakeup
+      signal.set_wakeup_fd(previous)
+      os.close(write_fd)  # The watching thread reads end-of-file, closes `read_fd`, returns.
+      self._wakeup = None
 
   def __enter__(self) -> "Watcher":
     return self
