@@ -17,6 +17,7 @@ import jax
 
 from hypernet_attention.ops import benchmark
 from hypernet_attention.train import cli
+from hypernet_attention.train import run_files
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
@@ -32,6 +33,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[in
     parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
   if not args.max_temp_gb > 0:
     parser.error(f"--max_temp_gb={args.max_temp_gb}; allowed: a positive number")
+  run_files.check_output_dir(args.out_dir, "--out_dir")  # BadInput: one line, before work.
   unknown = [n for n in args.implementations.split(",") if n not in benchmark.IMPLEMENTATIONS]
   if unknown:
     parser.error(f"--implementations: unknown {unknown}; allowed: "

@@ -29,6 +29,7 @@ kind or given with --peak_tflops) and the host input pipeline's tokens/s alone. 
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +63,11 @@ def main():
                       "aggregate member-steps/s and device memory per member of populations "
                       "against the single run, timed interleaved")
   args = parser.parse_args()
+  for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
+    if getattr(args, name) < 1:
+      parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
+  if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
+    parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
   if args.members:

@@ -5,8 +5,9 @@ One run (writes DIR/probe/{codes_<step>.npz, codes_0.npz, metrics.json, report.m
 Several runs side by side (each in OUT/<model>/, the comparison in OUT/):
   python experiments/probe_latents.py --workdir=runs/softmax --workdir=runs/linear \
     --workdir=runs/hyla --output_dir=probes/sraven
-A sweep root (its runs one level below) writes ROOT/probe/ unless --output_dir is given.
-A population member: --workdir=POP --member=i, or --workdir=POP/<member name>.
+A sweep root (runs and population members below it) writes ROOT/probe/ unless --output_dir
+is given. A population probes every member (POP/probe/<member>/, one result line each); one
+member: --workdir=POP --member=i, or --workdir=POP/<member name>.
 `--step` picks a checkpoint (default: the newest); `--step=0` probes the initialization.
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """

@@ -15,11 +15,13 @@ prompt starts with token 0.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention import transformer
 
 
@@ -60,12 +62,30 @@ def decode_logits(config: transformer.TransformerConfig, params: Any,
   return logits_TBV.transpose(1, 0, 2)
 
 
+def check_sampling(*, num_tokens: Any, temperature: Any, prompt: str = "") -> None:
+  """`BadInput` naming the first sampling argument that cannot work (before any work)."""
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+    raise errors.BadInput(f"--num_tokens={num_tokens!r}; allowed: an integer >= 1")
+  if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+      or not 0 <= temperature < math.inf):
+    raise errors.BadInput(f"--temperature={temperature!r}; allowed: a finite number >= 0 "
+                          "(0: greedy)")
+  if not isinstance(prompt, str):
+    raise errors.BadInput(f"--prompt={prompt!r}; allowed: a string")
+
+
+def check_prompt_length(prompt_tokens: int, max_len: int | None) -> None:
+  """`BadInput` when a prompt of `prompt_tokens` (BOS included) leaves no position to sample."""
+  if max_len is not None and prompt_tokens >= max_len:
+    raise errors.BadInput(
+        f"--prompt of {prompt_tokens} tokens (with BOS) leaves no room to sample; allowed: "
+        f"a prompt of fewer than the model's max_len={max_len} tokens")
+
+
 def sample(config: transformer.TransformerConfig, params: Any, prompt_BP: jax.Array,
            num_tokens: int, rng: jax.Array, temperature: float = 1.0) -> jax.Array:
   """(B, P + num_tokens) tokens: the prompt followed by samples (temperature 0: greedy)."""
-  if num_tokens < 1 or temperature < 0:
-    raise ValueError(f"num_tokens={num_tokens}, temperature={temperature}; allowed: "
-                     "num_tokens >= 1, temperature >= 0.")
+  check_sampling(num_tokens=num_tokens, temperature=temperature)
   batch, prompt_len = prompt_BP.shape
   total = prompt_len + num_tokens
   model = _decode_model(config)
@@ -95,10 +115,8 @@ def sample_text(config: transformer.TransformerConfig, params: Any, vocabulary: 
   At most `config.max_len` positions in all; a sample ends at its first EOS."""
   prompt_ids = [0] + list(vocabulary.encode(prompt))  # BOS = 0, as in training.
   if config.max_len is not None:
+    check_prompt_length(len(prompt_ids), config.max_len)
     num_tokens = min(num_tokens, config.max_len - len(prompt_ids))
-    if num_tokens < 1:
-      raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room; allowed: "
-                       f"prompts of fewer than max_len={config.max_len} tokens.")
   tokens_BT = jax.device_get(sample(
       config, params, jnp.asarray([prompt_ids] * num_samples, jnp.int32), num_tokens,
       jax.random.PRNGKey(seed), temperature))

@@ -402,10 +402,7 @@ def main(argv: list[str]) -> None:
   if f.root is None or not str(f.root).strip() or not run_files.path(f.root, "--root").is_dir():
     raise errors.BadInput(f"--root={f.root!r}; allowed: an existing sweep folder")
   root = str(run_files.path(f.root, "--root"))
-  out = run_files.path(f.out or root, "--out")
-  if out.exists() and not out.is_dir():
-    raise errors.BadInput(f"--out={f.out!r} is a file; allowed: a folder (new or "
-                          "existing) for table_a1.md, .csv and .png")
+  out = run_files.check_output_dir(f.out or root, "--out")
   print(report(root, f.sweep, f.select, str(out)))
 
 

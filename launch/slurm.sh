@@ -20,14 +20,27 @@
 #SBATCH --output=slurm-%j.out
 set -euo pipefail
 sbatch_args=()
+names=(EXPERIMENT CONFIG_ARG WORKDIR)
+usage="usage: launch/slurm.sh [SBATCH OPTIONS] ${names[*]} [--config.key=value ...]"
 while [[ $# -gt 0 && "$1" == -* ]]; do
+  if [[ "$1" == --config* ]]; then  # Not an sbatch option: an override put first.
+    echo "slurm.sh: error: $1 comes before ${names[*]}; allowed: overrides after WORKDIR;" \
+      "$usage" >&2
+    exit 2
+  fi
   sbatch_args+=("$1")
   shift
 done
-if [[ $# -lt 3 ]]; then
-  sed -n '2,19p' "$0" >&2
-  exit 2
-fi
+# A missing or empty argument (CONFIG_ARG may be ''): one line naming it (and the usage), exit 2.
+for i in "${!names[@]}"; do
+  if [[ $# -le $i ]]; then
+    echo "slurm.sh: error: missing ${names[*]:i}; $usage" >&2
+    exit 2
+  elif [[ -z "${*:i+1:1}" && ${names[i]} != CONFIG_ARG ]]; then
+    echo "slurm.sh: error: ${names[i]}=''; allowed: a non-empty value; $usage" >&2
+    exit 2
+  fi
+done
 experiment=$1; config_arg=$2; workdir=$3; shift 3
 # sbatch runs a copy of this script; SLURM_SUBMIT_DIR is where it was submitted from.
 cd "${SLURM_SUBMIT_DIR:-$(pwd)}"

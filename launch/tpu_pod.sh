@@ -13,17 +13,21 @@
 # the experiment, the config and its overrides, the workdir; needs the package installed
 # here): a bad argument is one line and exit 2, before anything is copied or started.
 set -euo pipefail
-if [[ $# -lt 5 ]]; then
-  sed -n '2,14p' "$0" >&2
-  exit 2
-fi
-tpu=$1; zone=$2; experiment=$3; config_arg=$4; workdir=$5; shift 5
-for value in "$tpu" "$zone"; do
-  if [[ -z "$value" ]]; then
-    echo "tpu_pod.sh: error: TPU_NAME and ZONE must not be empty" >&2
+# A missing, empty or misplaced argument: one line naming it (and the usage), exit 2.
+names=(TPU_NAME ZONE EXPERIMENT CONFIG_ARG WORKDIR)
+usage="usage: launch/tpu_pod.sh ${names[*]} [--config.key=value ...]"
+for i in "${!names[@]}"; do
+  value=${*:i+1:1}
+  if [[ $# -le $i ]]; then
+    echo "tpu_pod.sh: error: missing ${names[*]:i}; $usage" >&2
+    exit 2
+  elif [[ (-z "$value" && ${names[i]} != CONFIG_ARG) || "$value" == -* ]]; then
+    echo "tpu_pod.sh: error: ${names[i]}='$value'; allowed: a non-empty value that is not" \
+      "a flag (overrides go after WORKDIR; CONFIG_ARG may be ''); $usage" >&2
     exit 2
   fi
 done
+tpu=$1; zone=$2; experiment=$3; config_arg=$4; workdir=$5; shift 5
 repo=$(cd "$(dirname "$0")/.." && pwd)
 name=$(basename "$repo")
 # Names the entry point and config file, after checking the config with its overrides.

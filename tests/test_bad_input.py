@@ -10,9 +10,11 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 
 import ml_collections
 import pytest
@@ -199,7 +201,9 @@ CLI_CASES = {
     "config_syntax_error": ([SRAVEN[0], "--config={tmp}/bad_syntax.py"],
                             "'(' was never closed", 2),
     "config_without_get_config": ([SRAVEN[0], "--config={tmp}/no_get.py"],
-                                  "has no attribute 'get_config'", 2),
+                                  "--config={tmp}/no_get.py: '{tmp}/no_get.py' defines no "
+                                  "get_config(); allowed: a config file whose get_config(arg)",
+                                  2),
     "nan_learning_rate": (SRAVEN + ["--config.optimizer.learning_rate=nan"],
                           "config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
     "empty_workdir": (SRAVEN + ["--workdir="], "--workdir=''; allowed: a directory path", 2),
@@ -261,6 +265,40 @@ CLI_CASES = {
         "--out='{tmp}/existing.model' is a file; allowed: a folder", 2),
     "collect_malformed_bucket_root": (["-m", "launch.collect", "--root=GS://b/sweep"],
                                       "--root='GS://b/sweep' is not a valid bucket path", 2),
+    # Issue 25, point 7: outputs that are files, generation arguments, benchmark steps,
+    # corpora that are not text.
+    "collect_out_below_a_file": (
+        ["-m", "launch.collect", "--root={tmp}/fuzzy_root", "--out={tmp}/existing.model/t"],
+        "--out='{tmp}/existing.model/t' is below the file '{tmp}/existing.model'", 2),
+    "probe_output_dir_is_a_file": (
+        [os.path.join("experiments", "probe_latents.py"), "--workdir={tmp}/fuzzy_root/run",
+         "--output_dir={tmp}/existing.model"],
+        "--output_dir='{tmp}/existing.model' is a file; allowed: a folder", 2),
+    "plot_curves_out_below_a_file": (
+        [os.path.join("experiments", "plot_curves.py"), "--workdir={tmp}/fuzzy_root/run",
+         "--out={tmp}/existing.model/curves.png"],
+        "--out='{tmp}/existing.model/curves.png' is below the file '{tmp}/existing.model'", 2),
+    "benchmark_attention_out_dir_is_a_file": (
+        [os.path.join("experiments", "benchmark_attention.py"), "--out_dir={tmp}/existing.model"],
+        "--out_dir='{tmp}/existing.model' is a file; allowed: a folder", 2),
+    "benchmark_training_zero_steps": (
+        [os.path.join("experiments", "benchmark_training.py"), "--steps=0"],
+        "benchmark_training.py: error: --steps=0; allowed: an integer >= 1", 2),
+    "c4_generate_negative_tokens": (
+        [os.path.join("experiments", "c4_lm.py"), "--generate", "--workdir={tmp}/c4_run",
+         "--num_tokens=-1"], "--num_tokens=-1; allowed: an integer >= 1", 2),
+    "c4_generate_negative_temperature": (
+        [os.path.join("experiments", "c4_lm.py"), "--generate", "--workdir={tmp}/c4_run",
+         "--temperature=-0.5"], "--temperature=-0.5; allowed: a finite number >= 0", 2),
+    "c4_train_nan_temperature": (
+        [os.path.join("experiments", "c4_lm.py"), "--workdir={tmp}/c4_wd", "--temperature=nan"],
+        "--temperature=nan; allowed: a finite number >= 0", 2),
+    "c4_latin1_corpus": (
+        [os.path.join("experiments", "c4_lm.py"), "--workdir={tmp}/c4_wd",
+         "--config.task.docstring_corpus_mb=0", "--config.task.name=text_lm",
+         "--config.task.train_files={tmp}/latin1.txt",
+         "--config.task.validation_files={tmp}/latin1.txt"],
+        "corpus file '{tmp}/latin1.txt' is not UTF-8 (byte 0xe9 at offset 3", 2),
 }
 TRAINERS = (SRAVEN[0], os.path.join("experiments", "fuzzy_logic.py"))
 
@@ -270,6 +308,9 @@ def _tool_inputs(tmp) -> None:
   (tmp / "bad_syntax.py").write_text("x = (\n")
   (tmp / "no_get.py").write_text("X = 1\n")
   (tmp / "existing.model").write_text("keep me")
+  (tmp / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+  (tmp / "c4_run").mkdir()
+  (tmp / "c4_run" / "config.json").write_text(json.dumps({"experiment": "c4_lm"}))
   (tmp / "sraven_run").mkdir()
   (tmp / "sraven_run" / "config.json").write_text(json.dumps({"experiment": "sraven"}))
   for root, summary in (("fuzzy_root", '{"ood/r2": 0.5, "test/r2": 0.6, "wall_time_s": 1}'),
@@ -506,3 +547,34 @@ def test_language_model_population_refused_from_the_config_alone():
                      r"'c4_lm', which reads host-side data; allowed: populations of sraven, "
                      r"fuzzy_logic"):
     config_lib.check_population(config)
+
+
+# Missing Google Cloud credentials (issue 25, point 7): one line in well under a second;
+# before, gcsfs fell back to anonymous access and retried for ~85 s, then a DNS traceback.
+def test_missing_gcs_credentials_refused_at_once(monkeypatch):
+  import fsspec  # pylint: disable=g-import-not-at-top
+  import google.auth  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+  asked = []
+
+  def no_credentials(*args, **kwargs):
+    asked.append(args)
+    raise exceptions.DefaultCredentialsError("Your default credentials were not found.")
+
+  monkeypatch.setattr(google.auth, "default", no_credentials)
+  monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {})
+  start = time.time()
+  with pytest.raises(config_lib.BadInput, match=re.escape(
+      "--workdir='gs://no-credentials-bucket/run' is in a bucket, but no Google Cloud "
+      "credentials were found; allowed: `gcloud auth application-default login`")):
+    workdir_lib.path("gs://no-credentials-bucket/run")
+  assert time.time() - start < 5 and asked
+  with pytest.raises(config_lib.BadInput, match="--root='gs://no-credentials-bucket/x'"):
+    workdir_lib.path("gs://no-credentials-bucket/x", "--root")
+  # An emulator, or a token named in fsspec's config (anon for a public bucket): no check.
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
+  assert str(workdir_lib.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"
+  monkeypatch.setitem(fsspec.config.conf, "gcs", {})
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
+  assert str(workdir_lib.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"

@@ -8,6 +8,7 @@ token streams are computed independently with the `sentencepiece` processor.
 
 import json
 import os
+import re
 
 import jax
 import ml_collections
@@ -187,6 +188,39 @@ def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
   assert pattern in _error_line(error)
   assert {"empty": "empty corpus", "no_match": "no files", "mixed": "suffixes"}[kind] in (
       _error_line(error))
+
+
+# Corpus files that are not text (issue 25, point 7): one line naming the file (and line),
+# before any work; before, TensorFlow's reader or the vocabulary trainer raised mid-way.
+BAD_TEXT = {
+    # name: (file name, bytes, expected message)
+    "binary": ("a.txt", b"text\n\x00\x01\x02", "is binary (a NUL byte at offset 5)"),
+    "latin1": ("a.txt", "caf\u00e9 au lait\n".encode("latin-1"),
+               "is not UTF-8 (byte 0xe9 at offset 3; Latin-1?"),
+    "blank": ("a.txt", b"  \n\t\n\n", "empty corpus"),
+    "blank_jsonl": ("a.jsonl", b'{"text": " "}\n{"url": "x"}\n', "empty corpus"),
+    "not_json": ("a.jsonl", b'{"text": "fine"}\nplain text\n', "line 2 is not JSON"),
+    "json_list": ("a.jsonl", b'["text"]\n', "line 1 is list; allowed: UTF-8 text"),
+    "json_text_number": ("a.jsonl", b'{"text": 3}\n', "line 1 is dict with a non-string"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TEXT))
+def test_corpus_that_is_not_text_is_one_line_naming_the_file(tmp_path, kind):
+  name, data, message = BAD_TEXT[kind]
+  (tmp_path / name).write_bytes(data)
+  with pytest.raises(config_lib.BadInput, match=re.escape(message)) as error:
+    c4.text_files(str(tmp_path / name), "train")
+  assert (kind.startswith("blank") or str(tmp_path / name) in str(error.value)
+          and "\n" not in str(error.value))
+
+
+def test_text_files_check_only_complete_lines(tmp_path):
+  """A line cut by the checked head (`CHECK_BYTES`) is not judged; a character cut there is
+  no decoding error."""
+  record = json.dumps({"text": "\u00e9" * 100}) + "\n"
+  (tmp_path / "a.jsonl").write_text(record * (2 * c4.CHECK_BYTES // len(record)))
+  assert c4.text_files(str(tmp_path / "a.jsonl"), "train")
 
 
 def test_sequence_length_above_max_len_is_refused():

@@ -70,3 +70,41 @@ def test_slurm_script_checks_then_submits_itself(tmp_path):
   assert log.read_text().split("\n---")[0].split("\n") == [
       "--nodes=2", "--gpus-per-node=8", "launch/slurm.sh", "sraven", "model=hyla,size=paper",
       "/shared/wd", "--config.seed=2"]
+
+
+# A missing, empty or misplaced argument (issue 25, point 7): one line naming it, exit 2,
+# nothing run; before, the scripts printed their 13- and 18-line usage comments.
+SCRIPT_CASES = {
+    # name: (argv, expected error line)
+    "tpu_no_arguments": (["launch/tpu_pod.sh"],
+                         "tpu_pod.sh: error: missing TPU_NAME ZONE EXPERIMENT CONFIG_ARG WORKDIR;"),
+    "tpu_no_workdir": (["launch/tpu_pod.sh", "pod", "zone", "sraven", "model=hyla"],
+                       "tpu_pod.sh: error: missing WORKDIR; usage: launch/tpu_pod.sh"),
+    "tpu_empty_zone": (["launch/tpu_pod.sh", "pod", "", "sraven", "model=hyla", "gs://b/wd"],
+                       "tpu_pod.sh: error: ZONE=''; allowed: a non-empty value"),
+    "tpu_override_too_early": (
+        ["launch/tpu_pod.sh", "pod", "zone", "sraven", "--config.seed=1", "gs://b/wd"],
+        "tpu_pod.sh: error: CONFIG_ARG='--config.seed=1'; allowed: a non-empty value that is "
+        "not a flag (overrides go after WORKDIR"),
+    "slurm_no_arguments": (["launch/slurm.sh"],
+                           "slurm.sh: error: missing EXPERIMENT CONFIG_ARG WORKDIR;"),
+    "slurm_no_workdir": (["launch/slurm.sh", "--nodes=2", "sraven", "model=hyla"],
+                         "slurm.sh: error: missing WORKDIR; usage: launch/slurm.sh"),
+    "slurm_override_first": (["launch/slurm.sh", "--config.seed=1", "sraven", "model=hyla",
+                              "/shared/wd"],
+                             "slurm.sh: error: --config.seed=1 comes before EXPERIMENT"),
+    "slurm_empty_experiment": (["launch/slurm.sh", "", "model=hyla", "/shared/wd"],
+                               "slurm.sh: error: EXPERIMENT=''; allowed: a non-empty value"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT_CASES))
+def test_launch_scripts_name_the_missing_argument(case, tmp_path):
+  argv, expected = SCRIPT_CASES[case]
+  env, log = _fake_tools(tmp_path, "gcloud", "sbatch", "srun")
+  env.pop("SLURM_JOB_ID", None)
+  result = subprocess.run(["bash", *argv], cwd=tl.REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), lines
+  assert not log.exists(), "a cluster tool ran"

@@ -3,6 +3,7 @@ across meshes, the CLI end to end and its bad input."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights
+from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
@@ -266,3 +268,65 @@ def test_bad_input_library_errors(runs, tmp_path):
                        (dict(permutations=-1), "permutations=-1")):
     with pytest.raises(ValueError, match=message):
       report.ProbeOptions(**bad)
+
+
+# -------------------------------------------- half-written checkpoints, populations (issue 25)
+def test_half_written_or_corrupt_checkpoint_names_the_step(runs, tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(runs["sraven"], run)
+  # A save cut off by a kill: Orbax's temporary directory, never finalized.
+  (run / "checkpoints" / "8").rename(run / "checkpoints" / "8.orbax-checkpoint-tmp-1700000000")
+  with pytest.raises(ValueError, match=r"no checkpoint at step 8 .*\(step 8 is half-written: "
+                     r"its save is running or was cut off.*available steps: \[4\].*--step=4"):
+    restore.restore_params(str(run), 8)
+  assert restore.restore_params(str(run)).step == 4  # The newest finalized step.
+  corrupt = tmp_path / "corrupt"
+  shutil.copytree(runs["sraven"], corrupt)
+  for f in (corrupt / "checkpoints" / "8" / "state").rglob("*"):
+    if f.is_file() and f.suffix != ".json" and "metadata" not in f.name:
+      f.write_bytes(b"")  # Truncated array data (metadata intact).
+  before = tl.snapshot(str(corrupt))
+  with pytest.raises(ValueError, match=r"checkpoint step 8 in .* is unreadable \(half-written "
+                     r"or corrupt.*allowed: --step=4"):
+    restore.restore_params(str(corrupt))
+  assert tl.snapshot(str(corrupt)) == before  # Read-only: nothing moved aside.
+
+
+def _fake_population(directory, names) -> None:
+  config = {"experiment": "fuzzy_logic", "model": {"attention": "hyla"},
+            "population": {"members": [{"seed": i} for i in range(len(names))],
+                           "member_names": list(names)}}
+  directory.mkdir(parents=True)
+  (directory / "config.json").write_text(json.dumps(config))
+  for i, name in enumerate(names):
+    (directory / name).mkdir()
+    (directory / name / "config.json").write_text(json.dumps(
+        {**config, "seed": i, "population": {"members": [], "member_names": []}}))
+
+
+def test_roots_of_populations_resolve_to_one_probe_per_member(tmp_path):
+  root = tmp_path / "root"
+  _fake_population(root / "pop_a", ("member0", "member1"))
+  _fake_population(root / "pop_b", ("member0", "member1"))
+  runs_, where = report.resolve_workdirs([str(root)])
+  assert where == str(root) and runs_ == [str(root / p / m) for p in ("pop_a", "pop_b")
+                                          for m in ("member0", "member1")]
+  assert report.run_names(runs_, ["hyla"] * 4) == [
+      "pop_a/member0", "pop_a/member1", "pop_b/member0", "pop_b/member1"]
+  runs_, where = report.resolve_workdirs([str(root / "pop_a")])
+  assert where == str(root / "pop_a") and len(runs_) == 2
+
+
+def test_probe_a_population_probes_every_member(tmp_path):
+  config = tl.smoke("fuzzy_logic")
+  config.population.members = ({"seed": 0}, {"seed": 1})
+  population_dir = str(tmp_path / "pop")
+  loop.train_and_evaluate(config, population_dir)
+  options = report.ProbeOptions(num_problems=16, permutations=0, progress=False)
+  with pytest.raises(config_lib.BadInput, match="--output_dir='.*' is a file"):
+    report.probe_workdirs([population_dir], None, options, str(tmp_path / "pop" / "config.json"))
+  probes = report.probe_workdirs([population_dir], None, options)
+  assert [p.name for p in probes] == ["member0", "member1"]
+  for name in ("member0", "member1"):
+    assert os.path.exists(os.path.join(population_dir, "probe", name, "metrics.json"))
+  assert os.path.exists(os.path.join(population_dir, "probe", "report.md"))

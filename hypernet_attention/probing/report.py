@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from typing import Any, Optional, Sequence
 
@@ -24,6 +25,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import figures
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights as weights_lib
+from hypernet_attention.train import run_files
 from hypernet_attention.train import workdir as workdir_lib
 
 ALL_LAYERS = "all layers"
@@ -279,31 +281,39 @@ def _join(directory: str, name: str) -> str:
 
 
 def resolve_workdirs(workdirs: Sequence[str]) -> tuple[list[str], Optional[str]]:
-  """Run directories, a sweep root (no config.json, runs one level below) expanded.
+  """The runs to probe: a run directory as given; a population (its `config.json` lists
+  members) as its members' directories; a sweep root (no `config.json`) as every run and
+  population member below it (`run_files.find_runs`).
 
-  Returns the runs and the sweep root if exactly one root was given (its default output).
+  Returns the runs and the root if exactly one population or sweep root was given (its
+  default output).
   """
   runs, roots = [], []
   for w in workdirs:
     root = workdir_lib.path(w)
-    if root.is_dir() and not (root / workdir_lib.CONFIG).exists():
-      below = sorted(_join(w, d.name) for d in root.iterdir()
-                     if (d / workdir_lib.CONFIG).exists())
-      if below:
-        runs.extend(below)
-        roots.append(w)
-        continue
+    if root.is_dir():
+      try:
+        config = workdir_lib.read_config(w)
+      except ValueError:
+        config = {}  # Unreadable: `restore.load_config` names it.
+      if config is None or run_files.is_population(config):
+        below = run_files.find_runs(root)
+        if below:
+          runs.extend(_join(w, os.path.relpath(str(r), str(root))) for r in below)
+          roots.append(w)
+          continue
     runs.append(w)
   return runs, (roots[0] if len(roots) == 1 and len(workdirs) == 1 else None)
 
 
-def run_names(runs: Sequence[Any]) -> list[str]:
-  """The attention preset when that tells the runs apart, else the directory names."""
-  names = [r.config.model.attention for r in runs]
-  if len(set(names)) == len(names):
-    return names
-  names = [epath.Path(r.workdir).name for r in runs]
-  return names if len(set(names)) == len(names) else [f"run{i}" for i in range(len(runs))]
+def run_names(workdirs: Sequence[str], attentions: Sequence[str]) -> list[str]:
+  """The attention preset when that tells the runs apart, else the directory names, else
+  their last two parts (members of several populations: `<population>/<member>`)."""
+  for names in (list(attentions), [epath.Path(w).name for w in workdirs],
+                ["/".join(epath.Path(w).parts[-2:]) for w in workdirs]):
+    if len(set(names)) == len(names):
+      return names
+  return [f"run{i}" for i in range(len(workdirs))]
 
 
 def output_dirs(runs: Sequence[str], root: Optional[str], output_dir: Optional[str]
@@ -316,27 +326,30 @@ def output_dirs(runs: Sequence[str], root: Optional[str], output_dir: Optional[s
   if root:
     return _join(root, "probe")
   raise ValueError(f"{len(runs)} workdirs given without --output_dir; allowed: one workdir, "
-                   "one sweep root, or several workdirs with --output_dir")
+                   "one sweep root or population, or several workdirs with --output_dir")
 
 
 def probe_workdirs(workdirs: Sequence[str], step: Optional[int], options: ProbeOptions,
                    output_dir: Optional[str] = None) -> list[RunProbe]:
-  """Restores every run first (all bad input fails before any file is written), then probes."""
+  """Restores every run first (all bad input fails before any file is written), then probes
+  each: a population or a root of them gives one probe per member."""
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   paths, root = resolve_workdirs(workdirs)
   combined = output_dirs(paths, root, output_dir)
-  for path in paths:
-    experiment = restore.load_config(path).experiment
-    if experiment not in extract.SETTINGS:
-      raise ValueError(f"{path!r} is a {experiment!r} run; allowed experiments: "
+  configs = [restore.load_config(path) for path in paths]
+  for path, config in zip(paths, configs):
+    if config.experiment not in extract.SETTINGS:
+      raise ValueError(f"{path!r} is a {config.experiment!r} run; allowed experiments: "
                        f"{sorted(extract.SETTINGS)}")
+  names = run_names(paths, [c.model.attention for c in configs])
+  outs = [_join(combined, name) if combined else _join(path, "probe")
+          for path, name in zip(paths, names)]
+  for out in ([combined] if combined else []) + outs:  # The folder given first.
+    run_files.check_output_dir(out, "--output_dir" if output_dir else "output folder")
   runs = [restore.restore_params(p, step) for p in paths]
   runs0 = [restore.restore_params(p, 0) if r.step else r for p, r in zip(paths, runs)]
-  names = run_names(runs)
-  probes = []
-  for run, run0, name in zip(runs, runs0, names):
-    out = _join(combined, name) if combined else _join(run.workdir, "probe")
-    probes.append(probe_run(run, run0, name, options, out))
+  probes = [probe_run(run, run0, name, options, out)
+            for run, run0, name, out in zip(runs, runs0, names, outs)]
   if combined:
     comparison_report(probes, options, combined)
   return probes

@@ -26,6 +26,7 @@ Shape letters: B batch (per process), T tokens per row.
 
 from __future__ import annotations
 
+import codecs
 import copy
 import io
 import json
@@ -164,11 +165,55 @@ def text_files(pattern: str, split: str) -> list[str]:
     raise BadInput(_one_line(
         f"{split} files {pattern!r} have suffixes {sorted(suffixes)}; allowed: all "
         f"{TEXT_SUFFIXES[0]} or all {TEXT_SUFFIXES[1]}."))
-  if not any(tf.io.gfile.stat(f).length for f in files):
+  if not any([check_text_file(f) for f in files]):  # Every file checked, not the first.
     raise BadInput(_one_line(
         f"empty corpus: the {len(files)} {split} file(s) matching {pattern!r} hold no "
         f"text; allowed: files with at least one non-empty document."))
   return files
+
+
+CHECK_BYTES = 1 << 16  # Of each corpus file, checked before any work (C4 is 1024 files).
+TEXT_HELP = ("UTF-8 text: .txt with one document per line, or .jsonl with one JSON object "
+             "per line and the document in its 'text' field")
+
+
+def check_text_file(path: str) -> bool:
+  """Whether the start of corpus file `path` (its first `CHECK_BYTES`) holds a non-blank
+  document; `BadInput` naming the file (and line) when it is binary, not UTF-8 (e.g.
+  Latin-1) or, for .jsonl, a line that is not a JSON object with a string 'text'. Without
+  this, TensorFlow's reader fails mid-training with a traceback, or a blank corpus trains
+  a vocabulary on nothing."""
+  with tf.io.gfile.GFile(path, "rb") as f:
+    head = f.read(CHECK_BYTES)
+  cut = len(head) == CHECK_BYTES  # The last line may continue past the checked bytes.
+  nul = head.find(b"\0")
+  if nul >= 0:
+    raise BadInput(f"corpus file {path!r} is binary (a NUL byte at offset {nul}); allowed: "
+                   f"{TEXT_HELP}")
+  try:
+    text = codecs.getincrementaldecoder("utf-8")().decode(head, final=not cut)
+  except UnicodeDecodeError as e:
+    raise BadInput(f"corpus file {path!r} is not UTF-8 (byte {head[e.start]:#04x} at offset "
+                   f"{e.start}; Latin-1? convert it with iconv -f latin1 -t utf-8); allowed: "
+                   f"{TEXT_HELP}") from None
+  lines = text.split("\n")[:-1] if cut else text.split("\n")
+  if not path.endswith(".jsonl"):
+    return any(line.strip() for line in lines)
+  found = False
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise BadInput(f"corpus file {path!r} line {number} is not JSON ({e.msg}); allowed: "
+                     f"{TEXT_HELP}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
+      raise BadInput(f"corpus file {path!r} line {number} is {type(record).__name__}"
+                     + (" with a non-string 'text'" if isinstance(record, dict) else "")
+                     + f"; allowed: {TEXT_HELP}")
+    found = found or bool(record.get("text", "").strip())
+  return found
 
 
 def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:

@@ -155,6 +155,13 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
 
+  def unfinished_steps(self) -> list[int]:
+    """Steps whose save began but was not finalized (being saved now, or cut off by a
+    kill): Orbax's temporary step directories (in a bucket, those without a commit
+    marker). `all_steps` leaves them out."""
+    names = ocp.step.tmp_checkpoints(self.directory) if self.directory.exists() else []
+    return sorted({int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()})
+
   def _saved_tree(self, step: int) -> Any:
     """The step's array metadata tree; raises if its metadata cannot be read."""
     metadata = self.manager.item_metadata(step)["state"]

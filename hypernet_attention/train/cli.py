@@ -68,13 +68,29 @@ def _fail(message: str) -> NoReturn:
   sys.exit(BAD_INPUT_EXIT_CODE)
 
 
-def _load_config(argv: list[str]):
-  """The config that `--config=FILE[:ARG]` (or the flag's default) names, or None."""
+def _config_spec(argv: list[str]) -> str | None:
+  """`FILE[:ARG]` of `--config=` (or the flag's default), or None."""
   if "config" not in flags.FLAGS:
     return None
   spec = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("--config=")),
               None) or getattr(flags.FLAGS["config"], "default", None)
-  if not isinstance(spec, str):
+  return spec if isinstance(spec, str) else None
+
+
+def _missing_get_config(spec: str | None, error: BaseException) -> str | None:
+  """The line for a config file without `get_config` (ml_collections says only "module
+  'config_config' has no attribute 'get_config'", not which file)."""
+  if spec is None or "has no attribute 'get_config'" not in str(error):
+    return None
+  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a "
+          "config file whose get_config(arg) returns a ConfigDict (as experiments/configs/"
+          "*.py)")
+
+
+def _load_config(argv: list[str]):
+  """The config that `--config=FILE[:ARG]` (or the flag's default) names, or None."""
+  spec = _config_spec(argv)
+  if spec is None:
     return None
   path, _, arg = spec.partition(":")
   try:
@@ -124,7 +140,8 @@ def _load_config_flags() -> None:
     except Exception as e:  # pylint: disable=broad-except
       error = e
     if error is not None:
-      _fail(f"--{name}={flag.serialize().split('=', 1)[-1]}: {_last_line(error)}")
+      spec = flag.serialize().split("=", 1)[-1]
+      _fail(_missing_get_config(spec, error) or f"--{name}={spec}: {_last_line(error)}")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -136,7 +153,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     # exception type with its traceback: keep the last line.
     if (override := _unknown_override(argv)) is not None:
       _fail(override)
-    _fail(_last_line(e))
+    _fail(_missing_get_config(_config_spec(argv), e) or _last_line(e))
   _load_config_flags()
   return rest
 

@@ -34,8 +34,8 @@ def workdir_path(workdir: Optional[str]) -> str:
 
 
 def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
-  """An output file's path (`~` expanded); refused if missing, or existing without
-  `--overwrite` (a tool never replaces a file silently)."""
+  """An output file's path (`~` expanded); refused if missing, a folder, below a file, or
+  existing without `--overwrite` (a tool never replaces a file silently)."""
   from etils import epath  # pylint: disable=g-import-not-at-top
   if path is None or not str(path).strip():
     raise BadInput(f"{flag}={path!r}; allowed: the path of the file to write")
@@ -45,6 +45,10 @@ def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> s
     raise BadInput(f"{flag}={path!r} is a directory; allowed: a file path")
   if target.exists() and not overwrite:
     raise BadInput(f"{flag}={path!r} exists; allowed: a new path, or --overwrite to replace it")
+  blocker = run_files.file_in_the_way(target.parent)
+  if blocker is not None:
+    raise BadInput(f"{flag}={path!r} is below the file {os.fspath(blocker)!r}; allowed: a "
+                   "path in a folder")
   return path
 
 

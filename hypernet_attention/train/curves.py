@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from typing import Optional, Sequence
 
@@ -30,7 +31,8 @@ def read_scalars(workdir: str, tags: Optional[Sequence[str]] = None
   events = event_accumulator.EventAccumulator(
       workdir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0})
   events.Reload()
-  available = set(events.Tags()["tensors"]) | set(events.Tags()["scalars"])
+  # The scalars plugin's tensors (TF2's format) and TF1 scalars; not the hparams records.
+  available = set(events.PluginTagToContent("scalars")) | set(events.Tags()["scalars"])
   tags = sorted(available) if tags is None else tags
   missing = sorted(set(tags) - available)
   if missing:
@@ -62,5 +64,6 @@ def plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: str, title: str
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=120)
   plt.close(fig)

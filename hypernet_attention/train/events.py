@@ -80,3 +80,18 @@ class EventsWriter:
 
   def close(self) -> None:
     self.flush()
+
+
+def write_run_start(writer: EventsWriter, step: int, config: Any,
+                    constants: Mapping[str, float]) -> None:
+  """What a run logs once, at step 0 of a new run: its config as hyperparameters and its
+  constant scalars (SRAVEN's accuracy ceilings). A resumed run (`step` > 0) writes
+  neither: its event files already hold them, and a constant written again at the resume
+  step draws a flat line from step 0 to that step in TensorBoard."""
+  if step:
+    return
+  flat_config = workdir_lib.flatten(workdir_lib.config_to_json(config))
+  writer.write_hparams({k: v for k, v in flat_config.items()
+                        if isinstance(v, (int, float, str, bool))})
+  if constants:
+    writer.write_scalars(step, constants)

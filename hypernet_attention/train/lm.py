@@ -73,7 +73,10 @@ def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt:
   """Checks what it can, resolves the data (corpus, vocabulary) into `workdir`, trains,
   prints samples."""
   workdir = check_before_data(config, workdir)
+  decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   config = c4.prepare_config(config, workdir)
+  vocabulary = c4.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
+  decoding.check_prompt_length(1 + len(vocabulary.encode(prompt)), config.model.get("max_len"))
   summary = loop.train_and_evaluate(config, workdir)
   built = build.setup(config)
   texts = decoding.sample_text(
@@ -93,6 +96,7 @@ def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperatu
   if experiment != "c4_lm":
     raise errors.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: "
                               "the workdir of a language-modeling (c4_lm) run")
+  decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   run = restore.restore_params(workdir, step)
   texts = decoding.sample_text(
       run.model.config, run.params, _vocabulary(run.objective), prompt, num_tokens,

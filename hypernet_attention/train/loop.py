@@ -240,13 +240,8 @@ class SingleRun:
                  f"{self.num_params:,}")
     logging.debug("Parameters:\n%s", parameter_overview.get_parameter_overview(
         state.params, include_stats=False))
-    if step == 0:
-      flat_config = workdir_lib.flatten(workdir_lib.config_to_json(self.config))
-      self.writer.write_hparams({k: v for k, v in flat_config.items()
-                                 if isinstance(v, (int, float, str, bool))})
     self.ceilings = self.setup.objective.run_metrics(self.config, self.workdir)
-    if self.ceilings:
-      self.writer.write_scalars(step, self.ceilings)
+    events.write_run_start(self.writer, step, self.config, self.ceilings)
 
   def train_chunk(self, state, length: int):
     return self.trainer.train_chunk(state, length)

@@ -106,9 +106,8 @@ class PopulationRun:
                     for d in self.dirs]
     self.ceilings = [o.run_metrics(c, d) for o, c, d in zip(
         self.p.member_objectives, self.p.member_configs, self.dirs)]
-    for writer, c in zip(self.writers, self.ceilings):
-      if c:
-        writer.write_scalars(step, c)
+    for writer, config, c in zip(self.writers, self.p.member_configs, self.ceilings):
+      events.write_run_start(writer, step, config, c)
 
   def train_chunk(self, state, length: int):
     return self.trainer.train_chunk(state, length)
@@ -134,6 +133,7 @@ class PopulationRun:
 
   def log(self, step: int, pending, progress: console.Progress) -> None:
     objective = self.p.single.objective
+    logged = []
     steps = np.concatenate([start + 1 + np.arange(m["loss"].shape[1]) for start, m in pending])
     for i, (config, writer) in enumerate(zip(self.p.member_configs, self.writers)):
       keep = steps < (self.frozen[i] or np.inf)  # A frozen member: its finite steps only.
@@ -144,11 +144,13 @@ class PopulationRun:
       train = {f"train/{k}": float(v) for k, v in objective.finalize(means).items()}
       train["train/learning_rate"] = float(state_lib.learning_rate_schedule(config)(step))
       self.last_train[i] = train
-      writer.write_scalars(step, train)
+      logged.append((writer, train))
     losses = [t["train/loss"] for t in self.last_train if t]
     logging.info("%s", progress.line(step, (
         f"train/loss over {len(losses)} members: mean {np.mean(losses):.4f}, "
         f"min {np.min(losses):.4f}, max {np.max(losses):.4f}")))
+    for writer, train in logged:  # Each member's steps/s, as a single run logs its own.
+      writer.write_scalars(step, {**train, "steps_per_sec": progress.rate})
 
   def evaluate(self, step: int, state) -> None:
     self.eval_metrics = self.trainer.evaluate(state.params)

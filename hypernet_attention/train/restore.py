@@ -78,20 +78,39 @@ def _params_at(workdir: str, step: Optional[int], target: Any,
           else None)
   try:
     steps = ckpt.all_steps() if ckpt else []
+    unfinished = ckpt.unfinished_steps() if ckpt else []
     if step is None:
       if not steps:
-        raise ValueError(f"no checkpoints in '{ckpt_dir}' (use step=0 for the run's "
-                         "initialization)")
+        raise ValueError(f"no checkpoints in '{ckpt_dir}'" + _unfinished_note(unfinished)
+                         + " (use step=0 for the run's initialization)")
       step = steps[-1]
     if step in steps:
-      return int(step), ckpt.restore_params(step, target)
+      try:
+        return int(step), ckpt.restore_params(step, target)
+      except checkpointing.CheckpointMismatchError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except  (Orbax's, tensorstore's)
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        others = [s for s in steps if s != step]
+        raise ValueError(
+            f"checkpoint step {step} in '{ckpt_dir}' is unreadable (half-written or "
+            f"corrupt: {first}); allowed: " + (f"--step={others[-1]} (finalized steps "
+                                               f"{others})" if others else "--step=0 (the "
+                                               "initialization)")) from None
     if step == 0:
       return 0, init()
-    raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'; available steps: "
-                     f"{steps or 'none'} (0 = the initialization)")
+    raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'"
+                     + _unfinished_note(unfinished if step in unfinished else ())
+                     + f"; available steps: {steps or 'none'} (0 = the initialization), "
+                     f"e.g. --step={steps[-1] if steps else 0}")
   finally:
     if ckpt is not None:
       ckpt.close()
+
+
+def _unfinished_note(steps: Sequence[int]) -> str:
+  return (f" (step {', '.join(map(str, steps))} is half-written: its save is running or was "
+          "cut off; only finalized steps can be read)" if steps else "")
 
 
 def population_of(member_dir: str) -> Optional[tuple[str, int]]:

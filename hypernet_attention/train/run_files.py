@@ -122,8 +122,63 @@ def path(workdir: epath.PathLike, flag: str = "--workdir") -> epath.Path:
       raise errors.BadInput(f"{flag}={text!r} is in a bucket, which needs gcsfs (not "
                             "installed); allowed: pip install 'hypernet-attention[gcs]', or "
                             "a local path") from None
+    check_credentials(text, flag)
     return epath.Path(text)
   return epath.Path(os.path.abspath(os.path.expanduser(text)))
+
+
+_CREDENTIALS_FOUND: set[str] = set()  # Buckets whose credentials this process has found.
+
+
+def check_credentials(bucket_path: str, flag: str = "--workdir") -> None:
+  """`BadInput` at once when no Google Cloud credentials are found for a gs:// path.
+
+  Without credentials gcsfs falls back to anonymous access, whose first write fails only
+  after its retries (a minute and more; without a network, a DNS traceback). This asks
+  google-auth for the application default credentials (environment, gcloud's
+  application-default file, a Cloud VM's metadata server), as gcsfs does first. Skipped
+  for an emulator (`STORAGE_EMULATOR_HOST`) and when fsspec's gcs config names a token
+  (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket).
+  """
+  bucket = bucket_path[len("gs://"):].split("/")[0]
+  if (bucket in _CREDENTIALS_FOUND or os.environ.get("STORAGE_EMULATOR_HOST")
+      or fsspec.config.conf.get("gcs", {}).get("token") is not None):
+    return
+  import google.auth  # pylint: disable=g-import-not-at-top  (gcsfs's own dependency)
+  from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+  try:
+    google.auth.default()
+  except exceptions.DefaultCredentialsError:
+    raise errors.BadInput(
+        f"{flag}={bucket_path!r} is in a bucket, but no Google Cloud credentials were found; "
+        "allowed: `gcloud auth application-default login`, GOOGLE_APPLICATION_CREDENTIALS="
+        "<service account key .json>, a Cloud VM's service account, or a local path") from None
+  _CREDENTIALS_FOUND.add(bucket)
+
+
+def file_in_the_way(p: epath.PathLike) -> Optional[epath.Path]:
+  """The existing file at `p` or nearest above it (which stops `p` from being a folder or
+  from being created), else None. Buckets have none: a prefix is no file."""
+  p = epath.Path(p)
+  if is_remote(p):
+    return None
+  for above in (p, *p.parents):
+    if above.exists():
+      return None if above.is_dir() else above
+  return None
+
+
+def check_output_dir(directory: epath.PathLike, flag: str) -> epath.Path:
+  """`directory` (as `path` makes it) if it is a folder or can become one; `BadInput`,
+  before any work, when it is an existing file or lies below one."""
+  out = path(directory, flag)
+  blocker = file_in_the_way(out)
+  if blocker is not None:
+    raise errors.BadInput(
+        f"{flag}={os.fspath(directory)!r} " + ("is a file" if blocker == out else
+                                              f"is below the file {os.fspath(blocker)!r}")
+        + "; allowed: a folder (new or existing)")
+  return out
 
 
 def write_bytes(p: epath.PathLike, data: bytes) -> None:
