@@ -203,7 +203,8 @@ class MultiHeadAttention(nnx.Module):
         value_weight_HVV=None if self.value_hidden is None else self.value_hidden[...],
         dropout_rng=dropout_rng, materialize=sow_weights,
     )
-    if attended.latent_code_BHQK is not None:
+    # Only when asked: the dropout path materializes the code too, for its own use.
+    if sow_weights and attended.latent_code_BHQK is not None:
       self.sow(nnx.Intermediate, "latent_code", attended.latent_code_BHQK)
     return self.out(attended.out_BQHV)
 

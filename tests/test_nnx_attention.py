@@ -123,6 +123,7 @@ def test_dropout_with_the_same_key_as_linen(preset, broadcast, x64):
   assert np.abs(module(x, deterministic=False) - module(x, deterministic=False)).max() > 1e-3
   with pytest.raises(ValueError, match="deterministic"):
     module(x)
+  assert not nnx.state(module, nnx.Intermediate)  # Dropout sows nothing unasked.
 
 
 def test_sown_latent_code_as_linen(x64):
