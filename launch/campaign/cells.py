@@ -56,7 +56,8 @@ class Cell:
 
   `train`: `config` (the config file's argument) + `overrides` shared by every member, and
   `members` (each a dict of `population.MEMBER_KEYS`) named by `member_names`.
-  `probe`: decodes the rules from the latent codes of the members of cell `source`.
+  `probe`: decodes the rules from the latent codes of the members of cell `source`
+  (`overrides`: flags of `experiments/probe_latents.py`, e.g. fewer problems for a smoke).
   `benchmark`: times `num_steps`-step chunks of the training step of `models` at size
   `config` (`experiments/benchmark_training.py`).
   """
@@ -205,7 +206,8 @@ def _smoke() -> list[Cell]:
       _train("smoke_sraven_hyla", "b", SRAVEN, "hyla", seeds, "smoke: SRAVEN, hyla",
              config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
       Cell("smoke_sraven_decoding_hyla", "c", "probe", SRAVEN, "smoke: decoding of SRAVEN hyla",
-           model="hyla", source="smoke_sraven_hyla"),
+           model="hyla", source="smoke_sraven_hyla",
+           overrides=(("num_problems", 128), ("permutations", 4))),
       Cell("smoke_fuzzy_step", "g", "benchmark", FUZZY, "smoke: fuzzy logic step",
            config="smoke", models=("softmax", "hyla"), num_steps=2),
   ]

@@ -83,7 +83,8 @@ def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
     return [options.python, "experiments/probe_latents.py",
             *[f"--workdir={os.path.join(options.root, source.name, n)}"
               for n in source.member_names],
-            f"--output_dir={os.path.join(workdir, 'probe')}"]
+            f"--output_dir={os.path.join(workdir, 'probe')}",
+            *[f"--{flag}={value}" for flag, value in cell.overrides]]
   return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
           f"--steps={cell.num_steps}", "--repeats=3",
