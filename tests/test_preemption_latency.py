@@ -249,3 +249,52 @@ def test_notice_before_the_first_chunk_finished_exits_at_once(tmp_path):
   assert "nothing trained yet since step 0" in text
   assert not (workdir / "lock.json").exists()
   assert not [d for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
+
+
+SLOW_NEW_LENGTHS = """
+import runpy, sys, time
+from hypernet_attention.train import loop
+original, seen = loop.SingleRun.train_chunk, set()
+def train_chunk(self, state, length):  # Each new chunk length "compiles" slowly.
+  if length not in seen:
+    seen.add(length)
+    print(f"compiling a chunk of {length} steps", flush=True)
+    time.sleep(3 if not seen - {length} else 600)
+  return original(self, state, length)
+loop.SingleRun.train_chunk = train_chunk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_slow_compilation_after_the_first_chunk_is_preceded_by_a_save(tmp_path):
+  """Chunks of 50 steps (the probe of steps_per_loop=100) measured with 3 s of compilation
+  against a 1 s bound; at step 100 a 20-step chunk (up to the log step 120) compiles anew:
+  the run commits step 100 first, so a notice during that compilation exits at once."""
+  workdir = tmp_path / "wd"
+  overrides = {**OVERRIDES, "num_train_steps": 400, "steps_per_loop": 100,
+               "log_every_steps": 120, "eval_every_steps": 400, "checkpoint_every_steps": 400,
+               "preemption_grace_s": 2}
+  command = [sys.executable, "-c", SLOW_NEW_LENGTHS] + _command(workdir, False, overrides)[1:]
+  code, text, _, latency = _run(command, tmp_path / "log",
+                                signal_after="compiling a chunk of 20 steps")
+  assert code == preemption.EXIT_CODE, text[-3000:]
+  assert latency < 60, (latency, text[-3000:])  # Without the save first: 600 s and more.
+  assert "nothing trained yet since step 100" in text
+  assert max(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()) == 100
+  assert not (workdir / "lock.json").exists()
+
+
+def test_compile_may_outlast_bound_only_for_new_lengths_once_measured():
+  bound = preemption.ChunkBound(100, 2.0)
+  assert not bound.compile_may_outlast_bound(20)  # Nothing measured yet.
+  bound.observe(50, 3.0)
+  bound.observe(50, 0.05)  # 0.001 s per step, ~3 s to compile, bound 1 s.
+  assert bound.length == 50
+  assert bound.compile_may_outlast_bound(20) and not bound.compile_may_outlast_bound(50)
+  bound.observe(20, 3.0)
+  assert not bound.compile_may_outlast_bound(20)  # Compiled now.
+  off = preemption.ChunkBound(100, 0)
+  off.observe(100, 3.0)
+  off.observe(100, 0.05)
+  assert not off.compile_may_outlast_bound(20)

@@ -263,6 +263,10 @@ class Checkpointer:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
+  def saving(self) -> bool:
+    """Whether an asynchronous save is still being written."""
+    return self.manager.is_saving_in_progress()
+
   def wait(self) -> None:
     with self._write_errors("finishing the last save"):
       self.manager.wait_until_finished()

@@ -142,7 +142,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
   program.open(step, state)
   progress = console.Progress(step, config.num_train_steps)
   chunks = preemption.ChunkBound(config.steps_per_loop, config.get("preemption_grace_s"))
-  pending = []
+  pending, saved = [], [start_step]  # `saved`: the newest step saved (or restored).
 
   def save(step: int, state, force: bool):
     nonlocal pending
@@ -150,6 +150,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
     pending = jax.device_get(pending)
     program.check_finite(pending, ckpt)
     if ckpt.save(step, state, force=force, data_iterator=program.data_iterator):
+      saved[0] = step
       program.saved(step, start_step)
       logging.info("saving checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
 
@@ -166,10 +167,14 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
       if watcher.reached():  # A notice during an evaluation or a log: nothing dispatched.
         stop(step, state)
       end = _next_boundary(step, config, chunks.length)
+      if chunks.compile_may_outlast_bound(end - step):
+        if saved[0] != step:  # Committed first, so that a notice during this chunk's
+          save(step, state, force=True)  # compilation can exit at once.
+        ckpt.wait()
       chunk_start = time.time()
-      # Until the first chunk is done (it compiles) a notice exits at once: nothing to save.
-      with (watcher.nothing_to_save(step, sess.workdir, sess.release) if step == start_step
-            else contextlib.nullcontext()):
+      # Until a chunk is done, a notice with nothing unsaved exits at once (`preemption.py`).
+      with (watcher.nothing_to_save(step, sess.workdir, sess.release)
+            if saved[0] == step and not ckpt.saving() else contextlib.nullcontext()):
         state, metrics = program.train_chunk(state, end - step)
         # The chunk ends before the notice is read, so one that came during it stops the
         # run here, with no chunk queued behind it (`preemption.py`).

@@ -185,18 +185,28 @@ class ChunkBound:
     self.length = steps_per_loop if self._decided else max(
         d for d in _divisors(steps_per_loop) if d <= PROBE_STEPS)
     self._first: dict[int, float] = {}  # Seconds of the first (compiling) chunk per length.
+    self._compile_s = self._per_step = None  # Measured once decided (with the bound on).
+
+  def compile_may_outlast_bound(self, length: int) -> bool:
+    """Whether a chunk of `length` steps compiles now (a length not run yet: the chosen one,
+    or a shorter one before a log, eval or checkpoint step) and that compilation plus the
+    chunk may take longer than the bound. The loop then commits a checkpoint first, so that
+    a notice during the compilation exits at once."""
+    if self._compile_s is None or length in self._first:
+      return False
+    return self._compile_s + length * self._per_step > self.grace_s / 2
 
   def observe(self, length: int, seconds: float) -> None:
     """Records one chunk of `length` steps that took `seconds` (dispatch to finish)."""
-    if self._decided:
-      return
     if length not in self._first:
       self._first[length] = seconds
       return
+    if self._decided:
+      return
     self._decided = True
     bound = self.grace_s / 2
-    per_step = seconds / length
-    compile_s = max(self._first[length] - seconds, 0.0)
+    per_step = self._per_step = seconds / length
+    compile_s = self._compile_s = max(self._first[length] - seconds, 0.0)
     steady = [d for d in _divisors(self.steps_per_loop) if d * per_step <= bound]
     cheap = [d for d in steady if d == length or compile_s + d * per_step <= bound]
     chosen = max(cheap or steady or [1])
