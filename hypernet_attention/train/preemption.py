@@ -191,8 +191,9 @@ class ChunkBound:
     """Whether a chunk of `length` steps compiles now (a length not run yet: the chosen one,
     or a shorter one before a log, eval or checkpoint step) and that compilation plus the
     chunk may take longer than the bound. The loop then commits a checkpoint first, so that
-    a notice during the compilation exits at once."""
-    if self._compile_s is None or length in self._first:
+    a notice during the compilation exits at once. Single process only (that exit is; and
+    the times are each process's own, while a save must be decided by all together)."""
+    if self._compile_s is None or length in self._first or jax.process_count() > 1:
       return False
     return self._compile_s + length * self._per_step > self.grace_s / 2
 
