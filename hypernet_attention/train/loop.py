@@ -142,15 +142,15 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
   program.open(step, state)
   progress = console.Progress(step, config.num_train_steps)
   chunks = preemption.ChunkBound(config.steps_per_loop, config.get("preemption_grace_s"))
-  pending, saved = [], [start_step]  # `saved`: the newest step saved (or restored).
+  pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
 
   def save(step: int, state, force: bool):
-    nonlocal pending
+    nonlocal pending, last_saved
     # Checked before any save, so a checkpoint never holds a diverged state.
     pending = jax.device_get(pending)
     program.check_finite(pending, ckpt)
     if ckpt.save(step, state, force=force, data_iterator=program.data_iterator):
-      saved[0] = step
+      last_saved = step
       program.saved(step, start_step)
       logging.info("saving checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
 
@@ -168,13 +168,13 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
         stop(step, state)
       end = _next_boundary(step, config, chunks.length)
       if chunks.compile_may_outlast_bound(end - step):
-        if saved[0] != step:  # Committed first, so that a notice during this chunk's
+        if last_saved != step:  # Committed first, so that a notice during this chunk's
           save(step, state, force=True)  # compilation can exit at once.
         ckpt.wait()
       chunk_start = time.time()
       # Until a chunk is done, a notice with nothing unsaved exits at once (`preemption.py`).
       with (watcher.nothing_to_save(step, sess.workdir, sess.release)
-            if saved[0] == step and not ckpt.saving() else contextlib.nullcontext()):
+            if last_saved == step and not ckpt.saving() else contextlib.nullcontext()):
         state, metrics = program.train_chunk(state, end - step)
         # The chunk ends before the notice is read, so one that came during it stops the
         # run here, with no chunk queued behind it (`preemption.py`).
