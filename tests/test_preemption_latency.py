@@ -192,7 +192,12 @@ def test_slow_chunk_is_split_and_the_notice_answered_within_the_bound(tmp_path):
   full_chunk_s = 800 * per_step
   assert length < 800 and 800 % length == 0
   saved = max(int(d) for d in os.listdir(tmp_path / "wd" / "checkpoints") if d.isdigit())
-  assert saved % length == 0, (saved, length)
+  if "nothing trained yet since step" in text:
+    # The notice came while the new length compiled: the loop had committed the step of
+    # the decision (two 50-step probes) before it and exits at once.
+    assert saved == 100 and "nothing trained yet since step 100" in text, (saved, text[-2000:])
+  else:
+    assert saved % length == 0, (saved, length)
   # Without the split the notice would wait for the rest of an 800-step chunk at least.
   print(f"signal to exit: {latency:.2f}s; an 800-step chunk: {full_chunk_s:.2f}s")
 
