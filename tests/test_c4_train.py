@@ -114,6 +114,7 @@ def test_flops_per_token_of_the_50m_model_is_the_stated_formula():
       6 * non_embedding + 12 * 6 * 512 * 512)
 
 
+@pytest.mark.slow
 @tl.multiprocess_slot()
 def test_two_processes_read_their_own_shards(corpus, tmp_path):
   with socket.socket() as s:

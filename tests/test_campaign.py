@@ -178,6 +178,7 @@ class _StopAfterFirstStep(runner.Campaign):
         self.stop_all("test")
 
 
+@pytest.mark.slow
 def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
   cut = _StopAfterFirstStep(
       [LONG_SMOKE], dataclasses.replace(_campaign(tmp_path, []).options), CPU, log=lambda s: None)
@@ -205,6 +206,7 @@ def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
   assert len(record["processes"]) == len(collect_cell.segments(str(workdir)))
 
 
+@pytest.mark.slow
 def test_probe_and_benchmark_cells(tmp_path):
   smoke = [cells_lib.BY_NAME[n] for n in
            ("smoke_sraven_decoding_hyla", "smoke_sraven_hyla", "smoke_fuzzy_step")]

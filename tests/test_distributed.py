@@ -53,6 +53,7 @@ def test_four_fake_devices_data_parallel_and_fsdp_match_one_device(tmp_path):
   assert not result["bad_batch_workdir_exists"]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

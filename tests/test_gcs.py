@@ -113,6 +113,7 @@ def test_json_round_trip_in_the_bucket(gcs):
   assert [q.name for q in p.parent.iterdir()] == ["x.json"]  # No temporary file left.
 
 
+@pytest.mark.slow
 def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   del gcs
   from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
@@ -180,6 +181,7 @@ LONG = {"num_train_steps": 200, "eval_every_steps": 200, "log_every_steps": 200,
         "checkpoint_every_steps": 4, "eval.ceiling_problems": 0}
 
 
+@pytest.mark.slow
 def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   """SIGKILL mid-run (no handler runs: the lock and maybe a half-written step stay in the
   bucket); the rerun takes the dead process's lock over and ends bit-identical to an

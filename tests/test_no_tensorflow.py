@@ -78,6 +78,7 @@ def test_probing_and_training_modules_load_neither_tensorflow_nor_clu_writers():
   assert loaded == {"analysis": [], "all": []}
 
 
+@pytest.mark.slow
 def test_train_probe_collect_without_tensorflow(no_tf, tmp_path):
   root = tmp_path / "sweep"
   workdir = root / "sraven_hyla"

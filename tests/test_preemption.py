@@ -116,6 +116,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @tl.multiprocess_slot()
 def test_two_processes_agree_on_the_preemption_step(tmp_path):
   def launch_pair(workdir):

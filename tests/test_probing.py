@@ -214,6 +214,7 @@ def _cli(*args):
                         capture_output=True, text=True, timeout=600, cwd=tl.REPO)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_writes_every_file(runs, tmp_path):
   out = tmp_path / "out"
   before = {k: tl.snapshot(v) for k, v in runs.items()}

@@ -207,7 +207,7 @@ def _smoke() -> list[Cell]:
              config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
       Cell("smoke_sraven_decoding_hyla", "c", "probe", SRAVEN, "smoke: decoding of SRAVEN hyla",
            model="hyla", source="smoke_sraven_hyla",
-           overrides=(("num_problems", 128), ("permutations", 4))),
+           overrides=(("num_problems", 64), ("permutations", 2))),
       Cell("smoke_fuzzy_step", "g", "benchmark", FUZZY, "smoke: fuzzy logic step",
            config="smoke", models=("softmax", "hyla"), num_steps=2),
   ]
