@@ -22,11 +22,19 @@ step "the C4 stack and xmanager import together" python -c "
 import sentencepiece, seqio, tensorflow_text, xmanager
 from sentencepiece import sentencepiece_model_pb2
 from hypernet_attention.tasks import c4"
-for f in experiments/*.py launch/[!_]*.py; do  # One process each: entry points define flags.
-  module=${f%.py}; module=${module//\//.}
-  step "import $module" python -c "import importlib, sys; importlib.import_module(sys.argv[1])" \
-    "$module"
+# One process per module (entry points define flags), two at a time (one per core).
+modules=()
+for f in experiments/*.py launch/[!_]*.py; do
+  module=${f%.py}; modules+=("${module//\//.}")
 done
+t0=$(date +%s)
+if ! printf '%s\n' "${modules[@]}" | xargs -P 2 -I{} sh -c \
+    'python -c "import importlib, sys; importlib.import_module(sys.argv[1])" {} \
+     > "$1/import_{}.log" 2>&1 || { tail -n 30 "$1/import_{}.log"; echo "cannot import {}"; exit 1; }' \
+    sh "$tmp"; then
+  echo "extras smoke FAILED: imports"; exit 1
+fi
+echo "ok  $(( $(date +%s) - t0 ))s  import each of ${#modules[@]} modules of experiments/ and launch/"
 
 smoke() { echo "--config=experiments/configs/$1.py:model=hyla,size=smoke"; }
 step "sraven_scaling.py" python experiments/sraven_scaling.py "$(smoke sraven)" \

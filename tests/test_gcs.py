@@ -177,8 +177,10 @@ def _files(directory):
     yield from _files(p) if p.is_dir() else [p]
 
 
-LONG = {"num_train_steps": 200, "eval_every_steps": 200, "log_every_steps": 200,
-        "checkpoint_every_steps": 4, "eval.ceiling_problems": 0}
+# Long enough that the kill after step 8's checkpoint lands mid-run: each save to the
+# emulator takes seconds, and seven more follow it.
+LONG = {"num_train_steps": 64, "eval_every_steps": 64, "log_every_steps": 64,
+        "checkpoint_every_steps": 8, "eval.ceiling_problems": 0}
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ Modules (each reads in one sitting):
   checkpointing  Orbax CheckpointManager: async atomic saves, resume, params-only restore.
   events         TensorBoard event files without TensorFlow.
   trainer        the jitted train chunk and evaluation of one run (Trainer).
+  memory         does the first chunk fit? XLA's memory analysis, before any work.
   loop           `train_and_evaluate(config, workdir)`: one loop (`run`) over a Program,
                  a single run (`SingleRun`) or a population (`population_loop`).
   restore        read-only `restore_params(workdir, step, member)` for analysis (probing).

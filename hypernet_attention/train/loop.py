@@ -30,6 +30,7 @@ from hypernet_attention.train import config_lib
 from hypernet_attention.train import console
 from hypernet_attention.train import events
 from hypernet_attention.train import lock
+from hypernet_attention.train import memory
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
@@ -72,14 +73,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   start_time = time.time()
   if run_files.is_population(config):
     p = population.setup(config, devices)
-    check = lambda w: population_loop.check_workdirs(config, p, w)
-    make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time)
+    trainer, target, members = population.PopulationTrainer(p), p.restore_target(), p.size
+    check = lambda w, record: population_loop.check_workdirs(config, p, w, record)
+    make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
   else:
     s = build.setup(config, devices)
-    check = lambda w: workdir_lib.check(w, config)
-    make = lambda workdir: SingleRun(config, workdir, s, start_time)
-  with session(config, workdir, check) as sess:
+    trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    target, members = s.restore_target(), 1
+    check = lambda w, record: workdir_lib.check(w, config, record=record)
+    make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
+
+  def fits() -> FirstChunk:
+    """The first chunk compiled ahead of time (a fresh run's; a resume whose first chunk is
+    shorter compiles that one too), refused with one line when it cannot fit in memory."""
+    length = _next_boundary(0, config, _chunk_bound(config).length)
+    compile_start = time.time()
+    compiled = trainer.compile_chunk(target, length)
+    memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size, members)
+    return FirstChunk(length, time.time() - compile_start)
+
+  with session(config, workdir, check, fits) as sess:
     return run(make(sess.workdir), config, sess)
+
+
+def _chunk_bound(config: ml_collections.ConfigDict) -> preemption.ChunkBound:
+  return preemption.ChunkBound(config.steps_per_loop, config.get("preemption_grace_s"))
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstChunk:
+  """The chunk compiled before the session (`memory.py`), and how long that took."""
+  length: int
+  compile_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,36 +114,46 @@ class Session:
   watcher: preemption.Watcher
   ckpt: checkpointing.Checkpointer
   release: Callable[[], None]  # Frees the workdir's lock (for an exit without unwinding).
+  first_chunk: Optional[FirstChunk] = None
 
 
 @contextlib.contextmanager
-def session(config: ml_collections.ConfigDict, workdir: str, check: Callable[[str], None]):
-  """The workdir guard (`check`, whose ValueError becomes BadInput before anything is
-  written), then the signal handlers, the one-writer lock (`lock.py`), a writable
-  checkpoints/ and the checkpointer; all released on any exit. Single runs and populations
-  (`population_loop.py`) train inside one."""
+def session(config: ml_collections.ConfigDict, workdir: str,
+            check: Callable[[str, bool], None],
+            fits: Callable[[], Optional[FirstChunk]] = lambda: None):
+  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError
+  becomes BadInput), dry, then `fits` (the memory check: a notice during its compilation
+  exits at once), then the guard again, recording the config; then the one-writer lock
+  (`lock.py`), a writable checkpoints/ and the checkpointer; all released on any exit. Single
+  runs and populations (`population_loop.py`) train inside one."""
   workdir = config_lib.workdir_path(workdir)
   checkpoints = str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS)
   is_chief = jax.process_index() == 0
   checked = is_chief and workdir_lib.path(checkpoints).is_dir()
   if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
-  try:
-    check(workdir)
-  except ValueError as e:
-    raise errors.BadInput(str(e)) from e
-  # The signal handlers first: a SIGTERM once the lock is held is a preemption.
-  with preemption.Watcher() as watcher, lock.hold(workdir) as held, \
-      _debug_nans(config.get("debug_nans", False)):
-    if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
-      lock.check_writable(checkpoints)
-    ckpt = checkpointing.Checkpointer(
-        workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
-        use_async=config.async_checkpoints)
-    try:
-      yield Session(workdir, watcher, ckpt, held.release)
-    finally:
-      ckpt.close()
+  # The signal handlers first: a SIGTERM from here on is a preemption.
+  with preemption.Watcher() as watcher:
+    with watcher.nothing_to_save(f"not started yet; nothing in {workdir} was written",
+                                 lambda: None):
+      try:
+        check(workdir, False)
+        first_chunk = fits()
+        check(workdir, True)
+      except errors.BadInput:
+        raise
+      except ValueError as e:
+        raise errors.BadInput(str(e)) from e
+    with lock.hold(workdir) as held, _debug_nans(config.get("debug_nans", False)):
+      if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
+        lock.check_writable(checkpoints)
+      ckpt = checkpointing.Checkpointer(
+          workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
+          use_async=config.async_checkpoints)
+      try:
+        yield Session(workdir, watcher, ckpt, held.release, first_chunk)
+      finally:
+        ckpt.close()
 
 
 def _next_boundary(step: int, config, steps_per_loop: int) -> int:
@@ -141,7 +176,9 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
       return finished
   program.open(step, state)
   progress = console.Progress(step, config.num_train_steps)
-  chunks = preemption.ChunkBound(config.steps_per_loop, config.get("preemption_grace_s"))
+  chunks = _chunk_bound(config)
+  if sess.first_chunk is not None:
+    chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
   pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
 
   def save(step: int, state, force: bool):
@@ -173,7 +210,8 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
         ckpt.wait()
       chunk_start = time.time()
       # Until a chunk is done, a notice with nothing unsaved exits at once (`preemption.py`).
-      with (watcher.nothing_to_save(step, sess.workdir, sess.release)
+      with (watcher.nothing_to_save(f"nothing trained yet since step {step}; the "
+                                    f"checkpoints in {sess.workdir} are unchanged", sess.release)
             if last_saved == step and not ckpt.saving() else contextlib.nullcontext()):
         state, metrics = program.train_chunk(state, end - step)
         # The chunk ends before the notice is read, so one that came during it stops the
@@ -209,10 +247,10 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
 class SingleRun:
   """One run's `Program`: its trainer, TensorBoard writer and summary.json."""
 
-  def __init__(self, config, workdir: str, s: build.Setup, start_time: float):
+  def __init__(self, config, workdir: str, s: build.Setup, start_time: float,
+               trainer: trainer_lib.Trainer):
     self.config, self.workdir, self.setup, self.start_time = config, workdir, s, start_time
-    self.trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh,
-                                       s.shardings)
+    self.trainer = trainer
     self.data_iterator = self.trainer.data_iterator
     self.main_metric = s.objective.main_metric
     self.writer = None

@@ -194,6 +194,11 @@ class PopulationTrainer:
     with jax.set_mesh(self.mesh):
       return self._chunk_jit(state, self.members, length)
 
+  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
+    """`Trainer.compile_chunk` for every member at once."""
+    with jax.set_mesh(self.mesh):
+      return self._chunk_jit.lower(state, self.members, length).compile()
+
   def init_state(self):
     """Every member's fresh state, as `build.init_state` makes the single run's."""
     init_fn = self.setup.single.init_fn

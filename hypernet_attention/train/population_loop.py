@@ -41,22 +41,24 @@ def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   return [str(workdir_lib.path(workdir) / name) for name in run_files.member_names(config)]
 
 
-def check_workdirs(config, p: population.PopulationSetup, workdir: str) -> None:
+def check_workdirs(config, p: population.PopulationSetup, workdir: str,
+                   record: bool = True) -> None:
   """The population's workdir guard, then each member's; all pass before any config.json
-  is recorded."""
-  for record in (False, True):
-    workdir_lib.check(workdir, config, record=record)
+  is recorded (`record`: then recorded; else a dry pass)."""
+  for this_pass in (False, True) if record else (False,):
+    workdir_lib.check(workdir, config, record=this_pass)
     for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
-      workdir_lib.check(member_dir, member_config, population=workdir, record=record)
+      workdir_lib.check(member_dir, member_config, population=workdir, record=this_pass)
 
 
 class PopulationRun:
   """One invocation of a population's loop: its state, writers and per-member records."""
 
-  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float):
+  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float,
+               trainer: population.PopulationTrainer):
     self.config, self.workdir, self.p, self.start_time = config, workdir, p, start_time
     self.dirs = member_dirs(config, workdir)
-    self.trainer = population.PopulationTrainer(p)
+    self.trainer = trainer
     self.data_iterator = None  # On-device data only.
     self.frozen: list[Optional[int]] = [None] * p.size
     self.last_train: list[dict[str, float]] = [{} for _ in self.dirs]

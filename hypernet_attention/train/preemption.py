@@ -92,15 +92,15 @@ class Watcher:
             self._exit_now()
 
   @contextlib.contextmanager
-  def nothing_to_save(self, step: int, workdir: str, release: Callable[[], None]):
+  def nothing_to_save(self, unchanged: str, release: Callable[[], None]):
     """A notice inside this block exits the process at once (status 75): nothing has been
-    trained since `step`'s state was restored or built. `release` frees the workdir's lock
-    first. In a single process only (several processes must agree on a step)."""
+    trained since the state was restored or built (`unchanged` says so in the exit line).
+    `release` frees the workdir's lock first. In a single process only (several processes
+    must agree on a step)."""
     def exit_now():
       release()
-      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: nothing trained yet since step "
-            f"{step}; the checkpoints in {workdir} are unchanged; rerun the same command to "
-            "resume", file=sys.stderr, flush=True)
+      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; rerun the same "
+            "command to resume", file=sys.stderr, flush=True)
       os._exit(EXIT_CODE)  # pylint: disable=protected-access
     if self._wakeup is None:
       yield
@@ -185,6 +185,7 @@ class ChunkBound:
     self.length = steps_per_loop if self._decided else max(
         d for d in _divisors(steps_per_loop) if d <= PROBE_STEPS)
     self._first: dict[int, float] = {}  # Seconds of the first (compiling) chunk per length.
+    self._ahead: dict[int, float] = {}  # Seconds of compilations ahead of time per length.
     self._compile_s = self._per_step = None  # Measured once decided (with the bound on).
 
   def compile_may_outlast_bound(self, length: int) -> bool:
@@ -197,10 +198,15 @@ class ChunkBound:
       return False
     return self._compile_s + length * self._per_step > self.grace_s / 2
 
+  def compiled(self, length: int, seconds: float) -> None:
+    """A chunk of `length` steps was compiled ahead of time in `seconds`: its first chunk's
+    time counts them (the compilation estimate is the first chunk minus the second)."""
+    self._ahead[length] = seconds
+
   def observe(self, length: int, seconds: float) -> None:
     """Records one chunk of `length` steps that took `seconds` (dispatch to finish)."""
     if length not in self._first:
-      self._first[length] = seconds
+      self._first[length] = seconds + self._ahead.pop(length, 0.0)
       return
     if self._decided:
       return

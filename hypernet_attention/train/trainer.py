@@ -120,6 +120,18 @@ class Trainer:
         batch = self._next_batch()  # Read and transfer while the device works.
     return state, jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
 
+  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
+    """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
+    ahead of time; the jitted call with those shapes then reuses it (`memory.py`). A host
+    source compiles its one-step function for a batch of `example`'s shapes."""
+    with jax.set_mesh(self.mesh):
+      if self.source.on_device:
+        return self._train_chunk_jit.lower(state, length).compile()
+      example = self.source.example(self.config.batch_size)
+      batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                           example, data.global_shardings(example, self.mesh))
+      return self._host_step_jit.lower(state, batch).compile()
+
   def compiled_chunk_text(self, state, length: int) -> str:
     """Optimized HLO text of the scanned `length`-step chunk (on-device data sources)."""
     if not self.source.on_device:
