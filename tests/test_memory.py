@@ -5,6 +5,7 @@ memory the check sees (the machine's own is far larger than a smoke run needs), 
 hold on any host; one runs the entry point with a batch no host has memory for.
 """
 
+import logging
 import os
 import re
 import subprocess
@@ -52,7 +53,7 @@ def test_the_suggested_batch_fits_and_the_refused_one_does_not(monkeypatch):
   assert not os.path.exists("/nonexistent")
 
 
-def test_a_refused_resume_leaves_the_run_as_it_was(monkeypatch, tmp_path):
+def test_a_refused_resume_leaves_the_run_as_it_was(monkeypatch, tmp_path, caplog):
   workdir = str(tmp_path / "wd")
   loop.train_and_evaluate(tl.smoke("sraven", stop_after_steps=4,
                                    **{"eval.ceiling_problems": 0}), workdir)
@@ -62,9 +63,12 @@ def test_a_refused_resume_leaves_the_run_as_it_was(monkeypatch, tmp_path):
     loop.train_and_evaluate(tl.smoke("sraven", **{"eval.ceiling_problems": 0}), workdir)
   assert tl.snapshot(workdir) == before  # No lock, config, event or checkpoint touched.
   monkeypatch.undo()
+  caplog.set_level(logging.INFO)
   summary = loop.train_and_evaluate(tl.smoke("sraven", **{"eval.ceiling_problems": 0}),
                                     workdir)
   assert summary["step"] == 8  # The same run resumes where it stopped.
+  assert re.search(r"First chunk \(4 steps\) compiled in [\d.]+s; it needs [\d.]+ MiB per "
+                   r"device; this host has [\d.]+ GiB available", caplog.text), caplog.text
 
 
 def test_a_population_is_refused_naming_its_members(monkeypatch, tmp_path):
@@ -102,7 +106,7 @@ def test_accelerator_limit_and_shared_host_memory(monkeypatch):
   """An accelerator's own limit counts per device; CPU devices share the host's memory."""
   gpu = [_device("gpu", "NVIDIA H100 80GB HBM3", bytes_limit=1000 * MiB)] * 4
   fits = _compiled(400 * MiB, 400 * MiB, 400 * MiB, 500 * MiB)  # Donated: 900 MiB.
-  assert memory.check_fits(fits, gpu, batch_size=64).total == 900 * MiB
+  assert memory.check_fits(fits, gpu, batch_size=64).need.total == 900 * MiB
   with pytest.raises(errors.BadInput, match=r"one NVIDIA H100 80GB HBM3 gives XLA 0.98 GiB;"
                      r" allowed: a batch_size of about 96 or less would fit"):
     memory.check_fits(_compiled(400 * MiB, 0, 0, 800 * MiB), gpu, batch_size=128)
@@ -112,9 +116,9 @@ def test_accelerator_limit_and_shared_host_memory(monkeypatch):
   cpus = [_device("cpu")] * 4
   with pytest.raises(errors.BadInput, match=r"shared by its 4 CPU devices"):
     memory.check_fits(fits, cpus, batch_size=64)  # 4 x 900 MiB > 2000 MiB.
-  assert memory.check_fits(fits, cpus[:2], batch_size=64) is not None
+  assert memory.check_fits(fits, cpus[:2], batch_size=64).have.shared_by == 2
   _host_memory(monkeypatch, None)  # Unknown: never refused.
-  assert memory.check_fits(fits, cpus, batch_size=64) is not None
+  assert memory.check_fits(fits, cpus, batch_size=64).have is None
 
 
 def test_entry_point_refuses_a_batch_no_host_has_in_one_line(tmp_path):

@@ -89,8 +89,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     length = _next_boundary(0, config, _chunk_bound(config).length)
     compile_start = time.time()
     compiled = trainer.compile_chunk(target, length)
-    memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size, members)
-    return FirstChunk(length, time.time() - compile_start)
+    fit = memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size,
+                            members)
+    seconds = time.time() - compile_start
+    logging.info("First chunk (%d steps) compiled in %.1fs; %s", length, seconds, fit.describe())
+    return FirstChunk(length, seconds)
 
   with session(config, workdir, check, fits) as sess:
     return run(make(sess.workdir), config, sess)

@@ -100,17 +100,30 @@ def capacity(devices: Sequence[Any]) -> Optional[Capacity]:
                   f"one {device.device_kind} gives XLA {_size(stats['bytes_limit'])}", 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """What one chunk needs and what it has; either None where unknown."""
+  need: Optional[Footprint]
+  have: Optional[Capacity]
+
+  def describe(self) -> str:
+    if self.need is None:
+      return "its memory is unknown (no analysis on this backend)"
+    return (f"it needs {_size(self.need.total)} per device"
+            + (f"; {self.have.described}" if self.have else ""))
+
+
 def check_fits(compiled: jax.stages.Compiled, devices: Sequence[Any], batch_size: int,
-               members: int = 1) -> Optional[Footprint]:
-  """Raises `errors.BadInput` naming the batch size when one chunk cannot fit; returns the
-  footprint (None where unknown). Several processes on CPU are not checked: each host's free
-  memory differs, and all processes must take the same decision."""
-  if devices[0].platform == "cpu" and jax.process_count() > 1:
-    return None
+               members: int = 1) -> Fit:
+  """Raises `errors.BadInput` naming the batch size when one chunk cannot fit. Several
+  processes on CPU are not checked: each host's free memory differs, and all processes must
+  take the same decision."""
   need = footprint(compiled)
+  if devices[0].platform == "cpu" and jax.process_count() > 1:
+    return Fit(need, None)
   have = capacity(devices)
   if need is None or have is None or need.total * have.shared_by <= have.bytes:
-    return need
+    return Fit(need, have)
   what = f"batch_size={batch_size}" + (f" with {members} members" if members > 1 else "")
   per_device = have.bytes / have.shared_by
   fixed = need.arguments + need.outputs  # The state mostly: it does not shrink with a batch.
