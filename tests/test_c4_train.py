@@ -150,3 +150,33 @@ def test_two_processes_read_their_own_shards(corpus, tmp_path):
                                           batch_size=8, seed=0,
                                           shard_info=seqio.ShardInfo(i, 2)))
     np.testing.assert_array_equal(seen_NBT, [next(expected)["targets"] for _ in range(8)])
+
+
+def test_a_bad_line_past_the_checked_head_is_skipped_with_one_warning(corpus, tmp_path):
+  """Only each file's first `CHECK_BYTES` are checked before work (a C4-sized corpus cannot
+  be read first); a bad line further on is dropped with one warning line naming it (before:
+  a TensorFlow traceback each time the pipeline read it, and the line dropped all the same)."""
+  # A few long documents fill the checked head, so the bad line is among the first read.
+  lines = [json.dumps({"text": " ".join(c4_testlib.documents(i, 150))}) + "\n"
+           for i in range(40)]
+  head = []
+  while sum(map(len, head)) <= c4.CHECK_BYTES:
+    head.append(lines[len(head)])
+  train = tmp_path / "train.jsonl"
+  train.write_text("".join(head) + "plain text, not JSON\n" + "".join(lines[len(head):]))
+  assert c4.text_files(str(train), "train")  # The check before work passes.
+  out = subprocess.run(
+      [sys.executable, os.path.join("experiments", "c4_lm.py"),
+       "--config=experiments/configs/c4_lm.py:model=hyla,size=smoke",
+       f"--config.task.train_files={train}",
+       f"--config.task.validation_files={corpus['validation']}",
+       f"--config.task.vocabulary={corpus['vocabulary']}", f"--workdir={tmp_path / 'wd'}"],
+      env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  warnings = [line for line in out.stderr.splitlines() if "skipped a .jsonl" in line]
+  assert len(warnings) == 1, out.stderr[-3000:]
+  assert warnings[0].endswith("line that is not a JSON object with a string 'text' "
+                              "(Expecting value: line 1 column 1 (char 0)): "
+                              "b'plain text, not JSON'"), warnings[0]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  assert json.loads((tmp_path / "wd" / "summary.json").read_text())["step"] == 8

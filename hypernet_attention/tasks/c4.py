@@ -31,8 +31,10 @@ import copy
 import io
 import json
 import os
+import threading
 from typing import Iterable, Iterator, Mapping, Optional
 
+from absl import logging
 import chex
 import jax
 from jax.experimental import multihost_utils
@@ -222,9 +224,35 @@ def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSo
        "validation": text_files(validation_files, "validation")})
 
 
+_SKIPPED: set[int] = set()  # Hashes of the bad .jsonl lines named so far (each epoch
+_SKIPPED_LOCK = threading.Lock()  # reads them again: named once).
+WARN_SKIPPED = 3  # Distinct bad lines named in the log; later ones are skipped quietly.
+
+
 def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
+  """The document of one .jsonl line; "" (dropped as empty) for a line that is not a JSON
+  object with a string 'text', with one warning line naming it (the first time). Only the first
+  `CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
+  first); before, such a line printed a TensorFlow traceback per read and was dropped."""
   def parse(line_bytes):
-    return json.loads(line_bytes.numpy().decode("utf-8")).get("text", "")
+    raw = line_bytes.numpy()
+    try:
+      record = json.loads(raw.decode("utf-8"))
+      if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
+        raise ValueError(f"a {type(record).__name__}, not an object with a string 'text'")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors.
+      with _SKIPPED_LOCK:
+        new = hash(raw) not in _SKIPPED and len(_SKIPPED) < WARN_SKIPPED
+        if new:
+          _SKIPPED.add(hash(raw))
+        count = len(_SKIPPED)
+      if new:
+        logging.warning("skipped a .jsonl corpus line that is not a JSON object with a string "
+                        "'text' (%s): %r%s", str(e).splitlines()[0], raw[:60],
+                        "" if count < WARN_SKIPPED else "; further bad lines are skipped "
+                        "without a warning")
+      return ""
+    return record.get("text", "")
   return tf.py_function(parse, [line], tf.string)
 
 
