@@ -28,6 +28,7 @@ import numpy as np
 from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
+from hypernet_attention.train import memory
 from hypernet_attention.train import population
 from hypernet_attention.train import registry
 from hypernet_attention.train import run_files
@@ -74,15 +75,9 @@ class _Prepared:
     return time.perf_counter() - start
 
   def device_bytes(self, steps: int) -> int:
-    """Arguments + outputs + temporaries of the compiled chunk (XLA's memory analysis)."""
-    if self.members > 1:
-      jitted, args = self.trainer._chunk_jit, (self.state, self.trainer.members, steps)  # pylint: disable=protected-access
-    else:
-      jitted, args = self.trainer._train_chunk_jit, (self.state, steps)  # pylint: disable=protected-access
-    with jax.set_mesh(self.trainer.mesh):
-      stats = jitted.lower(*args).compile().memory_analysis()
-    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+    """Arguments + outputs + temporaries of the compiled chunk (XLA's memory analysis, as
+    the training loop's memory check reads it: `memory.footprint`)."""
+    return memory.footprint(self.trainer.compile_chunk(self.state, steps)).total
 
 
 def population_config(config: ml_collections.ConfigDict,
