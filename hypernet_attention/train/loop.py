@@ -117,13 +117,12 @@ class Session:
   watcher: preemption.Watcher
   ckpt: checkpointing.Checkpointer
   release: Callable[[], None]  # Frees the workdir's lock (for an exit without unwinding).
-  first_chunk: Optional[FirstChunk] = None
+  first_chunk: FirstChunk  # Compiled before the session; its time counts for ChunkBound.
 
 
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
-            check: Callable[[str, bool], None],
-            fits: Callable[[], Optional[FirstChunk]] = lambda: None):
+            check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
   """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError
   becomes BadInput), dry, then `fits` (the memory check: a notice during its compilation
   exits at once), then the guard again, recording the config; then the one-writer lock
@@ -180,8 +179,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
   program.open(step, state)
   progress = console.Progress(step, config.num_train_steps)
   chunks = _chunk_bound(config)
-  if sess.first_chunk is not None:
-    chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
+  chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
   pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
 
   def save(step: int, state, force: bool):
