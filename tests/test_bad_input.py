@@ -2,11 +2,10 @@
 work, and nothing already written is lost.
 
 Library cases run in-process (`loop.train_and_evaluate` raises `config_lib.BadInput`
-before touching anything); entry-point cases run the real programs, concurrently, and check
-that the last line of stderr is `<program>: error: ...` with exit status 2 (no traceback).
+before touching anything); entry-point cases run the real programs, one process per case, and
+check that the last line of stderr is `<program>: error: ...` with exit status 2 (no traceback).
 """
 
-import concurrent.futures
 import json
 import logging
 import os
@@ -321,34 +320,31 @@ def _tool_inputs(tmp) -> None:
     (tmp / root / "run" / "summary.json").write_text(summary)
 
 
-@pytest.fixture(scope="module")
-def cli_results(tmp_path_factory):
-  """Runs every CLI case at once (each is a cold Python start), returns name -> result."""
-  workdir = tmp_path_factory.mktemp("cli") / "wd"
-  tmp = tmp_path_factory.mktemp("inputs")
+def _run_cli_case(case, tmp_path):
+  """Runs one CLI case (a cold Python start) against fresh inputs; checks that it created
+  no workdir and wrote or changed no file; returns the result and the inputs' folder.
+
+  One case per test, so pytest-xdist spreads them over its workers (a module fixture that
+  ran them all would run all of them once in every worker)."""
+  workdir = tmp_path / "wd"
+  tmp = tmp_path / "inputs"
+  tmp.mkdir()
   _tool_inputs(tmp)
   before = tl.snapshot(str(tmp))
-
-  def run(argv):
-    argv = [a.replace("{tmp}", str(tmp)) for a in argv]
-    if argv[0] in TRAINERS and not any(a.startswith("--workdir") for a in argv):
-      argv = argv + [f"--workdir={workdir}"]
-    return subprocess.run([sys.executable, *argv], env=tl.subprocess_env(), cwd=tl.REPO,
+  argv = [a.replace("{tmp}", str(tmp)) for a in CLI_CASES[case][0]]
+  if argv[0] in TRAINERS and not any(a.startswith("--workdir") for a in argv):
+    argv = argv + [f"--workdir={workdir}"]
+  result = subprocess.run([sys.executable, *argv], env=tl.subprocess_env(), cwd=tl.REPO,
                           capture_output=True, text=True, timeout=300)
-
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    futures = {name: pool.submit(run, argv) for name, (argv, _, _) in CLI_CASES.items()}
-    results = {name: f.result() for name, f in futures.items()}
   assert not workdir.exists(), "a refused command created its workdir"
   assert tl.snapshot(str(tmp)) == before, "a refused command wrote or changed a file"
-  return results, str(tmp)
+  return result, str(tmp)
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
-def test_entry_points_print_one_line_and_exit_2(case, cli_results):
+def test_entry_points_print_one_line_and_exit_2(case, tmp_path):
   _, expected, status = CLI_CASES[case]
-  results, tmp = cli_results
-  result = results[case]
+  result, tmp = _run_cli_case(case, tmp_path)
   expected = expected.replace("{tmp}", tmp)
   last = result.stderr.strip().splitlines()[-1]
   assert result.returncode == status, result.stderr[-2000:]
@@ -356,11 +352,10 @@ def test_entry_points_print_one_line_and_exit_2(case, cli_results):
   assert "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
-def test_collect_names_the_unreadable_file_it_skipped(cli_results):
-  results, tmp = cli_results
-  stderr = results["collect_truncated_summary"].stderr
+def test_collect_names_the_unreadable_file_it_skipped(tmp_path):
+  result, tmp = _run_cli_case("collect_truncated_summary", tmp_path)
   assert (f"warning: skipping {tmp}/truncated_root/run: {tmp}/truncated_root/run/summary.json "
-          "is not readable JSON") in stderr, stderr
+          "is not readable JSON") in result.stderr, result.stderr
 
 
 # Populations (issue 25, point 1): every member is checked as the single run it is, before
