@@ -3,8 +3,17 @@
 # together ([dev,lm,launch]): pins that merely resolve can still break imports (e.g. a
 # SentencePiece whose generated proto needs a newer protobuf than [launch] allows). Each
 # module is imported in its own process, then each tool runs once at smoke size.
-# Usage (from the repository root, in a venv with '.[dev,lm,launch]'): .ci/extras_smoke.sh
+# Usage (from the repository root, in a venv with '.[dev,lm,launch]'):
+#   .ci/extras_smoke.sh                 imports, then every tool once
+#   .ci/extras_smoke.sh --imports_only  imports only (CI's first interpreter: the tools run
+#                                       on its second, where the suite ran without its slow tests)
 set -euo pipefail
+case "${1:-}" in
+  "") imports_only=0 ;;
+  --imports_only) imports_only=1 ;;
+  *) echo "extras_smoke.sh: error: unknown argument '$1'; allowed: --imports_only or nothing" >&2
+     exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD JAX_PLATFORMS=cpu
 tmp=$(mktemp -d)
@@ -35,6 +44,10 @@ if ! printf '%s\n' "${modules[@]}" | xargs -P 2 -I{} sh -c \
   echo "extras smoke FAILED: imports"; exit 1
 fi
 echo "ok  $(( $(date +%s) - t0 ))s  import each of ${#modules[@]} modules of experiments/ and launch/"
+if (( imports_only )); then
+  echo "extras smoke: every entry point imported (tools not run: --imports_only)"
+  exit 0
+fi
 
 smoke() { echo "--config=experiments/configs/$1.py:model=hyla,size=smoke"; }
 step "sraven_scaling.py" python experiments/sraven_scaling.py "$(smoke sraven)" \
