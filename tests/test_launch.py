@@ -86,19 +86,20 @@ def test_every_sweep_point_is_a_valid_distinct_config(name):
   assert len(points) == EXPECTED_JOBS[name]
   assert f"{len(points):,} jobs" in sweep.__doc__  # The docstring states the job count.
   seen = collections.Counter()
-  # Each distinct task (with its split seed) and model is built once: fig. 4 has 1,944
-  # points but 3 distinct tasks (one per split seed) and 27 models.
-  tasks, models = set(), set()
+  # Each distinct model, and task with its split seed and model (what `objectives.build`
+  # reads), is built once: fig. 4 has 1,944 points but 27 models and 81 such triples.
+  objectives_built, models_built = set(), set()
   for point in points:
     config = _resolve(sweep.EXPERIMENT, point)
     seen[config.to_json(sort_keys=True)] += 1
-    task = (config.task.to_json(sort_keys=True), config.seed)
     model = {k: v for k, v in config.model.items() if v is not None}
-    if task not in tasks:
-      tasks.add(task)
+    model_key = json.dumps(model, sort_keys=True)
+    objective_key = (config.task.to_json(sort_keys=True), config.seed, model_key)
+    if objective_key not in objectives_built:
+      objectives_built.add(objective_key)
       objectives.build(config)  # Task arguments are valid.
-    if json.dumps(model, sort_keys=True) not in models:
-      models.add(json.dumps(model, sort_keys=True))
+    if model_key not in models_built:
+      models_built.add(model_key)
       config_lib.transformer_config(model, input_kind="dense")  # Presets, widths, MoE.
   assert max(seen.values()) == 1, "two jobs of the sweep would run the same config"
   assert len({jobs.point_name(p) for p in points}) == len(points)
