@@ -17,11 +17,27 @@ print(json.dumps({"module": registry.__file__, "path": registry.get("sraven").co
 """
 
 
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv*", ".ci-logs", ".*_cache", "workdirs", "build", "*.egg-info", "__pycache__",
+    "results")
+
+
+def _not_source(directory, names):
+  """Names under `directory` the copy leaves out: build output, caches and any virtualenv.
+
+  A checkout can hold several virtualenvs (CI makes three, several GiB each) under names
+  of its own choosing, so a directory holding `pyvenv.cfg` is left out whatever its name.
+  """
+  venvs = {n for n in names if os.path.isfile(os.path.join(directory, n, "pyvenv.cfg"))}
+  return set(_NOT_SOURCE(directory, names)) | venvs
+
+
 def test_wheel_install_finds_configs(tmp_path):
   wheels, target, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
   # A copy, so that the build's build/ and *.egg-info stay out of the checkout.
-  shutil.copytree(tl.REPO, source, ignore=shutil.ignore_patterns(
-      ".git", ".venv", "workdirs", "build", "*.egg-info", "__pycache__", "results"))
+  shutil.copytree(tl.REPO, source, ignore=_not_source)
+  copied = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
+  assert copied < 64 * 2**20, f"source copy: {copied / 2**20:.0f} MiB; a venv or output got in"
   subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                   "-q", "-w", str(wheels), str(source)], check=True, timeout=600,
                  capture_output=True)
