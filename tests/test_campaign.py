@@ -144,6 +144,11 @@ def test_report_from_the_files_alone(tmp_path):
   assert f"| hyla - softmax | 3 | {d.mean():.2f} ± {d.std(ddof=1) / np.sqrt(3):.2f} | " \
          f"3 of 3 | {p:.3f} |" in text
   assert "81.13 ± 7.77" in text  # The paper's HYLA.
+  # Ours - paper, Welch's t from the summaries (paper: s.e. over 3 seeds), by hand.
+  var_ours, var_paper = v.var(ddof=1) / 3, 7.77**2
+  t = (v.mean() - 81.13) / np.sqrt(var_ours + var_paper)
+  df = (var_ours + var_paper)**2 / (var_ours**2 / 2 + var_paper**2 / 2)
+  assert f"| {v.mean() - 81.13:+.1f} ({2 * stats.t.sf(abs(t), df):.2f}) |" in text
   assert (tmp_path / "paper_scale" / "figures" / "curves_fuzzy_logic.png").stat().st_size > 0
   assert "a_fuzzy_linear_seed0" in text  # Still to run.
 
