@@ -9,7 +9,9 @@ them, indexed in binary order with variable 0 as the most significant bit (bit 1
 evaluated with Zadeh semantics (AND = min, OR = max, NOT x = 1 - x) on x ~ U[0,1]^L.
 
 Splits (the last `num_unseen_terms` terms are never used in training; the seeded split of
-the known-term combinations is re-drawn until every known term is in some training task):
+the known-term combinations is re-drawn until every known term is in some training task,
+or, with `split_draw='authors'`, drawn exactly as the authors' code draws it, which may
+leave known terms out of training: `heldout.authors_split`):
   train         the train tasks (combinations of known terms), fresh samples;
   test          the same train tasks, fresh samples;
   ood           held-out combinations of known terms: the paper's "OOD R^2";
@@ -32,19 +34,23 @@ import numpy as np
 from hypernet_attention.tasks import heldout
 
 SPLITS = ('train', 'test', 'ood', 'unseen_terms')
+SPLIT_DRAWS = ('covering', 'authors')
 class FuzzyLogic:
   """Generator of fuzzy-logic regression sequences with compositional splits."""
 
   splits = SPLITS
 
   def __init__(self, num_variables: int = 4, num_terms: int = 2, num_examples: int = 16,
-               holdout_fraction: float = 0.5, num_unseen_terms: int = 4, seed: int = 0):
+               holdout_fraction: float = 0.5, num_unseen_terms: int = 4, seed: int = 0,
+               split_draw: str = 'covering'):
     if not isinstance(num_variables, int) or num_variables < 1:
       raise ValueError(f'num_variables={num_variables!r}; allowed: an int >= 1.')
     if not isinstance(num_examples, int) or num_examples < 2:
       raise ValueError(f'num_examples={num_examples!r}; allowed: an int >= 2.')
     if not 0.0 < holdout_fraction < 1.0:
       raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
+    if split_draw not in SPLIT_DRAWS:
+      raise ValueError(f'split_draw={split_draw!r}; allowed: {SPLIT_DRAWS}.')
     num_all = 2 ** num_variables
     if not isinstance(num_terms, int) or not 1 <= num_terms < num_all:
       raise ValueError(f'num_terms={num_terms!r}; allowed: 1 <= num_terms < {num_all}.')
@@ -60,6 +66,7 @@ class FuzzyLogic:
     self.holdout_fraction = holdout_fraction
     self.num_unseen_terms = num_unseen_terms
     self.seed = seed
+    self.split_draw = split_draw
     # (2**L, L) in {0, 1}; term t's bit for variable l is (t >> (L-1-l)) & 1.
     self.terms_table = np.array(list(itertools.product([0, 1], repeat=num_variables)),
                                 dtype=np.int32)
@@ -72,7 +79,10 @@ class FuzzyLogic:
       raise ValueError(
           f'holdout_fraction={holdout_fraction} holds out {num_ood} of the {len(known)} '
           'combinations of known terms; allowed: a fraction that leaves both splits nonempty.')
-    split = heldout.covering_split(known, num_ood, num_known, seed)
+    if split_draw == 'authors':
+      split = heldout.authors_split(known, num_ood, seed)
+    else:
+      split = heldout.covering_split(known, num_ood, num_known, seed)
     if split is None:
       raise ValueError(
           f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of '
