@@ -202,9 +202,29 @@ def test_split_draw_is_a_config_switch_and_bad_values_are_named():
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=paper')
-  assert config.task.split_draw == 'covering'
+  assert config.task.split_draw is None  # = 'covering'; None so that older runs resume.
+  assert objectives.build(config).task.split_draw == 'covering'
   config.seed, config.task.split_draw = 2, 'authors'
   train = objectives.build(config).task.combinations('train')
   assert {tuple(c) for c in train} == {tuple(c) for c in AUTHORS_SEED2_TRAIN}
   with pytest.raises(ValueError, match=r"split_draw='first'; allowed: \('covering', 'authors'\)"):
     FuzzyLogic(split_draw='first')
+
+
+def test_a_run_from_before_split_draw_still_resumes(tmp_path):
+  """config.json files written before `task.split_draw` lack it; the default (None) must not
+  count as a different experiment, while 'authors' must."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import workdir  # pylint: disable=g-import-not-at-top
+  config = registry.get('fuzzy_logic').get_config('size=smoke')
+  workdir.check(str(tmp_path), config)
+  old = json.loads((tmp_path / workdir.CONFIG).read_text())
+  del old['task']['split_draw']
+  (tmp_path / workdir.CONFIG).write_text(json.dumps(old))
+  workdir.check(str(tmp_path), config, record=False)
+  with config.unlocked():
+    config.task.split_draw = 'authors'
+  with pytest.raises(ValueError, match="task.split_draw: '<missing>' -> 'authors'"):
+    workdir.check(str(tmp_path), config, record=False)

@@ -42,13 +42,14 @@ class FuzzyLogic:
 
   def __init__(self, num_variables: int = 4, num_terms: int = 2, num_examples: int = 16,
                holdout_fraction: float = 0.5, num_unseen_terms: int = 4, seed: int = 0,
-               split_draw: str = 'covering'):
+               split_draw: str | None = 'covering'):
     if not isinstance(num_variables, int) or num_variables < 1:
       raise ValueError(f'num_variables={num_variables!r}; allowed: an int >= 1.')
     if not isinstance(num_examples, int) or num_examples < 2:
       raise ValueError(f'num_examples={num_examples!r}; allowed: an int >= 2.')
     if not 0.0 < holdout_fraction < 1.0:
       raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
+    split_draw = split_draw or 'covering'  # None: the configs' default (see SPLIT_DRAWS).
     if split_draw not in SPLIT_DRAWS:
       raise ValueError(f'split_draw={split_draw!r}; allowed: {SPLIT_DRAWS}.')
     num_all = 2 ** num_variables
