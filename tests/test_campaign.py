@@ -26,7 +26,7 @@ CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
 
 def test_cells_cover_table_a1_in_priority_order():
   stages = [c.stage for c in cells_lib.CELLS]
-  assert stages == sorted(stages)  # a before b before ... g
+  assert stages == sorted(stages)  # a before b before ... h
   # Table A1: 13 rows x grid x 3 seeds = 156 fuzzy-logic + 312 SRAVEN runs, each once.
   runs = [(c.experiment, c.config, tuple(sorted(dict(c.overrides).items())),
            tuple(sorted(m.items())))
@@ -46,6 +46,10 @@ def test_default_members_become_one_population_flag():
   assert args["config.population.members"] == "({'seed': 0},)"
   assert args["config.population.member_names"] == "('seed0',)"
   assert args["config.optimizer.learning_rate"] == "0.001"
+  h = jobs.job_args(cells_lib.BY_NAME["h_fuzzy_hyla_authors_split_seed2"].point(),
+                    "fuzzy_logic", "W")
+  assert h["config.task.split_draw"] == "authors"
+  assert h["config.population.members"] == "({'seed': 2},)"
 
 
 def _record(cell, model, seeds_values, stage="a", experiment="fuzzy_logic", kind="train",
@@ -130,9 +134,14 @@ def test_report_from_the_files_alone(tmp_path):
     for s, v in values:
       name = f"a_fuzzy_{model}_seed{s}"
       recs[name] = _record(name, model, [(s, v)])
+  # Stage h (the authors' splits): its own section, never in the main rows above.
+  authors = [(2, 0.55), (0, 0.93)]
+  for s, v in authors:
+    name = f"h_fuzzy_hyla_authors_split_seed{s}"
+    recs[name] = _record(name, "hyla", [(s, v)], stage="h")
   path = tmp_path / "paper_scale.md"
   line = report.write(recs, str(path))
-  assert "6 of 92 cells done, 6 of 468" in line
+  assert f"8 of {len(cells_lib.CELLS)} cells done, 6 of 468" in line
   text = path.read_text()
   # HYLA's row: mean +- s.e. over 3 seeds, x100, from an independent formula.
   v = np.array([x for _, x in hyla]) * 100
@@ -149,6 +158,11 @@ def test_report_from_the_files_alone(tmp_path):
   t = (v.mean() - 81.13) / np.sqrt(var_ours + var_paper)
   df = (var_ours + var_paper)**2 / (var_ours**2 / 2 + var_paper**2 / 2)
   assert f"| {v.mean() - 81.13:+.1f} ({2 * stats.t.sf(abs(t), df):.2f}) |" in text
+  h = text.split("authors' own held-out splits")[1]
+  a = np.array([v for _, v in authors]) * 100
+  assert f"| HYLA | 2 | {a.mean():.2f} ± {a.std(ddof=1) / np.sqrt(2):.2f} | seed 0: 93.0, " \
+         "seed 2: 55.0 | 81.13 ± 7.77 |" in h
+  assert "seed 0: every known term trained; seed 2: terms 5, 6 in no training task" in h
   assert (tmp_path / "paper_scale" / "figures" / "curves_fuzzy_logic.png").stat().st_size > 0
   assert "a_fuzzy_linear_seed0" in text  # Still to run.
 
