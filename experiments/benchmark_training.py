@@ -38,6 +38,7 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from hypernet_attention.train import benchmark  # noqa: E402
+from hypernet_attention.train import cli  # noqa: E402
 from hypernet_attention.train import console  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
@@ -137,4 +138,4 @@ def population_table(args, models, counts):
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_plain(main)  # What the library refuses (e.g. an unreadable vocabulary): one line.

@@ -176,6 +176,25 @@ def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
   assert str(path) in _error_line(error) and "SentencePiece" in _error_line(error)
 
 
+def test_unreachable_bucket_vocabulary_is_one_clear_line(corpus, monkeypatch):
+  """The default T5 vocabulary (gs://) on a machine without network or credentials: the
+  GCS file system raises rather than answering 'no' (it used to escape as a traceback)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+
+  def unreachable(p):
+    if p.startswith("gs://"):
+      raise tf.errors.FailedPreconditionError(None, None, "Could not resolve host: x")
+    return os.path.exists(p)
+
+  monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
+  with pytest.raises(config_lib.BadInput) as error:
+    c4.build_task(_task_config(train_files=corpus["train"],
+                               validation_files=corpus["validation"], vocabulary=path))
+  message = _error_line(error)
+  assert path in message and "cannot be read here" in message and "Could not resolve" in message
+
+
 @pytest.mark.parametrize("kind", ["empty", "no_match", "mixed"])
 def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
   (tmp_path / "a.txt").write_text("")

@@ -272,3 +272,16 @@ def test_a_corrupt_cell_file_stops_the_runner_and_is_kept(tmp_path):
   assert out.returncode == 2 and "a_fuzzy_hyla_seed0.json" in out.stderr
   assert bad.read_text() == "{not json"
   assert not (tmp_path / "root").exists()
+
+
+def test_failed_cell_outcome_quotes_the_tools_one_line_error(tmp_path):
+  """A cell that exits with an error names the tool's own last line (its one-line refusal),
+  not only the log's path: the g cell's unreadable gs:// vocabulary, say."""
+  log = tmp_path / "benchmark.log"
+  log.write_text("Traceback? no\nW0000 some native warning\n"
+                 "benchmark_training.py: error: vocabulary file 'gs://x' cannot be read here\n\n")
+  assert runner._last_line(str(log)) == (
+      "benchmark_training.py: error: vocabulary file 'gs://x' cannot be read here")
+  log.write_text("x" * 1000 + "\n")
+  assert runner._last_line(str(log), limit=10) == "x" * 10 + "..."
+  assert runner._last_line(str(tmp_path / "absent.log")) == "no log"

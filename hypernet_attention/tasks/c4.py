@@ -63,8 +63,18 @@ def _one_line(message: str) -> str:
 
 
 def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
-  """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable."""
-  if not path or not tf.io.gfile.exists(path):
+  """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable.
+
+  A gs:// path on a machine that cannot reach the bucket (no network, no credentials: most
+  accelerator hosts and CI) makes TensorFlow's file system raise, not return False.
+  """
+  try:
+    exists = bool(path) and tf.io.gfile.exists(path)
+  except tf.errors.OpError as e:
+    raise BadInput(_one_line(
+        f"vocabulary file {path!r} cannot be read here ({e.message}); allowed: "
+        f"{VOCABULARY_HELP}, at a path this machine can read.")) from None
+  if not exists:
     raise BadInput(_one_line(
         f"vocabulary file {path!r} does not exist; allowed: {VOCABULARY_HELP}."))
   vocabulary = seqio.SentencePieceVocabulary(path)

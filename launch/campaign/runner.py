@@ -100,6 +100,18 @@ def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   return None
 
 
+def _last_line(log_path: str, limit: int = 400) -> str:
+  """The log's last non-empty line (a tool's one-line error), cut to `limit` characters."""
+  try:
+    with open(log_path, "rb") as f:
+      f.seek(max(0, os.path.getsize(log_path) - 20_000))
+      lines = [l for l in f.read().decode(errors="replace").splitlines() if l.strip()]
+  except OSError:
+    return "no log"
+  line = lines[-1].strip() if lines else "empty log"
+  return line if len(line) <= limit else line[:limit] + "..."
+
+
 def _step_of(log_path: str) -> Optional[tuple[int, int]]:
   try:
     with open(log_path, "rb") as f:
@@ -201,7 +213,7 @@ class Campaign:
         self._end(cell, "stopped", f"checkpointed{f' near step {step[0]:,}' if step else ''}; "
                   "rerun on this machine to resume")
       else:
-        self._end(cell, "failed", f"exit {code}, see {run.log_path}")
+        self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see {run.log_path}")
     except (OSError, ValueError, KeyError) as e:
       self._end(cell, "failed", f"could not collect: {e}")
     finally:
