@@ -100,26 +100,28 @@ def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   return None
 
 
-def _last_line(log_path: str, limit: int = 400) -> str:
-  """The log's last non-empty line (a tool's one-line error), cut to `limit` characters."""
+def _tail(log_path: str, size: int = 20_000) -> Optional[str]:
+  """The last `size` bytes of a (possibly growing) log as text; None if it cannot be read."""
   try:
     with open(log_path, "rb") as f:
-      f.seek(max(0, os.path.getsize(log_path) - 20_000))
-      lines = [l for l in f.read().decode(errors="replace").splitlines() if l.strip()]
+      f.seek(max(0, os.path.getsize(log_path) - size))
+      return f.read().decode(errors="replace")
   except OSError:
+    return None
+
+
+def _last_line(log_path: str, limit: int = 400) -> str:
+  """The log's last non-empty line (a tool's one-line error), cut to `limit` characters."""
+  tail = _tail(log_path)
+  if tail is None:
     return "no log"
-  line = lines[-1].strip() if lines else "empty log"
+  lines = [l.strip() for l in tail.splitlines() if l.strip()]
+  line = lines[-1] if lines else "empty log"
   return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _step_of(log_path: str) -> Optional[tuple[int, int]]:
-  try:
-    with open(log_path, "rb") as f:
-      f.seek(max(0, os.path.getsize(log_path) - 20_000))
-      tail = f.read().decode(errors="replace")
-  except OSError:
-    return None
-  found = STEP_RE.findall(tail)
+  found = STEP_RE.findall(_tail(log_path) or "")
   return (int(found[-1][0].replace(",", "")), int(found[-1][1].replace(",", ""))) if found else None
 
 
