@@ -15,6 +15,7 @@ from hypernet_attention import errors
 from launch import jobs
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
+from launch.campaign import partial
 from launch.campaign import plan
 from launch.campaign import records
 from launch.campaign import report
@@ -167,6 +168,25 @@ def test_report_from_the_files_alone(tmp_path):
   assert "a_fuzzy_linear_seed0" in text  # Still to run.
 
 
+def test_cut_off_cells_are_shown_apart_with_their_evaluations(tmp_path):
+  recs = {"a_fuzzy_hyla_seed0": _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])}
+  curves = {"seed0": [[15625, 0.20], [31250, 0.25]], "seed1": [[15625, 0.30], [31250, 0.41]]}
+  partials = {"b_sraven_hyla": {
+      "cell": "b_sraven_hyla", "stage": "b", "experiment": "sraven", "model": "hyla",
+      "step": 40_000, "num_steps": 156_250, "wall_s": 300.0,
+      "device": {"kind": "NVIDIA H200", "jax_version": "0.11.2"},
+      "members": [{"name": n, "curves": {"ood/accuracy": c}} for n, c in curves.items()]}}
+  report.write(recs, str(tmp_path / "r.md"), partials)
+  text = (tmp_path / "r.md").read_text()
+  cut = text.split("## Cut off by a window's end")[1].split("##")[0]
+  assert ("| b_sraven_hyla | 40,000 of 156,250 | NVIDIA H200 (jax 0.11.2) | 5.0 min | "
+          f"15,625: {(20 + 30) / 2:.1f} (20.0, 30.0); 31,250: {(25 + 41) / 2:.1f} "
+          "(25.0, 41.0) |") in cut
+  table = text.split("## Table A1, SRAVEN")[1].split("##")[0]
+  assert "33.0" not in table  # The cut-off mean never enters Table A1.
+  assert (tmp_path / "paper_scale" / "figures" / "curves_sraven.png").stat().st_size > 0
+
+
 def _campaign(tmp_path, cells, budget_s=3600.0, **kw):
   options = runner.Options(root=str(tmp_path / "root"), results_dir=str(tmp_path / "results"),
                            budget_s=budget_s, poll_s=0.5, **kw)
@@ -207,14 +227,24 @@ def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
   stopped_at = plan.checkpointed_step(str(workdir))
   assert 0 < stopped_at < 200
   assert not os.path.exists(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
+  # Its progress and resume state are saved beside the cell files (what a window returns).
+  progress_path, state_path = partial.paths(str(tmp_path / "results"), LONG_SMOKE.name)
+  progress = partial.read_all(str(tmp_path / "results"))[LONG_SMOKE.name]
+  assert progress["step"] == stopped_at and progress["num_steps"] == 200
+  assert [m["name"] for m in progress["members"]] == ["seed0", "seed1"]
+  assert f"step {stopped_at:,}" in outcome.detail and os.path.exists(state_path)
 
+  # Another machine: no workdir, only the repository's files. It resumes from the state.
+  os.rename(workdir, tmp_path / "first_machine")
   (outcome,) = _campaign(tmp_path, [LONG_SMOKE]).run()
   assert outcome.status == "finished", outcome
+  assert not os.path.exists(progress_path) and not os.path.exists(state_path)
   record = records.read(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
   assert [p["returncode"] for p in record["processes"]] == [75, 0]
   assert record["commit"] == record["processes"][0]["commit"] != "?"  # The code that trained.
   assert record["wall_s"] == pytest.approx(sum(p["wall_s"] for p in record["processes"]))
-  assert "resum" in (workdir / runner.LOG).read_text().lower()
+  assert f"resuming population {workdir} from step {stopped_at}" in (
+      workdir / runner.LOG).read_text().lower()
   member = record["members"][1]
   assert member["name"] == "seed1" and member["settings"]["seed"] == 1
   assert [s for s, _ in member["curves"]["ood/r2"]] == [100, 200]

@@ -188,31 +188,44 @@ def _versions(records: Sequence[dict[str, Any]]) -> str:
   return "; ".join(f"{kind}, jax {v}" for kind, v in pairs)
 
 
-def curves_figure(records, experiment: str, path: str) -> Optional[str]:
-  """OOD metric vs step, one line per member of the Table A1 cells at the default setting."""
+def curves_figure(records, experiment: str, path: str,
+                  partials: Optional[dict[str, dict[str, Any]]] = None) -> Optional[str]:
+  """OOD metric vs step, one line per member of the Table A1 cells at the default setting;
+  cells cut off by a window (`partials`) dashed."""
   metric = _metric(experiment)
   chosen = [r for _, r in sorted(records.items()) if r["kind"] == "train"
             and r["experiment"] == experiment and r["stage"] in "ab"]
-  if not chosen:
+  cut = [p for n, p in sorted((partials or {}).items())
+         if n not in records and p["experiment"] == experiment and p["stage"] in "ab"]
+  if not chosen and not cut:
     return None
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4.5))
   labelled = set()
-  for r in chosen:
+  for r in chosen + cut:
+    is_cut = r in cut
     for m in r["members"]:
       curve = m["curves"].get(f"ood/{metric}")
       if not curve:
         continue
       steps, values = zip(*curve)
-      label = r["model"] if r["model"] not in labelled else None
-      labelled.add(r["model"])
+      name = r["model"] + (f" (cut off at step {r['step']:,} of {r['num_steps']:,})"
+                           if is_cut else "")
+      label = name if name not in labelled else None
+      labelled.add(name)
       ax.plot(steps, np.asarray(values) * 100, marker="o", markersize=3, label=label,
-              color=COLORS.get(plan.model_family(r["model"])), alpha=0.8)
+              color=COLORS.get(plan.model_family(r["model"])), alpha=0.8,
+              linestyle="--" if is_cut else "-")
+  if cut:
+    ax.set_xlim(0, max(r["num_steps"] for r in chosen + cut) * 1.02)
   ax.set_xlabel("step")
   ax.set_ylabel(f"OOD {metric} x100")
-  ax.set_title(f"{TITLES[experiment]}, one line per seed\n{_versions(chosen)}", fontsize=9)
+  versions = "; ".join(dict.fromkeys(
+      [_versions(chosen)] * bool(chosen)
+      + [f"{p['device']['kind']}, jax {p['device']['jax_version']}" for p in cut]))
+  ax.set_title(f"{TITLES[experiment]}, one line per seed\n{versions}", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -323,6 +336,28 @@ def remaining_text(records) -> str:
   return "\n".join(lines) + f"\n\nNext in line: {next_cells}.\n"
 
 
+def partial_text(records, partials: dict[str, dict[str, Any]]) -> str:
+  """Cells a window cut off: how far they got and their OOD metric at each evaluation so far
+  (mean over members, and each member), never mixed into the tables above."""
+  rows = [p for n, p in sorted(partials.items()) if n not in records]
+  if not rows:
+    return "None.\n"
+  lines = ["| cell | steps done | device | wall | OOD at each evaluation so far: step: mean "
+           "(each seed), x100 |", "|---|---|---|---|---|"]
+  for p in rows:
+    metric = _metric(p["experiment"])
+    by_step = collections.defaultdict(list)
+    for m in p["members"]:
+      for step, value in m["curves"].get(f"ood/{metric}", []):
+        by_step[step].append(value * 100)
+    evals = "; ".join(f"{step:,}: {np.mean(v):.1f} ({', '.join(f'{x:.1f}' for x in v)})"
+                      for step, v in sorted(by_step.items()))
+    lines.append(f"| {p['cell']} | {p['step']:,} of {p['num_steps']:,} | "
+                 f"{p['device']['kind']} (jax {p['device']['jax_version']}) | "
+                 f"{p['wall_s'] / 60:.1f} min | {evals or '-'} |")
+  return "\n".join(lines) + "\n"
+
+
 def provenance(records) -> str:
   lines = ["| cell | device | jax | python | commit | wall | member-steps/s | finished |",
            "|---|---|---|---|---|---|---|---|"]
@@ -336,9 +371,11 @@ def provenance(records) -> str:
   return "\n".join(lines) + "\n"
 
 
-def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH) -> str:
+def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
+          partials: Optional[dict[str, dict[str, Any]]] = None) -> str:
   """Writes the report (and its figures under `<dir>/paper_scale/figures/`); returns a
-  one-line summary."""
+  one-line summary. `partials`: progress of cells a window cut off (`partial.py`)."""
+  partials = partials or {}
   out_dir = os.path.dirname(path) or "."
   figures = os.path.join(out_dir, "paper_scale", "figures")
   paper = {c.name for c in cells_lib.CELLS}
@@ -374,7 +411,7 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH) -> str:
       parts.append("| difference | seeds | mean ± s.e. (x100) | ahead in | p | per seed |\n"
                    "|---|---|---|---|---|---|\n" + "\n".join(pairs) + "\n")
     figure = curves_figure(records, experiment,
-                           os.path.join(figures, f"curves_{experiment}.png"))
+                           os.path.join(figures, f"curves_{experiment}.png"), partials)
     if figure:
       rel = os.path.relpath(figure, out_dir)
       parts.append(f"![learning curves, {experiment}]({rel})\n")
@@ -387,6 +424,12 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH) -> str:
             authors_split_text(records)]
   parts += ["## Rule decoding by layer (Fig. 5F)\n", decoding_text(records),
             "## C4 50M training step\n", benchmark_text(records),
+            "## Cut off by a window's end (resumable)\n",
+            "Progress of cells whose window ended first, from `paper_scale/partial/`: not "
+            "results (the learning rate is still on its cosine schedule), shown so that a "
+            "window's work is seen. Each has its resume state beside it where it fit in "
+            "16 MiB; the next runner anywhere resumes it (`launch/campaign/partial.py`).\n",
+            partial_text(records, partials),
             "## Cells still to run\n",
             "Estimated from finished cells on the same device kind where there are some, "
             "else from the repository's measured single-run rates with no population gain "

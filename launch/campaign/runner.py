@@ -3,8 +3,9 @@
 Cells start in priority order while a slot is free and their estimate fits in the time left
 (`plan.py`); a cell that does not fit is passed over for a later, smaller one. A cell whose
 run outlives the budget anyway gets SIGTERM `stop_margin_s` before the end: the training
-process checkpoints and exits 75, and a rerun on the same machine resumes it from its
-workdir (`<root>/<cell>`). SIGTERM or Ctrl-C to the runner does the same to its children.
+process checkpoints and exits 75; its progress and (if small) its resume state are saved
+beside the cell files (`partial.py`), so a rerun on any machine resumes it.
+SIGTERM or Ctrl-C to the runner does the same to its children.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
 for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
 """
@@ -27,6 +28,7 @@ from launch import jobs
 from launch import run_local
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
+from launch.campaign import partial
 from launch.campaign import plan
 from launch.campaign import records
 
@@ -152,6 +154,7 @@ class Campaign:
     replace = cell.name in self.options.redo
     if records.publish(self.options.results_dir, record, replace=replace):
       self.records.append(record)
+      partial.forget(self.options.results_dir, cell.name)
       self._end(cell, "finished", f"{record['wall_s'] / 60:.1f} min, "
                 f"{records.path_of(self.options.results_dir, cell.name)}")
     else:
@@ -168,6 +171,11 @@ class Campaign:
       self._end(cell, "skipped", reason)
       return False
     workdir = self.workdir(cell)
+    if cell.kind == "train":
+      resumed = partial.restore(cell, workdir, self.options.results_dir)
+      if resumed:
+        self.log(f"{cell.name}: resumes at step {resumed:,} from the state an earlier "
+                 f"window saved ({partial.paths(self.options.results_dir, cell.name)[1]})")
     finished = cell.kind == "train" and run_files.is_finished(workdir)
     estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
     left = self.deadline - time.time() - self.options.stop_margin_s
@@ -211,9 +219,10 @@ class Campaign:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)
       elif code == cli.PREEMPTED_EXIT_CODE:
-        step = _step_of(run.log_path)
-        self._end(cell, "stopped", f"checkpointed{f' near step {step[0]:,}' if step else ''}; "
-                  "rerun on this machine to resume")
+        saved = (partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
+                 if cell.kind == "train" else "rerun on this machine to resume")
+        self._end(cell, "stopped", f"checkpointed at step "
+                  f"{plan.checkpointed_step(self.workdir(cell)):,}; {saved}")
       else:
         self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see {run.log_path}")
     except (OSError, ValueError, KeyError) as e:

@@ -1,0 +1,142 @@
+"""Cells cut off by a window's end: their progress so far, and their state to resume from.
+
+An accelerator window can end before a cell does (a paper-size SRAVEN population of 3 takes
+~8 minutes alone on an H200; a window has ~10). The cell's checkpoint lives on a machine
+that is given back bare, so without this the window's training is lost. When a cell stops
+(SIGTERM, exit 75) the runner saves, beside the cell files under `partial/`:
+
+  <cell>.json    its progress: steps done, and per member the metrics of every evaluation
+                 so far (the report shows them as a cut-off row, never as a result).
+  <cell>.tar.gz  its workdir with only the newest checkpoint, if that packs into
+                 `MAX_STATE_BYTES` (a device window returns files of up to 16 MiB).
+
+A later runner on any machine unpacks the state into `<root>/<cell>` when that workdir has
+no checkpoint, and the cell resumes from it exactly (the training loop's resume); once the
+cell finishes, both files are deleted. Commit them: the repository is the one store that
+every window sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import tempfile
+from typing import Any, Optional
+
+from hypernet_attention.train import run_files
+from launch.campaign import cells as cells_lib
+from launch.campaign import collect_cell
+from launch.campaign import plan
+
+DIR = "partial"
+MAX_STATE_BYTES = 16 * 2**20
+SCHEMA = 1
+
+
+def paths(results_dir: str, cell: str) -> tuple[str, str]:
+  """(progress JSON, resume-state tarball) of `cell`."""
+  base = os.path.join(results_dir, DIR, cell)
+  return base + ".json", base + ".tar.gz"
+
+
+def progress_record(cell: cells_lib.Cell, workdir: str,
+                    device: dict[str, Any]) -> dict[str, Any]:
+  """Steps done and every member's curves so far (a train cell cut off mid-run)."""
+  from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
+  members = []
+  for name in cell.member_names:
+    scalars = curves.read_scalars(os.path.join(workdir, name))
+    members.append({"name": name, "curves": {
+        tag: [[int(s), float(v)] for s, v in zip(*series)]
+        for tag, series in scalars.items() if tag.startswith(collect_cell.CURVE_PREFIXES)}})
+  runs = collect_cell.segments(workdir)
+  return {"schema": SCHEMA, "cell": cell.name, "stage": cell.stage,
+          "experiment": cell.experiment, "model": cell.model, "title": cell.title,
+          "step": plan.checkpointed_step(workdir), "num_steps": cell.num_steps,
+          "device": device, "commit": ", ".join(dict.fromkeys(r.get("commit", "?")
+                                                            for r in runs)),
+          "wall_s": sum(r["wall_s"] for r in runs), "members": members}
+
+
+def _pack(workdir: str, target: str) -> None:
+  """`workdir`'s files, of its checkpoints only the newest, as `target` (tar.gz, paths
+  relative to the workdir's parent, so it unpacks as `<root>/<cell>`)."""
+  newest = str(plan.checkpointed_step(workdir))
+  name = os.path.basename(workdir.rstrip(os.sep))
+
+  def keep(info: tarfile.TarInfo) -> Optional[tarfile.TarInfo]:
+    parts = info.name.split("/")
+    if len(parts) >= 3 and parts[1] == run_files.CHECKPOINTS and parts[2] != newest:
+      return None
+    return info
+
+  with tarfile.open(target, "w:gz") as tar:
+    tar.add(workdir, arcname=name, filter=keep)
+
+
+def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
+         device: dict[str, Any]) -> str:
+  """Writes `cell`'s progress and (if small enough) its resume state; returns what it did."""
+  progress_path, state_path = paths(results_dir, cell.name)
+  os.makedirs(os.path.dirname(progress_path), exist_ok=True)
+  record = progress_record(cell, workdir, device)
+  with open(progress_path + ".tmp", "w") as f:
+    json.dump(record, f, indent=1, sort_keys=True, allow_nan=False)
+  os.replace(progress_path + ".tmp", progress_path)
+  if not record["step"]:
+    return f"progress in {progress_path}; no checkpoint to resume from"
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(state_path), prefix=f".{cell.name}.")
+  os.close(fd)
+  try:
+    _pack(workdir, tmp)
+    size = os.path.getsize(tmp)
+    if size > MAX_STATE_BYTES:
+      return (f"progress in {progress_path}; resume state not kept: {size / 2**20:.1f} MiB "
+              f"packed, over the {MAX_STATE_BYTES / 2**20:.0f} MiB a window can return")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, state_path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+  return f"progress and resume state (step {record['step']:,}) in {state_path}"
+
+
+def restore(cell: cells_lib.Cell, workdir: str, results_dir: str) -> Optional[int]:
+  """Unpacks `cell`'s saved state into `workdir` if that has no checkpoint; the step it
+  resumes from, or None (nothing restored)."""
+  _, state_path = paths(results_dir, cell.name)
+  if not os.path.exists(state_path) or plan.checkpointed_step(workdir):
+    return None
+  root = os.path.dirname(workdir.rstrip(os.sep))
+  os.makedirs(root, exist_ok=True)
+  with tarfile.open(state_path, "r:gz") as tar:
+    members = tar.getmembers()
+    bad = [m.name for m in members if not (m.name == cell.name
+                                           or m.name.startswith(cell.name + "/"))]
+    if bad:
+      raise ValueError(f"{state_path}: holds {bad[0]!r} outside {cell.name}/")
+    tar.extractall(root, filter="data")
+  return plan.checkpointed_step(workdir)
+
+
+def forget(results_dir: str, cell: str) -> None:
+  """Deletes `cell`'s progress and state (it finished: its cell file supersedes them)."""
+  for path in paths(results_dir, cell):
+    if os.path.exists(path):
+      os.unlink(path)
+
+
+def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
+  """Every progress record under `<results_dir>/partial/`, by cell name."""
+  directory = os.path.join(results_dir, DIR)
+  if not os.path.isdir(directory):
+    return {}
+  out = {}
+  for name in sorted(os.listdir(directory)):
+    if name.endswith(".json") and not name.startswith("."):
+      with open(os.path.join(directory, name)) as f:
+        out[name[:-len(".json")]] = json.load(f)
+  return out

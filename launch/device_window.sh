@@ -1,0 +1,58 @@
+#!/bin/bash
+# One short accelerator window of the paper-scale campaign (`launch/campaign`), as one command.
+#
+# A lent GPU machine is bare, cannot reach the network, and is given back when the command
+# ends, so this script does the whole window in one go: installs the two packages the image
+# lacks from carried wheels, runs the campaign's cells for at most SECONDS, stops them (they
+# checkpoint on SIGTERM, and the campaign saves their progress and resume state), and
+# bundles into $OUT what the repository needs: results.tar.gz (the new cell files and
+# cut-off cells' progress, relative to the results folder) and each cut-off cell's resume
+# state (<cell>.tar.gz, for `partial/`). Commit them here: the next window resumes those.
+#
+#   # here, once: the wheels the GPU image lacks (it has jax, flax, optax, orbax, chex, ...)
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux2014_x86_64 -d .whl ml-collections==1.1.0 clu==0.0.12
+#   # there (carry .whl):
+#   bash launch/device_window.sh 480 'b_sraven_hyla,b_sraven_softmax'
+#
+# The campaign's own budget would skip a cell whose estimate is longer than the window (a
+# first window on a new device kind has only the reference rates, which assume no
+# population gain), so the window is enforced here with `timeout` instead.
+set -u
+seconds=${1:?usage: device_window.sh SECONDS CELLS [MAX_CONCURRENT]}
+cells=${2:?usage: device_window.sh SECONDS CELLS [MAX_CONCURRENT]}
+concurrent=${3:-1}  # 1: processes on one GPU time-slice it
+out=${OUT:-/tmp/device_window_out}
+root=${ROOT:-workdirs/campaign}  # ROOT, RESULTS, SET: as --root, --results_dir, --set
+results=${RESULTS:-experiments/results/paper_scale}
+case $seconds in ''|*[!0-9]*) echo "SECONDS=$seconds; allowed: a whole number of seconds"; exit 2;; esac
+case $concurrent in ''|*[!0-9]*|0) echo "MAX_CONCURRENT=$concurrent; allowed: an integer >= 1"; exit 2;; esac
+ls .whl/*.whl > /dev/null 2>&1 || { echo ".whl/ holds no wheels; allowed: carry .whl (see the header)"; exit 2; }
+mkdir -p "$out" "$root"
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+python3 -c "import jax, flax, optax, orbax.checkpoint as oc, chex, clu, ml_collections
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax',
+      oc.__version__, 'chex', chex.__version__, jax.devices())" || exit 1
+
+before=$(cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
+  -printf '%p %T@\n' 2>/dev/null | sort)
+timeout -s TERM -k 40 "$seconds" python3 -m launch.campaign --budget_minutes=600 \
+  --set="${SET:-paper}" --root="$root" --results_dir="$results" --cells="$cells" \
+  --max_concurrent="$concurrent" --stop_margin_s=0 2>&1 | tee "$out/campaign.out"
+
+# What this window added or changed under the results folder: finished cells' files, and
+# cut-off cells' progress and resume state (`launch/campaign/partial.py`).
+after=$(cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
+  -printf '%p %T@\n' 2>/dev/null | sort)
+changed=$(comm -13 <(echo "$before") <(echo "$after") | cut -d' ' -f1)
+small=$(echo "$changed" | grep '\.json$')
+(cd "$results" && tar czf "$out/results.tar.gz" $small) 2>/dev/null
+cp "$root/progress.txt" "$out/" 2>/dev/null
+for state in $(echo "$changed" | grep '\.tar\.gz$'); do cp "$results/$state" "$out/"; done
+echo "window done; changed under $results: $(echo $changed)"
+echo "here: tar xzf results.tar.gz -C $results; cp <cell>.tar.gz $results/partial/"
+ls -la "$out"
