@@ -17,7 +17,8 @@ aggregate member-steps/s, the speedup over training the members one by one, and 
 memory per member (XLA's memory analysis of the compiled chunk) against the single run's:
   python experiments/benchmark_training.py --experiment=sraven --size=paper --models=hyla \
       --members=1,4,16,64 --steps=50 `--config_overrides` takes `key=value` pairs, e.g.
-`model.implementation=reference`.
+`model.implementation=reference`. `--cost` adds XLA's FLOPs and bytes accessed per
+member-step: bytes over the device's memory bandwidth bound what more members can gain.
 
 Language models (`--experiment=c4_lm`) also print tokens/s, model FLOPs utilization (the
 FLOP formula is in `hypernet_attention/train/benchmark.py`; the peak is looked up by device
@@ -63,6 +64,9 @@ def main():
                       help="comma-separated population sizes, e.g. 1,4,16,64: per model, "
                       "aggregate member-steps/s and device memory per member of populations "
                       "against the single run, timed interleaved")
+  parser.add_argument("--cost", action="store_true",
+                      help="--members: also XLA's FLOPs and bytes accessed per member-step "
+                      "(cost analysis of one compiled step), to see what bounds a population")
   args = parser.parse_args()
   for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
     if getattr(args, name) < 1:
@@ -121,11 +125,12 @@ def population_table(args, models, counts):
   except (ValueError, KeyError, AttributeError) as e:
     raise SystemExit(f"benchmark_training.py: error: {e}") from None
   tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
-                                              repeats=args.repeats))
+                                              repeats=args.repeats, cost=args.cost))
             for model, config in zip(models, configs)]
   print("\n| experiment | size | model | members | member-steps/s | x one run | "
-        "MiB per member | vs one run's |")
-  print("|---|---|---|---|---|---|---|---|")
+        "MiB per member | vs one run's |" + (" GFLOP per member-step | GB accessed per "
+                                            "member-step |" if args.cost else ""))
+  print("|---|---|---|---|---|---|---|---|" + ("---|---|" if args.cost else ""))
   for model, rows in tables:
     base = next((r for r in rows if r["members"] == 1), None)
     for r in rows:
@@ -133,7 +138,9 @@ def population_table(args, models, counts):
       ratio = f"{memory / base['device_bytes_per_member']:.2f}" if base else "-"
       print(f"| {args.experiment} | {args.size} | {model} | {r['members']} | "
             f"{r['member_steps_per_s']:.3g} | {r['speedup']:.2f} | {memory / 2**20:.2f} | "
-            f"{ratio} |", flush=True)
+            f"{ratio} |" + (f" {r['flops_per_member_step'] / 1e9:.2f} | "
+                            f"{r['bytes_accessed_per_member_step'] / 1e9:.2f} |"
+                            if args.cost else ""), flush=True)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
 
 

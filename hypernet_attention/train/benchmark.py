@@ -80,6 +80,20 @@ class _Prepared:
     return memory.footprint(self.trainer.compile_chunk(self.state, steps)).total
 
 
+def step_cost(p: _Prepared) -> dict[str, float]:
+  """XLA's cost analysis of one compiled training step of `p` (a 1-step chunk, since the
+  analysis may count a loop's body once): FLOPs and bytes accessed, all members together.
+
+  Why: a population's gain is capped by what a step must move. On one H200 the paper-size
+  SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
+  members could not help (`experiments/results/training_throughput.md`).
+  """
+  analysis = p.trainer.compile_chunk(p.state, 1).cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return {"flops": float(analysis.get("flops", 0.0)),
+          "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
+
+
 def population_config(config: ml_collections.ConfigDict,
                       members: int) -> ml_collections.ConfigDict:
   """`config` as a population of `members` seeds (0, 1, ...); 1: the single run itself."""
@@ -130,23 +144,28 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
 
 
 def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[int], *,
-                    steps: int, repeats: int, log=print) -> list[dict[str, Any]]:
+                    steps: int, repeats: int, cost: bool = False,
+                    log=print) -> list[dict[str, Any]]:
   """Aggregate member-steps/s and device bytes per member of populations of each size,
   timed interleaved with the single run (member count 1) as in `train_steps_per_second`.
 
   `speedup` is the median over rounds of (P x single-run chunk time / population chunk
   time): how many times more member-steps per second than training them one by one.
+  `cost`: also XLA's FLOPs and bytes accessed per member-step (`step_cost`).
   """
   counts = [1] + [m for m in member_counts if m != 1]
   configs = [population_config(config, m) for m in counts]
   rows = train_steps_per_second(configs, steps=steps, repeats=repeats,
                                 labels=[f"P={m}" for m in counts], log=log)
   out = []
-  for m, row in zip(counts, rows):
+  for m, c, row in zip(counts, configs, rows):
     if m not in member_counts:
       continue
     out.append({**row, "members": m, "member_steps_per_s": m * row["steps_per_s"],
                 "speedup": m / row["step_time_ratio"]})
+    if cost:
+      total = step_cost(prepare(c, 1))
+      out[-1].update({f"{k}_per_member_step": v / m for k, v in total.items()})
   return out
 
 
