@@ -53,6 +53,8 @@ small=$(echo "$changed" | grep '\.json$')
 (cd "$results" && tar czf "$out/results.tar.gz" $small) 2>/dev/null
 cp "$root/progress.txt" "$out/" 2>/dev/null
 for state in $(echo "$changed" | grep '\.tar\.gz$'); do cp "$results/$state" "$out/"; done
+gone=$(comm -23 <(echo "$before" | cut -d' ' -f1) <(echo "$after" | cut -d' ' -f1))
 echo "window done; changed under $results: $(echo $changed)"
+[ -n "$gone" ] && echo "finished, so deleted there (git rm them here): $(echo $gone)"
 echo "here: tar xzf results.tar.gz -C $results; cp <cell>.tar.gz $results/partial/"
 ls -la "$out"
