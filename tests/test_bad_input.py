@@ -282,6 +282,12 @@ CLI_CASES = {
     "benchmark_training_zero_steps": (
         [os.path.join("experiments", "benchmark_training.py"), "--steps=0"],
         "benchmark_training.py: error: --steps=0; allowed: an integer >= 1", 2),
+    # A step that cannot fit: one line before it runs, not the allocator's traceback.
+    "benchmark_training_does_not_fit": (
+        [os.path.join("experiments", "benchmark_training.py"), "--experiment=fuzzy_logic",
+         "--size=smoke", "--models=softmax", "--steps=1", "--repeats=1",
+         "--config_overrides=batch_size=20000000"],
+        "batch_size=20000000 does not fit in memory: one training chunk needs", 2),
     "c4_generate_negative_tokens": (
         [os.path.join("experiments", "c4_lm.py"), "--generate", "--workdir={tmp}/c4_run",
          "--num_tokens=-1"], "--num_tokens=-1; allowed: an integer >= 1", 2),

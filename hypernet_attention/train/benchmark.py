@@ -64,7 +64,7 @@ class _Prepared:
   compile_s: float = 0.0
   final_loss: float = float("nan")
   members: int = 1
-  bytes: int = 0  # Device bytes of the compiled chunk (`device_bytes`).
+  bytes: int = 0  # Device bytes of the compiled chunk (XLA's memory analysis; 0: unknown).
 
   def run_chunk(self, steps: int) -> float:
     """Seconds for one chunk of `steps` steps (the state advances)."""
@@ -73,11 +73,6 @@ class _Prepared:
     jax.block_until_ready(metrics)
     self.final_loss = float(np.mean(np.asarray(metrics["loss"])[..., -1]))
     return time.perf_counter() - start
-
-  def device_bytes(self, steps: int) -> int:
-    """Arguments + outputs + temporaries of the compiled chunk (XLA's memory analysis, as
-    the training loop's memory check reads it: `memory.footprint`)."""
-    return memory.footprint(self.trainer.compile_chunk(self.state, steps)).total
 
 
 def step_cost(p: _Prepared) -> dict[str, float]:
@@ -113,7 +108,16 @@ def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
     s = build.setup(config)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
-  prepared.compile_s = prepared.run_chunk(steps)  # Compiles, then runs the chunk once.
+  # Compiled ahead and refused in one line if it cannot fit (as training's first chunk is,
+  # `loop.py`), before a run that would die with an allocator's traceback.
+  compile_start = time.perf_counter()
+  compiled = prepared.trainer.compile_chunk(prepared.state, steps)
+  memory.check_fits(compiled, list(prepared.setup.mesh.devices.flat), config.batch_size,
+                    prepared.members)
+  need = memory.footprint(compiled)
+  prepared.bytes = need.total if need else 0
+  ahead_s = time.perf_counter() - compile_start
+  prepared.compile_s = ahead_s + prepared.run_chunk(steps)  # Runs the chunk once.
   return prepared
 
 
@@ -131,7 +135,6 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
   prepared = []
   for config, label in zip(configs, labels):
     prepared.append(prepare(config, steps))
-    prepared[-1].bytes = prepared[-1].device_bytes(steps)
     log(f"compiled {label}: {prepared[-1].compile_s:.1f} s, "
         f"{prepared[-1].bytes / 2**20:.1f} MiB on device")
   times = [[] for _ in prepared]
