@@ -61,11 +61,10 @@ def progress_record(cell: cells_lib.Cell, workdir: str,
           "wall_s": sum(r["wall_s"] for r in runs), "members": members}
 
 
-def _pack(workdir: str, target: str) -> None:
-  """`workdir`'s files, of its checkpoints only the newest, as `target` (tar.gz, paths
-  relative to the workdir's parent, so it unpacks as `<root>/<cell>`)."""
+def _pack(workdir: str, name: str, target: str) -> None:
+  """`workdir`'s files, of its checkpoints only the newest, as `target` (tar.gz, under the
+  folder `name`, so it unpacks as `<root>/<name>`)."""
   newest = str(plan.checkpointed_step(workdir))
-  name = os.path.basename(workdir.rstrip(os.sep))
 
   def keep(info: tarfile.TarInfo) -> Optional[tarfile.TarInfo]:
     parts = info.name.split("/")
@@ -91,7 +90,7 @@ def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(state_path), prefix=f".{cell.name}.")
   os.close(fd)
   try:
-    _pack(workdir, tmp)
+    _pack(workdir, cell.name, tmp)
     size = os.path.getsize(tmp)
     if size > MAX_STATE_BYTES:
       return (f"progress in {progress_path}; resume state not kept: {size / 2**20:.1f} MiB "
