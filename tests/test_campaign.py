@@ -168,6 +168,18 @@ def test_report_from_the_files_alone(tmp_path):
   assert "a_fuzzy_linear_seed0" in text  # Still to run.
 
 
+def test_a_tiny_paired_p_is_printed_not_rounded_to_zero():
+  hyla, softmax = [0.900, 0.912, 0.921], [0.600, 0.611, 0.6205]
+  recs = {}
+  for model, values in (("hyla", hyla), ("softmax", softmax)):
+    for s, v in enumerate(values):
+      recs[f"a_fuzzy_{model}_seed{s}"] = _record(f"a_fuzzy_{model}_seed{s}", model, [(s, v)])
+  p = stats.ttest_rel(np.array(hyla), np.array(softmax)).pvalue
+  assert p < 0.001  # The case this is about (t over 2 degrees of freedom).
+  row = report.paired(recs, "fuzzy_logic", "hyla", "softmax")
+  assert f"| 3 of 3 | {p:.1e} |" in row and "0.000" not in row
+
+
 def test_cut_off_cells_are_shown_apart_with_their_evaluations(tmp_path):
   recs = {"a_fuzzy_hyla_seed0": _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])}
   curves = {"seed0": [[15625, 0.20], [31250, 0.25]], "seed1": [[15625, 0.30], [31250, 0.41]]}

@@ -140,7 +140,12 @@ def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
   p = float(stats.ttest_rel(x, y).pvalue) if len(seeds) > 1 else float("nan")
   per_seed = ", ".join(f"seed {s}: {d * 100:+.1f}" for s, d in zip(seeds, x - y))
   return (f"| {row} - {baseline} | {len(seeds)} | {diff} | {int((x > y).sum())} of "
-          f"{len(seeds)} | {'-' if math.isnan(p) else f'{p:.3f}'} | {per_seed} |")
+          f"{len(seeds)} | {_p_text(p)} | {per_seed} |")
+
+
+def _p_text(p: float) -> str:
+  """A p-value for a table: 3 decimals, or 2 significant digits below 0.001 (never 0.000)."""
+  return "-" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def _untrained_terms(seed: int) -> list[int]:
