@@ -38,16 +38,18 @@ python3 -c "import jax, flax, optax, orbax.checkpoint as oc, chex, clu, ml_colle
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax',
       oc.__version__, 'chex', chex.__version__, jax.devices())" || exit 1
 
-before=$(cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
-  -printf '%p %T@\n' 2>/dev/null | sort)
+listing() {  # The results folder's cell and partial files, each with its modification time.
+  (cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
+    -printf '%p %T@\n' 2>/dev/null | sort)
+}
+before=$(listing)
 timeout -s TERM -k 40 "$seconds" python3 -m launch.campaign --budget_minutes=600 \
   --set="${SET:-paper}" --root="$root" --results_dir="$results" --cells="$cells" \
   --max_concurrent="$concurrent" --stop_margin_s=0 2>&1 | tee "$out/campaign.out"
 
 # What this window added or changed under the results folder: finished cells' files, and
 # cut-off cells' progress and resume state (`launch/campaign/partial.py`).
-after=$(cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
-  -printf '%p %T@\n' 2>/dev/null | sort)
+after=$(listing)
 changed=$(comm -13 <(echo "$before") <(echo "$after") | cut -d' ' -f1)
 small=$(echo "$changed" | grep '\.json$')
 (cd "$results" && tar czf "$out/results.tar.gz" $small) 2>/dev/null

@@ -16,9 +16,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_step_cost_scales_with_members_and_covers_the_dense_flops():
   config = benchmark.model_config("fuzzy_logic", "softmax", "smoke")
+  one = benchmark.step_cost(benchmark.population_config(config, 1))
+  two = benchmark.step_cost(benchmark.population_config(config, 2))
   single = benchmark.prepare(benchmark.population_config(config, 1), 1)
-  pair = benchmark.prepare(benchmark.population_config(config, 2), 1)
-  one, two = benchmark.step_cost(single), benchmark.step_cost(pair)
   # Two members do twice one member's work and move about twice its bytes.
   assert two["flops"] == pytest.approx(2 * one["flops"], rel=0.1)
   assert two["bytes_accessed"] == pytest.approx(2 * one["bytes_accessed"], rel=0.25)

@@ -65,6 +65,7 @@ class _Prepared:
   final_loss: float = float("nan")
   members: int = 1
   bytes: int = 0  # Device bytes of the compiled chunk (XLA's memory analysis; 0: unknown).
+  compiled: Any = None  # The chunk `prepare` compiled (its length: `prepare`'s `steps`).
 
   def run_chunk(self, steps: int) -> float:
     """Seconds for one chunk of `steps` steps (the state advances)."""
@@ -75,15 +76,15 @@ class _Prepared:
     return time.perf_counter() - start
 
 
-def step_cost(p: _Prepared) -> dict[str, float]:
-  """XLA's cost analysis of one compiled training step of `p` (a 1-step chunk, since the
-  analysis may count a loop's body once): FLOPs and bytes accessed, all members together.
+def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
+  """XLA's cost analysis of one compiled training step of `config` (a 1-step chunk, since
+  the analysis may count a loop's body once): FLOPs and bytes accessed, all members together.
 
   Why: a population's gain is capped by what a step must move. On one H200 the paper-size
   SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
   members could not help (`experiments/results/training_throughput.md`).
   """
-  analysis = p.trainer.compile_chunk(p.state, 1).cost_analysis()
+  analysis = prepare(config, 1).compiled.cost_analysis()
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return {"flops": float(analysis.get("flops", 0.0)),
           "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
@@ -111,11 +112,10 @@ def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
   # Compiled ahead and refused in one line if it cannot fit (as training's first chunk is,
   # `loop.py`), before a run that would die with an allocator's traceback.
   compile_start = time.perf_counter()
-  compiled = prepared.trainer.compile_chunk(prepared.state, steps)
-  memory.check_fits(compiled, list(prepared.setup.mesh.devices.flat), config.batch_size,
-                    prepared.members)
-  need = memory.footprint(compiled)
-  prepared.bytes = need.total if need else 0
+  prepared.compiled = prepared.trainer.compile_chunk(prepared.state, steps)
+  fit = memory.check_fits(prepared.compiled, list(prepared.setup.mesh.devices.flat),
+                          config.batch_size, prepared.members)
+  prepared.bytes = fit.need.total if fit.need else 0
   ahead_s = time.perf_counter() - compile_start
   prepared.compile_s = ahead_s + prepared.run_chunk(steps)  # Runs the chunk once.
   return prepared
@@ -167,7 +167,7 @@ def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[i
     out.append({**row, "members": m, "member_steps_per_s": m * row["steps_per_s"],
                 "speedup": m / row["step_time_ratio"]})
     if cost:
-      total = step_cost(prepare(c, 1))
+      total = step_cost(c)
       out[-1].update({f"{k}_per_member_step": v / m for k, v in total.items()})
   return out
 

@@ -62,20 +62,30 @@ def _read_json(path: str) -> Any:
     return json.load(f)
 
 
-def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
+def member_curves(member_dir: str) -> dict[str, list[list[float]]]:
+  """{tag: [[step, value], ...]} of the `CURVE_PREFIXES` scalars a member has written."""
   from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
   console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
+  scalars = curves.read_scalars(member_dir)
+  return {tag: [[int(s), float(v)] for s, v in zip(*series)]
+          for tag, series in scalars.items() if tag.startswith(CURVE_PREFIXES)}
+
+
+def commits(runs: list[dict[str, Any]]) -> str:
+  """The code each process ran, in order, once each (one, unless resumed across commits)."""
+  return ", ".join(dict.fromkeys(r.get("commit", "?") for r in runs))
+
+
+def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   flat = run_files.flatten(_read_json(os.path.join(member_dir, run_files.CONFIG)))
   summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
-  scalars = curves.read_scalars(member_dir)
   return {
       "name": name,
       "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
       "frozen_at_step": frozen_at_step,
-      "curves": {tag: [[int(s), float(v)] for s, v in zip(*series)]
-                 for tag, series in scalars.items() if tag.startswith(CURVE_PREFIXES)},
+      "curves": member_curves(member_dir),
   }
 
 
@@ -88,8 +98,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "device": {**device, "host_cpu": host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
       # The code that trained it: each process's commit (one, unless resumed across commits).
-      "commit": ", ".join(dict.fromkeys(r.get("commit", "?") for r in runs)) or commit(
-          cells_lib.REPO), "finished_utc": time.strftime(
+      "commit": commits(runs) or commit(cells_lib.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
   }

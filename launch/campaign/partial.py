@@ -43,21 +43,13 @@ def paths(results_dir: str, cell: str) -> tuple[str, str]:
 def progress_record(cell: cells_lib.Cell, workdir: str,
                     device: dict[str, Any]) -> dict[str, Any]:
   """Steps done and every member's curves so far (a train cell cut off mid-run)."""
-  from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
-  console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
-  members = []
-  for name in cell.member_names:
-    scalars = curves.read_scalars(os.path.join(workdir, name))
-    members.append({"name": name, "curves": {
-        tag: [[int(s), float(v)] for s, v in zip(*series)]
-        for tag, series in scalars.items() if tag.startswith(collect_cell.CURVE_PREFIXES)}})
+  members = [{"name": name, "curves": collect_cell.member_curves(os.path.join(workdir, name))}
+             for name in cell.member_names]
   runs = collect_cell.segments(workdir)
   return {"schema": SCHEMA, "cell": cell.name, "stage": cell.stage,
           "experiment": cell.experiment, "model": cell.model, "title": cell.title,
           "step": plan.checkpointed_step(workdir), "num_steps": cell.num_steps,
-          "device": device, "commit": ", ".join(dict.fromkeys(r.get("commit", "?")
-                                                            for r in runs)),
+          "device": device, "commit": collect_cell.commits(runs),
           "wall_s": sum(r["wall_s"] for r in runs), "members": members}
 
 

@@ -209,8 +209,7 @@ def curves_figure(records, experiment: str, path: str,
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(7, 4.5))
   labelled = set()
-  for r in chosen + cut:
-    is_cut = r in cut
+  for r, is_cut in [(r, False) for r in chosen] + [(p, True) for p in cut]:
     for m in r["members"]:
       curve = m["curves"].get(f"ood/{metric}")
       if not curve:
