@@ -154,12 +154,17 @@ def test_rerun_waits_for_the_previous_trainer_to_let_go(tmp_path):
   """A rerun right after a killed run_local: its trainer is still checkpointing on its way
   out, holding the lock; the point waits for it instead of failing."""
   holder = subprocess.Popen(["sleep", "3"])
-  threading.Thread(target=holder.wait, daemon=True).start()  # Reaped when it exits.
+  reaper = threading.Thread(target=holder.wait, daemon=True)  # Reaped when it exits.
+  reaper.start()
   with open(tmp_path / "lock.json", "w") as f:
     json.dump({"host": socket.gethostname(), "pid": holder.pid}, f)
   lines, start = [], time.time()
   run_local.wait_for_previous_trainer(str(tmp_path), lines.append)
-  assert holder.poll() is not None and time.time() - start >= 2
+  waited_s = time.time() - start
+  # The reaper may still hold Popen's lock between reaping and recording the exit status
+  # (poll() then says None), so read the status only once it is done.
+  reaper.join(timeout=10)
+  assert waited_s >= 2 and holder.returncode == 0  # Waited for it to exit on its own.
   assert lines == [f"waiting for the previous trainer of {tmp_path.name} (pid {holder.pid}) "
                    "to stop"]
   (tmp_path / "lock.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
