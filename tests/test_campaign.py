@@ -53,6 +53,34 @@ def test_default_members_become_one_population_flag():
   assert h["config.population.members"] == "({'seed': 2},)"
 
 
+def test_every_train_cell_s_flags_are_accepted_by_its_entry_point(monkeypatch):
+  """Each cell's command line, parsed by the config flag as the entry point parses it: an
+  override the config cannot take (an untyped None field, a wrong key) fails here, not five
+  seconds into a campaign (stage h's `task.split_draw` did)."""
+  from absl import flags as absl_flags
+  from ml_collections import config_flags
+  train = [c for c in cells_lib.CELLS if c.kind == "train"]
+  assert {c.stage for c in train} == set("abdefh")
+  for cell in train:
+    argv = runner.command(cell, "W", runner.Options(root="R", results_dir="F", budget_s=1.0))[1:]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags finds overrides in sys.argv.
+    monkeypatch.chdir(REPO)
+    flag_values = absl_flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+    absl_flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+    flag_values(argv)
+    config = flag_values.config
+    for key, value in cell.point().items():
+      if key != "config":
+        assert str(_get(config, key)) == str(value), (cell.name, key)
+
+
+def _get(config, dotted_key):
+  for part in dotted_key.split("."):
+    config = config[part]
+  return config
+
+
 def _record(cell, model, seeds_values, stage="a", experiment="fuzzy_logic", kind="train",
             device="cpu", rate=10.0):
   metric = "r2" if experiment == "fuzzy_logic" else "accuracy"

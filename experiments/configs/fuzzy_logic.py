@@ -40,7 +40,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.base_config(experiment="fuzzy_logic")
   c.task = ml_collections.ConfigDict(dict(
       num_variables=4, num_terms=2, num_examples=32, holdout_fraction=0.7,
-      num_unseen_terms=4, split_seed=config_lib.follow_run_seed(), split_draw=None))
+      num_unseen_terms=4, split_seed=config_lib.follow_run_seed(),
+      # A typed None: the flag `--config.task.split_draw=authors` must be able to set it.
+      split_draw=ml_collections.config_dict.placeholder(str)))
   c.model = config_lib.model_config(
       arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)
   c.batch_size = 128
