@@ -26,6 +26,9 @@ kind or given with --peak_tflops) and the host input pipeline's tokens/s alone. 
 (corpus, vocabulary) is resolved into --data_dir first, e.g. on a machine without C4:
   python experiments/benchmark_training.py --experiment=c4_lm --size=50m --steps=2 \
     --repeats=1 --config_overrides=task.docstring_corpus_mb=4,task.vocabulary=V.model
+or, where TensorFlow, seqio or the C4 vocabulary are not (a GPU image), on uniformly random
+tokens over `task.vocab_size` (32,000 at 50m): the same step, with no data to resolve:
+  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens
 """
 
 import argparse
@@ -41,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import cli  # noqa: E402
 from hypernet_attention.train import console  # noqa: E402
+from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
 
@@ -58,6 +62,9 @@ def main():
                       help="comma-separated dotted key=value overrides")
   parser.add_argument("--data_dir", default=os.path.join("workdirs", "benchmark_data"),
                       help="c4_lm: where a corpus / vocabulary the config asks for is written")
+  parser.add_argument("--synthetic_tokens", action="store_true",
+                      help="c4_lm: uniformly random tokens over task.vocab_size instead of "
+                      "C4 (no TensorFlow, seqio or vocabulary needed; same step)")
   parser.add_argument("--peak_tflops", type=float, default=None,
                       help="device peak for MFU (default: looked up by device kind)")
   parser.add_argument("--members", default="",
@@ -73,6 +80,12 @@ def main():
       parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
   if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
     parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
+  if args.synthetic_tokens:
+    if args.experiment != "c4_lm":
+      parser.error(f"--synthetic_tokens with --experiment={args.experiment}; allowed: "
+                   "c4_lm only (the other experiments generate their data on device)")
+    args.config_overrides = ",".join(
+        s for s in (args.config_overrides, f"task.name={objectives.SYNTHETIC_LM}") if s)
   print(runtime.log_topology())
   models = [m for m in args.models.split(",") if m]
   if args.members:
@@ -90,7 +103,7 @@ def main():
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   pipeline = None
-  if args.experiment == "c4_lm":  # Only C4 needs the [lm] extra (TensorFlow, seqio).
+  if args.experiment == "c4_lm" and not args.synthetic_tokens:  # [lm]: TensorFlow, seqio.
     console.import_tensorflow_quietly()  # seqio loads TensorFlow, which logs natively.
     from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
     configs = [c4.prepare_config(c, args.data_dir) for c in configs]
@@ -101,17 +114,20 @@ def main():
     row["label"] = model
     row["mfu"] = benchmark.mfu(row, args.peak_tflops)
     print(json.dumps(row), flush=True)
+  tokens = "tokens_per_s" in rows[0]
   print(f"\n| experiment | size | model | params | batch | steps/s | step time / {models[0]}'s "
         f"| problems/s | compile s |"
-        + (" tokens/s | MFU |" if pipeline else ""))
-  print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if pipeline else ""))
+        + (" tokens/s | MFU |" if tokens else ""))
+  print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if tokens else ""))
   for r in rows:
     print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | "
           f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | "
           f"{r['problems_per_s']:.3g} | "
           f"{r['compile_s']:.1f} |" + (
               f" {r['tokens_per_s']:,.0f} | " + (f"{r['mfu']:.2%} |" if r["mfu"] else "- |")
-              if pipeline else ""))
+              if tokens else ""))
+  if args.synthetic_tokens:
+    print("input: synthetic tokens (uniformly random; the C4 pipeline was not timed)")
   if pipeline:
     print(f"input pipeline alone: {pipeline:,.0f} tokens/s (this process)")
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")

@@ -224,6 +224,14 @@ CLI_CASES = {
     "c4_sequence_length_one": (
         [os.path.join("experiments", "c4_lm.py"), "--config.task.sequence_length=1",
          "--workdir={tmp}/c4_wd"], "config.task.sequence_length=1; allowed: an integer >= 2", 2),
+    "c4_train_on_random_tokens": (
+        [os.path.join("experiments", "c4_lm.py"), "--config.task.name=synthetic_lm",
+         "--workdir={tmp}/c4_wd"], "config.task.name='synthetic_lm' is random tokens for "
+        "experiments/benchmark_training.py only", 2),
+    "benchmark_training_synthetic_tokens_not_lm": (
+        [os.path.join("experiments", "benchmark_training.py"), "--experiment=sraven",
+         "--synthetic_tokens"], "--synthetic_tokens with --experiment=sraven; allowed: c4_lm "
+        "only", 2),
     "collect_sweep_of_other_experiment": (
         ["-m", "launch.collect", "--root={tmp}/fuzzy_root", "--sweep=table_a1_sraven_local"],
         "--sweep=table_a1_sraven_local is a 'sraven' sweep but the runs under the root are "

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from hypernet_attention.train import benchmark
@@ -41,3 +42,24 @@ def test_population_table_prints_the_cost_columns():
   assert len(rows) == 2
   gb = [float(r.strip("|").split("|")[-1]) for r in rows]
   assert gb[0] > 0 and gb[1] == pytest.approx(gb[0], rel=0.25)  # Per member: about equal.
+
+
+def test_random_tokens_are_shifted_rows_in_the_vocabulary_and_resume_exactly(tmp_path):
+  """`data.RandomTokens` (the C4 step timed without TensorFlow): rows as `c4.batches` yields
+  them, every process its own stream, and a restored iterator continues where it stopped."""
+  from hypernet_attention.train import data  # pylint: disable=g-import-not-at-top
+  tokens = data.RandomTokens(seed=3, batch_size=4, sequence_length=64, vocab_size=50)
+  first, second = next(tokens), next(tokens)
+  assert first["inputs"].shape == (4, 64) and first["inputs"].dtype == np.int32
+  np.testing.assert_array_equal(first["inputs"][:, 1:], first["targets"][:, :-1])
+  np.testing.assert_array_equal(first["weights"], np.ones((4, 64)))
+  assert first["inputs"].min() >= 0 and first["targets"].max() < 50
+  assert len(np.unique(first["inputs"])) > 40  # Spread over the vocabulary, not constant.
+  assert not np.array_equal(first["inputs"], second["inputs"])
+  other = next(data.RandomTokens(3, 4, 64, 50, process_index=1, process_count=2))
+  assert not np.array_equal(first["inputs"], other["inputs"])
+  tokens.save(str(tmp_path))
+  expected = next(tokens)
+  resumed = data.RandomTokens(seed=3, batch_size=4, sequence_length=64, vocab_size=50)
+  resumed.restore(str(tmp_path))
+  np.testing.assert_array_equal(next(resumed)["targets"], expected["targets"])

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import train_testlib as tl
@@ -101,3 +102,17 @@ def test_train_probe_collect_without_tensorflow(no_tf, tmp_path):
                   f"--out={tmp_path / 'table'}"], _env(no_tf))
   assert "1 finished runs under" in collect.stdout
   assert (tmp_path / "table" / "table_a1.csv").exists()
+
+
+def test_the_c4_step_is_timed_on_random_tokens_without_tensorflow(no_tf):
+  """`benchmark_training.py --synthetic_tokens`: the language model's step where TensorFlow,
+  seqio and the vocabulary are not (a lent GPU's image; the campaign's g cell)."""
+  proc = _run([os.path.join("experiments", "benchmark_training.py"), "--experiment=c4_lm",
+               "--size=smoke", "--models=hyla", "--steps=2", "--repeats=1",
+               "--synthetic_tokens"], _env(no_tf))
+  (row,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  assert row["experiment"] == "c4_lm" and row["tokens_per_s"] > 0
+  # Targets independent of the inputs and uniform over V = 512 pieces: no model's expected
+  # cross-entropy is below ln V, and an untrained one is near it.
+  assert np.log(512) - 0.3 < row["final_loss"] < np.log(512) + 1.5
+  assert "input: synthetic tokens" in proc.stdout

@@ -61,6 +61,43 @@ class HostSource:
   on_device: ClassVar[bool] = False
 
 
+RANDOM_TOKEN_SPLITS = ("train", "validation")  # As `tasks/c4.py`'s, so eval configs agree.
+
+
+class RandomTokens:
+  """An endless iterator of uniformly random token rows {'inputs', 'targets', 'weights'}
+  (B, T) int32, `targets` = `inputs` shifted by one, as `c4.batches` yields them.
+
+  Why: it times the language model's real training step where TensorFlow, seqio and the C4
+  vocabulary are not (a lent GPU image; `benchmark_training.py --synthetic_tokens`). The
+  step's cost does not depend on which tokens it reads. Batch i is a function of (seed,
+  process, i), so `save` / `restore` keep only i.
+  """
+
+  def __init__(self, seed: int, batch_size: int, sequence_length: int, vocab_size: int,
+               process_index: int = 0, process_count: int = 1):
+    self._shape, self._vocab_size = (batch_size, sequence_length + 1), vocab_size
+    self._seed, self._index = (seed, process_index), 0
+    self._name = f"process_{process_index}-of-{process_count}.json"
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng((*self._seed, self._index))
+    self._index += 1
+    rows_BT1 = rng.integers(0, self._vocab_size, self._shape, dtype=np.int32)
+    return {"inputs": rows_BT1[:, :-1], "targets": rows_BT1[:, 1:],
+            "weights": np.ones_like(rows_BT1[:, 1:])}
+
+  def save(self, directory: str) -> None:
+    epath.Path(directory).mkdir(parents=True, exist_ok=True)
+    (epath.Path(directory) / self._name).write_text(str(self._index))
+
+  def restore(self, directory: str) -> None:
+    self._index = int((epath.Path(directory) / self._name).read_text())
+
+
 def local_batch_size(global_batch_size: int, what: str = "batch_size") -> int:
   """This process's share of a global batch; raises unless every process gets the same."""
   count = jax.process_count()

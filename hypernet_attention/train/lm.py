@@ -22,6 +22,7 @@ from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
+from hypernet_attention.train import objectives
 from hypernet_attention.train import restore
 from hypernet_attention.train import sharding
 from hypernet_attention.train import workdir as workdir_lib
@@ -40,6 +41,11 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   the config's values, the row length, and a workdir holding another experiment's run.
   Returns the workdir as the run uses it (`~` expanded)."""
   checks.validate(config)
+  if config.task.name == objectives.SYNTHETIC_LM:
+    raise errors.BadInput(
+        f"config.task.name={objectives.SYNTHETIC_LM!r} is random tokens for "
+        f"experiments/benchmark_training.py only (nothing to learn, no text to sample); "
+        f"allowed for training: {', '.join(c4.TASKS)}")
   workdir = config_lib.workdir_path(workdir)
   length = config.task.sequence_length
   if isinstance(length, bool) or not isinstance(length, int) or length < 2:

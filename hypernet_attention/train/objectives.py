@@ -184,16 +184,45 @@ def _lm_source(task, sequence_length: int) -> data.HostSource:
   return data.HostSource(train, evaluate, c4.SPLITS, example)
 
 
+# `config.task.name` of uniformly random tokens (`data.RandomTokens`): the 50M step timed
+# without TensorFlow, seqio or a vocabulary. For benchmarks only (`lm.check_before_data`).
+SYNTHETIC_LM = "synthetic_lm"
+
+
+def _random_token_source(vocab_size: int, sequence_length: int) -> data.HostSource:
+  def train(seed, batch_size, process_index, process_count):
+    return data.RandomTokens(seed, batch_size, sequence_length, vocab_size, process_index,
+                             process_count)
+
+  def evaluate(split, batch_size, num_batches, process_index, process_count):
+    batches = train(1 + data.RANDOM_TOKEN_SPLITS.index(split), batch_size, process_index,
+                    process_count)
+    return [next(batches) for _ in range(num_batches)]
+
+  def example(batch_size):
+    row = jax.ShapeDtypeStruct((batch_size, sequence_length), jnp.int32)
+    return {"inputs": row, "targets": row, "weights": row}
+
+  return data.HostSource(train, evaluate, data.RANDOM_TOKEN_SPLITS, example)
+
+
 def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
   """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
   and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
-  perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios)."""
-  console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
-  from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
-  c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
-  task = c4.build_task(config.task)
-  vocabulary = task.output_features["targets"].vocabulary
-  bytes_V = jnp.asarray(c4.token_byte_lengths(vocabulary))
+  perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios).
+  `task.name=synthetic_lm`: random tokens over `task.vocab_size` (no bytes, no TensorFlow)."""
+  if config.task.name == SYNTHETIC_LM:
+    vocab_size, task = config.task.vocab_size, None
+    bytes_V = jnp.zeros((vocab_size,))  # No text behind the tokens: bits per byte is absent.
+    source = _random_token_source(vocab_size, config.task.sequence_length)
+  else:
+    console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
+    from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
+    c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
+    task = c4.build_task(config.task)
+    vocab_size = task.output_features["targets"].vocabulary.vocab_size
+    bytes_V = jnp.asarray(c4.token_byte_lengths(task.output_features["targets"].vocabulary))
+    source = _lm_source(task, config.task.sequence_length)
 
   def metrics_fn(logits_BTV, batch):
     targets_BT, weights_BT = batch["targets"], batch["weights"].astype(jnp.float32)
@@ -216,10 +245,8 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
     return metrics
 
   return Objective(
-      _lm_source(task, config.task.sequence_length),
-      lambda batch: (batch["inputs"], batch["targets"]), metrics_fn, "loss",
-      dict(input_kind="embed", vocab_size=vocabulary.vocab_size,
-           output_dim=vocabulary.vocab_size),
+      source, lambda batch: (batch["inputs"], batch["targets"]), metrics_fn, "loss",
+      dict(input_kind="embed", vocab_size=vocab_size, output_dim=vocab_size),
       finalize=finalize, task=task)
 
 

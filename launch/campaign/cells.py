@@ -49,6 +49,7 @@ DEFAULT_SETTING = {
 }
 # Stage h's override: the held-out split drawn as the authors' code draws it.
 AUTHORS_SPLIT_KEY = "task.split_draw"
+SYNTHETIC_TOKENS = (("synthetic_tokens", True),)  # benchmark_training.py's switch.
 GRIDS = {FUZZY: common.FUZZY_GRID, SRAVEN: common.SRAVEN_GRID}
 NUM_STEPS = {FUZZY: 50_000, SRAVEN: 156_250}
 SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
@@ -64,7 +65,7 @@ class Cell:
   `probe`: decodes the rules from the latent codes of the members of cell `source`
   (`overrides`: flags of `experiments/probe_latents.py`, e.g. fewer problems for a smoke).
   `benchmark`: times `num_steps`-step chunks of the training step of `models` at size
-  `config` (`experiments/benchmark_training.py`).
+  `config` (`experiments/benchmark_training.py`; `overrides`: its flags, True for a switch).
   """
   name: str
   stage: str
@@ -186,9 +187,11 @@ def _stage_f() -> list[Cell]:
 
 
 def _stage_g() -> list[Cell]:
+  # Random tokens: the step is the same, and a lent GPU's image has neither TensorFlow nor
+  # seqio nor a way to the C4 vocabulary (gs://).
   return [Cell("g_c4_50m_step", "g", "benchmark", C4,
                "C4 50M training step: softmax vs HYLA", config="50m",
-               models=("softmax", "hyla"), num_steps=20)]
+               models=("softmax", "hyla"), num_steps=20, overrides=SYNTHETIC_TOKENS)]
 
 
 def _stage_h() -> list[Cell]:
@@ -221,8 +224,9 @@ def _smoke() -> list[Cell]:
       Cell("smoke_sraven_decoding_hyla", "c", "probe", SRAVEN, "smoke: decoding of SRAVEN hyla",
            model="hyla", source="smoke_sraven_hyla",
            overrides=(("num_problems", 64), ("permutations", 2))),
-      Cell("smoke_fuzzy_step", "g", "benchmark", FUZZY, "smoke: fuzzy logic step",
-           config="smoke", models=("softmax", "hyla"), num_steps=2),
+      Cell("smoke_c4_step", "g", "benchmark", C4, "smoke: C4 step on random tokens",
+           config="smoke", models=("softmax", "hyla"), num_steps=2,
+           overrides=SYNTHETIC_TOKENS),
   ]
 
 

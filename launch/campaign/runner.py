@@ -90,7 +90,9 @@ def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
   return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
           f"--steps={cell.num_steps}", "--repeats=3",
-          f"--data_dir={os.path.join(workdir, 'data')}"]
+          f"--data_dir={os.path.join(workdir, 'data')}",
+          *[f"--{flag}" if value is True else f"--{flag}={value}"
+            for flag, value in cell.overrides]]
 
 
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
