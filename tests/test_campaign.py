@@ -313,6 +313,9 @@ def test_probe_and_benchmark_cells(tmp_path):
   bench = records.read(records.path_of(results, "smoke_c4_step"))
   assert [r["label"] for r in bench["rows"]] == ["softmax", "hyla"]
   assert all(r["experiment"] == "c4_lm" and r["tokens_per_s"] > 0 for r in bench["rows"])
+  table = report.benchmark_text(records.read_all(results)).splitlines()
+  assert [line.split(" | ")[3:6] for line in table[2:]] == [
+      ["random tokens", "softmax", "16"], ["random tokens", "hyla", "16"]]
   text = report.decoding_text(records.read_all(results))
   assert "smoke_sraven_decoding_hyla | seed0" in text
 

@@ -271,17 +271,18 @@ def benchmark_text(records) -> str:
   benches = [r for _, r in sorted(records.items()) if r["kind"] == "benchmark"]
   if not benches:
     return "Not run yet.\n"
-  lines = ["| cell | device | jax | data | model | steps/s | tokens/s | MFU | compile s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| cell | device | jax | data | model | batch | steps/s | tokens/s | MFU | compile s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for r in benches:
     cell = cells_lib.BY_NAME.get(r["cell"])
-    data = ("random tokens" if cell and cell.overrides == cells_lib.SYNTHETIC_TOKENS
+    data = ("random tokens" if cell and set(cells_lib.SYNTHETIC_TOKENS) <= set(cell.overrides)
             else "C4" if r["experiment"] == cells_lib.C4 else "on device")
     for row in r["rows"]:
       tokens = row.get("tokens_per_s")
       mfu = row.get("mfu")
       lines.append(f"| {r['cell']} | {r['device']['kind']} | {r['jax_version']} | {data} | "
-                   f"{row.get('label')} | {row['steps_per_s']:.3g} | "
+                   f"{row.get('label')} | {row.get('batch_size', '-')} | "
+                   f"{row['steps_per_s']:.3g} | "
                    f"{'-' if tokens is None else f'{tokens:,.0f}'} | "
                    f"{'-' if not mfu else f'{mfu:.1%}'} | {row.get('compile_s', 0):.1f} |")
   return "\n".join(lines) + "\n"
