@@ -155,6 +155,16 @@ def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path
   assert resumed.done_steps == 30_000
   assert resumed.minutes < reference.minutes / 2
   assert plan.estimate(cell, plan.H100, []).minutes < reference.minutes / 10
+  # A cut-off cell's saved state (partial/) counts where its workdir has no checkpoint yet
+  # (another machine); a checkpoint in the workdir wins.
+  saved = plan.estimate(cell, "cpu", [], str(tmp_path / "elsewhere"), saved_step=40_000)
+  assert saved.done_steps == 40_000
+  assert saved.minutes == pytest.approx(
+      (10_000 / rate + plan.COMPILE_S["cpu"]) / 60)
+  assert plan.estimate(cell, "cpu", [], str(tmp_path), saved_step=40_000).done_steps == 30_000
+  ((_, here, cpu, _),) = report.remaining({}, [cell], str(tmp_path / "elsewhere"), "cpu",
+                                          {cell.name: {"step": 45_000}})
+  assert here.done_steps == cpu.done_steps == 45_000
 
 
 def test_report_from_the_files_alone(tmp_path):

@@ -112,7 +112,8 @@ def main(argv) -> int:
             else runner.device_info())
   if flags.FLAGS.dry_run:
     print(report.plan_text(cells, existing, device["kind"], flags.FLAGS.root,
-                           flags.FLAGS.budget_minutes))
+                           flags.FLAGS.budget_minutes,
+                           partial.read_all(flags.FLAGS.results_dir)))
     return 0
   options = runner.Options(
       root=os.path.abspath(flags.FLAGS.root), results_dir=os.path.abspath(flags.FLAGS.results_dir),

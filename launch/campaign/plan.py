@@ -92,13 +92,16 @@ def measured_rate(cell: cells_lib.Cell, device_kind: str,
 
 
 def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
-             workdir: Optional[str] = None) -> Optional[Estimate]:
-  """Minutes `cell` needs on `device_kind` from where its workdir is; None if unknown."""
+             workdir: Optional[str] = None, saved_step: int = 0) -> Optional[Estimate]:
+  """Minutes `cell` needs on `device_kind` from where its workdir is, or from `saved_step`
+  (a cut-off cell's state in `partial/`, which the runner unpacks into a workdir without a
+  checkpoint); None if unknown."""
   fam = family(device_kind)
   if cell.kind != "train":
     minutes = FIXED_MINUTES.get((cell.kind, fam))
     return Estimate(minutes, "allowance") if minutes else None
-  done = min(checkpointed_step(workdir), cell.num_steps) if workdir else 0
+  done = min(checkpointed_step(workdir) if workdir else 0, cell.num_steps) or min(
+      saved_step, cell.num_steps)
   member_steps = (cell.num_steps - done) * len(cell.members)
   measured = measured_rate(cell, device_kind, records)
   if measured:

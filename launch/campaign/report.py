@@ -289,26 +289,29 @@ def benchmark_text(records) -> str:
 
 
 def remaining(records, cell_set=cells_lib.CELLS, root: Optional[str] = None,
-              device_kind: Optional[str] = None) -> list[tuple]:
-  """(cell, here, cpu, h100) minutes of every cell without a file, in priority order."""
+              device_kind: Optional[str] = None, partials=None) -> list[tuple]:
+  """(cell, here, cpu, h100) minutes of every cell without a file, in priority order, from
+  its workdir's checkpoint or else the step of its saved state (`partials`)."""
   recs = list(records.values())
   out = []
   for c in cell_set:
     if c.name in records:
       continue
     workdir = os.path.join(root, c.name) if root else None
-    here = plan.estimate(c, device_kind, recs, workdir) if device_kind else None
-    out.append((c, here, plan.estimate(c, "cpu", recs), plan.estimate(c, plan.H100, recs)))
+    saved = (partials or {}).get(c.name, {}).get("step", 0)
+    here = plan.estimate(c, device_kind, recs, workdir, saved) if device_kind else None
+    out.append((c, here, plan.estimate(c, "cpu", recs, saved_step=saved),
+                plan.estimate(c, plan.H100, recs, saved_step=saved)))
   return out
 
 
 def plan_text(cell_set, records, device_kind: str, root: str,
-              budget_minutes: Optional[float]) -> str:
+              budget_minutes: Optional[float], partials=None) -> str:
   lines = [f"Plan on {device_kind}" + (f", budget {budget_minutes:g} min" if budget_minutes
                                        else "") + " (minutes: this device / H100):",
            f"{'cell':42s} {'members':>7s} {'steps':>8s} {'here':>6s} {'H100':>6s}  note"]
   used = 0.0
-  for c, here, _, h100 in remaining(records, cell_set, root, device_kind):
+  for c, here, _, h100 in remaining(records, cell_set, root, device_kind, partials):
     note = here.source if here else "no estimate on this device"
     if here and here.done_steps:
       note = f"resumes at step {here.done_steps:,}; " + note
@@ -327,8 +330,8 @@ def plan_text(cell_set, records, device_kind: str, root: str,
   return "\n".join(lines)
 
 
-def remaining_text(records) -> str:
-  rows = remaining(records)
+def remaining_text(records, partials=None) -> str:
+  rows = remaining(records, partials=partials)
   by_stage = collections.OrderedDict()
   for c, _, cpu, h100 in rows:
     s = by_stage.setdefault(c.stage, [0, 0, 0.0, 0.0])
@@ -441,7 +444,8 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
             "## Cells still to run\n",
             "Estimated from finished cells on the same device kind where there are some, "
             "else from the repository's measured single-run rates with no population gain "
-            "(`launch/campaign/plan.py`).\n", remaining_text(records),
+            "(`launch/campaign/plan.py`); a cut-off cell from its saved step.\n",
+            remaining_text(records, partials),
             "## Where each cell ran\n", provenance(records)]
   os.makedirs(out_dir, exist_ok=True)
   with open(path, "w") as f:
