@@ -220,8 +220,8 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
     from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
     c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
     task = c4.build_task(config.task)
-    vocab_size = task.output_features["targets"].vocabulary.vocab_size
-    bytes_V = jnp.asarray(c4.token_byte_lengths(task.output_features["targets"].vocabulary))
+    vocabulary = task.output_features["targets"].vocabulary
+    vocab_size, bytes_V = vocabulary.vocab_size, jnp.asarray(c4.token_byte_lengths(vocabulary))
     source = _lm_source(task, config.task.sequence_length)
 
   def metrics_fn(logits_BTV, batch):
