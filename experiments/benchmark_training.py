@@ -112,6 +112,7 @@ def main():
                                          labels=models)
   for row, model in zip(rows, models):
     row["label"] = model
+    row["synthetic_tokens"] = args.synthetic_tokens  # The report names the data from this.
     row["mfu"] = benchmark.mfu(row, args.peak_tflops)
     print(json.dumps(row), flush=True)
   tokens = "tokens_per_s" in rows[0]

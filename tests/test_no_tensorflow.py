@@ -111,7 +111,7 @@ def test_the_c4_step_is_timed_on_random_tokens_without_tensorflow(no_tf):
                "--size=smoke", "--models=hyla", "--steps=2", "--repeats=1",
                "--synthetic_tokens"], _env(no_tf))
   (row,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-  assert row["experiment"] == "c4_lm" and row["tokens_per_s"] > 0
+  assert row["experiment"] == "c4_lm" and row["tokens_per_s"] > 0 and row["synthetic_tokens"]
   # Targets independent of the inputs and uniform over V = 512 pieces: no model's expected
   # cross-entropy is below ln V, and an untrained one is near it.
   assert np.log(512) - 0.3 < row["final_loss"] < np.log(512) + 1.5

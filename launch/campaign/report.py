@@ -274,10 +274,9 @@ def benchmark_text(records) -> str:
   lines = ["| cell | device | jax | data | model | batch | steps/s | tokens/s | MFU | compile s |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for r in benches:
-    cell = cells_lib.BY_NAME.get(r["cell"])
-    data = ("random tokens" if cell and set(cells_lib.SYNTHETIC_TOKENS) <= set(cell.overrides)
-            else "C4" if r["experiment"] == cells_lib.C4 else "on device")
     for row in r["rows"]:
+      data = ("random tokens" if row.get("synthetic_tokens")
+              else "C4" if r["experiment"] == cells_lib.C4 else "on device")
       tokens = row.get("tokens_per_s")
       mfu = row.get("mfu")
       lines.append(f"| {r['cell']} | {r['device']['kind']} | {r['jax_version']} | {data} | "

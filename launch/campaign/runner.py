@@ -85,14 +85,16 @@ def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
     return [options.python, "experiments/probe_latents.py",
             *[f"--workdir={os.path.join(options.root, source.name, n)}"
               for n in source.member_names],
-            f"--output_dir={os.path.join(workdir, 'probe')}",
-            *[f"--{flag}={value}" for flag, value in cell.overrides]]
+            f"--output_dir={os.path.join(workdir, 'probe')}", *_flags(cell.overrides)]
   return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
           f"--steps={cell.num_steps}", "--repeats=3",
-          f"--data_dir={os.path.join(workdir, 'data')}",
-          *[f"--{flag}" if value is True else f"--{flag}={value}"
-            for flag, value in cell.overrides]]
+          f"--data_dir={os.path.join(workdir, 'data')}", *_flags(cell.overrides)]
+
+
+def _flags(overrides) -> list[str]:
+  """A probe or benchmark cell's `overrides` as its script's flags (True: a bare switch)."""
+  return [f"--{flag}" if value is True else f"--{flag}={value}" for flag, value in overrides]
 
 
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
