@@ -38,11 +38,13 @@ python3 -c "import jax, flax, optax, orbax.checkpoint as oc, chex, clu, ml_colle
 print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax',
       oc.__version__, 'chex', chex.__version__, jax.devices())" || exit 1
 
-listing() {  # The results folder's cell and partial files, each with its modification time.
-  (cd "$results" && find . -type f \( -name '*.json' -o -name '*.tar.gz' \) \
+listing() {  # The results folder's cell and partial files, each with its modification time
+  # (kept parameters, params/<cell>/, are bundled apart below: one tarball per cell).
+  (cd "$results" && find . -path ./params -prune -o -type f \( -name '*.json' -o -name '*.tar.gz' \) \
     -printf '%p %T@\n' 2>/dev/null | sort)
 }
 before=$(listing)
+touch "$out/.window_start"
 timeout -s TERM -k 40 "$seconds" python3 -m launch.campaign --budget_minutes=600 \
   --set="${SET:-paper}" --root="$root" --results_dir="$results" --cells="$cells" \
   --max_concurrent="$concurrent" --stop_margin_s=0 2>&1 | tee "$out/campaign.out"
@@ -55,8 +57,17 @@ small=$(echo "$changed" | grep '\.json$')
 (cd "$results" && tar czf "$out/results.tar.gz" $small) 2>/dev/null
 cp "$root/progress.txt" "$out/" 2>/dev/null
 for state in $(echo "$changed" | grep '\.tar\.gz$'); do cp "$results/$state" "$out/"; done
+# Finished train cells' final parameters (what stage c decodes from): params-<cell>.tar.gz,
+# unpacked here with `tar xzf params-<cell>.tar.gz -C $results`.
+for record in $(find "$results/params" -mindepth 2 -maxdepth 2 -name final_params.json \
+                  -newer "$out/.window_start" 2>/dev/null); do
+  cell=$(basename "$(dirname "$record")")
+  (cd "$results" && tar czf "$out/params-$cell.tar.gz" "params/$cell")
+done
+rm -f "$out/.window_start"
 gone=$(comm -23 <(echo "$before" | cut -d' ' -f1) <(echo "$after" | cut -d' ' -f1))
 echo "window done; changed under $results: $(echo $changed)"
 [ -n "$gone" ] && echo "finished, so deleted there (git rm them here): $(echo $gone)"
-echo "here: tar xzf results.tar.gz -C $results; cp <cell>.tar.gz $results/partial/"
+echo "here: tar xzf results.tar.gz -C $results; cp <cell>.tar.gz $results/partial/;" \
+  "for p in params-*.tar.gz; do tar xzf \$p -C $results; done"
 ls -la "$out"

@@ -4,6 +4,7 @@ resume of a cut-off cell, the report from the files alone, and bad input."""
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -313,10 +314,30 @@ def test_probe_and_benchmark_cells(tmp_path):
            ("smoke_sraven_decoding_hyla", "smoke_sraven_hyla", "smoke_c4_step")]
   first = _campaign(tmp_path, smoke).run()
   assert [o.status for o in first] == ["skipped", "finished", "finished"], first
-  assert "needs the finished workdir of smoke_sraven_hyla" in first[0].detail
+  assert "needs smoke_sraven_hyla's kept parameters" in first[0].detail
+  results = str(tmp_path / "results")
+  # The train cell kept its members' final parameters beside its file: exactly those the run
+  # ended with, without the optimizer state, restorable once its workdir is gone.
+  trained = records.read(records.path_of(results, "smoke_sraven_hyla"))
+  kept = os.path.join(results, trained["params"])
+  assert kept == records.kept_params_dir(results, "smoke_sraven_hyla")
+  workdir = str(tmp_path / "root" / "smoke_sraven_hyla")
+  import chex  # pylint: disable=g-import-not-at-top
+
+  from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
+  for member in (0, 1):
+    ended, again = (restore.restore_params(d, member=member) for d in (workdir, kept))
+    assert again.step == ended.step == cells_lib.SMOKE_STEPS
+    chex.assert_trees_all_equal(again.params, ended.params)
+  assert restore.restore_params(os.path.join(kept, "seed1")).config.seed == 1
+  state_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in
+                    os.walk(os.path.join(workdir, "checkpoints", str(cells_lib.SMOKE_STEPS)))
+                    for f in fs)
+  assert 0 < sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(kept)
+                 for f in fs) < state_bytes / 2  # Params alone: Adam's moments are 2/3.
+  shutil.rmtree(workdir)  # Another machine: only the committed files (cell + params).
   (probe,) = _campaign(tmp_path, smoke[:1]).run()
   assert probe.status == "finished", probe
-  results = str(tmp_path / "results")
   decoding = records.read(records.path_of(results, "smoke_sraven_decoding_hyla"))
   assert [m["name"] for m in decoding["members"]] == ["seed0", "seed1"]
   assert len(decoding["members"][0]["feature_sets"]) >= 2  # One per layer at least.

@@ -276,3 +276,28 @@ class Checkpointer:
       self.wait()
     finally:
       self.manager.close()
+
+
+def save_params(directory: epath.PathLike, params: Any) -> None:
+  """Writes `params` alone as an Orbax checkpoint at `directory` (which must not exist):
+  what a finished run keeps of itself (`export_params.py`), a third of its train state."""
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    checkpointer.save(epath.Path(directory), params)
+    checkpointer.wait_until_finished()
+  finally:
+    checkpointer.close()
+
+
+def restore_saved_params(directory: epath.PathLike, abstract_params: Any) -> Any:
+  """The params checkpoint at `directory` onto `abstract_params`' shapes and shardings; a
+  tree, shape or dtype that differs is a `CheckpointMismatchError` naming the first leaf."""
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    metadata = checkpointer.metadata(epath.Path(directory))
+    saved = getattr(metadata, "item_metadata", None) or getattr(metadata, "tree", metadata)
+    check_compatible(getattr(saved, "tree", saved), abstract_params,
+                     f"the kept parameters in {directory}")
+    return checkpointer.restore(epath.Path(directory), abstract_params)
+  finally:
+    checkpointer.close()

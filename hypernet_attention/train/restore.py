@@ -8,6 +8,10 @@ that is still training and on read-only storage.
 
 `step=0` is the freshly initialized model of the run's seed (the untrained baseline) when
 no checkpoint was saved at step 0: initialization is a pure function of the seed.
+
+The same calls read a folder of kept final parameters (`export_params.py`: the run's
+`config.json`, its members' files and `final_params/`, the parameters alone), as the campaign
+keeps them beside its cell files: such a folder has one step, the run's last.
 """
 
 from __future__ import annotations
@@ -69,10 +73,50 @@ def restore_params(workdir: str, step: Optional[int] = None,
                      model=s.model, objective=s.objective)
 
 
+def all_params(workdir: str, step: Optional[int] = None,
+               devices: Optional[Sequence[jax.Device]] = None
+               ) -> tuple[ml_collections.ConfigDict, int, Any]:
+  """(config, step, params) of the run in `workdir` at `step` (default: the newest); for a
+  population, every member's parameters stacked on a leading member axis."""
+  config = load_config(workdir)
+  with config.unlocked():
+    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+  devices = list(devices) if devices is not None else jax.local_devices()[:1]
+  if run_files.is_population(config):
+    p = population.setup(config, devices)
+    step, params = _params_at(workdir, step, p.restore_target(),
+                              lambda: population.PopulationTrainer(p).init_state().params)
+  else:
+    s = build.setup(config, devices)
+    step, params = _params_at(workdir, step, s.restore_target(),
+                              lambda: build.init_state(config, s.init_fn, s.shardings).params)
+  return config, step, params
+
+
+def _kept_params(workdir: str, step: Optional[int], target: Any,
+                 init: Callable[[], Any]) -> Optional[tuple[int, Any]]:
+  """(step, params) from a folder of kept final parameters; None if `workdir` is not one."""
+  root = workdir_lib.path(workdir)
+  record = workdir_lib.read_json(root / workdir_lib.FINAL_PARAMS_RECORD)
+  if record is None or (root / workdir_lib.CHECKPOINTS).is_dir():
+    return None
+  kept = int(record["step"])
+  if step is None or step == kept:
+    return kept, checkpointing.restore_saved_params(root / workdir_lib.FINAL_PARAMS,
+                                                    target.params)
+  if step == 0:
+    return 0, init()
+  raise ValueError(f"{workdir!r} keeps only the final parameters, of step {kept}; allowed: "
+                   f"--step={kept} (or none), or --step=0 (the initialization)")
+
+
 def _params_at(workdir: str, step: Optional[int], target: Any,
                init: Callable[[], Any]) -> tuple[int, Any]:
   """(step, params) of checkpoint `step` (None: the newest; 0 without a checkpoint there:
   `init()`), read-only and without the optimizer state."""
+  kept = _kept_params(workdir, step, target, init)
+  if kept is not None:
+    return kept
   ckpt_dir = workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir()
           else None)

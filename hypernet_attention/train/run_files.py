@@ -66,6 +66,11 @@ logging.getLogger("gcsfs").addFilter(_OncePerBucket())
 CONFIG = "config.json"  # The run's config; what a resume must match.
 SUMMARY = "summary.json"  # Written once, when the run finished.
 CHECKPOINTS = "checkpoints"  # Orbax's steps.
+# A finished run's final parameters alone (no optimizer state), as `export_params` keeps them
+# beside a campaign's cell files: an Orbax checkpoint of the params tree (stacked over the
+# members for a population) and a record of its step. `restore_params` reads such a folder.
+FINAL_PARAMS = "final_params"
+FINAL_PARAMS_RECORD = "final_params.json"
 CORRUPT_CHECKPOINTS = "corrupt_checkpoints"  # Unreadable steps moved aside, never deleted.
 CEILINGS = "accuracy_ceilings.json"  # SRAVEN's per-split accuracy ceilings, estimated once.
 # Config keys that may change between a run and its resumption (they do not change

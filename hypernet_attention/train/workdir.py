@@ -20,6 +20,8 @@ from hypernet_attention.train.run_files import CHECKPOINTS  # noqa: F401
 # Re-exported: the training code reads them from here.
 from hypernet_attention.train.run_files import CONFIG  # noqa: F401
 from hypernet_attention.train.run_files import CORRUPT_CHECKPOINTS  # noqa: F401
+from hypernet_attention.train.run_files import FINAL_PARAMS  # noqa: F401
+from hypernet_attention.train.run_files import FINAL_PARAMS_RECORD  # noqa: F401
 from hypernet_attention.train.run_files import POPULATION_SUMMARY  # noqa: F401
 from hypernet_attention.train.run_files import RESUME_FREE_KEYS  # noqa: F401
 from hypernet_attention.train.run_files import SUMMARY  # noqa: F401

@@ -13,7 +13,8 @@ Priority (what a user asks first, cheapest first within a stage):
      one in a session; seeds interleaved so that paired comparisons come first.
   b  SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), lr 1e-3,
      wd 0.1, warmup 1000, 3 seeds per cell.
-  c  rule decoding (Fig. 5F) of b's HYLA and softmax members, where b's checkpoints are.
+  c  decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members (Fig. 5F),
+     from the final parameters every finished train cell keeps beside its file.
   d  the rest of each main row's grid (Table A1 reports the best grid point).
   e  the ablation and "+ MoE" rows of Table A1, each over its whole grid.
   f  Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the default setting.
@@ -132,9 +133,16 @@ def _stage_b() -> list[Cell]:
 
 
 def _stage_c() -> list[Cell]:
-  return [Cell(f"c_sraven_decoding_{m}", "c", "probe", SRAVEN,
-               f"rule decoding (Fig. 5F) of b_sraven_{m}", model=m, source=f"b_sraven_{m}")
-          for m in ("hyla", "softmax")]
+  """Decoding from the latent codes of a and b's kept parameters: fuzzy logic's terms of
+  held-out tasks (Fig. 2; seed 0 of each main row) and SRAVEN's rules (Fig. 5F)."""
+  fuzzy = [Cell(f"c_fuzzy_decoding_{m}_seed0", "c", "probe", FUZZY,
+                f"term decoding (Fig. 2) of a_fuzzy_{m}_seed0", model=m,
+                source=f"a_fuzzy_{m}_seed0")
+           for m in ("hyla", "softmax", "linear")]
+  return fuzzy + [Cell(f"c_sraven_decoding_{m}", "c", "probe", SRAVEN,
+                       f"rule decoding (Fig. 5F) of b_sraven_{m}", model=m,
+                       source=f"b_sraven_{m}")
+                  for m in ("hyla", "softmax", "linear")]
 
 
 def _grid_members(experiment, exclude_default: bool) -> list[dict[str, Any]]:

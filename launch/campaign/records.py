@@ -26,12 +26,19 @@ from hypernet_attention import errors
 SCHEMA = 1
 DEFAULT_DIR = os.path.join("experiments", "results", "paper_scale")
 MAX_BYTES = 1_000_000  # Nothing heavy goes into the repository.
+PARAMS = "params"  # <results_dir>/params/<cell>/: a train cell's final parameters, <= 16 MiB.
 REQUIRED = ("schema", "cell", "stage", "kind", "experiment", "device", "jax_version",
             "commit", "wall_s")
 
 
 def path_of(results_dir: str, cell: str) -> str:
   return os.path.join(results_dir, f"{cell}.json")
+
+
+def kept_params_dir(results_dir: str, cell: str) -> str:
+  """Where a finished train cell's final parameters are kept beside its file
+  (`hypernet_attention/train/export_params.py`; the record's "params" names it)."""
+  return os.path.join(results_dir, PARAMS, cell)
 
 
 def check_writable(results_dir: str) -> None:

@@ -15,6 +15,7 @@ from hypernet_attention.train import registry
 from hypernet_attention.train import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
+from launch.campaign import records as records_lib
 from launch.collect import Stat
 from launch.sweeps import common
 
@@ -305,7 +306,8 @@ def remaining(records, cell_set=cells_lib.CELLS, root: Optional[str] = None,
 
 
 def plan_text(cell_set, records, device_kind: str, root: str,
-              budget_minutes: Optional[float], partials=None) -> str:
+              budget_minutes: Optional[float], partials=None,
+              results_dir: str = records_lib.DEFAULT_DIR) -> str:
   lines = [f"Plan on {device_kind}" + (f", budget {budget_minutes:g} min" if budget_minutes
                                        else "") + " (minutes: this device / H100):",
            f"{'cell':42s} {'members':>7s} {'steps':>8s} {'here':>6s} {'H100':>6s}  note"]
@@ -314,8 +316,10 @@ def plan_text(cell_set, records, device_kind: str, root: str,
     note = here.source if here else "no estimate on this device"
     if here and here.done_steps:
       note = f"resumes at step {here.done_steps:,}; " + note
-    if c.source and not run_files.is_finished(os.path.join(root, c.source)):
-      note, here = f"blocked: needs {c.source}'s checkpoints on this machine", None
+    if c.source and not any(run_files.is_finished(d) for d in (
+        os.path.join(root, c.source), records_lib.kept_params_dir(results_dir, c.source))):
+      note, here = (f"blocked: needs {c.source}'s kept parameters "
+                    f"({records_lib.kept_params_dir(results_dir, c.source)})"), None
     if here and budget_minutes:
       fits = used + here.minutes <= budget_minutes
       used += here.minutes if fits else 0

@@ -82,9 +82,9 @@ def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
     return jobs.local_command(options.python, cell.point(), cell.experiment, workdir)
   if cell.kind == "probe":
     source = cells_lib.BY_NAME[cell.source]
+    directory = source_dir(cell, options) or os.path.join(options.root, source.name)
     return [options.python, "experiments/probe_latents.py",
-            *[f"--workdir={os.path.join(options.root, source.name, n)}"
-              for n in source.member_names],
+            *[f"--workdir={os.path.join(directory, n)}" for n in source.member_names],
             f"--output_dir={os.path.join(workdir, 'probe')}", *_flags(cell.overrides)]
   return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
@@ -97,12 +97,22 @@ def _flags(overrides) -> list[str]:
   return [f"--{flag}" if value is True else f"--{flag}={value}" for flag, value in overrides]
 
 
+def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
+  """A probe cell's source run: its finished workdir here, else its kept parameters (any
+  machine: they are committed beside the cell files); None if neither exists."""
+  for directory in (os.path.join(options.root, cell.source),
+                    records.kept_params_dir(options.results_dir, cell.source)):
+    if run_files.is_finished(directory):
+      return directory
+  return None
+
+
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
-  if cell.kind == "probe":
-    source = os.path.join(options.root, cell.source)
-    if not run_files.is_finished(source):
-      return f"needs the finished workdir of {cell.source} on this machine ({source})"
+  if cell.kind == "probe" and source_dir(cell, options) is None:
+    kept = records.kept_params_dir(options.results_dir, cell.source)
+    return (f"needs {cell.source}'s kept parameters ({kept}) or its finished workdir "
+            f"({os.path.join(options.root, cell.source)})")
   return None
 
 
@@ -153,8 +163,30 @@ class Campaign:
     if status != "done":
       self.log(f"{status}: {cell.name}{f' ({detail})' if detail else ''}")
 
+  def _keep_params(self, cell: cells_lib.Cell) -> dict[str, Any]:
+    """Keeps a finished train cell's final parameters beside its file (`kept_params_dir`),
+    in a subprocess (this module imports no JAX); the record's fields saying where, or why
+    not. Not kept is a note, not a failure: the metrics are still the cell's result."""
+    out = records.kept_params_dir(self.options.results_dir, cell.name)
+    argv = [self.options.python, "experiments/export_params.py",
+            f"--workdir={self.workdir(cell)}", f"--output_dir={out}",
+            f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
+    try:
+      done = subprocess.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
+                            timeout=600, env=run_local.child_env(1))
+    except subprocess.TimeoutExpired:
+      return {"params": None, "params_note": "export_params.py timed out after 600 s"}
+    if done.returncode != 0:
+      lines = [l for l in (done.stderr + done.stdout).splitlines() if l.strip()]
+      note = lines[-1][:400] if lines else f"exit {done.returncode}"
+      self.log(f"{cell.name}: final parameters not kept ({note})")
+      return {"params": None, "params_note": note}
+    return {"params": os.path.relpath(out, self.options.results_dir)}
+
   def _publish(self, cell: cells_lib.Cell) -> None:
     record = collect_cell.build(cell, self.workdir(cell), self.device)
+    if cell.kind == "train":
+      record.update(self._keep_params(cell))
     replace = cell.name in self.options.redo
     if records.publish(self.options.results_dir, record, replace=replace):
       self.records.append(record)
