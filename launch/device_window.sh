@@ -26,6 +26,12 @@ out=${OUT:-/tmp/device_window_out}
 root=${ROOT:-workdirs/campaign}  # ROOT, RESULTS, SET: as --root, --results_dir, --set
 results=${RESULTS:-experiments/results/paper_scale}
 case $seconds in ''|*[!0-9]*) echo "SECONDS=$seconds; allowed: a whole number of seconds"; exit 2;; esac
+# Honoured exactly: the cells get SIGTERM at SECONDS and up to 40 s to checkpoint (then
+# SIGKILL), so the command ends within SECONDS + ~60 s. Fewer than 120 s cannot start a cell
+# and stop it cleanly; 0 would mean "no limit" to timeout(1), i.e. no SIGTERM, no saved state.
+if (( 10#$seconds < 120 || 10#$seconds > 36000 )); then
+  echo "SECONDS=$seconds; allowed: 120 to 36000 (the window ends within SECONDS + 60 s)"; exit 2
+fi
 case $concurrent in ''|*[!0-9]*|0) echo "MAX_CONCURRENT=$concurrent; allowed: an integer >= 1"; exit 2;; esac
 ls .whl/*.whl > /dev/null 2>&1 || { echo ".whl/ holds no wheels; allowed: carry .whl (see the header)"; exit 2; }
 mkdir -p "$out" "$root"

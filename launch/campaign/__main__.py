@@ -90,6 +90,18 @@ def _check_flags(cells) -> None:
                           "allowed: names of cells --cells selects")
   if not flags.FLAGS.root.strip():
     raise errors.BadInput("--root=''; allowed: a directory path")
+  if os.path.exists(flags.FLAGS.root) and not os.path.isdir(flags.FLAGS.root):
+    raise errors.BadInput(f"--root={flags.FLAGS.root!r} is a file; allowed: a directory "
+                          "(created if missing)")
+  if flags.FLAGS.report and (os.path.isdir(flags.FLAGS.report_path)
+                             or not flags.FLAGS.report_path.endswith(".md")):
+    raise errors.BadInput(f"--report_path={flags.FLAGS.report_path!r}; allowed: a Markdown "
+                          "file path ending in .md (its figures go beside it)")
+  if flags.FLAGS.device_kind is not None and not flags.FLAGS.dry_run:
+    # A real run records the device that ran it: another kind there would publish, say, a
+    # CPU's rates as an H100's, and later plans would read them so.
+    raise errors.BadInput(f"--device_kind={flags.FLAGS.device_kind!r} without --dry_run; "
+                          "allowed: only with --dry_run (a run asks jax what it runs on)")
 
 
 def _on_sigterm(signum, frame):
@@ -99,6 +111,8 @@ def _on_sigterm(signum, frame):
 
 def main(argv) -> int:
   del argv
+  # First: a SIGTERM from now on stops cleanly (exit 75), even before any cell has started.
+  signal.signal(signal.SIGTERM, _on_sigterm)
   cells = select(flags.FLAGS.cells, flags.FLAGS.set)
   _check_flags(cells)
   existing = records.read_all(flags.FLAGS.results_dir)  # A corrupt cell file fails here, first.
@@ -120,7 +134,6 @@ def main(argv) -> int:
       budget_s=flags.FLAGS.budget_minutes * 60, redo=frozenset(flags.FLAGS.redo),
       max_concurrent=flags.FLAGS.max_concurrent,
       stop_margin_s=flags.FLAGS.stop_margin_s)
-  signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   print(f"campaign on {device['kind']} (jax {device['jax_version']}): {len(cells)} cell(s) "
         f"selected, {len(existing)} done before; budget {flags.FLAGS.budget_minutes:g} min; "

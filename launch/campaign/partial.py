@@ -23,7 +23,9 @@ import os
 import tarfile
 import tempfile
 from typing import Any, Optional
+import zlib
 
+from hypernet_attention import errors
 from hypernet_attention.train import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
@@ -40,10 +42,19 @@ def paths(results_dir: str, cell: str) -> tuple[str, str]:
   return base + ".json", base + ".tar.gz"
 
 
+def _curves_so_far(member_dir: str) -> dict[str, Any]:
+  """A member's curves, {} where none can be read: a cell stopped before its first log has
+  none, and its checkpoint must be saved whatever its event files hold."""
+  try:
+    return collect_cell.member_curves(member_dir)
+  except (OSError, ValueError, KeyError):
+    return {}
+
+
 def progress_record(cell: cells_lib.Cell, workdir: str,
                     device: dict[str, Any]) -> dict[str, Any]:
   """Steps done and every member's curves so far (a train cell cut off mid-run)."""
-  members = [{"name": name, "curves": collect_cell.member_curves(os.path.join(workdir, name))}
+  members = [{"name": name, "curves": _curves_so_far(os.path.join(workdir, name))}
              for name in cell.member_names]
   runs = collect_cell.segments(workdir)
   return {"schema": SCHEMA, "cell": cell.name, "stage": cell.stage,
@@ -95,21 +106,68 @@ def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
   return f"progress and resume state (step {record['step']:,}) in {state_path}"
 
 
+def _differences(cell: cells_lib.Cell, config: dict[str, Any]) -> list[str]:
+  """What a saved run's `config.json` says that `cell`'s definition does not (experiment,
+  model, members, steps, overrides); [] if it is the cell's run."""
+  flat = run_files.flatten(config)
+  wanted = {"experiment": cell.experiment, "model.attention": cell.model or None,
+            "population.member_names": list(cell.member_names), "num_train_steps":
+            cell.num_steps, **dict(cell.overrides)}
+  return [f"{k} {flat.get(k, '<missing>')!r} (the cell's: {v!r})" for k, v in wanted.items()
+          if v is not None and flat.get(k, "<missing>") != v
+          and not (isinstance(v, float) and isinstance(flat.get(k), (int, float))
+                   and abs(flat[k] - v) <= 1e-12 * max(abs(v), 1.0))]
+
+
+def check_state(cell: cells_lib.Cell, state_path: str) -> tarfile.TarFile:
+  """`state_path` opened, once it is shown to be `cell`'s own resume state: a readable
+  tar.gz whose every path lies under `<cell>/` and whose `config.json` is the cell's run.
+  Anything else is one BadInput naming the file and what to do (nothing is unpacked)."""
+  delete = (f"delete it (git rm {state_path} and its .json beside it) to start "
+            f"{cell.name} afresh, or restore it from git")
+  try:
+    tar = tarfile.open(state_path, "r:gz")
+    members = tar.getmembers()
+  except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+    raise errors.BadInput(f"resume state {state_path} is unreadable ({e}); {delete}") from None
+  try:
+    bad = [m.name for m in members
+           if not (m.name == cell.name or m.name.startswith(cell.name + "/"))
+           or ".." in m.name.split("/") or not (m.isfile() or m.isdir())]
+    if bad:
+      raise errors.BadInput(f"resume state {state_path} holds {bad[0]!r}, outside "
+                            f"{cell.name}/ or not a plain file; {delete}")
+    try:
+      config = json.load(tar.extractfile(f"{cell.name}/{run_files.CONFIG}"))
+    except (KeyError, AttributeError, OSError, EOFError, tarfile.TarError, zlib.error,
+            UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise errors.BadInput(f"resume state {state_path} has no readable "
+                            f"{cell.name}/{run_files.CONFIG} ({e}); {delete}") from None
+    different = _differences(cell, config) if isinstance(config, dict) else ["not a config"]
+    if different:
+      raise errors.BadInput(f"resume state {state_path} is not {cell.name}'s run: "
+                            f"{'; '.join(different[:3])}; {delete}")
+  except BaseException:
+    tar.close()
+    raise
+  return tar
+
+
 def restore(cell: cells_lib.Cell, workdir: str, results_dir: str) -> Optional[int]:
   """Unpacks `cell`'s saved state into `workdir` if that has no checkpoint; the step it
-  resumes from, or None (nothing restored)."""
+  resumes from, or None (nothing restored). A state that is not the cell's own, or not
+  readable, is a BadInput (`check_state`), before anything is unpacked."""
   _, state_path = paths(results_dir, cell.name)
   if not os.path.exists(state_path) or plan.checkpointed_step(workdir):
     return None
   root = os.path.dirname(workdir.rstrip(os.sep))
   os.makedirs(root, exist_ok=True)
-  with tarfile.open(state_path, "r:gz") as tar:
-    members = tar.getmembers()
-    bad = [m.name for m in members if not (m.name == cell.name
-                                           or m.name.startswith(cell.name + "/"))]
-    if bad:
-      raise ValueError(f"{state_path}: holds {bad[0]!r} outside {cell.name}/")
-    tar.extractall(root, filter="data")
+  with check_state(cell, state_path) as tar:
+    try:
+      tar.extractall(root, filter="data")
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+      raise errors.BadInput(f"resume state {state_path} is truncated or corrupt ({e}); "
+                            f"delete it (git rm) to start {cell.name} afresh") from None
   return plan.checkpointed_step(workdir)
 
 
@@ -128,6 +186,30 @@ def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
   out = {}
   for name in sorted(os.listdir(directory)):
     if name.endswith(".json") and not name.startswith("."):
-      with open(os.path.join(directory, name)) as f:
-        out[name[:-len(".json")]] = json.load(f)
+      out[name[:-len(".json")]] = read(os.path.join(directory, name))
   return out
+
+
+PROGRESS_FIELDS = {"cell": str, "step": int, "num_steps": int, "members": list}
+
+
+def read(path: str) -> dict[str, Any]:
+  """One progress record; BadInput naming the file if it is not one (corrupt, truncated,
+  a field missing or of the wrong type), so --dry_run and --report say which file."""
+  fix = "restore it from git (`git checkout -- <file>`) or delete it (the cell then starts afresh)"
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise errors.BadInput(f"progress file {path!r} is unreadable ({e}); {fix}") from None
+  wrong = [k for k, kind in PROGRESS_FIELDS.items()
+           if not isinstance(record, dict) or not isinstance(record.get(k), kind)
+           or isinstance(record.get(k), bool)]
+  if wrong:
+    raise errors.BadInput(f"progress file {path!r}: field(s) {wrong} missing or not "
+                          f"{[PROGRESS_FIELDS[k].__name__ for k in wrong]}; {fix}")
+  expected = os.path.basename(path)[:-len(".json")]
+  if record["cell"] != expected:
+    raise errors.BadInput(f"progress file {path!r} holds cell {record['cell']!r}; allowed: "
+                          f"a file named after its cell ({record['cell']}.json); {fix}")
+  return record

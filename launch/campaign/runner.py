@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from hypernet_attention import errors
 from hypernet_attention.train import cli
 from hypernet_attention.train import run_files
 from launch import jobs
@@ -46,6 +47,9 @@ class Options:
   max_concurrent: int = 1
   stop_margin_s: float = 120.0  # SIGTERM a running cell this long before the budget ends.
   poll_s: float = 5.0
+  # How long a stopped cell may take to checkpoint and exit before it is killed: the
+  # trainer's own bound is its preemption grace (30 s by default) plus a save.
+  stop_wait_s: float = 90.0
   python: str = sys.executable
 
 
@@ -153,6 +157,7 @@ class Campaign:
     self.start = time.time()
     self.deadline = self.start + options.budget_s
     self.stopping = False
+    self.stopped_at = 0.0
     self.records = list(records.read_all(options.results_dir).values())
 
   def workdir(self, cell: cells_lib.Cell) -> str:
@@ -208,7 +213,11 @@ class Campaign:
       return False
     workdir = self.workdir(cell)
     if cell.kind == "train":
-      resumed = partial.restore(cell, workdir, self.options.results_dir)
+      try:
+        resumed = partial.restore(cell, workdir, self.options.results_dir)
+      except errors.BadInput as e:  # Another cell's state, or a damaged file: never run it.
+        self._end(cell, "failed", str(e))
+        return False
       if resumed:
         self.log(f"{cell.name}: resumes at step {resumed:,} from the state an earlier "
                  f"window saved ({partial.paths(self.options.results_dir, cell.name)[1]})")
@@ -254,13 +263,20 @@ class Campaign:
     try:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)
-      elif code == cli.PREEMPTED_EXIT_CODE:
-        saved = (partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
-                 if cell.kind == "train" else "rerun on this machine to resume")
-        self._end(cell, "stopped", f"checkpointed at step "
-                  f"{plan.checkpointed_step(self.workdir(cell)):,}; {saved}")
+        return
+      # Stopped (exit 75, or any exit while this runner was stopping it: during compile a
+      # trainer may die of the signal itself) or failed: either way, a train cell's newest
+      # checkpoint is saved beside the cell files, so no step it paid for is lost.
+      step = plan.checkpointed_step(self.workdir(cell))
+      saved = ("no checkpoint yet: nothing to resume" if not step
+               else partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
+               if cell.kind == "train" else "rerun on this machine to resume")
+      if code == cli.PREEMPTED_EXIT_CODE or self.stopping:
+        self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
+                  else f"stopped (exit {code}) before its first checkpoint; {saved}")
       else:
-        self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see {run.log_path}")
+        self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
+                  f"{run.log_path}" + (f"; {saved}" if step else ""))
     except (OSError, ValueError, KeyError) as e:
       self._end(cell, "failed", f"could not collect: {e}")
     finally:
@@ -269,6 +285,7 @@ class Campaign:
   def stop_all(self, why: str) -> None:
     if not self.stopping:
       self.log(f"stopping the running cells ({why}): they checkpoint and exit")
+      self.stopped_at = time.time()
     self.stopping = True
     for run in self.running.values():
       if run.process.poll() is None:
@@ -325,10 +342,29 @@ class Campaign:
         if self.running:
           time.sleep(self.options.poll_s)
     except BaseException:  # SIGTERM (raised by the entry point) or Ctrl-C: children save.
-      self.stop_all("this runner was stopped")
-      for run in list(self.running.values()):
-        run.process.wait()
-        self._reap(run)
-      self.write_progress()
+      self._stop_children()
       raise
     return self.outcomes
+
+  def _stop_children(self) -> None:
+    """Forwards the stop to every running cell and waits for each, at most `stop_wait_s`
+    (then SIGKILL: its newest finalized checkpoint stays), with further SIGTERM / SIGINT
+    ignored meanwhile, so that a second signal cannot orphan a trainer or skip the saving
+    of its state; progress.txt and the claim files end true."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+      self.stop_all("this runner was stopped")
+      deadline = self.stopped_at + self.options.stop_wait_s
+      for run in list(self.running.values()):
+        try:
+          run.process.wait(timeout=max(deadline - time.time(), 1.0))
+        except subprocess.TimeoutExpired:
+          run.process.kill()
+          run.process.wait()
+          self.log(f"{run.cell.name}: did not exit within {self.options.stop_wait_s:.0f} s of "
+                   "SIGTERM; killed (its newest finalized checkpoint is kept)")
+        self._reap(run)
+      self.write_progress()
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
