@@ -6,7 +6,8 @@ of SMEM that a pending copy or another thread may still write. It needs jax >= 0
 needs Python >= 3.12): on Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg
 (jax 0.11.2) runs it. Each case takes ~20 s of interpretation (every key of every query tile
 is a dozen simulated wgmmas), so the cases are few and small: B=1, H=8, T=128 as issue 42
-asks, plus one batch of two with per-example masks at a length no tile divides.
+asks, plus one batch of two with per-example masks at a length no tile divides. The lot
+takes ~3 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
@@ -18,7 +19,6 @@ check the plumbing: the mask and the causal flag reach the backward.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from hypernet_attention.ops import mosaic_kernel
@@ -74,7 +74,7 @@ def _padding_mask(valid_lengths, length):
     (1, 128, True, None, 16),
     (1, 128, False, (100,), 16),
     (1, 128, True, (100,), 32),
-    (2, 72, False, (72, 40), 16),  # 72 pads to 128 queries and keys; one mask per example
+    (2, 40, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
 ])
 def test_interpret_matches_reference(batch, length, causal, valid, block_k):
   inputs = _inputs(batch, length)
@@ -121,5 +121,4 @@ def test_refuses_what_it_does_not_compute():
   with pytest.raises(ValueError, match="at most 16 heads"):
     mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
                             jnp.zeros((1, 64, 17, 32)))
-  assert np.all(mosaic_kernel.supports("rms_head", "mlp", "relu",
-                                       mask=jnp.ones((2, 1, 1, 64), bool)))
+  assert mosaic_kernel.supports("rms_head", "mlp", "relu", mask=jnp.ones((2, 1, 1, 64), bool))

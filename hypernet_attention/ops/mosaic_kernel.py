@@ -123,7 +123,7 @@ def _key_mask_shape_ok(mask) -> bool:
   return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
 
 
-def _key_valid(mask, batch: int, k_len: int, k_padded: int) -> jax.Array:
+def _key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
   """(Bm, Kp) float32: 1 where key k may be attended, 0 for masked and padded keys."""
   if mask is None:
     valid = jnp.ones((1, k_len), _F32)
@@ -131,7 +131,6 @@ def _key_valid(mask, batch: int, k_len: int, k_padded: int) -> jax.Array:
     shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
     mask4 = mask.reshape(shape)
     valid = jnp.broadcast_to(mask4[:, 0, 0, :], (shape[0], k_len)).astype(_F32)
-  del batch
   return jnp.pad(valid, ((0, 0), (0, k_padded - k_len)))
 
 
@@ -313,7 +312,7 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   v_BKHV = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len), (0, HEADS_PADDED - heads),
                                 (0, v_padded - v_dim)))
   out_BHQV = _forward_call(
-      q_BHQD, k_BHKD, v_BKHV, _key_valid(mask, batch, k_len, k_padded),
+      q_BHQD, k_BHKD, v_BKHV, _key_valid(mask, k_len, k_padded),
       scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,
       interpret=interpret)
   return jnp.transpose(out_BHQV[:, :, :q_len, :v_dim], (0, 2, 1, 3))
