@@ -1,0 +1,394 @@
+"""HYLA forward as one fused Pallas Mosaic GPU kernel for Hopper (issue 42, steps 1-3).
+
+What it computes: `reference.attention` with normalization='rms_head', value_network='mlp',
+activation='relu' (HYLA, the paper's Eqs. 6-7), optionally causal and with a key-padding
+mask; nothing else (`supports` says so and `attention` refuses the rest).
+
+Program layout. One program per (batch b, query tile of bq, value slice of bv columns): all
+heads of a query tile live in one program because RMSHead normalizes each (q, k) pair across
+heads. The value slice is independent (u, z = relu(u) and the read-out are column-wise in V),
+so splitting V trades recomputed scores for registers: the H read-out accumulators (bq, bv)
+f32 must fit one warpgroup. Each program loops over key tiles of bk keys (stopping at the
+causal diagonal) through a two-slot TMA ring (the tile after next loads while this one
+computes), and per key tile:
+  scores   s_h = q_h k_h^T                      H wgmmas (bq x D) @ (D x bk)
+  code     c_h = s_h / rms_h(s)  (masked -> 0)  registers; all heads at hand, no exchange
+  S_cat    c_h stored at columns [h*bk, (h+1)*bk) of a (bq, H*bk) SMEM tile
+  per key k of the tile:
+    C[k]   = S_cat @ P_k                         wgmma (bq x H*bk) @ (H*bk x 16), exact
+    u_k    = C[k] @ V[k]                         wgmma (bq x 16) @ (16 x bv), V[k]: (Hp=16, bv)
+    E_kh   = C[k] @ B_h                          wgmma, B_h = e_h 1^T: column h of C[k]
+                                                 broadcast over bv columns, exact
+    y_h   += E_kh * relu(u_k)                    vector units, matching layouts
+The per-key code C[k][q][h16] (heads padded to 16, the wgmma K minimum for 16-bit types) is
+the A operand of u_k, as the issue's sketch has it; V arrives pre-padded to 16 heads (XLA).
+
+What Mosaic could and could not express (jax 0.12.0.1, Warpgroup lowering semantics, checked
+by lowering for CUDA on a machine without a GPU; `tests/test_mosaic_kernel.py`):
+  - could not: storing per-head tiles head-minor, `c_smem.at[:, :, h][...] = c_h.T`, nor
+    reading one head's column `c_smem.at[k, :, h]`: an integer index on the minor dimension of
+    a tiled/swizzled SMEM ref fails ("Unsupported index type: DynamicJaxprTracer"), and a
+    register transpose `c_h.T` is an unimplemented primitive ("Unimplemented primitive in
+    Pallas Mosaic GPU lowering: transpose"). Neither is a wgmma-descriptor layout anyway.
+  - could: tile-aligned column blocks of a tiled SMEM ref, per-key slices on a leading
+    dimension, wgmmas with K = 16 and N = 16. Hence the next best: the head-minor C[k] is made
+    by the tensor cores, S_cat @ P_k with a constant 0/1 permutation P (exact in any dtype),
+    and the per-head broadcast the read-out needs by C[k] @ B_h (exact as well). Cost: the
+    permutation is 2*bq*H*bk*16 FLOP per key and the broadcasts H*2*bq*16*bv per key on
+    tensor cores, about 9x the value network's own multiply-adds; the cheaper read-out (warp
+    shuffles of c_h's columns on the CUDA cores, the issue's first choice) has no Pallas-level
+    expression found here. Measure before optimizing (the GPU window).
+
+Precision: scores, code, u, the read-out accumulate in float32; the operands of every wgmma
+are the input dtype (bf16/f16 on hardware; float32 inputs become TF32 on hardware, exact
+float32 in interpret mode). The code is rounded to the input dtype once (S_cat); P and B_h are
+0/1, so the permutation and broadcast add no rounding.
+
+Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, K ring
+32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: ~214 KiB of
+Hopper's 227. Float32 inputs need twice that: run them in interpret mode only (tests).
+
+Backward: `attention` is a `jax.custom_vjp` whose backward is, for now, the VJP of
+`reference.attention` (materializes (B, H, Q, K) and (B, Q, K, V); correct, not fast). The
+planned kernel (issue 42 step 2: key-stationary programs recomputing S, C, u, z, accumulating
+dK, dV on chip, writing dS so that dQ = dS K is one XLA matmul) is not built yet.
+
+A Pallas-TPU port would need (not built): TPU has no wgmma descriptors or swizzled SMEM;
+its MXU takes (8k x 128) tiles from VMEM, so the head contraction (K = H = 8) would pad to
+128 lanes (16x waste) unless heads and keys are folded into the lane dimension together;
+the permutation trick carries over as a matmul with a 0/1 matrix, but the read-out would use
+the VPU with lane broadcasts (cheap on TPU, unlike here); pipelining via `pltpu.emit_pipeline`
+/ BlockSpecs instead of TMA barriers; and the grid's "parallel" semantics on the batch and
+query-tile axes for megacore.
+
+Shape letters: B batch, H heads (Hp = 16 padded), Q / K positions (Qp / Kp padded), D
+query/key width (Dp padded), V value width (Vp padded to a multiple of bv).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hypernet_attention.errors import BadInput
+from hypernet_attention.ops import reference
+
+HEADS_PADDED = 16  # wgmma K for 16-bit operands; also the padded head axis of V and C.
+_F32 = jnp.float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+  """Tile sizes: bq queries (wgmma M: a multiple of 64), bk keys, bv value columns."""
+  block_q: int = 64
+  block_k: int = 16
+  block_v: int = 16
+
+
+DEFAULT_BLOCKS = Blocks()
+
+
+def available() -> Optional[str]:
+  """None when this jax can build (and interpret) the kernel, else why not, in one line."""
+  if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 11):
+    return f"jax {jax.__version__} < 0.11 has no Mosaic GPU interpret mode"
+  try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  except ImportError as e:  # pragma: no cover - depends on the install
+    return f"jax.experimental.pallas.mosaic_gpu does not import: {e}"
+  if not hasattr(plgpu, "InterpretGPUParams"):
+    return f"jax {jax.__version__} has no plgpu.InterpretGPUParams"
+  return None
+
+
+def supports(normalization: str, value_network: str, activation: str, *, bias=None,
+             mask=None, dropout_rate: float = 0.0) -> bool:
+  """Whether this kernel computes the call: HYLA (rms_head, mlp, relu), no bias or dropout,
+  and a mask (if any) that depends on the key only: (B|1, 1|H..., 1, K) broadcastable."""
+  if (normalization, value_network, activation) != ("rms_head", "mlp", "relu"):
+    return False
+  if bias is not None or dropout_rate:
+    return False
+  return mask is None or _key_mask_shape_ok(mask)
+
+
+def _key_mask_shape_ok(mask) -> bool:
+  shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+  return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
+
+
+def _key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
+  """(Bm, Kp) float32: 1 where key k may be attended, 0 for masked and padded keys."""
+  if mask is None:
+    valid = jnp.ones((1, k_len), _F32)
+  else:
+    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    mask4 = mask.reshape(shape)
+    valid = jnp.broadcast_to(mask4[:, 0, 0, :], (shape[0], k_len)).astype(_F32)
+  return jnp.pad(valid, ((0, 0), (0, k_padded - k_len)))
+
+
+def _selection_constants(heads: int, block_k: int, block_v: int, dtype):
+  """P (bk, H*bk, 16): P[k, h*bk + k, h] = 1, so S_cat @ P[k] = C[k] (bq, 16) head-minor;
+  B (H, 16, bv): B[h, h, :] = 1, so C[k] @ B[h] broadcasts column h over bv columns."""
+  perm = np.zeros((block_k, heads * block_k, HEADS_PADDED), np.float32)
+  for k in range(block_k):
+    for h in range(heads):
+      perm[k, h * block_k + k, h] = 1.0
+  bcast = np.zeros((heads, HEADS_PADDED, block_v), np.float32)
+  for h in range(heads):
+    bcast[h, h, :] = 1.0
+  return jnp.asarray(perm, dtype), jnp.asarray(bcast, dtype)
+
+
+def _smem_transforms(plgpu, minor: int, dtype):
+  """Tiling and swizzle for a wgmma operand whose minor dimension is `minor` elements."""
+  swizzle = min(128, minor * jnp.dtype(dtype).itemsize)
+  return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+          plgpu.SwizzleTransform(swizzle))
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _forward_call(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
+                  interpret):
+  """The pallas kernel on padded inputs: (B, H, Qp, Vp) in the input dtype."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+
+  batch, heads, q_padded, depth = q_BHQD.shape
+  k_padded = k_BHKD.shape[2]
+  v_padded = v_BKHV.shape[-1]
+  dtype = q_BHQD.dtype
+  bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
+  num_k_tiles = k_padded // bk
+  mask_batched = key_valid_BK.shape[0] > 1
+  perm_KJH, bcast_HHV = _selection_constants(heads, bk, bv, dtype)
+
+  def kernel(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref, scoped):
+    (q_smem, k_smem, v_smem, kval_smem, scat_smem, c_smem, perm_smem, bcast_smem,
+     o_smem), (q_bar, const_bar, k_bar, v_bar, kval_bar) = scoped
+    b = jax.lax.axis_index("batch")
+    qi = jax.lax.axis_index("q_tile")
+    vj = jax.lax.axis_index("v_slice")
+    q0 = qi * bq
+    bm = b if mask_batched else 0
+    if is_causal:
+      steps = jnp.minimum(num_k_tiles, pl.cdiv(q0 + bq, jnp.int32(bk)))
+    else:
+      steps = jnp.int32(num_k_tiles)
+
+    def load_tile(step, slot):
+      k0 = step * bk
+      plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem.at[slot], k_bar.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), :, pl.ds(vj * bv, bv)],
+                              v_smem.at[slot], v_bar.at[slot])
+      plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem.at[slot],
+                              kval_bar.at[slot])
+
+    plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
+    plgpu.copy_gmem_to_smem(perm_ref, perm_smem, const_bar.at[0])
+    plgpu.copy_gmem_to_smem(bcast_ref, bcast_smem, const_bar.at[1])
+    for step in range(2):  # the two-slot ring's prologue
+      pl.when(step < steps)(functools.partial(load_tile, step, step))
+    plgpu.barrier_wait(q_bar.at[0])
+    plgpu.barrier_wait(const_bar.at[0])
+    plgpu.barrier_wait(const_bar.at[1])
+
+    def key_tile(step, ys):
+      slot = jax.lax.rem(step, 2)
+      plgpu.barrier_wait(k_bar.at[slot])
+      plgpu.barrier_wait(kval_bar.at[slot])
+
+      def scores(*accs):
+        for h, acc in enumerate(accs):
+          plgpu.wgmma(acc, q_smem.at[h], k_smem.at[slot, h].transpose((1, 0)))
+        return [acc[...] for acc in accs]
+
+      s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
+      valid = jax.lax.broadcast_in_dim(
+          plgpu.load(kval_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
+      if is_causal:
+        rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
+        cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
+        valid = jnp.where(q0 + rows >= step * bk + cols, valid, 0.0)
+      s_h = [s * (scale * valid) for s in s_h]
+      inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / heads) + eps)
+      for h, s in enumerate(s_h):
+        scat_smem[:, pl.ds(h * bk, bk)] = (s * inv_rms).astype(dtype)
+      plgpu.commit_smem()
+      plgpu.barrier_wait(v_bar.at[slot])
+
+      def one_key(k, ys):
+        def code(acc):
+          plgpu.wgmma(acc, scat_smem, perm_smem.at[k])
+          return acc[...]
+
+        c_smem[...] = pl.run_scoped(code, plgpu.ACC((bq, HEADS_PADDED), _F32)).astype(dtype)
+        plgpu.commit_smem()
+
+        def value_net(u_acc, *e_accs):
+          plgpu.wgmma(u_acc, c_smem, v_smem.at[slot, k])
+          for h, e_acc in enumerate(e_accs):
+            plgpu.wgmma(e_acc, c_smem, bcast_smem.at[h])
+          return u_acc[...], [e[...] for e in e_accs]
+
+        u, e_h = pl.run_scoped(value_net, *[plgpu.ACC((bq, bv), _F32)
+                                            for _ in range(heads + 1)])
+        z = jnp.maximum(u, 0.0)
+        return tuple(y + e * z for y, e in zip(ys, e_h))
+
+      ys = jax.lax.fori_loop(0, bk, one_key, ys)
+
+      @pl.when(step + 2 < steps)
+      def _prefetch():  # this slot is free again: every wgmma reading it has completed
+        load_tile(step + 2, slot)
+
+      return ys
+
+    ys = tuple(plgpu.layout_cast(jnp.zeros((bq, bv), _F32), plgpu.Layout.WGMMA)
+               for _ in range(heads))
+    ys = jax.lax.fori_loop(0, steps, key_tile, ys)
+    for h, y in enumerate(ys):
+      o_smem[h] = y.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, :, pl.ds(q0, bq), pl.ds(vj * bv, bv)])
+    plgpu.wait_smem_to_gmem(0)
+
+  def entry(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref):
+    smem = (
+        plgpu.SMEM((heads, bq, depth), dtype, transforms=_smem_transforms(plgpu, depth, dtype)),
+        plgpu.SMEM((2, heads, bk, depth), dtype,
+                   transforms=_smem_transforms(plgpu, depth, dtype)),
+        plgpu.SMEM((2, bk, HEADS_PADDED, bv), dtype,
+                   transforms=_smem_transforms(plgpu, bv, dtype)),
+        plgpu.SMEM((2, bk), _F32),
+        plgpu.SMEM((bq, heads * bk), dtype, transforms=_smem_transforms(plgpu, bk, dtype)),
+        plgpu.SMEM((bq, HEADS_PADDED), dtype,
+                   transforms=_smem_transforms(plgpu, HEADS_PADDED, dtype)),
+        plgpu.SMEM((bk, heads * bk, HEADS_PADDED), dtype,
+                   transforms=_smem_transforms(plgpu, HEADS_PADDED, dtype)),
+        plgpu.SMEM((heads, HEADS_PADDED, bv), dtype,
+                   transforms=_smem_transforms(plgpu, bv, dtype)),
+        plgpu.SMEM((heads, bq, bv), dtype),
+    )
+    barriers = (plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=2),
+                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2),
+                plgpu.Barrier(num_barriers=2))
+    pl.run_scoped(
+        lambda *scoped: kernel(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref,
+                               (scoped[:9], scoped[9:])),
+        *smem, *barriers)
+
+  return plgpu.kernel(
+      entry,
+      out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, v_padded), dtype),
+      grid=(batch, q_padded // bq, v_padded // bv),
+      grid_names=("batch", "q_tile", "v_slice"),
+      interpret=interpret,
+  )(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, perm_KJH, bcast_HHV)
+
+
+def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret):
+  """Pads and lays out the inputs in XLA, runs the kernel, returns (B, Q, H, V)."""
+  batch, q_len, heads, depth = query_BQHD.shape
+  k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
+  bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
+  q_padded, k_padded, v_padded = _round_up(q_len, bq), _round_up(k_len, bk), _round_up(v_dim, bv)
+  # D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row.
+  d_padded = _round_up(depth, 128 // query_BQHD.dtype.itemsize)
+  pad = lambda x, length, width: jnp.pad(
+      x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
+  q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, d_padded), (0, 2, 1, 3))
+  k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, d_padded), (0, 2, 1, 3))
+  v_BKHV = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len), (0, HEADS_PADDED - heads),
+                                (0, v_padded - v_dim)))
+  out_BHQV = _forward_call(
+      q_BHQD, k_BHKD, v_BKHV, _key_valid(mask, k_len, k_padded),
+      scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,
+      interpret=interpret)
+  return jnp.transpose(out_BHQV[:, :, :q_len, :v_dim], (0, 2, 1, 3))
+
+
+def _reference(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps):
+  """The same call through `reference.attention` (the backward differentiates this)."""
+  q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
+  if is_causal:
+    causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
+    mask = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+  return reference.attention(query_BQHD, key_BKHD, value_BKHV, mask=mask,
+                             normalization="rms_head", value_network="mlp",
+                             activation="relu", eps=eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attention(query, key, value, mask, is_causal, eps, blocks, interpret):
+  return _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
+
+
+def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret):
+  out = _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
+  return out, (query, key, value, mask)  # residuals: the inputs only, nothing quadratic
+
+
+def _attention_bwd(is_causal, eps, blocks, interpret, residuals, d_out):
+  """The reference's VJP, recomputed from the inputs (issue 42 step 2 is not built)."""
+  del blocks, interpret
+  query, key, value, mask = residuals
+  _, vjp = jax.vjp(lambda q, k, v: _reference(q, k, v, mask, is_causal, eps),
+                   query, key, value)
+  d_query, d_key, d_value = vjp(d_out.astype(query.dtype))
+  return d_query, d_key, d_value, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def attention(
+    query_BQHD: jax.Array,
+    key_BKHD: jax.Array,
+    value_BKHV: jax.Array,
+    *,
+    bias: Optional[jax.Array] = None,
+    mask: Optional[jax.Array] = None,
+    is_causal: bool = False,
+    normalization: str = "rms_head",
+    value_network: str = "mlp",
+    activation: str = "relu",
+    eps: float = reference.RMS_HEAD_EPS,
+    blocks: Blocks = DEFAULT_BLOCKS,
+    interpret=None,
+    dropout_rate: float = 0.0,
+    dropout_seed: Optional[jax.Array] = None,
+) -> jax.Array:
+  """`reference.attention`'s contract for what `supports` accepts; refuses the rest.
+
+  `mask`: bool, depending on the key only (e.g. (B, 1, 1, K) padding). `interpret`: None
+  runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). Gradients:
+  a custom VJP through the reference (see the module docstring).
+  """
+  del dropout_seed
+  if not supports(normalization, value_network, activation, bias=bias, mask=mask,
+                  dropout_rate=dropout_rate):
+    raise BadInput(
+        f"mosaic_kernel computes HYLA only (rms_head, mlp, relu; no bias, no dropout; a "
+        f"key-only mask), got normalization={normalization!r}, value_network="
+        f"{value_network!r}, activation={activation!r}, bias="
+        f"{None if bias is None else bias.shape}, mask={None if mask is None else mask.shape},"
+        f" dropout_rate={dropout_rate}.")
+  heads = query_BQHD.shape[2]
+  if heads > HEADS_PADDED:
+    raise BadInput(f"mosaic_kernel takes at most {HEADS_PADDED} heads, got {heads}.")
+  if blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v % 8:
+    raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
+                   f"block_k, block_v of 8 (wgmma M and N).")
+  return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
+                    interpret)

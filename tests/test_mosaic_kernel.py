@@ -1,0 +1,124 @@
+"""The Mosaic GPU HYLA kernel (ops/mosaic_kernel.py) in Pallas's GPU interpret mode, on the CPU.
+
+Interpret mode runs the kernel's own program (TMA copies, barriers, wgmmas, SMEM stores) on
+the CPU, simulating shared memory per program, and with `detect_races=True` fails on a read
+of SMEM that a pending copy or another thread may still write. It needs jax >= 0.11 (which
+needs Python >= 3.12): on Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg
+(jax 0.11.2) runs it. Each case takes ~20 s of interpretation (every key of every query tile
+is a dozen simulated wgmmas), so the cases are few and small: B=1, H=8, T=128 as issue 42
+asks, plus one batch of two with per-example masks at a length no tile divides. The lot
+takes ~3 minutes on a 2-core CPU.
+
+Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
+what the float32 reference's own rounding admits for this input's reductions). In interpret
+mode the wgmmas are float32 matmuls (numpy), so the float32 kernel differs from the
+reference only by summation order; the permutation and broadcast wgmmas multiply by 0/1 and
+add no rounding. Gradients go through the custom VJP (the reference's, for now), so they
+check the plumbing: the mask and the causal flag reach the backward.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.ops import reference
+
+from numerics import compare
+
+_WHY_NOT = mosaic_kernel.available()
+pytestmark = pytest.mark.skipif(
+    _WHY_NOT is not None,
+    reason=f"{_WHY_NOT}: Mosaic GPU interpret mode needs jax >= 0.11 on Python >= 3.12; CI's "
+           "Python 3.12 leg (jax 0.11.2) runs these tests")
+
+
+def _interpret():
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  return plgpu.InterpretGPUParams(detect_races=True)
+
+
+def _inputs(batch, length, heads=8, depth=32, v_dim=16, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(keys[0], (batch, length, heads, depth), jnp.float32)
+  k = jax.random.normal(keys[1], (batch, length, heads, depth), jnp.float32)
+  v = jax.random.normal(keys[2], (batch, length, heads, v_dim), jnp.float32)
+  cot = jax.random.normal(keys[3], (batch, length, heads, v_dim), jnp.float32)
+  return q, k, v, None, None, cot
+
+
+def _reference_fn(mask, causal):
+  def fn(q, k, v, bias):
+    del bias
+    full = mask
+    if causal:
+      causal_QK = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+      full = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+    return reference.attention(q, k, v, mask=full, normalization="rms_head",
+                               value_network="mlp", activation="relu")
+  return fn
+
+
+def _kernel_fn(mask, causal, blocks):
+  return lambda q, k, v, bias: mosaic_kernel.attention(
+      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret())
+
+
+def _padding_mask(valid_lengths, length):
+  """(B, 1, 1, K): True for the first valid_lengths[b] keys of example b."""
+  return (jnp.arange(length)[None, :] < jnp.asarray(valid_lengths)[:, None])[:, None, None, :]
+
+
+@pytest.mark.parametrize("batch,length,causal,valid,block_k", [
+    (1, 128, False, None, 16),
+    (1, 128, True, None, 16),
+    (1, 128, False, (100,), 16),
+    (1, 128, True, (100,), 32),
+    (2, 40, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
+])
+def test_interpret_matches_reference(batch, length, causal, valid, block_k):
+  inputs = _inputs(batch, length)
+  mask = None if valid is None else _padding_mask(valid, length)
+  blocks = mosaic_kernel.Blocks(block_q=64, block_k=block_k, block_v=16)
+  errors = compare(_kernel_fn(mask, causal, blocks), _reference_fn(mask, causal), inputs)
+  for name, (err, bound) in errors.items():
+    assert err < bound, f"{name}: relative error {err:.3g} >= bound {bound:.3g}"
+  # The margin that makes the rule meaningful: a kernel that ignored the mask or the causal
+  # flag would be off by O(0.1), while the bound here is ~1e-3.
+  assert errors["out"][1] < 1e-2
+
+
+def test_ignoring_the_mask_would_fail():
+  """The check above can fail: the same inputs with the mask left out are far off."""
+  inputs = _inputs(1, 64)
+  mask = _padding_mask((40,), 64)
+  errors = compare(_kernel_fn(None, False, mosaic_kernel.DEFAULT_BLOCKS),
+                   _reference_fn(mask, False), inputs)
+  err, bound = errors["out"]
+  assert err > 100 * bound, (err, bound)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_lowers_for_hopper_without_a_gpu(dtype):
+  """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering
+  time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU."""
+  q = jax.ShapeDtypeStruct((1, 128, 8, 64), dtype)
+  mesh = jax.sharding.AbstractMesh(
+      (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
+          device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+  with jax.sharding.use_abstract_mesh(mesh):
+    lowered = jax.jit(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)).trace(
+        q, q, q).lower(lowering_platforms=("cuda",))
+  assert "mosaic" in lowered.as_text().lower()
+
+
+def test_refuses_what_it_does_not_compute():
+  q = jnp.zeros((1, 64, 8, 32))
+  with pytest.raises(ValueError, match="HYLA only"):
+    mosaic_kernel.attention(q, q, q, normalization="softmax")
+  with pytest.raises(ValueError, match="HYLA only"):
+    mosaic_kernel.attention(q, q, q, mask=jnp.ones((1, 1, 64, 64), bool))
+  with pytest.raises(ValueError, match="at most 16 heads"):
+    mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
+                            jnp.zeros((1, 64, 17, 32)))
+  assert mosaic_kernel.supports("rms_head", "mlp", "relu", mask=jnp.ones((2, 1, 1, 64), bool))
