@@ -38,6 +38,12 @@ def test_cells_cover_table_a1_in_priority_order():
   first = cells_lib.CELLS[:3]
   assert [c.model for c in first] == ["hyla", "softmax", "linear"]
   assert all(c.num_steps == 50_000 and len(c.members) == 1 for c in first)
+  # Stage d starts with fuzzy logic's ablation rows at the default setting, 3 seeds each,
+  # the three that separate HYLA's two changes first; e then holds the rest of their grids.
+  d = [c for c in cells_lib.CELLS if c.stage == "d"]
+  assert [c.model for c in d[:3]] == ["linear_rmshead", "hyla_no_rmshead", "hyla_linear_value"]
+  assert all(c.experiment == "fuzzy_logic" and c.member_names == ("seed0", "seed1", "seed2")
+             and dict(c.overrides)["optimizer.learning_rate"] == 1e-3 for c in d[:3])
   b = cells_lib.BY_NAME["b_sraven_hyla"]
   assert b.num_steps == 156_250 and "width=1,depth=4" in b.config
   assert dict(b.overrides)["optimizer.warmup_steps"] == 1000

@@ -97,11 +97,6 @@ def _check_flags(cells) -> None:
                              or not flags.FLAGS.report_path.endswith(".md")):
     raise errors.BadInput(f"--report_path={flags.FLAGS.report_path!r}; allowed: a Markdown "
                           "file path ending in .md (its figures go beside it)")
-  if flags.FLAGS.device_kind is not None and not flags.FLAGS.dry_run:
-    # A real run records the device that ran it: another kind there would publish, say, a
-    # CPU's rates as an H100's, and later plans would read them so.
-    raise errors.BadInput(f"--device_kind={flags.FLAGS.device_kind!r} without --dry_run; "
-                          "allowed: only with --dry_run (a run asks jax what it runs on)")
 
 
 def _on_sigterm(signum, frame):
@@ -122,6 +117,11 @@ def main(argv) -> int:
     return 0
   if not flags.FLAGS.dry_run:
     records.check_writable(flags.FLAGS.results_dir)
+    if flags.FLAGS.device_kind is not None:
+      # A run records the device that ran it: another kind there would publish, say, a
+      # CPU's rates as an H100's, and later plans would read them so.
+      raise errors.BadInput(f"--device_kind={flags.FLAGS.device_kind!r} without --dry_run; "
+                            "allowed: only with --dry_run (a run asks jax what it runs on)")
   device = ({"kind": flags.FLAGS.device_kind, "jax_version": "?"} if flags.FLAGS.device_kind
             else runner.device_info())
   if flags.FLAGS.dry_run:

@@ -7,21 +7,8 @@ accelerator windows: each finished cell becomes one small JSON file under
 `experiments/results/paper_scale/` (`records.py`), named by `Cell.name`, so the names here
 are stable: renaming one orphans its file.
 
-Priority (what a user asks first, cheapest first within a stage):
-  a  fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's default
-     setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU finishes
-     one in a session; seeds interleaved so that paired comparisons come first.
-  b  SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), lr 1e-3,
-     wd 0.1, warmup 1000, 3 seeds per cell.
-  c  decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members (Fig. 5F),
-     from the final parameters every finished train cell keeps beside its file.
-  d  the rest of each main row's grid (Table A1 reports the best grid point).
-  e  the ablation and "+ MoE" rows of Table A1, each over its whole grid.
-  f  Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the default setting.
-  g  the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA.
-  h  fuzzy logic's main rows on the authors' own held-out splits (`task.split_draw=authors`),
-     seed 2 first: at 70% held out the authors' seed-2 split trains neither term 5 nor 6,
-     which our default (`covering`) re-draws away; this measures what that does to Table A1.
+Priority: the stages of `STAGES`, in order (what a user asks first, cheapest first within
+a stage); each stage's letter, title and role in the report are declared there once.
 """
 
 from __future__ import annotations
@@ -38,6 +25,49 @@ from launch.sweeps import fig5c_heads_sraven
 from launch.sweeps import figa5_holdout_sraven
 
 REPO = sweeps.REPO
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A stage of the campaign: its cells' name prefix and `Cell.stage`, and what it is."""
+  letter: str
+  title: str
+
+
+STAGES = (
+    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the "
+          "paper's default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a "
+          "2-core CPU finishes one in a session; seeds interleaved so that paired "
+          "comparisons come first"),
+    Stage("b", "SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), "
+          "lr 1e-3, wd 0.1, warmup 1000, 3 seeds per cell"),
+    Stage("c", "decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members "
+          "(Fig. 5F), from the final parameters every finished train cell keeps"),
+    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting "
+          "(3 seeds, one population each; the paper's claim that both of HYLA's changes "
+          "matter rests on them), then the rest of each main row's grid (Table A1 reports "
+          "the best grid point)"),
+    Stage("e", "the ablation and '+ MoE' rows over the rest of their grids (fuzzy logic: "
+          "the default setting ran in d) or their whole grid (SRAVEN)"),
+    Stage("f", "Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the "
+          "default setting"),
+    Stage("g", "the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA"),
+    Stage("h", "fuzzy logic's main rows on the authors' own held-out splits "
+          "(task.split_draw=authors), seed 2 first: at 70% held out the authors' seed-2 split "
+          "trains neither term 5 nor 6, which our default (covering) re-draws away"),
+)
+BY_LETTER = {s.letter: s for s in STAGES}
+# What the report reads from each stage: Table A1's rows (every run of a Table A1 row at
+# the paper's size, each run once), the main rows' learning curves, the authors' splits.
+TABLE_A1_STAGES = ("a", "b", "d", "e")
+MAIN_ROW_STAGES = ("a", "b")
+AUTHORS_SPLIT_STAGE = "h"
+# Fuzzy logic's ablation rows in the order stage d runs them: the three that separate
+# HYLA's two changes first (Table A1: RMSHead on linear attention, HYLA without RMSHead,
+# HYLA with a linear value network), then the rest.
+ABLATION_ORDER = ("linear_rmshead", "hyla_no_rmshead", "hyla_linear_value",
+                  "linear_rmshead_nonlinear_value", "hyla_linear_value_no_rmshead",
+                  "softmax_hyla", "hyla_deep")
 KINDS = ("train", "probe", "benchmark")
 FUZZY, SRAVEN, C4 = "fuzzy_logic", "sraven", "c4_lm"
 FUZZY_CONFIG = "model={model},size=paper"
@@ -152,21 +182,35 @@ def _grid_members(experiment, exclude_default: bool) -> list[dict[str, Any]]:
   return [{**s, "seed": seed} for s in settings for seed in common.SEEDS]
 
 
+def _ablation_rows() -> list[tuple[str, bool]]:
+  """Table A1's rows beyond the main ones: (preset, with MoE), in stage d's order."""
+  assert set(ABLATION_ORDER) == set(common.TABLE_A1_PRESETS) - set(common.MAIN_MODELS)
+  return [(p, False) for p in ABLATION_ORDER] + [(p, True) for p in common.TABLE_A1_MOE_PRESETS]
+
+
+def _moe(moe: bool) -> tuple[tuple[str, Any], ...]:
+  return (("model.feed_forward", "moe"),) if moe else ()
+
+
 def _stage_d() -> list[Cell]:
-  return [_train(f"d_{'fuzzy' if e == FUZZY else 'sraven'}_{m}_grid", "d", e, m,
-                 _grid_members(e, exclude_default=True),
-                 f"{e}, {m}, the rest of its grid")
-          for e in (FUZZY, SRAVEN) for m in common.MAIN_MODELS]
+  defaults = [_train(f"d_fuzzy_{p}{'_moe' if moe else ''}_default", "d", FUZZY, p,
+                     _default_members(FUZZY), f"fuzzy logic, {p}{' + MoE' if moe else ''}, "
+                     "default setting, 3 seeds",
+                     overrides=_default_overrides(FUZZY) + _moe(moe))
+              for p, moe in _ablation_rows()]
+  return defaults + [_train(f"d_{'fuzzy' if e == FUZZY else 'sraven'}_{m}_grid", "d", e, m,
+                            _grid_members(e, exclude_default=True),
+                            f"{e}, {m}, the rest of its grid")
+                     for e in (FUZZY, SRAVEN) for m in common.MAIN_MODELS]
 
 
 def _stage_e() -> list[Cell]:
-  rows = [(p, False) for p in common.TABLE_A1_PRESETS if p not in common.MAIN_MODELS]
-  rows += [(p, True) for p in common.TABLE_A1_MOE_PRESETS]
   return [_train(f"e_{'fuzzy' if e == FUZZY else 'sraven'}_{p}{'_moe' if moe else ''}", "e",
-                 e, p, _grid_members(e, exclude_default=False),
-                 f"{e}, {p}{' + MoE' if moe else ''}, its whole grid",
-                 overrides=(("model.feed_forward", "moe"),) if moe else ())
-          for e in (FUZZY, SRAVEN) for p, moe in rows]
+                 e, p, _grid_members(e, exclude_default=e == FUZZY),
+                 f"{e}, {p}{' + MoE' if moe else ''}, "
+                 + ("the rest of its grid" if e == FUZZY else "its whole grid"),
+                 overrides=_moe(moe))
+          for e in (FUZZY, SRAVEN) for p, moe in _ablation_rows()]
 
 
 def _stage_f() -> list[Cell]:
@@ -217,6 +261,7 @@ CELLS: tuple[Cell, ...] = tuple(_stage_a() + _stage_b() + _stage_c() + _stage_d(
                                 + _stage_e() + _stage_f() + _stage_g() + _stage_h())
 BY_NAME = {c.name: c for c in CELLS}
 assert len(BY_NAME) == len(CELLS), "cell names must be unique"
+assert all(c.stage in BY_LETTER and c.name.startswith(c.stage + "_") for c in CELLS)
 
 # A campaign in a minute on a CPU (`--set=smoke`): every kind of cell at `size=smoke`, for
 # trying the runner and for the tests. Its cells are never mixed with the paper's.

@@ -20,7 +20,8 @@ from launch.collect import Stat
 from launch.sweeps import common
 
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
-TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS if c.stage in "abde")
+TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS
+                    if c.stage in cells_lib.TABLE_A1_STAGES)
 SPLITS = {cells_lib.FUZZY: ("ood", "test", "unseen_terms"), cells_lib.SRAVEN: ("ood", "test")}
 TITLES = {cells_lib.FUZZY: "Fuzzy logic (OOD R² x100)",
           cells_lib.SRAVEN: "SRAVEN (OOD accuracy x100)"}
@@ -52,7 +53,8 @@ def table_a1_members(records: dict[str, dict[str, Any]], experiment: str):
   rows: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
   for name in sorted(records):
     r = records[name]
-    if r["kind"] != "train" or r["experiment"] != experiment or r["stage"] not in "abde":
+    if (r["kind"] != "train" or r["experiment"] != experiment
+        or r["stage"] not in cells_lib.TABLE_A1_STAGES):
       continue
     for m in r["members"]:
       if m["frozen_at_step"] is None:
@@ -166,7 +168,7 @@ def authors_split_text(records) -> str:
   metric = _metric(cells_lib.FUZZY)
   rows = collections.defaultdict(dict)
   for _, r in sorted(records.items()):
-    if r["kind"] == "train" and r["stage"] == "h":
+    if r["kind"] == "train" and r["stage"] == cells_lib.AUTHORS_SPLIT_STAGE:
       for m in r["members"]:
         rows[r["model"]][m["settings"]["seed"]] = m["final"][f"ood/{metric}"]
   if not rows:
@@ -200,9 +202,10 @@ def curves_figure(records, experiment: str, path: str,
   cells cut off by a window (`partials`) dashed."""
   metric = _metric(experiment)
   chosen = [r for _, r in sorted(records.items()) if r["kind"] == "train"
-            and r["experiment"] == experiment and r["stage"] in "ab"]
+            and r["experiment"] == experiment and r["stage"] in cells_lib.MAIN_ROW_STAGES]
   cut = [p for n, p in sorted((partials or {}).items())
-         if n not in records and p["experiment"] == experiment and p["stage"] in "ab"]
+         if n not in records and p["experiment"] == experiment
+         and p["stage"] in cells_lib.MAIN_ROW_STAGES]
   if not chosen and not cut:
     return None
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -243,7 +246,8 @@ def curves_figure(records, experiment: str, path: str,
 def decoding_text(records) -> str:
   probes = [r for _, r in sorted(records.items()) if r["kind"] == "probe"]
   if not probes:
-    return "No decoding cell yet (stage c runs where stage b's checkpoints are).\n"
+    return ("No decoding cell yet (stage c decodes from the final parameters that stage a "
+            "and b cells keep in paper_scale/params/).\n")
   lines = ["| cell | member | step | feature set | trained | step 0 | chance |",
            "|---|---|---|---|---|---|---|"]
   for r in probes:
@@ -394,7 +398,8 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
   figures = os.path.join(out_dir, "paper_scale", "figures")
   paper = {c.name for c in cells_lib.CELLS}
   done = [r for n, r in records.items() if n in paper]
-  runs = sum(len(r["members"]) for r in done if r["kind"] == "train" and r["stage"] in "abde")
+  runs = sum(len(r["members"]) for r in done
+             if r["kind"] == "train" and r["stage"] in cells_lib.TABLE_A1_STAGES)
   parts = [
       "# Paper scale: the campaign's results beside the paper\n",
       "Made by `python -m launch.campaign --report` from the cell files in "
@@ -416,9 +421,11 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "s.e.s (the paper gives no per-seed values); a default row is set against "
                  "the paper's best of grid, which favours the paper.\n")
     parts.append(table_a1(records, experiment))
-    pairs = [p for p in (paired(records, experiment, "hyla", "softmax"),
-                         paired(records, experiment, "hyla", "linear"),
-                         paired(records, experiment, "linear", "softmax")) if p]
+    # The main rows against each other, then HYLA against each ablation row: what each of
+    # its two changes (RMSHead, the nonlinear value network) is worth on the same splits.
+    comparisons = [("hyla", "softmax"), ("hyla", "linear"), ("linear", "softmax")]
+    comparisons += [("hyla", p) for p in cells_lib.ABLATION_ORDER]
+    pairs = [p for p in (paired(records, experiment, a, b) for a, b in comparisons) if p]
     if pairs:
       parts.append("Paired by seed at the default setting (one seed = one held-out split; "
                    "p: two-sided paired t-test, none below 2 seeds):\n")
@@ -436,7 +443,8 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
             "its seed-2 split trains neither term 5 nor 6: 21 of its 46 held-out tasks then "
             "contain a term the model never saw. Same default setting as stage a.\n",
             authors_split_text(records)]
-  parts += ["## Rule decoding by layer (Fig. 5F)\n", decoding_text(records),
+  parts += ["## Decoding the operation from the latent code, by layer (Fig. 2, Fig. 5F)\n",
+            decoding_text(records),
             "## C4 50M training step\n", benchmark_text(records),
             "## Cut off by a window's end (resumable)\n",
             "Progress of cells whose window ended first, from `paper_scale/partial/`: not "
