@@ -132,3 +132,41 @@ def test_two_processes_agree_on_the_preemption_step(tmp_path):
   codes, texts = _finish(launch_pair(reference)(tmp_path / "reference"))
   assert codes == [0, 0], texts[0][-3000:]
   _assert_same_params(workdir, reference)
+
+
+_EARLY = """
+import os, signal, sys, time
+from hypernet_attention.train import cli
+def main(argv):
+  os.kill(os.getpid(), signal.SIGTERM)  # Before any training loop: flags, config, setup.
+  time.sleep(30)
+  print("not stopped")
+cli.run(main)
+"""
+
+_AFTER_NOTICE = """
+import os, signal, time
+from hypernet_attention.train import preemption
+with preemption.Watcher() as watcher:
+  os.kill(os.getpid(), signal.SIGINT)  # A first Ctrl-C: the loop would checkpoint now.
+  time.sleep(0.5)
+  assert watcher.reached()
+os.kill(os.getpid(), signal.SIGTERM)  # Then SIGTERM, while the process is on its way out.
+time.sleep(0.5)
+print("exited cleanly")
+raise SystemExit(75)
+"""
+
+
+def test_sigterm_before_the_loop_exits_75_in_one_line():
+  out = subprocess.run([sys.executable, "-c", _EARLY, "--verbosity=0"], capture_output=True,
+                       text=True, timeout=60, cwd=tl.REPO)
+  assert out.returncode == preemption.EXIT_CODE, out
+  assert "not stopped" not in out.stdout
+  assert out.stderr.strip().count("\n") == 0 and "SIGTERM before any training step" in out.stderr
+
+
+def test_sigint_then_sigterm_still_exits_75_not_killed():
+  out = subprocess.run([sys.executable, "-c", _AFTER_NOTICE], capture_output=True, text=True,
+                       timeout=60, cwd=tl.REPO)
+  assert out.returncode == preemption.EXIT_CODE and "exited cleanly" in out.stdout, out

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
+import threading
 from typing import Callable, NoReturn
 
 from absl import app
@@ -56,7 +58,6 @@ def die_with_parent(env=None) -> None:
   if not parent or not sys.platform.startswith("linux"):
     return
   import ctypes  # pylint: disable=g-import-not-at-top
-  import signal  # pylint: disable=g-import-not-at-top
   pr_set_pdeathsig = 1
   ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
   if os.getppid() != int(parent):  # It died before the prctl call.
@@ -189,8 +190,24 @@ def _guarded(call: Callable[[], object]) -> object:
     raise
 
 
+def _notice_before_the_loop(signum, frame) -> NoReturn:
+  """SIGTERM before the training loop's own handler (`preemption.Watcher`) is in place:
+  flags, config, setup, restore. Nothing has been trained by this process, so there is
+  nothing to save: one line and exit 75, as a preemption (SystemExit unwinds the lock)."""
+  del frame
+  print(f"{_program()}: {signal.Signals(signum).name} before any training step: nothing to "
+        "save, outputs written so far are kept; rerun the same command to resume",
+        file=sys.stderr, flush=True)
+  sys.exit(PREEMPTED_EXIT_CODE)
+
+
 def run(main: Callable[[list[str]], object]) -> None:
-  """`app.run(main)` with one-line errors and the exit codes above."""
+  """`app.run(main)` with one-line errors and the exit codes above. A SIGTERM from here on
+  exits 75 (`_notice_before_the_loop`, then the loop's own handling); only one during
+  Python's imports, before this is called, still ends the process by the default action."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _notice_before_the_loop)
+
   def guarded(argv):
     console.configure()
     die_with_parent()

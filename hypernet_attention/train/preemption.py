@@ -137,7 +137,9 @@ class Watcher:
 
   def close(self) -> None:
     for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
+      # After a notice the process is on its way out with status 75 (its checkpoint is
+      # committed): a later SIGTERM or Ctrl-C must not turn that into a kill (-15).
+      signal.signal(signum, signal.SIG_IGN if self._received.is_set() else previous)
     self._previous = {}
     if self._wakeup is not None:
       _, write_fd, previous = self._wakeup
