@@ -192,3 +192,16 @@ def test_two_sigterms_leave_no_trainer_behind_and_keep_the_state(tmp_path):
   assert not os.path.exists(records._claim_path(str(results), "smoke_sraven_hyla"))
   step = partial.read_all(str(results)).get("smoke_sraven_hyla", {}).get("step", 0)
   assert os.path.exists(partial.paths(str(results), "smoke_sraven_hyla")[1]) == bool(step)
+
+
+def test_a_cell_file_whose_numbers_are_strings_is_named(tmp_path):
+  record = {"schema": records.SCHEMA, "cell": HYLA.name, "stage": "a", "kind": "train",
+            "experiment": "fuzzy_logic", "device": CPU, "jax_version": "x", "commit": "c",
+            "wall_s": 10.0, "members": [{"name": "seed0", "final": {"ood/r2": "0.9"}}]}
+  path = tmp_path / f"{HYLA.name}.json"
+  path.write_text(json.dumps(record))
+  with pytest.raises(errors.BadInput, match=r"ood/r2='0.9'.*restore it from git"):
+    records.read(str(path))
+  record["members"][0]["final"]["ood/r2"] = 0.9
+  path.write_text(json.dumps(record))
+  assert records.read(str(path))["members"][0]["final"]["ood/r2"] == 0.9

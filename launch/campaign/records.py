@@ -66,6 +66,14 @@ def read(path: str) -> dict[str, Any]:
   if missing:
     raise errors.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
                           "delete it to rerun the cell")
+  numbers = [f"wall_s={record['wall_s']!r}"] if not _is_number(record["wall_s"]) else []
+  numbers += [f"{m.get('name')}: {k}={v!r}" for m in record.get("members") or []
+              if isinstance(m, dict) for k, v in (m.get("final") or {}).items()
+              if not _is_number(v)]
+  if numbers:
+    raise errors.BadInput(f"cell file {path!r} has values that are not numbers ("
+                          f"{', '.join(numbers[:3])}); restore it from git or delete it to "
+                          "rerun the cell")
   if record["schema"] != SCHEMA:
     raise errors.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
                           f"{SCHEMA}")
@@ -74,6 +82,10 @@ def read(path: str) -> dict[str, Any]:
     raise errors.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
                           f"file named after its cell ({record['cell']}.json)")
   return record
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_all(results_dir: str) -> dict[str, dict[str, Any]]:

@@ -69,6 +69,7 @@ class _Running:
   estimate: plan.Estimate
   commit: str  # The code it runs (`git describe --dirty` when it started).
   first: Optional[tuple[float, int]] = None  # (time, step) when progress was first seen.
+  resumed_from: Optional[str] = None  # The partial/ state it was unpacked from, if any.
 
 
 def device_info(python: str = sys.executable) -> dict[str, Any]:
@@ -212,15 +213,17 @@ class Campaign:
       self._end(cell, "skipped", reason)
       return False
     workdir = self.workdir(cell)
+    resumed_from = None
     if cell.kind == "train":
       try:
         resumed = partial.restore(cell, workdir, self.options.results_dir)
       except errors.BadInput as e:  # Another cell's state, or a damaged file: never run it.
         self._end(cell, "failed", str(e))
         return False
+      resumed_from = partial.paths(self.options.results_dir, cell.name)[1] if resumed else None
       if resumed:
         self.log(f"{cell.name}: resumes at step {resumed:,} from the state an earlier "
-                 f"window saved ({partial.paths(self.options.results_dir, cell.name)[1]})")
+                 f"window saved ({resumed_from})")
     finished = cell.kind == "train" and run_files.is_finished(workdir)
     estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
     left = self.deadline - time.time() - self.options.stop_margin_s
@@ -248,7 +251,8 @@ class Campaign:
       process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
                                  env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
-                                       collect_cell.commit(cells_lib.REPO))
+                                       collect_cell.commit(cells_lib.REPO),
+                                       resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
     return True
@@ -275,8 +279,12 @@ class Campaign:
         self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
                   else f"stopped (exit {code}) before its first checkpoint; {saved}")
       else:
+        # A run resumed from a committed state that fails (e.g. the code changed the model
+        # since): the fix is that state, not "a fresh --workdir" as the trainer says.
+        fix = (f"; it resumed from {run.resumed_from}: if that state is the cause, delete it "
+               f"and {self.workdir(cell)} to start afresh" if run.resumed_from else "")
         self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
-                  f"{run.log_path}" + (f"; {saved}" if step else ""))
+                  f"{run.log_path}" + (f"; {saved}" if step else "") + fix)
     except (OSError, ValueError, KeyError) as e:
       self._end(cell, "failed", f"could not collect: {e}")
     finally:
