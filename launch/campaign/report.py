@@ -357,7 +357,7 @@ def remaining_text(records, partials=None) -> str:
 def partial_text(records, partials: dict[str, dict[str, Any]]) -> str:
   """Cells a window cut off: how far they got and their OOD metric at each evaluation so far
   (mean over members, and each member), never mixed into the tables above."""
-  rows = [p for n, p in sorted(partials.items()) if n not in records]
+  rows = [p for _, p in sorted(partials.items())]
   if not rows:
     return "None.\n"
   lines = ["| cell | steps done | device | wall | OOD at each evaluation so far: step: mean "
@@ -370,7 +370,10 @@ def partial_text(records, partials: dict[str, dict[str, Any]]) -> str:
         by_step[step].append(value * 100)
     evals = "; ".join(f"{step:,}: {np.mean(v):.1f} ({', '.join(f'{x:.1f}' for x in v)})"
                       for step, v in sorted(by_step.items()))
-    lines.append(f"| {p['cell']} | {p['step']:,} of {p['num_steps']:,} | "
+    # A rerun of a finished cell (--redo: e.g. to keep its parameters) resumes only with
+    # --redo again; its finished file stays the result until the rerun ends.
+    rerun = f" (rerun: `--redo={p['cell']}`)" if p["cell"] in records else ""
+    lines.append(f"| {p['cell']}{rerun} | {p['step']:,} of {p['num_steps']:,} | "
                  f"{p['device']['kind']} (jax {p['device']['jax_version']}) | "
                  f"{p['wall_s'] / 60:.1f} min | {evals or '-'} |")
   return "\n".join(lines) + "\n"
