@@ -78,6 +78,11 @@ def main():
   for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
+  most_steps = (2**31 - 1) // (args.repeats + 1)  # The state's step counter is an int32.
+  if args.steps > most_steps:
+    parser.error(f"--steps={args.steps} with --repeats={args.repeats} runs "
+                 f"{args.steps * (args.repeats + 1):,} steps; allowed: --steps <= {most_steps:,} "
+                 "(the state's int32 step counter must not pass 2**31 - 1)")
   if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
     parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
   if args.synthetic_tokens:
@@ -86,8 +91,11 @@ def main():
                    "c4_lm only (the other experiments generate their data on device)")
     args.config_overrides = ",".join(
         s for s in (args.config_overrides, f"task.name={objectives.SYNTHETIC_LM}") if s)
-  print(runtime.log_topology())
-  models = [m for m in args.models.split(",") if m]
+  models = [m.strip() for m in args.models.split(",") if m.strip()]
+  if not models:
+    parser.error(f"--models={args.models!r}; allowed: comma-separated attention presets, "
+                 "e.g. softmax,hyla or hyla@model.implementation=reference")
+  counts = []
   if args.members:
     try:
       counts = [int(m) for m in args.members.split(",") if m]
@@ -95,13 +103,15 @@ def main():
         raise ValueError
     except ValueError:
       parser.error(f"--members={args.members!r}; allowed: comma-separated integers >= 1")
-    population_table(args, models, counts)
-    return
   try:  # Bad presets, sizes or overrides: one line, before any work.
     configs = [benchmark.model_config(args.experiment, m, args.size, args.config_overrides)
                for m in models]
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
+  print(runtime.log_topology())
+  if counts:
+    population_table(args, models, configs, counts)
+    return
   pipeline = None
   if args.experiment == "c4_lm" and not args.synthetic_tokens:  # [lm]: TensorFlow, seqio.
     console.import_tensorflow_quietly()  # seqio loads TensorFlow, which logs natively.
@@ -134,16 +144,14 @@ def main():
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}")
 
 
-def population_table(args, models, counts):
-  """`--members`: one population table per model (see `benchmark.population_rows`)."""
-  try:
-    configs = [benchmark.model_config(args.experiment, m, args.size, args.config_overrides)
-               for m in models]
-  except (ValueError, KeyError, AttributeError) as e:
-    raise SystemExit(f"benchmark_training.py: error: {e}") from None
+def population_table(args, models, configs, counts):
+  """`--members`: one population table per model (see `benchmark.population_rows`). Every
+  model's populations are compiled and checked against memory before any is built."""
+  plans = [benchmark.population_plans(config, counts, args.steps) for config in configs]
   tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
-                                              repeats=args.repeats, cost=args.cost))
-            for model, config in zip(models, configs)]
+                                              repeats=args.repeats, cost=args.cost,
+                                              plans=planned))
+            for model, config, planned in zip(models, configs, plans)]
   print("\n| experiment | size | model | members | member-steps/s | x one run | "
         "MiB per member | vs one run's |" + (" GFLOP per member-step | GB accessed per "
                                             "member-step |" if args.cost else ""))

@@ -130,6 +130,38 @@ def check_mask(
     )
 
 
+def _contract(assertion, *args, message: str) -> None:
+  """A chex shape assertion that fails as one ValueError line: `message` alone."""
+  assertion(*args, custom_message=message, include_default_message=False,
+            exception_type=ValueError)
+
+
+def check_inputs(inputs_q: jax.Array, inputs_k: jax.Array, inputs_v: jax.Array,
+                 widths: Optional[dict[str, tuple[str, int]]] = None) -> None:
+  """The call's shape contract, on static shapes only (free under jit): (B, Q, E) queries
+  and (B, K, E') keys and values of the queries' batch, values as long as keys. `widths`:
+  input name -> (the setting, its width) where the module fixes the last axis (NNX).
+
+  Each failure is one ValueError naming the input, its axis and what is allowed, before a
+  projection or a kernel reports it about another array (or as an unpacking error).
+  """
+  inputs = {"inputs_q": inputs_q, "inputs_k": inputs_k, "inputs_v": inputs_v}
+  for name, x in inputs.items():
+    _contract(chex.assert_rank, x, 3, message=(
+        f"{name} has shape {tuple(x.shape)}; allowed: rank 3, (batch, length, features)"))
+  for name, axis, what, like in (("inputs_k", 0, "batch", "inputs_q"),
+                                 ("inputs_v", 0, "batch", "inputs_q"),
+                                 ("inputs_v", 1, "length", "inputs_k")):
+    size = inputs[like].shape[axis]
+    _contract(chex.assert_axis_dimension, inputs[name], axis, size, message=(
+        f"{name} has {what} {inputs[name].shape[axis]} (axis {axis}); allowed: {size}, the "
+        f"{what} of {like}"))
+  for name, (setting, width) in (widths or {}).items():
+    _contract(chex.assert_axis_dimension, inputs[name], -1, width, message=(
+        f"{name} has width {inputs[name].shape[-1]}; allowed: {setting}={width} (its last "
+        "axis)"))
+
+
 def causal_mask(q_len: int, k_len: int) -> jax.Array:
   """(Q, K) bool, query i sees keys <= i counted from the first position of both."""
   return jnp.tril(jnp.ones((q_len, k_len), bool))
@@ -211,6 +243,11 @@ def place_heads(settings, query_BQHD, key_BKHD, value_BKHV, cache: Optional[Cach
         f"got {query_BQHD.shape[:2]}."
     )
   index = cache.index
+  if not isinstance(index, jax.core.Tracer) and int(index) >= max_length:
+    raise ValueError(
+        f"decode step {int(index) + 1} does not fit the cache of length {max_length}; "
+        f"allowed: at most {max_length} decode steps per cache (size it for a longer input: "
+        "NNX `init_cache`, Linen `init`)")
   query_pos = index[None]
   if rope:
     query_BQHD = positions.apply_rope(query_BQHD, query_pos, settings.rope_max_wavelength)
@@ -221,6 +258,9 @@ def place_heads(settings, query_BQHD, key_BKHD, value_BKHV, cache: Optional[Cach
   key_BKHD = jax.lax.dynamic_update_slice(cache.key_BKHD, key_BKHD, start)
   value_BKHV = jax.lax.dynamic_update_slice(cache.value_BKHV, value_BKHV, start)
   cache_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
+  # Under jit the step is not known while tracing: a step past the cache (whose write
+  # `dynamic_update_slice` would clamp onto the last slot) gives NaN, never a plausible output.
+  query_BQHD = jnp.where(index < max_length, query_BQHD, jnp.nan)
   return Heads(query_BQHD, key_BKHD, value_BKHV, query_pos, jnp.arange(max_length),
                cache_mask, Cache(key_BKHD, value_BKHV, index + 1))
 
@@ -376,12 +416,10 @@ class MultiHeadAttention(nn.Module):
     preset = self.preset
     if self.position not in POSITIONS:
       raise ValueError(f"Unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}.")
+    dropout.check_rate(self.dropout_rate)
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
-    # Trace-time contracts (free under jit): (B, Q, E) queries, (B, K, E') keys and values.
-    chex.assert_rank([inputs_q, inputs_k, inputs_v], 3)
-    chex.assert_equal_shape_prefix([inputs_q, inputs_k, inputs_v], 1)
-    chex.assert_equal_shape_prefix([inputs_k, inputs_v], 2)
+    check_inputs(inputs_q, inputs_k, inputs_v)
     qk_features = self.qk_features or inputs_q.shape[-1]
     v_features = self.v_features or inputs_q.shape[-1]
     out_features = self.out_features or inputs_q.shape[-1]

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from hypernet_attention import attention as linen_attention
 from hypernet_attention import positions
+from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
 Dtype = Any
@@ -98,6 +99,7 @@ class MultiHeadAttention(nnx.Module):
     self.num_heads, self.in_features = num_heads, in_features
     self.qkv_features, self.v_features = qkv_features, v_features
     self.out_features = out_features or in_features
+    dropout.check_rate(dropout_rate)  # Checked where the module is built, as Linen's call does.
     self.dropout_rate, self.broadcast_dropout = dropout_rate, broadcast_dropout
     self.deterministic, self.decode = deterministic, decode
     self.position, self.rope_max_wavelength = position, rope_max_wavelength
@@ -111,6 +113,7 @@ class MultiHeadAttention(nnx.Module):
           precision=precision, rngs=rngs)
 
     in_kv_features = in_kv_features or in_features
+    self.in_kv_features = in_kv_features
     self.query = linear(in_features, (num_heads, head_qk))
     self.key = linear(in_kv_features, (num_heads, head_qk))
     self.value = linear(in_kv_features, (num_heads, head_v))
@@ -178,11 +181,12 @@ class MultiHeadAttention(nnx.Module):
     added to the scores). `rngs` may also be a key used as is for dropout.
     `sow_weights` sows the latent code as `nnx.Intermediate` 'latent_code'.
     """
-    if inputs_q.shape[-1] != self.in_features:
-      raise ValueError(
-          f"inputs_q has width {inputs_q.shape[-1]}; allowed: in_features={self.in_features}.")
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v
+    linen_attention.check_inputs(inputs_q, inputs_k, inputs_v, widths={
+        "inputs_q": ("in_features", self.in_features),
+        "inputs_k": ("in_kv_features", self.in_kv_features),
+        "inputs_v": ("in_kv_features", self.in_kv_features)})
     dropout_rng = self._dropout_rng(deterministic, rngs)
     decode = bool(_first(decode, self.decode, name="decode", default=False))
     placed = linen_attention.place_heads(
@@ -240,8 +244,10 @@ def load_params(module: MultiHeadAttention, source: Union[nnx.Module, Params],
                 strict: bool = True) -> MultiHeadAttention:
   """Copies `source`'s parameters (anything `linen_params` takes) into `module`; returns it.
 
-  Names and shapes must match. `strict=False` lets `module` keep its own initial values for
-  parameters the source lacks (HYLA+'s `value_hidden`, the T5 table, from a standard model).
+  Names and shapes must match; floating-point values are cast to the module's own parameter
+  dtypes (`param_dtype`), anything else is refused. `strict=False` lets `module` keep its
+  own initial values for parameters the source lacks (HYLA+'s `value_hidden`, the T5 table,
+  from a standard model).
   """
   target = traverse_util.flatten_dict(linen_params(module), sep="/")
   given = traverse_util.flatten_dict(linen_params(source), sep="/")
@@ -250,11 +256,16 @@ def load_params(module: MultiHeadAttention, source: Union[nnx.Module, Params],
   wrong = sorted(f"{n} {tuple(jnp.shape(given[n]))} (allowed: {tuple(jnp.shape(target[n]))})"
                  for n in set(given) & set(target)
                  if jnp.shape(given[n]) != jnp.shape(target[n]))
-  if extra or missing or wrong:
+  not_float = sorted(f"{n} {jnp.result_type(given[n])}" for n in set(given) & set(target)
+                     if not jnp.issubdtype(jnp.result_type(given[n]), jnp.floating))
+  if extra or missing or wrong or not_float:
     raise ValueError(
         f"Parameters do not fit the module: unknown {extra}, missing {missing}, "
-        f"wrong shape {wrong}; allowed: the names and shapes of linen_params(module).")
-  target.update(given)
+        f"wrong shape {wrong}, not floating-point {not_float}; allowed: the names and shapes "
+        "of linen_params(module), floating-point values.")
+  # Cast to the module's own dtypes: a bf16 source must not silently turn an f32 module
+  # (its `param_dtype`) into a bf16 one, nor f32 weights a bf16 module into f32.
+  target.update({n: jnp.asarray(v, jnp.result_type(target[n])) for n, v in given.items()})
   state = nnx.state(module, nnx.Param)
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(target, sep="/"))
   nnx.update(module, state)

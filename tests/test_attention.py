@@ -155,6 +155,23 @@ def test_decode_rejects_more_than_one_token():
     decoder.apply(variables, x[:, :2], mutable=["cache"])
 
 
+def test_decode_past_the_cache_is_refused():
+  """issue 46: steps past the cache wrote silently onto its last slot. Applied eagerly: one
+  line naming the step and the cache's length; under jit: NaN, never a plausible output."""
+  decoder = make("hyla", decode=True)
+  x = inputs(length=3)
+  variables = decoder.init(jax.random.PRNGKey(0), x)
+  params, cache = variables["params"], variables["cache"]
+  step = lambda c: decoder.apply({"params": params, "cache": c}, x[:, :1], mutable=["cache"])
+  for _ in range(3):
+    out, cache = step(cache)
+    cache = cache["cache"]
+  with pytest.raises(ValueError, match=r"^decode step 4 does not fit the cache of length 3"):
+    step(cache)
+  out, _ = jax.jit(step)(cache)
+  assert np.isnan(out).all()
+
+
 def test_jit_grad_and_bfloat16():
   module = make("hyla_deep", position="rope", dtype=jnp.bfloat16)
   x = inputs()

@@ -205,6 +205,12 @@ CLI_CASES = {
     "nan_learning_rate": (SRAVEN + ["--config.optimizer.learning_rate=nan"],
                           "config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
     "empty_workdir": (SRAVEN + ["--workdir="], "--workdir=''; allowed: a directory path", 2),
+    # issue 46: an empty split draw trained the default `covering` split silently.
+    "fuzzy_split_draw_empty": (
+        [os.path.join("experiments", "fuzzy_logic.py"),
+         "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=smoke",
+         "--config.task.split_draw="],
+        "split_draw=''; allowed: ('covering', 'authors')", 2),
     # The tools: one line, exit 2, no flag list, nothing written.
     "plot_curves_no_workdir": (
         [os.path.join("experiments", "plot_curves.py"), "--workdir={tmp}/nope",

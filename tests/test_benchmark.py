@@ -1,7 +1,9 @@
 """`hypernet_attention/train/benchmark.py`'s population table and its step cost: what a
 population of P members costs per member-step, against the single run and a FLOP formula."""
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -9,7 +11,11 @@ import jax
 import numpy as np
 import pytest
 
+from hypernet_attention import errors
 from hypernet_attention.train import benchmark
+from hypernet_attention.train import build
+from hypernet_attention.train import memory
+from hypernet_attention.train import population
 from hypernet_attention.train import state as state_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,3 +69,73 @@ def test_random_tokens_are_shifted_rows_in_the_vocabulary_and_resume_exactly(tmp
   resumed = data.RandomTokens(seed=3, batch_size=4, sequence_length=64, vocab_size=50)
   resumed.restore(str(tmp_path))
   np.testing.assert_array_equal(next(resumed)["targets"], expected["targets"])
+
+
+def _no_state(monkeypatch, gib: float):
+  """Building any train state fails the test (what must be refused is refused before), and
+  the devices hold `gib` GiB (on any backend, so the test holds on any machine)."""
+  fail = lambda *a, **k: pytest.fail("a train state was built before the memory check")
+  monkeypatch.setattr(build, "init_state", fail)
+  monkeypatch.setattr(population.PopulationTrainer, "init_state", fail)
+  monkeypatch.setattr(memory, "capacity", lambda devices: memory.Capacity(
+      int(gib * 2**30), f"the test's device holds {gib} GiB", 1))
+
+
+def test_a_model_too_big_is_refused_before_any_state_is_built(monkeypatch):
+  """issue 46: `--config_overrides=model.emb_dim=4194304` built its 146 GiB state (the
+  kernel's OOM killer ended it) before the check refused it. Now the check reads the chunk
+  compiled for the abstract state, and every model is checked before any is built."""
+  _no_state(monkeypatch, gib=1)
+  small = benchmark.model_config("fuzzy_logic", "softmax", "smoke")
+  big = benchmark.model_config("fuzzy_logic", "softmax", "smoke", "model.emb_dim=524288")
+  with pytest.raises(errors.BadInput, match=r"^batch_size=16 does not fit in memory: .*"
+                     r"the state alone needs .* GiB per device: a smaller model \(model.emb_dim"):
+    benchmark.train_steps_per_second([small, big], steps=1, repeats=1)
+
+
+def test_a_population_too_big_is_refused_before_any_state_is_built(monkeypatch):
+  _no_state(monkeypatch, gib=2.5 / 1024)  # The single run fits (about 1 MiB), 4 do not.
+  config = benchmark.model_config("fuzzy_logic", "hyla", "smoke")
+  with pytest.raises(errors.BadInput, match=r"^batch_size=16 with 4 members does not fit"):
+    benchmark.population_plans(config, [1, 4], steps=1)
+
+
+def _main(monkeypatch, capsys, *flags):
+  """benchmark_training.py's main in this process; (exit status, its last stderr line)."""
+  spec = importlib.util.spec_from_file_location(
+      "benchmark_training", os.path.join(REPO, "experiments", "benchmark_training.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  monkeypatch.setattr(sys, "argv", ["benchmark_training.py", "--experiment=fuzzy_logic",
+                                    "--size=smoke", *flags])
+  monkeypatch.setattr(benchmark, "plan", lambda *a: pytest.fail("planned a bad request"))
+  with pytest.raises(SystemExit) as exited:
+    module.main()
+  return exited.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+
+FLAG_CASES = {
+    # flags: the one line (issue 46: an IndexError, or an unpacking error not naming the flag)
+    ("--models=,",): r"--models=','; allowed: comma-separated attention presets",
+    ("--models= , ", "--members=1,2"): r"--models=' , '; allowed: comma-separated",
+    ("--config_overrides=key",): r"--config_overrides: 'key' is not key=value; allowed: "
+                                 r"comma-separated dotted key=value pairs",
+    ("--config_overrides=model.emb_dim=four",): r"--config_overrides: "
+                                                r"config.model.emb_dim='four'; allowed: an integer",
+    ("--config_overrides=async_checkpoints=maybe",):
+        r"--config_overrides: config.async_checkpoints='maybe'; allowed: true or false",
+    ("--config_overrides==3",): r"--config_overrides: '=3' is not key=value",
+    ("--models=hyla@x",): r"--models 'hyla@x': 'x' is not key=value; allowed: "
+                          r"preset@dotted.key=value",
+    ("--config_overrides=key", "--members=1,2"): r"--config_overrides: 'key' is not key=value",
+    ("--steps=99999999999",): r"--steps=99999999999 with --repeats=3 runs 399,999,999,996 "
+                              r"steps; allowed: --steps <= 536,870,911",
+    ("--steps=0",): r"--steps=0; allowed: an integer >= 1",
+}
+
+
+@pytest.mark.parametrize("flags", sorted(FLAG_CASES), ids=" ".join)
+def test_bad_flags_are_one_line_naming_the_flag(flags, monkeypatch, capsys):
+  status, line = _main(monkeypatch, capsys, *flags)
+  assert status == 2
+  assert re.match(r"benchmark_training.py: error: " + FLAG_CASES[flags], line), line

@@ -103,7 +103,7 @@ def test_dispatch_needs_a_seed():
   q, k, v, _, _, _ = make_inputs(33, q_len=8, k_len=8)
   with pytest.raises(ValueError, match="dropout_seed"):
     dispatch.attention(q, k, v, dropout_rate=0.1)
-  with pytest.raises(ValueError, match="dropout rate"):
+  with pytest.raises(ValueError, match=r"dropout_rate=1.0; allowed: a number in \[0, 1\)"):
     dispatch.attention(q, k, v, dropout_rate=1.0, dropout_seed=SEED)
 
 

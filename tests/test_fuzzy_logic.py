@@ -209,6 +209,9 @@ def test_split_draw_is_a_config_switch_and_bad_values_are_named():
   assert {tuple(c) for c in train} == {tuple(c) for c in AUTHORS_SEED2_TRAIN}
   with pytest.raises(ValueError, match=r"split_draw='first'; allowed: \('covering', 'authors'\)"):
     FuzzyLogic(split_draw='first')
+  # issue 46: `--config.task.split_draw=` (an empty string) trained `covering` silently.
+  with pytest.raises(ValueError, match=r"split_draw=''; allowed: \('covering', 'authors'\)"):
+    FuzzyLogic(split_draw='')
 
 
 def test_a_run_from_before_split_draw_still_resumes(tmp_path):

@@ -134,3 +134,18 @@ def test_entry_point_refuses_a_batch_no_host_has_in_one_line(tmp_path):
                       r"would fit; or more devices", lines[-1]), lines[-1]
   assert not any("Traceback" in line for line in lines)
   assert not (tmp_path / "wd").exists()
+
+
+def test_no_advice_that_cannot_be_followed(monkeypatch):
+  """issue 46: a state that fits but whose temporaries for even one example do not gave
+  'a batch_size of about 0 or less'; the advice is now a smaller model or more devices."""
+  gpu = [_device("gpu", "NVIDIA H100 80GB HBM3", bytes_limit=1000 * MiB)]
+  with pytest.raises(errors.BadInput) as refused:
+    memory.check_fits(_compiled(900 * MiB, 0, 0, 64 * 200 * MiB), gpu, batch_size=64,
+                      members=4)
+  message = str(refused.value)
+  assert "or less" not in message and "\n" not in message
+  assert message.endswith("allowed: even batch_size=1 would not fit (about 0.20 GiB of "
+                          "temporaries per example beside 0.88 GiB of state): a smaller "
+                          "model (model.emb_dim, model.mlp_dim, model.num_layers), fewer "
+                          "members or more devices"), message

@@ -18,6 +18,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import nnx_attention
+from hypernet_attention.ops import dispatch as ops_dispatch
 
 B, Q, K, E, H = 2, 5, 7, 8, 2
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -241,3 +242,98 @@ def test_import_is_light():
                         timeout=300, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip() == "[]"
+
+
+# Issue 46: the edges of the NNX module (and the Linen one it shares its math with).
+
+
+def test_decode_past_the_cache_is_refused():
+  """Five steps into a 3-long cache wrote steps 4 and 5 silently onto the last slot (as
+  Flax's own module does). Eagerly: one line naming the step and the cache's length; under
+  jit (the step is not known while tracing): NaN, never a plausible output."""
+  module = nnx_attention.MultiHeadAttention(H, E, 4, rngs=nnx.Rngs(0), decode=True)
+  module.init_cache((1, 3, E))
+  x = jnp.ones((1, 1, E))
+  for _ in range(3):
+    assert np.isfinite(module(x)).all()
+  with pytest.raises(ValueError, match=r"^decode step 4 does not fit the cache of length 3; "
+                     r"allowed: at most 3 decode steps per cache"):
+    module(x)
+  module.init_cache((1, 3, E))
+  step = nnx.jit(lambda m, x: m(x))
+  outs = [np.asarray(step(module, x)) for _ in range(4)]
+  assert all(np.isfinite(o).all() for o in outs[:3]) and np.isnan(outs[3]).all()
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.0, 1.5, float("nan"), None])
+def test_dropout_rates_are_checked_the_same_way_everywhere(rate):
+  """-0.1 meant no dropout while 1.5 was refused (NaN: a misleading rngs error); every
+  module and the ops now refuse a rate outside [0, 1) in the same words."""
+  message = rf"^dropout_rate={rate!r}; allowed: a number in \[0, 1\)"
+  with pytest.raises(ValueError, match=message):
+    nnx_attention.MultiHeadAttention(H, E, 4, dropout_rate=rate, rngs=nnx.Rngs(0))
+  linen = attention.MultiHeadAttention(num_heads=H, qk_features=4, dropout_rate=rate)
+  with pytest.raises(ValueError, match=message):
+    linen.init(jax.random.key(0), jnp.ones((B, Q, E)))
+  x = jnp.ones((B, Q, H, 4))
+  with pytest.raises(ValueError, match=message):
+    ops_dispatch.attention(x, x, x, dropout_rate=rate, dropout_seed=jnp.int32(1))
+
+
+SHAPE_CASES = {
+    # name: (inputs_q, inputs_k, inputs_v shapes (None: default), the one line)
+    "rank_4_query": ((B, Q, 3, E), None, None,
+                     r"inputs_q has shape \(2, 5, 3, 8\); allowed: rank 3, \(batch, length, "
+                     r"features\)"),
+    "rank_2_key": ((B, Q, E), (K, E), None, r"inputs_k has shape \(7, 8\); allowed: rank 3"),
+    "key_width": ((B, Q, E), (B, K, 6), None,
+                  r"inputs_k has width 6; allowed: in_kv_features=8 \(its last axis\)"),
+    "value_width": ((B, Q, E), (B, K, E), (B, K, 6), r"inputs_v has width 6; allowed: "
+                    r"in_kv_features=8"),
+    "key_batch": ((B, Q, E), (3, K, E), None,
+                  r"inputs_k has batch 3 \(axis 0\); allowed: 2, the batch of inputs_q"),
+    "value_batch": ((B, Q, E), (B, K, E), (3, K, E),
+                    r"inputs_v has batch 3 \(axis 0\); allowed: 2, the batch of inputs_q"),
+    "value_length": ((B, Q, E), (B, K, E), (B, 4, E),
+                     r"inputs_v has length 4 \(axis 1\); allowed: 7, the length of inputs_k"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPE_CASES))
+@pytest.mark.parametrize("kind", ["nnx", "linen"])
+def test_shape_errors_name_the_input_its_axis_and_what_is_allowed(case, kind):
+  """Before: 'too many values to unpack' (rank 4), a 30-line dot_general TypeError (key
+  width), a key-batch mismatch blamed on the query, and chex lines that named no input.
+  Checked on static shapes while tracing: nothing runs on the device for it."""
+  *shapes, message = SHAPE_CASES[case]
+  q, k, v = (None if s is None else jnp.ones(s) for s in shapes)
+  if kind == "linen":
+    if "width" in case:
+      pytest.skip("the Linen module takes its input widths from its first call")
+    call = lambda: attention.MultiHeadAttention(num_heads=H, qk_features=4).init(
+        jax.random.key(0), q, k, v)
+  else:
+    call = lambda: nnx.jit(lambda m, q, k, v: m(q, k, v))(
+        nnx_attention.MultiHeadAttention(H, E, 4, rngs=nnx.Rngs(0)), q, k, v)
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def test_loaded_parameters_are_cast_to_the_module_dtype_or_refused():
+  """bf16 weights loaded into an f32 module silently made it a bf16 module."""
+  f32 = nnx_attention.MultiHeadAttention(H, E, 4, rngs=nnx.Rngs(0))
+  bf16 = nnx_attention.MultiHeadAttention(H, E, 4, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  nnx_attention.load_params(f32, bf16)
+  for ours, theirs in zip(jax.tree.leaves(nnx_attention.linen_params(f32)),
+                          jax.tree.leaves(nnx_attention.linen_params(bf16))):
+    assert ours.dtype == jnp.float32 and theirs.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(ours, theirs.astype(jnp.float32))  # bf16 -> f32 is exact.
+  nnx_attention.load_params(bf16, nnx.MultiHeadAttention(H, E, 4, rngs=nnx.Rngs(2),
+                                                         decode=False))
+  dtypes = {p.dtype for p in jax.tree.leaves(nnx_attention.linen_params(bf16))}
+  assert dtypes == {jnp.dtype(jnp.bfloat16)}  # And f32 weights keep a bf16 module bf16.
+  before = nnx_attention.linen_params(f32)
+  ints = jax.tree.map(lambda p: p.astype(jnp.int32), before)
+  with pytest.raises(ValueError, match=r"not floating-point \['key/bias int32', "):
+    nnx_attention.load_params(f32, ints)
+  assert_trees_close(nnx_attention.linen_params(f32), before, 0)

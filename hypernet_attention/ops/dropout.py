@@ -33,9 +33,16 @@ def _mix32(x):
   return x ^ shr(x, jnp.int32(16))
 
 
-def check_rate(rate: float) -> None:
-  if not 0.0 <= rate < 1.0:
-    raise ValueError(f"dropout rate {rate}; allowed: 0 <= rate < 1.")
+def check_rate(rate: float, name: str = "dropout_rate") -> None:
+  """One rule for every dropout rate (ops, both attention modules, the training config's
+  `model.attention_dropout`): a number in [0, 1). A negative rate would silently mean no
+  dropout, 1 drops everything, NaN nothing predictable."""
+  try:
+    ok = not isinstance(rate, bool) and 0.0 <= rate < 1.0
+  except TypeError:  # None, a string, an array of several values.
+    ok = False
+  if not ok:
+    raise ValueError(f"{name}={rate!r}; allowed: a number in [0, 1)")
 
 
 def seed_from_rng(rng: jax.Array) -> jax.Array:

@@ -49,7 +49,9 @@ class FuzzyLogic:
       raise ValueError(f'num_examples={num_examples!r}; allowed: an int >= 2.')
     if not 0.0 < holdout_fraction < 1.0:
       raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
-    split_draw = split_draw or 'covering'  # None: the configs' default (see SPLIT_DRAWS).
+    # None: the configs' default (see SPLIT_DRAWS); an empty string is refused, not read as
+    # None (`--config.task.split_draw=` trained `covering` silently).
+    split_draw = 'covering' if split_draw is None else split_draw
     if split_draw not in SPLIT_DRAWS:
       raise ValueError(f'split_draw={split_draw!r}; allowed: {SPLIT_DRAWS}.')
     num_all = 2 ** num_variables

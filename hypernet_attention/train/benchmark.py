@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
 
+from hypernet_attention import errors
 from hypernet_attention.train import build
 from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
@@ -35,6 +36,23 @@ from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
+OVERRIDES_ALLOWED = ("comma-separated dotted key=value pairs, e.g. "
+                     "model.implementation=reference")
+
+
+def parse_overrides(text: str, flag: str = "--config_overrides",
+                    allowed: str = OVERRIDES_ALLOWED) -> list[tuple[str, str]]:
+  """Comma-separated dotted `key=value` pairs -> [(key, value)]; `errors.BadInput` naming
+  `flag` and what is `allowed` for an item that is not one (a missing '=' or key)."""
+  pairs = []
+  for item in (s.strip() for s in text.split(",")):
+    key, equals, value = item.partition("=")
+    if item and (not equals or not key.strip()):
+      raise errors.BadInput(f"{flag}: {item!r} is not key=value; allowed: {allowed}")
+    if item:
+      pairs.append((key.strip(), value.strip()))
+  return pairs
+
 
 def model_config(experiment: str, spec: str, size: str,
                  overrides: str = "") -> ml_collections.ConfigDict:
@@ -42,35 +60,57 @@ def model_config(experiment: str, spec: str, size: str,
 
   `spec` is an attention preset, optionally with its own overrides after '@'
   (`hyla@model.implementation=reference`); `overrides` (comma-separated dotted `key=value`
-  pairs) apply to every spec, before the spec's own. Bad presets, sizes or keys raise
-  ValueError / KeyError / AttributeError with a one-line message.
+  pairs) apply to every spec, before the spec's own. Bad presets, sizes, keys or values
+  raise ValueError / KeyError / AttributeError with a one-line message (`errors.BadInput`,
+  naming the flag, for the overrides).
   """
   preset, *own = spec.split("@")
   config = registry.get(experiment).get_config(f"model={preset},size={size}")
-  for item in (s for s in ",".join((overrides, *own)).split(",") if s.strip()):
-    key, value = (t.strip() for t in item.split("=", 1))
-    config_lib.set_dotted(config, key, value)
+  own_allowed = "preset@dotted.key=value, e.g. hyla@model.implementation=reference"
+  flags = [(overrides, "--config_overrides", OVERRIDES_ALLOWED)] + [
+      (o, f"--models {spec!r}", own_allowed) for o in own]
+  for text, flag, allowed in flags:
+    for key, value in parse_overrides(text, flag, allowed):
+      try:
+        config_lib.set_dotted(config, key, value)
+      except (ValueError, TypeError) as e:
+        raise errors.BadInput(f"{flag}: {e}") from None
   return config
 
 
 @dataclasses.dataclass
-class _Prepared:
-  """One config's trainer and state (a single run's or a population's), compiled for
-  chunks of `steps` steps."""
+class _Plan:
+  """One config's trainer, compiled for chunks of `steps` steps against its abstract state
+  and checked to fit in memory: nothing of the state exists yet (`plan`)."""
   config: ml_collections.ConfigDict
   setup: build.Setup
   trainer: Any  # trainer.Trainer or population.PopulationTrainer.
+  init: Callable[[], Any]  # Materializes the fresh state (with its shardings).
+  compiled: Any  # The chunk compiled for the abstract state (its length: `plan`'s `steps`).
+  compile_s: float
+  members: int = 1
+  bytes: int = 0  # Device bytes of the compiled chunk (XLA's memory analysis; 0: unknown).
+
+
+@dataclasses.dataclass
+class _Prepared:
+  """A plan with its state built, after one chunk (which ran the compiled program once)."""
+  plan: _Plan
   state: Any
   compile_s: float = 0.0
   final_loss: float = float("nan")
-  members: int = 1
-  bytes: int = 0  # Device bytes of the compiled chunk (XLA's memory analysis; 0: unknown).
-  compiled: Any = None  # The chunk `prepare` compiled (its length: `prepare`'s `steps`).
+
+  config = property(lambda self: self.plan.config)
+  trainer = property(lambda self: self.plan.trainer)
+  setup = property(lambda self: self.plan.setup)
+  members = property(lambda self: self.plan.members)
+  bytes = property(lambda self: self.plan.bytes)
+  compiled = property(lambda self: self.plan.compiled)
 
   def run_chunk(self, steps: int) -> float:
     """Seconds for one chunk of `steps` steps (the state advances)."""
     start = time.perf_counter()
-    self.state, metrics = self.trainer.train_chunk(self.state, steps)
+    self.state, metrics = self.plan.trainer.train_chunk(self.state, steps)
     jax.block_until_ready(metrics)
     self.final_loss = float(np.mean(np.asarray(metrics["loss"])[..., -1]))
     return time.perf_counter() - start
@@ -84,7 +124,7 @@ def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
   SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
   members could not help (`experiments/results/training_throughput.md`).
   """
-  analysis = prepare(config, 1).compiled.cost_analysis()
+  analysis = plan(config, 1).compiled.cost_analysis()  # No state is built for it.
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return {"flops": float(analysis.get("flops", 0.0)),
           "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
@@ -99,42 +139,60 @@ def population_config(config: ml_collections.ConfigDict,
   return config
 
 
-def prepare(config: ml_collections.ConfigDict, steps: int) -> _Prepared:
-  """Builds `config`'s trainer and state and runs one chunk (compiling it)."""
+def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
+  """`config`'s trainer with its `steps`-step chunk compiled for the abstract state and the
+  memory check passed, or `errors.BadInput` in one line; no array of the state is built.
+
+  Why abstract: a state too large for the host, built first, is ended by the kernel's OOM
+  killer (which may pick another process) before any check could refuse it. XLA's memory
+  analysis needs only shapes and shardings (`memory.py`); the jitted call on the real state
+  later reuses the executable compiled here.
+  """
+  start = time.perf_counter()
   if run_files.is_population(config):
     p = population.setup(config)
     trainer = population.PopulationTrainer(p)
-    prepared = _Prepared(config, p.single, trainer, trainer.init_state(), members=p.size)
+    single, target, members, init = p.single, p.restore_target(), p.size, trainer.init_state
   else:
-    s = build.setup(config)
-    trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-    prepared = _Prepared(config, s, trainer, build.init_state(config, s.init_fn, s.shardings))
-  # Compiled ahead and refused in one line if it cannot fit (as training's first chunk is,
-  # `loop.py`), before a run that would die with an allocator's traceback.
-  compile_start = time.perf_counter()
-  prepared.compiled = prepared.trainer.compile_chunk(prepared.state, steps)
-  fit = memory.check_fits(prepared.compiled, list(prepared.setup.mesh.devices.flat),
-                          config.batch_size, prepared.members)
-  prepared.bytes = fit.need.total if fit.need else 0
-  ahead_s = time.perf_counter() - compile_start
-  prepared.compile_s = ahead_s + prepared.run_chunk(steps)  # Runs the chunk once.
+    single = build.setup(config)
+    trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
+                                  single.mesh, single.shardings)
+    target, members = single.restore_target(), 1
+    init = lambda: build.init_state(config, single.init_fn, single.shardings)
+  compiled = trainer.compile_chunk(target, steps)
+  fit = memory.check_fits(compiled, list(single.mesh.devices.flat), config.batch_size,
+                          members)
+  return _Plan(config, single, trainer, init, compiled, time.perf_counter() - start,
+               members, fit.need.total if fit.need else 0)
+
+
+def prepare(config_or_plan: ml_collections.ConfigDict | _Plan, steps: int) -> _Prepared:
+  """Builds the state of a config (planned first) or of a plan, and runs one chunk."""
+  planned = (config_or_plan if isinstance(config_or_plan, _Plan)
+             else plan(config_or_plan, steps))
+  prepared = _Prepared(planned, planned.init())
+  prepared.compile_s = planned.compile_s + prepared.run_chunk(steps)  # Runs the chunk once.
   return prepared
 
 
-def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, steps: int = 200,
-                           repeats: int = 3, labels: Sequence[str] | None = None,
+def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan], *,
+                           steps: int = 200, repeats: int = 3,
+                           labels: Sequence[str] | None = None,
                            log=print) -> list[dict[str, Any]]:
   """Median steps/s per config over `repeats` rounds of one `steps`-step chunk each.
 
-  The configs are compiled first, then timed interleaved (A, B, C, A, B, C, ...), so a
-  slow phase of a shared machine hits every model alike. `step_time_ratio` is the median
-  over rounds of the config's chunk time / the first config's chunk time in that round.
-  `labels` (default: the attention presets) name the configs in the progress lines.
+  Every config is planned (compiled and checked against memory, `plan`) before any state
+  is built, so one that cannot fit is refused before the others take memory or time. They
+  are then timed interleaved (A, B, C, A, B, C, ...), so a slow phase of a shared machine
+  hits every model alike. `step_time_ratio` is the median over rounds of the config's chunk
+  time / the first config's chunk time in that round. `labels` (default: the attention
+  presets) name the configs in the progress lines.
   """
-  labels = labels or [c.model.attention for c in configs]
+  plans = [c if isinstance(c, _Plan) else plan(c, steps) for c in configs]
+  labels = labels or [p.config.model.attention for p in plans]
   prepared = []
-  for config, label in zip(configs, labels):
-    prepared.append(prepare(config, steps))
+  for planned, label in zip(plans, labels):
+    prepared.append(prepare(planned, steps))
     log(f"compiled {label}: {prepared[-1].compile_s:.1f} s, "
         f"{prepared[-1].bytes / 2**20:.1f} MiB on device")
   times = [[] for _ in prepared]
@@ -146,22 +204,35 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict], *, step
   return [_row(p, steps, t, times[0]) for p, t in zip(prepared, times)]
 
 
+def _population_counts(member_counts: Sequence[int]) -> list[int]:
+  return [1] + [m for m in member_counts if m != 1]  # The single run is the baseline.
+
+
+def population_plans(config: ml_collections.ConfigDict, member_counts: Sequence[int],
+                     steps: int) -> list[_Plan]:
+  """`plan` of the single run and of each population size (`population_rows` times them):
+  a size that cannot fit is refused before any state is built."""
+  return [plan(population_config(config, m), steps) for m in _population_counts(member_counts)]
+
+
 def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[int], *,
                     steps: int, repeats: int, cost: bool = False,
+                    plans: Sequence[_Plan] | None = None,
                     log=print) -> list[dict[str, Any]]:
   """Aggregate member-steps/s and device bytes per member of populations of each size,
   timed interleaved with the single run (member count 1) as in `train_steps_per_second`.
 
   `speedup` is the median over rounds of (P x single-run chunk time / population chunk
   time): how many times more member-steps per second than training them one by one.
-  `cost`: also XLA's FLOPs and bytes accessed per member-step (`step_cost`).
+  `cost`: also XLA's FLOPs and bytes accessed per member-step (`step_cost`). `plans`:
+  `population_plans(config, member_counts, steps)`, when the caller planned them already.
   """
-  counts = [1] + [m for m in member_counts if m != 1]
-  configs = [population_config(config, m) for m in counts]
-  rows = train_steps_per_second(configs, steps=steps, repeats=repeats,
+  counts = _population_counts(member_counts)
+  plans = plans or population_plans(config, member_counts, steps)
+  rows = train_steps_per_second(plans, steps=steps, repeats=repeats,
                                 labels=[f"P={m}" for m in counts], log=log)
   out = []
-  for m, c, row in zip(counts, configs, rows):
+  for m, c, row in zip(counts, (p.config for p in plans), rows):
     if m not in member_counts:
       continue
     out.append({**row, "members": m, "member_steps_per_s": m * row["steps_per_s"],

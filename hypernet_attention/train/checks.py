@@ -170,8 +170,28 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
       raise ValueError(f"unknown config key {key!r}")
     parent, node = node, node[name]
   if isinstance(value, str) and isinstance(node, (bool, int, float)):
-    value = (value.lower() in ("1", "true")) if isinstance(node, bool) else type(node)(value)
+    value = _typed(key, value, type(node))
   parent[leaf] = value
+
+
+# A string given for a field of this type -> (its value or None, what is allowed).
+_CONVERSIONS = {
+    bool: (lambda text: {"1": True, "true": True, "0": False, "false": False}.get(
+        text.strip().lower()), "true or false"),
+    int: (int, "an integer"),
+    float: (float, "a number"),
+}
+
+
+def _typed(key: str, text: str, kind: type) -> Any:
+  convert, allowed = _CONVERSIONS[kind]
+  try:
+    value = convert(text)
+  except ValueError:
+    value = None
+  if value is None:
+    raise ValueError(f"config.{key}={text!r}; allowed: {allowed}")
+  return value
 
 
 # What a population's workdir holds itself (`population_loop.py`, `lock.py`,

@@ -127,11 +127,18 @@ def check_fits(compiled: jax.stages.Compiled, devices: Sequence[Any], batch_size
   what = f"batch_size={batch_size}" + (f" with {members} members" if members > 1 else "")
   per_device = have.bytes / have.shared_by
   fixed = need.arguments + need.outputs  # The state mostly: it does not shrink with a batch.
+  # Temporaries grow about in proportion to the batch.
+  fits = math.floor(batch_size * (per_device - fixed) / max(need.temporaries, 1))
+  smaller = ("a smaller model (model.emb_dim, model.mlp_dim, model.num_layers)"
+             + (", fewer members" if members > 1 else ""))
   if fixed >= per_device:
-    advice = (f"the state alone needs {_size(fixed)} per device: a smaller model"
-              + (", fewer members" if members > 1 else "") + " or more devices to shard it")
-  else:  # Temporaries grow about in proportion to the batch.
-    fits = max(math.floor(batch_size * (per_device - fixed) / max(need.temporaries, 1)), 0)
+    advice = (f"the state alone needs {_size(fixed)} per device: {smaller} or more devices "
+              "to shard it")
+  elif fits < 1:  # Not even one example: a smaller batch is no advice that can be followed.
+    advice = (f"even batch_size=1 would not fit (about {_size(need.temporaries / batch_size)} "
+              f"of temporaries per example beside {_size(fixed)} of state): {smaller} or "
+              "more devices")
+  else:
     advice = (f"a batch_size of about {fits} or less would fit"
               + (", or fewer members" if members > 1 else "") + "; or more devices")
   raise errors.BadInput(
