@@ -69,7 +69,7 @@ class Sizes:
   population: tuple[str, ...]  # --experiment, --size, --members.
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
-  repeats_path: tuple[str, ...] = ()  # Stages left out: they run the path of an earlier one.
+  left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
 
 
 GPU = Sizes(
@@ -87,7 +87,7 @@ DRY_RUN = Sizes(
                "--max_temp_gb=1", "--cell_budget_s=10", "--pallas_interpret"),
     c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
-    scale=3.0, deadline_s=600, repeats_path=("population_softmax",))
+    scale=3.0, deadline_s=600, left_out=("population_softmax",))
 
 
 @dataclasses.dataclass
@@ -97,7 +97,6 @@ class Window:
   sizes: Sizes
   deadline: float  # time.monotonic() after which no stage runs.
   dry_run: bool
-  failed: list = dataclasses.field(default_factory=list)
 
   def record(self, kind: str, **row) -> None:
     """Appends one JSON line and flushes it: a window cut short keeps every line written."""
@@ -255,7 +254,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("parity", 75, parity, min_s=30, stops_window=True),
       Stage("attention", 150, attention, min_s=40),
       _c4(sizes.c4_batches[0], min_s=30),
-      _population("hyla", 60),
+      _population("hyla", 75),
       Stage("trace", 45, trace, finish=_pack_trace, min_s=30),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 45),
@@ -380,7 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   for stage in stages(sizes):
     if stage.name not in chosen:
       continue
-    if stage.name in sizes.repeats_path:
+    if stage.name in sizes.left_out:
       w.record("stage", stage=stage.name, status="skipped", seconds=0,
                message="dry run: the same path as an earlier stage")
       continue
