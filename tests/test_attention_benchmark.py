@@ -136,6 +136,7 @@ def test_run_measures_the_baseline_first_and_every_ratio_against_it():
     for key in ("fwd_ms", "fwd_min_ms", "fwd_bwd_ms", "fwd_bwd_tflops", "fwd_bwd_vs_baseline"):
       assert math.isfinite(r[key]) and r[key] > 0, (key, r)
     assert r["fwd_min_ms"] <= r["fwd_ms"] and r["calls"] == 3
+    assert 0 < r["fwd_bwd_loop_overhead_ms"] < math.inf
   assert all(r["fwd_vs_baseline"] == 1.0 for r in out if r["implementation"] == "softmax_xla")
 
 

@@ -10,8 +10,10 @@ Timing (`call_loop`): one measurement runs `calls` (>= 20 by default) calls insi
 `lax.fori_loop` of static trip count and waits once, so a sub-millisecond kernel is not timed
 as its dispatch. Each call's inputs depend on the previous call's result through a few
 scalars updated in place (0 x one element of it): XLA can neither hoist the call out of the
-loop nor merge calls, and the loop adds no pass over any array. The rows give the median and
-the minimum over `repeats` measurements, in ms per call.
+loop nor merge calls, and the loop adds no pass over any array; what it does add (a few
+scalar kernels per call) is measured per T as `*_loop_overhead_ms` (the same loop around calls
+that do nothing). The rows give the median and the minimum over `repeats` measurements, in ms
+per call, overhead included.
 
 Memory (issue: a benchmark must refuse before it allocates): before any array exists, the
 inputs' and results' bytes (abstract shapes) are compared with the device, then the compiled
@@ -374,6 +376,22 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
   return row
 
 
+def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
+                     ) -> Optional[dict]:
+  """{kind: ms per call} of `call_loop` around calls that do nothing (return their inputs,
+  shaped as the results): what the dependency between calls costs (a few scalar kernels
+  per call), to read beside sub-millisecond rows. None where the inputs would not fit."""
+  if check_abstract_memory("softmax_xla", shape, limits):
+    return None
+  idle = {"fwd": lambda q, k, v: q, "fwd_bwd": lambda q, k, v: (q, k, v)}
+  args = _inputs(shape)
+  out = {}
+  for kind, fn in idle.items():
+    exe = call_loop(fn, calls).lower(*shape.specs()).compile()
+    out[kind] = statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
+  return out
+
+
 def with_baselines(names: Sequence[str], backend: str) -> list[str]:
   """`names` with the ratio's baselines first: cuDNN softmax on GPU, XLA softmax always
   (cuDNN may not support the dtype; then the ratio is to XLA's, and says so)."""
@@ -414,8 +432,10 @@ def run(seq_lens: Sequence[int], names: Sequence[str], *, batch: int, heads: int
   names = with_baselines(names, jax.default_backend())
   rows, stopped, last_ok = [], {}, {}
   for seq_len in seq_lens:
+    shape = Shape(batch, heads, head_dim, seq_len, causal, dtype)
+    overhead = (loop_overhead_ms(shape, calls, repeats, limits)
+                if time.perf_counter() < limits.deadline else None)
     for name in names:
-      shape = Shape(batch, heads, head_dim, seq_len, causal, dtype)
       if time.perf_counter() > limits.deadline:
         row = dict(implementation=name, **dataclasses.asdict(shape), status="deadline")
       elif name in stopped:
@@ -423,6 +443,8 @@ def run(seq_lens: Sequence[int], names: Sequence[str], *, batch: int, heads: int
                    message=f"after {stopped[name]}")
       else:
         row = measure(name, shape, repeats, limits, calls, _scaled(last_ok.get(name), shape))
+        for kind, ms in (overhead or {}).items():
+          row[f"{kind}_loop_overhead_ms"] = ms
         if row["status"] == "ok":
           last_ok[name] = row
         else:
