@@ -1,44 +1,83 @@
-r"""Attention benchmark: softmax, linear, HYLA reference / blockwise / Pallas over T.
+r"""Attention benchmark: softmax (cuDNN, XLA), linear, HYLA through every dispatch implementation.
 
 The CPU table of experiments/results/kernels.md (B=4, H=8, d=64, causal, float32, fwd+bwd):
   python experiments/benchmark_attention.py --seq_lens=256,512,1024,2048,4096 \
     --batch=4 --heads=8 --head_dim=64 --causal --dtype=float32 --repeats=5 \
     --out_dir=/tmp/bench_attention
-GPU target (bf16): add --dtype=bfloat16 --batch=8 --seq_lens=2048,4096,8192.
-Prints one line per cell, then a markdown table and the target ratios at --target_len;
-writes results.json and attention_benchmark.png to --out_dir. The Pallas columns run only on
-GPU unless --pallas_interpret (slow; tiny shapes only).
+GPU (what `launch/gpu_window.py` runs): --dtype=bfloat16 --seq_lens=1024,4096,16384
+  --parity_lens=256,1000 --cell_budget_s=15.
+Each measurement runs --calls calls inside one jitted loop (`hypernet_attention/ops/
+benchmark.py`); rows give median and min ms per call, TFLOP/s and the ratio to cuDNN softmax
+(XLA's softmax where cuDNN does not run, named in the row) from the same process. Prints one
+line per cell, then a markdown table and the target ratios at --target_len; writes
+results.json and attention_benchmark.png to --out_dir, and with --jsonl appends each row to
+that file as soon as it is measured. A cell that cannot fit (abstract shapes, then the
+compiled loop's memory analysis) is refused before any array is allocated.
+
+--parity_lens: first check values and gradients of every HYLA implementation against the
+float64 reference at those lengths (`ops/parity.py`); a failure exits with status 1 before
+anything is timed. The Pallas columns run only on GPU unless --pallas_interpret (slow; tiny
+shapes only).
 """
 
 import argparse
 import json
+import math
+import os
+import time
 
 import jax
 
 from hypernet_attention.ops import benchmark
+from hypernet_attention.ops import parity
 from hypernet_attention.train import cli
+from hypernet_attention.train import memory
 from hypernet_attention.train import run_files
 
+PARITY_FAILED_EXIT_CODE = 1
 
-def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
-  """The sequence lengths; any bad argument is `parser.error` (one line, exit 2)."""
+
+def _lengths(parser, flag: str, text: str, allow_empty: bool) -> list[int]:
   try:
-    seq_lens = [int(t) for t in args.seq_lens.split(",")]
+    lens = [int(t) for t in text.split(",") if t.strip()]
   except ValueError:
-    parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
-  for name in ("batch", "heads", "head_dim", "repeats", "target_len"):
+    lens = [0]
+  if (not lens and not allow_empty) or (lens and min(lens) < 1):
+    parser.error(f"--{flag}={text!r}; allowed: comma-separated positive integers")
+  return lens
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+  """Any bad argument is `parser.error` (one line, exit 2), before any work."""
+  args.seq_lens = _lengths(parser, "seq_lens", args.seq_lens, allow_empty=args.parity_only)
+  args.parity_lens = _lengths(parser, "parity_lens", args.parity_lens, allow_empty=True)
+  if args.parity_only and not args.parity_lens:
+    parser.error("--parity_only without --parity_lens; allowed: e.g. --parity_lens=256,1000")
+  for name in ("batch", "heads", "head_dim", "repeats", "target_len", "calls"):
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
-  if not seq_lens or min(seq_lens) < 1:
-    parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
-  if not args.max_temp_gb > 0:
-    parser.error(f"--max_temp_gb={args.max_temp_gb}; allowed: a positive number")
+  for name in ("max_temp_gb", "cell_budget_s", "deadline_s"):
+    if not getattr(args, name) > 0:
+      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive number")
   run_files.check_output_dir(args.out_dir, "--out_dir")  # BadInput: one line, before work.
-  unknown = [n for n in args.implementations.split(",") if n not in benchmark.IMPLEMENTATIONS]
-  if unknown:
+  if args.jsonl:
+    if os.path.isdir(args.jsonl):
+      parser.error(f"--jsonl={args.jsonl!r} is a folder; allowed: a file path")
+    os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
+  args.implementations = [n for n in args.implementations.split(",") if n]
+  unknown = [n for n in args.implementations if n not in benchmark.allowed_names()]
+  if unknown or not args.implementations:
     parser.error(f"--implementations: unknown {unknown}; allowed: "
-                 f"{','.join(benchmark.IMPLEMENTATIONS)}")
-  return seq_lens
+                 f"{','.join(benchmark.allowed_names())}")
+
+
+def _appender(path: str | None, kind: str):
+  """Each row appended to `path` (JSON lines, with `kind`) as soon as it exists."""
+  def append(row: dict) -> None:
+    if path:
+      with open(path, "a") as f:
+        f.write(json.dumps({"kind": kind, **row}) + "\n")
+  return append
 
 
 def main():
@@ -49,18 +88,31 @@ def main():
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
   parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--implementations", default=",".join(benchmark.IMPLEMENTATIONS))
+  parser.add_argument("--repeats", type=int, default=5, help="measurements per cell")
+  parser.add_argument("--calls", type=int, default=benchmark.DEFAULT_CALLS,
+                      help="calls per measurement, inside one jitted loop")
+  parser.add_argument("--implementations", default=",".join(benchmark.implementations()))
   parser.add_argument("--out_dir", default="/tmp/benchmark_attention")
+  parser.add_argument("--jsonl", default=None, help="append each row here as it is measured")
   parser.add_argument("--max_temp_gb", type=float, default=6.0,
-                      help="skip (and stop the column) when compiled temp memory exceeds this")
+                      help="refuse (and stop the column) when the compiled temporaries "
+                      "exceed this")
+  parser.add_argument("--cell_budget_s", type=float, default=math.inf,
+                      help="seconds per timed function of a cell; a column whose next cell "
+                      "is predicted over it stops")
+  parser.add_argument("--deadline_s", type=float, default=math.inf,
+                      help="no cell starts after this many seconds")
+  parser.add_argument("--parity_lens", default="",
+                      help="check every HYLA implementation against the reference first")
+  parser.add_argument("--parity_only", action="store_true")
   parser.add_argument("--pallas_interpret", action="store_true",
-                      help="run hyla_pallas in interpret mode off GPU (very slow)")
+                      help="run the Pallas columns in interpret mode off GPU (very slow)")
   parser.add_argument("--target_len", type=int, default=1024)
   args = parser.parse_args()
-  seq_lens = _check(parser, args)
+  _check(parser, args)
+  deadline = time.perf_counter() + args.deadline_s
 
-  names = [n for n in args.implementations.split(",") if n]
+  names = args.implementations
   backend = jax.default_backend()
   pallas = [n for n in names if n.endswith("pallas")]
   if pallas and backend != "gpu" and not args.pallas_interpret:
@@ -70,14 +122,33 @@ def main():
   meta = dict(device=f"{device.platform}:{device.device_kind}", backend=backend,
               jax=jax.__version__, batch=args.batch, heads=args.heads,
               head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
-              repeats=args.repeats, max_temp_gb=args.max_temp_gb)
+              repeats=args.repeats, calls=args.calls, max_temp_gb=args.max_temp_gb)
   if backend == "cpu":
     meta.update(benchmark.host_cpu())
   print(json.dumps(meta))
+
+  if args.parity_lens:
+    checked = [n for n in parity.hyla_implementations()
+               if n != "pallas" or backend == "gpu" or args.pallas_interpret]
+    rows = parity.run(args.parity_lens, args.dtype, batch=args.batch, heads=args.heads,
+                      head_dim=args.head_dim, names=checked,
+                      on_row=_appender(args.jsonl, "parity"))
+    if any(r["status"] != "pass" for r in rows):
+      print("parity failed: nothing timed.")
+      raise SystemExit(PARITY_FAILED_EXIT_CODE)
+    if args.parity_only:
+      return
+
+  have = memory.capacity(jax.devices())
+  limits = benchmark.Limits(
+      max_temp_bytes=args.max_temp_gb * 2**30,
+      device_bytes=None if have is None else have.bytes / have.shared_by,
+      device="" if have is None else have.described, cell_budget_s=args.cell_budget_s,
+      deadline=deadline)
   rows = benchmark.run(
-      seq_lens, names, batch=args.batch, heads=args.heads,
-      head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, repeats=args.repeats,
-      max_temp_bytes=args.max_temp_gb * 2**30, interpret=args.pallas_interpret)
+      args.seq_lens, names, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+      dtype=args.dtype, causal=args.causal, repeats=args.repeats, calls=args.calls,
+      limits=limits, on_row=_appender(args.jsonl, "attention"))
   print(benchmark.markdown_table(rows))
   meta["ratios_at_target_len"] = benchmark.ratios(rows, args.target_len)
   print(f"ratios at T={args.target_len}:", json.dumps(meta["ratios_at_target_len"], indent=1))

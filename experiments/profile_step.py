@@ -2,6 +2,10 @@ r"""Where one model's train step spends its time, per JAX op (CPU), from a profi
 
   python experiments/profile_step.py --experiment=sraven --size=paper --model=hyla
   python experiments/profile_step.py --model=hyla@model.implementation=reference --top=40
+  python experiments/profile_step.py --experiment=c4_lm --size=50m --model=hyla@batch_size=64
+
+`--experiment=c4_lm` trains on uniformly random tokens (as `benchmark_training.py
+--synthetic_tokens`): the same step, with no TensorFlow, seqio or vocabulary needed.
 
 Builds the config as `benchmark_training.py` does, compiles and runs one chunk, traces a
 second chunk with `jax.profiler` and prints the ops that took the most time per step, summed
@@ -16,14 +20,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from hypernet_attention.train import benchmark  # noqa: E402
+from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
 
-ON_DEVICE = ("sraven", "fuzzy_logic")
+# Experiments whose data needs nothing from the host but their config: on-device generators,
+# and C4's step on random tokens.
+EXPERIMENTS = {"sraven": "", "fuzzy_logic": "", "c4_lm": f"task.name={objectives.SYNTHETIC_LM}"}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="sraven", choices=ON_DEVICE)
+  parser.add_argument("--experiment", default="sraven", choices=sorted(EXPERIMENTS))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--model", default="hyla",
                       help="attention preset; 'preset@key=value,...' adds config overrides")
@@ -34,7 +41,8 @@ def main():
   if args.steps < 1:
     parser.error(f"--steps={args.steps} must be a positive integer")
   try:  # Bad config arguments or overrides: one line, before any work.
-    config = benchmark.model_config(args.experiment, args.model, args.size)
+    config = benchmark.model_config(args.experiment, args.model, args.size,
+                                    EXPERIMENTS[args.experiment])
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   profile = profiling.profile_train_step(config, args.steps, args.trace_dir)

@@ -9,6 +9,7 @@ ENTRY %main {
   %dot.7 = f32[128,16,36,4]{3,2,1,0} dot(%c, %d), metadata={op_name="jit(chunk)/while/body/jvp(Transformer)/layers_12/attention/bqhd,bkhd->bhqk/dot_general"}
   %copy.2 = u32[4]{0} copy(%e)
   %dot.9 = f32[8]{0} dot(%f, %g), metadata={op_name="jit(chunk)/while/body/closed_call/eval_jaxpr/jvp(Transformer)/layers_0/attention/bqhd,bkhd->bhqk/dot_general"}
+  %dot.10 = f32[8]{0} dot(%f, %g), metadata={op_name="jit(_host_step)/jvp(Transformer)/layers_5/attention/bqhd,bkhd->bhqk/dot_general"}
 }
 """
 
@@ -22,6 +23,8 @@ def test_instruction_ops_maps_names_shapes_and_layers():
   assert ops["copy.2"] == ("u32[4]", "(copy, no op name)")
   # jax 0.11's `eval_jaxpr/` level is dropped: the same key as under jax 0.10.
   assert ops["dot.9"] == ("f32[8]", ops["dot.7"][1])
+  # A host-fed step (C4) is one jitted step, no loop: the same key.
+  assert ops["dot.10"] == ("f32[8]", ops["dot.7"][1])
 
 
 def test_profile_of_a_real_step_has_attention_forward_and_backward(tmp_path):

@@ -1,35 +1,70 @@
 """Times and sizes attention implementations over sequence lengths (experiments/results/kernels.md).
 
-For each sequence length T and implementation this measures, after compilation:
-forward and forward+backward wall time (median of repeats), the compiled executables'
-temp memory (`memory_analysis().temp_size_in_bytes`: what XLA allocates besides inputs and
-outputs), on GPU/TPU the device's peak bytes in use, and achieved TFLOP/s from analytic
-FLOP counts. A column stops at the first T whose compiled temp memory exceeds the budget
-(checked before running, so a CPU shared with others is never pushed into swap or the
-OOM killer) or whose run fails with an out-of-memory error.
+For each sequence length T and implementation this measures, after compilation: forward and
+forward+backward time per call, the compiled programs' memory (XLA's `memory_analysis()`), on
+GPU/TPU the device's peak bytes in use, achieved TFLOP/s from analytic FLOP counts and the
+ratio to softmax attention (cuDNN on GPU, XLA elsewhere; the row names which) measured in the
+same process.
 
-Implementations: softmax (`jax.nn.dot_product_attention`, cuDNN on GPU for bf16),
-linear (linear attention, reference einsums), hyla_reference, hyla_blockwise, hyla_pallas,
-and rmshead_linear_pallas (Table A1's "linear attention + RMSHead" on the Pallas kernel: HYLA's
-normalization with a linear value network, which runs on the matrix units).
+Timing (`call_loop`): one measurement runs `calls` (>= 20 by default) calls inside one jitted
+`lax.fori_loop` of static trip count and waits once, so a sub-millisecond kernel is not timed
+as its dispatch. Each call's inputs depend on the previous call's result through a few
+scalars updated in place (0 x one element of it): XLA can neither hoist the call out of the
+loop nor merge calls, and the loop adds no pass over any array; what it does add (a few
+scalar kernels per call) is measured per T as `*_loop_overhead_ms` (the same loop around calls
+that do nothing). The rows give the median and the minimum over `repeats` measurements, in ms
+per call, overhead included.
+
+Memory (issue: a benchmark must refuse before it allocates): before any array exists, the
+inputs' and results' bytes (abstract shapes) are compared with the device, then the compiled
+loop's memory analysis with the temporaries budget and the device; a cell that cannot fit is
+refused with what would fit. Only then are the inputs drawn. A column stops at its first
+refused or failed T, and a cell predicted (from the column's previous T) to overrun its time
+budget is skipped instead of run.
+
+Implementations (`implementations()`): softmax_cudnn (`jax.nn.dot_product_attention`,
+implementation='cudnn'; GPU, bf16/fp16), softmax_xla (the same with implementation='xla'),
+linear (linear attention, reference einsums), hyla_<name> for every implementation in
+`dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
+here without an edit), and rmshead_linear_pallas (Table A1's "linear attention + RMSHead":
+HYLA's normalization with a linear value network). `softmax` is also accepted: the path a
+model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 
 from hypernet_attention.ops import dispatch
 
-IMPLEMENTATIONS = ("softmax", "linear", "hyla_reference", "hyla_blockwise", "hyla_pallas",
-                   "rmshead_linear_pallas")
+BASELINES = ("softmax_cudnn", "softmax_xla")  # The ratio's denominator: the first that ran.
+DEFAULT_CALLS = 20  # Calls per measurement, inside one jitted loop.
+# A call predicted to take this long may run fewer times per loop (down to MIN_CALLS) to fit
+# its time budget: the dispatch the loop amortizes (tens of microseconds) is then under 1% of
+# one call. Shorter calls always run all `calls`, or are skipped.
+LONG_CALL_MS = 10.0
+MIN_CALLS = 3
+_HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
+
+
+def implementations() -> tuple[str, ...]:
+  """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
+  hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
+  return (*BASELINES, "linear", *hyla, "rmshead_linear_pallas")
+
+
+def allowed_names() -> tuple[str, ...]:
+  return (*implementations(), "softmax")
 
 
 def host_cpu() -> dict:
@@ -66,6 +101,11 @@ class Shape:
     t = self.seq_len
     return t * (t + 1) // 2 if self.causal else t * t
 
+  def specs(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """q, k, v as abstract arrays (B, T, H, D): what compiles without allocating."""
+    dims = (self.batch, self.seq_len, self.heads, self.head_dim)
+    return tuple(jax.ShapeDtypeStruct(dims, jnp.dtype(self.dtype)) for _ in range(3))
+
 
 def flops(name: str, shape: Shape) -> tuple[float, float]:
   """Analytic (forward, forward+backward) FLOPs; no recomputation counted.
@@ -75,15 +115,19 @@ def flops(name: str, shape: Shape) -> tuple[float, float]:
   product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP).
   """
   d = v = shape.head_dim
-  linear_value = name in ("softmax", "linear", "rmshead_linear_pallas")
+  linear_value = not name.startswith("hyla_")
   per_pair = (2 * d + 2 * v, 4 * d + 4 * v) if linear_value else (2 * d + 4 * v, 4 * d + 8 * v)
   scale = shape.batch * shape.heads * shape.pairs
   fwd, bwd = per_pair[0] * scale, per_pair[1] * scale
   return float(fwd), float(fwd + bwd)
 
 
-def attention_fn(name: str, causal: bool, interpret: bool = False) -> Callable:
-  """(q, k, v) -> out for one benchmark column."""
+def attention_fn(name: str, causal: bool) -> Callable:
+  """(q, k, v) -> out for one benchmark column (`allowed_names()`)."""
+  if name in ("softmax_cudnn", "softmax_xla"):
+    implementation = name.removeprefix("softmax_")
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, implementation=implementation)
   if name == "softmax":
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="softmax", value_network="linear")
@@ -91,18 +135,67 @@ def attention_fn(name: str, causal: bool, interpret: bool = False) -> Callable:
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="linear", value_network="linear",
         implementation="reference")
-  if name.endswith("pallas"):
-    from hypernet_attention.ops import pallas_kernel  # pylint: disable=g-import-not-at-top
-    value_network = "linear" if name == "rmshead_linear_pallas" else "mlp"
-    return lambda q, k, v: pallas_kernel.attention(
-        q, k, v, is_causal=causal, value_network=value_network, interpret=interpret)
+  if name == "rmshead_linear_pallas":
+    return lambda q, k, v: dispatch.attention(
+        q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
+        implementation="pallas")
   implementation = name.removeprefix("hyla_")
+  if not name.startswith("hyla_") or implementation not in dispatch.IMPLEMENTATIONS:
+    raise ValueError(f"implementation {name!r}; allowed: {', '.join(allowed_names())}")
   return lambda q, k, v: dispatch.attention(
-      q, k, v, is_causal=causal, normalization="rms_head", value_network="mlp",
-      activation="relu", implementation=implementation)
+      q, k, v, is_causal=causal, implementation=implementation, **_HYLA)
+
+
+def unsupported(name: str, shape: Shape, backend: str) -> Optional[str]:
+  """Why `name` cannot run this shape here, or None. Checked before any work."""
+  if name == "softmax_cudnn":
+    if backend != "gpu":
+      return f"cuDNN runs on NVIDIA GPUs; this backend is {backend}"
+    if shape.dtype not in ("bfloat16", "float16"):
+      return f"cuDNN's flash attention takes bfloat16/float16, not {shape.dtype}"
+  return None
+
+
+def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
+  """The two timed functions of a column: the output, and d(sum out)/d(q, k, v)."""
+  fn = attention_fn(name, causal)
+  loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
+  return {"fwd": fn, "fwd_bwd": jax.grad(loss, (0, 1, 2))}
+
+
+def call_loop(fn: Callable, calls: int) -> Callable:
+  """A jitted program that runs `fn` `calls` times in one loop and returns the last result.
+
+  Each call depends on the one before: the inputs ride in the loop's carry, and before each
+  call one element of each input is added 0 x (one element of each of the previous call's
+  results). XLA cannot hoist the call out of the loop (its inputs are loop-variant), merge
+  two calls, or drop part of a result (all of it is carried), and it does not fold a float
+  multiply by 0 (NaN semantics). The update is in place: a few scalars per call, not a pass
+  over the inputs. (An `optimization_barrier` on loop-invariant inputs is not enough:
+  XLA:CPU hoisted the whole attention out of such a loop.) The trip count is static (no
+  host round-trip per iteration on GPU).
+  """
+  def looped(*args):
+    result_shape = jax.eval_shape(fn, *args)
+    first = jax.tree.map(lambda s: lax.full(s.shape, 0, s.dtype), result_shape)
+
+    def body(_, carry):
+      inputs, previous = carry
+      picked = sum(leaf[(0,) * leaf.ndim].astype(jnp.float32)
+                   for leaf in jax.tree.leaves(previous))
+      zero = jnp.where(jnp.isfinite(picked), picked, 0.0) * 0.0
+      corner = lambda x: (0,) * x.ndim
+      inputs = tuple(x.at[corner(x)].add(zero.astype(x.dtype)) for x in inputs)
+      return inputs, fn(*inputs)
+
+    return lax.fori_loop(0, calls, body, (args, first))[1]
+
+  return jax.jit(looped)
 
 
 def median_time(fn, args, repeats: int) -> float:
+  """Seconds per call of `fn` dispatched once per call: for calls of many milliseconds
+  (`experiments/tune_pallas.py`); shorter ones are timed through `call_loop`."""
   jax.block_until_ready(fn(*args))  # warm-up
   times = []
   for _ in range(repeats):
@@ -112,101 +205,296 @@ def median_time(fn, args, repeats: int) -> float:
   return statistics.median(times)
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What a cell may use. `device_bytes`/`device`: the memory all of one cell's arrays share
+  (None: unknown, not checked); `cell_budget_s`: seconds per timed function (warm-up and
+  repeats); `deadline`: a `time.perf_counter()` after which no cell starts."""
+  max_temp_bytes: float = math.inf
+  device_bytes: Optional[float] = None
+  device: str = ""
+  cell_budget_s: float = math.inf
+  deadline: float = math.inf
+
+
+def _size(num_bytes: float) -> str:
+  return f"{num_bytes / 2**30:.2f} GiB"
+
+
+def _advice(shape: Shape, need: float, have: float, limit: str) -> str:
+  """What to pass instead: a smaller batch where one is predicted to fit (memory grows at
+  least in proportion to it), else shorter sequences; never a batch below 1."""
+  batch = math.floor(shape.batch * have / need)
+  if batch >= 1:
+    return f"--batch={batch} at most, or shorter --seq_lens"
+  return ("shorter --seq_lens (memory grows with T, up to T^2 for the reference) at --batch=1"
+          + (", or a larger --max_temp_gb" if limit == "temp" else ", or a device with more "
+             "memory"))
+
+
+def _refusal(shape: Shape, what: str, need: float, have: float, limit: str, name: str,
+             described: str = "") -> dict:
+  budget = ("--max_temp_gb" if limit == "temp"
+            else "the device" + (f" ({described})" if described else ""))
+  return dict(status="over_memory_budget" if limit == "temp" else "over_device_memory",
+              message=f"T={shape.seq_len} {name}: {what} {_size(need)} > {_size(have)} of "
+              f"{budget}; allowed: {_advice(shape, need, have, limit)}")
+
+
+def check_abstract_memory(name: str, shape: Shape, limits: Limits) -> Optional[dict]:
+  """The inputs and the forward+backward results alone, from shapes (nothing compiled or
+  allocated): a refusal row's fields, or None."""
+  if limits.device_bytes is None:
+    return None
+  specs = shape.specs()
+  results = jax.eval_shape(fwd_and_fwd_bwd(name, shape.causal)["fwd_bwd"], *specs)
+  need = sum(s.size * s.dtype.itemsize for s in (*specs, *jax.tree.leaves(results)))
+  if need > limits.device_bytes:
+    return _refusal(shape, "inputs and gradients alone", need, limits.device_bytes,
+                    "device", name, limits.device)
+  return None
+
+
+def check_compiled_memory(compiled, kind: str, name: str, shape: Shape,
+                          limits: Limits) -> tuple[dict, Optional[dict]]:
+  """XLA's memory analysis of one compiled loop: ({kind}_temp_bytes, {kind}_bytes) and a
+  refusal row's fields or None."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return {f"{kind}_temp_bytes": None, f"{kind}_bytes": None}, None
+  temp = int(stats.temp_size_in_bytes)
+  total = int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+              - stats.alias_size_in_bytes) + temp
+  sizes = {f"{kind}_temp_bytes": temp, f"{kind}_bytes": total}
+  if temp > limits.max_temp_bytes:
+    return sizes, _refusal(shape, f"{kind}'s temporaries", temp, limits.max_temp_bytes,
+                           "temp", name)
+  if limits.device_bytes is not None and total > limits.device_bytes:
+    return sizes, _refusal(shape, f"{kind} (inputs, results, temporaries)", total,
+                           limits.device_bytes, "device", name, limits.device)
+  return sizes, None
+
+
+def time_loop(compiled, args, calls: int, repeats: int, budget_s: float) -> dict:
+  """Per-call ms of a compiled `call_loop`: warm-up, then up to `repeats` measurements
+  while the budget lasts (a warm-up over budget: no measurement, its time returned)."""
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(*args))
+  warm_s = time.perf_counter() - start
+  samples = []
+  spent = warm_s
+  for _ in range(repeats):
+    if spent + warm_s > budget_s:
+      break
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    samples.append(time.perf_counter() - start)
+    spent += samples[-1]
+  per_call = [1e3 * s / calls for s in samples]
+  return dict(warmup_ms=1e3 * warm_s / calls, samples_ms=per_call)
+
+
 def _is_oom(err: Exception) -> bool:
   text = str(err).lower()
   return "resource_exhausted" in text or "out of memory" in text or "oom" in text
 
 
-def measure(name: str, shape: Shape, repeats: int, max_temp_bytes: float,
-            interpret: bool = False) -> dict:
-  """One table cell: times in ms, memory in bytes; `status` says why a cell is empty."""
+def _inputs(shape: Shape) -> tuple[jax.Array, ...]:
   keys = jax.random.split(jax.random.PRNGKey(shape.seq_len), 3)
-  dims = (shape.batch, shape.seq_len, shape.heads, shape.head_dim)
-  q, k, v = (jax.random.normal(kk, dims, jnp.dtype(shape.dtype)) for kk in keys)
-  fn = attention_fn(name, shape.causal, interpret)
-  loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
-  fwd_bwd = jax.grad(loss, (0, 1, 2))
-  row = dict(implementation=name, **dataclasses.asdict(shape))
+  return tuple(jax.random.normal(key, (shape.batch, shape.seq_len, shape.heads,
+                                       shape.head_dim), jnp.dtype(shape.dtype))
+               for key in keys)
+
+
+def calls_within(calls: int, estimate_ms: dict, budget_s: float) -> int:
+  """Calls per loop so that a warm-up and one measurement of the slowest function fit the
+  budget: `calls`, fewer for long calls (`LONG_CALL_MS`), or 0 (skip the cell)."""
+  slowest = max(estimate_ms.values(), default=0.0)
+  if slowest * calls * 2 / 1e3 <= budget_s:
+    return calls
+  fit = math.floor(budget_s * 1e3 / (2 * slowest))
+  return fit if slowest >= LONG_CALL_MS and fit >= MIN_CALLS else 0
+
+
+def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
+            calls: int = DEFAULT_CALLS, estimate_ms: Optional[dict] = None) -> dict:
+  """One table cell: times in ms per call, memory in bytes; `status` says why a cell is
+  empty. `estimate_ms`: {kind: predicted ms per call} (from the column's previous T): a
+  cell predicted over `limits.cell_budget_s` runs fewer calls if they are long
+  (`calls_within`), else is not run."""
+  row = dict(implementation=name, **dataclasses.asdict(shape), calls=calls, repeats=repeats)
+  reason = unsupported(name, shape, jax.default_backend())
+  if reason:
+    return {**row, "status": "unsupported", "message": reason}
+  budget_s = min(limits.cell_budget_s, limits.deadline - time.perf_counter())
+  fitted = calls_within(calls, estimate_ms or {}, budget_s)
+  if not fitted:
+    slowest = max(estimate_ms.values())
+    return {**row, "status": "over_time_budget", "estimate_ms": slowest,
+            "message": f"predicted {slowest:.3g} ms per call x {calls} calls x 2 runs > "
+            f"{budget_s:.0f} s budget"}
+  calls = row["calls"] = fitted
+  functions = fwd_and_fwd_bwd(name, shape.causal)
+  flop_counts = dict(zip(functions, flops(name, shape)))
   try:
+    refused = check_abstract_memory(name, shape, limits)
+    if refused:
+      return {**row, **refused}
     compiled = {}
-    for kind, f in (("fwd", fn), ("fwd_bwd", fwd_bwd)):
-      compiled[kind] = jax.jit(f).lower(q, k, v).compile()
-      analysis = compiled[kind].memory_analysis()
-      row[f"{kind}_temp_bytes"] = None if analysis is None else analysis.temp_size_in_bytes
-    if max(row["fwd_temp_bytes"] or 0, row["fwd_bwd_temp_bytes"] or 0) > max_temp_bytes:
-      row["status"] = "over_memory_budget"
-      return row
-    flop_counts = flops(name, shape)
-    for (kind, exe), flop in zip(compiled.items(), flop_counts):
-      seconds = median_time(exe, (q, k, v), repeats)
-      row[f"{kind}_ms"] = 1e3 * seconds
-      row[f"{kind}_tflops"] = flop / seconds / 1e12
+    for kind, fn in functions.items():
+      start = time.perf_counter()
+      compiled[kind] = call_loop(fn, calls).lower(*shape.specs()).compile()
+      row[f"{kind}_compile_s"] = time.perf_counter() - start
+      sizes, refused = check_compiled_memory(compiled[kind], kind, name, shape, limits)
+      row.update(sizes)
+      if refused:
+        return {**row, **refused}
+    args = _inputs(shape)  # The first allocation, once everything fits.
+    for kind, exe in compiled.items():
+      budget_s = min(limits.cell_budget_s, limits.deadline - time.perf_counter())
+      timed = time_loop(exe, args, calls, repeats, budget_s)
+      row[f"{kind}_warmup_ms"] = timed["warmup_ms"]
+      if not timed["samples_ms"]:
+        return {**row, "status": "over_time_budget",
+                "message": f"{kind}: one run of {calls} calls took "
+                f"{timed['warmup_ms'] * calls / 1e3:.1f} s of a {budget_s:.0f} s budget"}
+      row[f"{kind}_ms"] = statistics.median(timed["samples_ms"])
+      row[f"{kind}_min_ms"] = min(timed["samples_ms"])
+      row[f"{kind}_samples"] = len(timed["samples_ms"])
+      row[f"{kind}_tflops"] = flop_counts[kind] / row[f"{kind}_ms"] / 1e9
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
     if stats:
       row["device_peak_bytes"] = stats.get("peak_bytes_in_use")
     row["status"] = "ok"
   except Exception as err:  # pylint: disable=broad-except
-    if not _is_oom(err):
+    if not _is_oom(err) and not name.startswith("softmax_"):
       raise
-    row["status"] = "out_of_memory"
+    # cuDNN refuses shapes it does not support when the call is lowered.
+    row["status"] = "out_of_memory" if _is_oom(err) else "unsupported"
+    row["message"] = str(err).strip().splitlines()[0][:300]
   return row
 
 
-def run(seq_lens: Sequence[int], implementations: Sequence[str], *, batch: int, heads: int,
-        head_dim: int, dtype: str, causal: bool, repeats: int, max_temp_bytes: float,
-        interpret: bool = False, log: Callable[[str], None] = print) -> list[dict]:
-  rows, stopped = [], set()
+def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
+                     ) -> Optional[dict]:
+  """{kind: ms per call} of `call_loop` around calls that do nothing (return their inputs,
+  shaped as the results): what the dependency between calls costs (a few scalar kernels
+  per call), to read beside sub-millisecond rows. None where the inputs would not fit."""
+  if check_abstract_memory("softmax_xla", shape, limits):
+    return None
+  idle = {"fwd": lambda q, k, v: q, "fwd_bwd": lambda q, k, v: (q, k, v)}
+  args = _inputs(shape)
+  out = {}
+  for kind, fn in idle.items():
+    exe = call_loop(fn, calls).lower(*shape.specs()).compile()
+    out[kind] = statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
+  return out
+
+
+def with_baselines(names: Sequence[str], backend: str) -> list[str]:
+  """`names` with the ratio's baselines first: cuDNN softmax on GPU, XLA softmax always
+  (cuDNN may not support the dtype; then the ratio is to XLA's, and says so)."""
+  wanted = (["softmax_cudnn"] if backend == "gpu" else []) + ["softmax_xla"]
+  return wanted + [n for n in names if n not in wanted]
+
+
+def add_ratios(rows: list[dict]) -> None:
+  """Each ok row's time over the baseline's at its T (`BASELINES`, first that ran)."""
+  for row in rows:
+    same_t = {r["implementation"]: r for r in rows
+              if r["seq_len"] == row["seq_len"] and r["status"] == "ok"}
+    base = next((same_t[b] for b in BASELINES if b in same_t), None)
+    if base is None or row["status"] != "ok":
+      continue
+    row["baseline"] = base["implementation"]
+    for kind in ("fwd", "fwd_bwd"):
+      row[f"{kind}_vs_baseline"] = row[f"{kind}_ms"] / base[f"{kind}_ms"]
+
+
+def _scaled(previous: Optional[dict], shape: Shape) -> Optional[dict]:
+  """The column's previous ok row's ms per call, scaled by pairs (attention's work)."""
+  if previous is None:
+    return None
+  scale = shape.pairs / dataclasses.replace(shape, seq_len=previous["seq_len"]).pairs
+  return {k: previous[f"{k}_ms"] * scale for k in ("fwd", "fwd_bwd")}
+
+
+def run(seq_lens: Sequence[int], names: Sequence[str], *, batch: int, heads: int,
+        head_dim: int, dtype: str, causal: bool, repeats: int, calls: int = DEFAULT_CALLS,
+        limits: Limits = Limits(), log: Callable[[str], None] = print,
+        on_row: Callable[[dict], None] = lambda row: None) -> list[dict]:
+  """Every cell, T by T (all columns at the shortest T first), baselines first at each T.
+  `on_row` gets each row as soon as it is measured (with its ratio to the baseline)."""
+  unknown = [n for n in names if n not in allowed_names()]
+  if unknown:
+    raise ValueError(f"implementations {unknown}; allowed: {', '.join(allowed_names())}")
+  names = with_baselines(names, jax.default_backend())
+  rows, stopped, last_ok = [], {}, {}
   for seq_len in seq_lens:
-    for name in implementations:
-      if name not in IMPLEMENTATIONS:
-        raise ValueError(f"Unknown implementation {name!r}; allowed: {', '.join(IMPLEMENTATIONS)}.")
-      shape = Shape(batch, heads, head_dim, seq_len, causal, dtype)
-      if name in stopped:
-        rows.append(dict(implementation=name, **dataclasses.asdict(shape), status="stopped"))
-        continue
-      row = measure(name, shape, repeats, max_temp_bytes, interpret)
-      if row["status"] != "ok":
-        stopped.add(name)
+    shape = Shape(batch, heads, head_dim, seq_len, causal, dtype)
+    overhead = (loop_overhead_ms(shape, calls, repeats, limits)
+                if time.perf_counter() < limits.deadline else None)
+    for name in names:
+      if time.perf_counter() > limits.deadline:
+        row = dict(implementation=name, **dataclasses.asdict(shape), status="deadline")
+      elif name in stopped:
+        row = dict(implementation=name, **dataclasses.asdict(shape), status="stopped",
+                   message=f"after {stopped[name]}")
+      else:
+        row = measure(name, shape, repeats, limits, calls, _scaled(last_ok.get(name), shape))
+        for kind, ms in (overhead or {}).items():
+          row[f"{kind}_loop_overhead_ms"] = ms
+        if row["status"] == "ok":
+          last_ok[name] = row
+        else:
+          stopped[name] = f"{row['status']} at T={seq_len}"
       rows.append(row)
+      add_ratios(rows)
+      on_row(row)
       log(format_row(row))
   return rows
 
 
 def format_row(row: dict) -> str:
   mib = lambda b: "-" if b is None else f"{b / 2**20:9.1f}"
-  ms = lambda x: "-" if x is None else f"{x:9.1f}"
-  return (f"T={row['seq_len']:6d} {row['implementation']:15s} fwd {ms(row.get('fwd_ms'))} ms"
-          f"  fwd+bwd {ms(row.get('fwd_bwd_ms'))} ms  temp fwd {mib(row.get('fwd_temp_bytes'))}"
-          f" MiB  fwd+bwd {mib(row.get('fwd_bwd_temp_bytes'))} MiB  {row['status']}")
+  ms = lambda x: "-" if x is None else f"{x:9.3f}"
+  ratio = row.get("fwd_bwd_vs_baseline")
+  return (f"T={row['seq_len']:6d} {row['implementation']:22s} fwd {ms(row.get('fwd_ms'))} ms"
+          f"  fwd+bwd {ms(row.get('fwd_bwd_ms'))} ms (min {ms(row.get('fwd_bwd_min_ms'))})"
+          f"  temp fwd+bwd {mib(row.get('fwd_bwd_temp_bytes'))} MiB"
+          + (f"  x{ratio:.2f} {row['baseline']}" if ratio else "")
+          + f"  {row['status']}" + (f": {row['message']}" if row.get("message") else ""))
 
 
 def markdown_table(rows: list[dict]) -> str:
-  lines = ["| T | implementation | fwd ms | fwd+bwd ms | fwd temp MiB | fwd+bwd temp MiB |"
-           " fwd+bwd TFLOP/s | status |", "|---|---|---|---|---|---|---|---|"]
+  lines = ["| T | implementation | fwd ms (min) | fwd+bwd ms (min) | fwd+bwd temp MiB | "
+           "fwd+bwd TFLOP/s | fwd+bwd / baseline | status |",
+           "|---|---|---|---|---|---|---|---|"]
   fmt = lambda x, f: "-" if x is None else format(x, f)
   for r in rows:
-    temp = lambda k: None if r.get(k) is None else r[k] / 2**20  # noqa: B023
-    lines.append(
-        f"| {r['seq_len']} | {r['implementation']} | {fmt(r.get('fwd_ms'), '.1f')} | "
-        f"{fmt(r.get('fwd_bwd_ms'), '.1f')} | {fmt(temp('fwd_temp_bytes'), '.1f')} | "
-        f"{fmt(temp('fwd_bwd_temp_bytes'), '.1f')} | {fmt(r.get('fwd_bwd_tflops'), '.3f')} | "
-        f"{r['status']} |")
+    temp = None if r.get("fwd_bwd_temp_bytes") is None else r["fwd_bwd_temp_bytes"] / 2**20
+    ms = lambda k: f"{fmt(r.get(k + '_ms'), '.3f')} ({fmt(r.get(k + '_min_ms'), '.3f')})"  # noqa: B023
+    ratio = (f"{r['fwd_bwd_vs_baseline']:.2f} ({r['baseline']})"
+             if "fwd_bwd_vs_baseline" in r else "-")
+    lines.append(f"| {r['seq_len']} | {r['implementation']} | {ms('fwd')} | {ms('fwd_bwd')} | "
+                 f"{fmt(temp, '.1f')} | {fmt(r.get('fwd_bwd_tflops'), '.3f')} | {ratio} | "
+                 f"{r['status']} |")
   return "\n".join(lines)
 
 
 def ratios(rows: list[dict], seq_len: int) -> dict:
-  """The issue's targets at one T: blockwise vs softmax and vs the HYLA reference."""
+  """The issue's targets at one T: blockwise vs the baseline and vs the HYLA reference."""
   cell = {r["implementation"]: r for r in rows if r["seq_len"] == seq_len and r["status"] == "ok"}
   out = {}
   blk = cell.get("hyla_blockwise")
   if blk is None:
     return out
-  for other in ("softmax", "hyla_reference"):
+  for other in (blk.get("baseline"), "hyla_reference"):
     if other in cell:
       out[f"time_blockwise_over_{other}"] = blk["fwd_bwd_ms"] / cell[other]["fwd_bwd_ms"]
       out[f"temp_blockwise_over_{other}"] = (
-          blk["fwd_bwd_temp_bytes"] / max(cell[other]["fwd_bwd_temp_bytes"], 1))
+          (blk["fwd_bwd_temp_bytes"] or 0) / max(cell[other]["fwd_bwd_temp_bytes"] or 0, 1))
   return out
 
 
@@ -228,15 +516,18 @@ def write_outputs(rows: list[dict], out_dir: str, meta: dict) -> tuple[str, str]
     axes[0].plot(t, [r["fwd_bwd_ms"] for r in ok], "o-", label=f"{name} fwd+bwd")
     axes[0].plot(t, [r["fwd_ms"] for r in ok], "x:", color=axes[0].lines[-1].get_color(),
                  label=f"{name} fwd")
-    axes[1].plot(t, [r["fwd_bwd_temp_bytes"] / 2**20 for r in ok], "o-", label=name)
-  for ax, ylabel in zip(axes, ("time (ms, median)", "compiled temp memory, fwd+bwd (MiB)")):
+    if all(r.get("fwd_bwd_temp_bytes") is not None for r in ok):
+      axes[1].plot(t, [r["fwd_bwd_temp_bytes"] / 2**20 for r in ok], "o-", label=name)
+  for ax, ylabel in zip(axes, ("time per call (ms, median)",
+                               "compiled temp memory, fwd+bwd loop (MiB)")):
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-  axes[0].legend(fontsize=6)
-  axes[1].legend(fontsize=7)
+  if axes[0].lines:
+    axes[0].legend(fontsize=6)
+    axes[1].legend(fontsize=7)
   fig.suptitle(f"{meta.get('device')}: B={meta['batch']} H={meta['heads']} d={meta['head_dim']}"
                f" {meta['dtype']} causal={meta['causal']}", fontsize=9)
   fig.tight_layout()

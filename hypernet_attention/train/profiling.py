@@ -50,6 +50,7 @@ def _op_key(op_name: str) -> str:
   # jax 0.11 names the body of a closed call `eval_jaxpr/`; 0.10 did not: same keys on both.
   op = re.sub(r"(^|/)eval_jaxpr/", r"\1", op)
   op = re.sub(r"^.*?/while/body/(closed_call/)?", "", op)
+  op = re.sub(r"^jit\([^)]*\)/", "", op)  # A host-fed step: one jitted step, no loop.
   return op.replace("transpose(jvp(Transformer))", "BWD").replace("jvp(Transformer)", "FWD")
 
 
@@ -81,14 +82,17 @@ def _event_durations_us(trace_dir: str) -> collections.Counter:
 
 def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
                        trace_dir: str | None = None) -> Profile:
-  """Compiles `config`'s train chunk, runs it once, then traces one `steps`-step chunk."""
+  """Compiles `config`'s train chunk, runs it once, then traces one `steps`-step chunk.
+
+  The program whose instructions the trace names is the one `benchmark.prepare` compiled:
+  the scanned `steps`-step chunk (on-device data) or the one-step function a host-fed
+  experiment (C4) runs `steps` times.
+  """
   prepared = benchmark.prepare(config, steps)
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     prepared.run_chunk(steps)
-  with jax.set_mesh(prepared.trainer.mesh):
-    hlo = prepared.trainer.compiled_chunk_text(prepared.state, steps)
-  ops = instruction_ops(hlo)
+  ops = instruction_ops(prepared.compiled.as_text())
   per_op, shapes, counts = collections.Counter(), {}, collections.Counter()
   for name, micros in _event_durations_us(trace_dir).items():
     if name in ops:

@@ -1,0 +1,125 @@
+"""Values and gradients of every HYLA implementation against the float64 reference.
+
+The first stage of a GPU window (`experiments/benchmark_attention.py --parity_only`,
+`launch/gpu_window.py`): a kernel that computes the wrong function on the window's device
+must stop the window before anything is timed. Implementations are read from
+`dispatch.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
+
+The bound is tests/numerics.py's rule: the float32 reference's own error against float64,
+`err32`, measures the input's conditioning at float32 rounding; any summation order of a
+correct kernel stays within max(sqrt(n) err32, n u32, four roundings of a bfloat16 output),
+n the longest reduction (keys x width x heads), while a wrong mask, head axis or gradient is
+off by O(0.1-1). Matmuls run at full float32 precision (XLA:GPU's default TF32 would make
+`err32` 1000x looser).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import reference
+
+U_FLOAT32 = 2.0**-24
+HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
+QUANTITIES = ("out", "dq", "dk", "dv")
+
+
+def hyla_implementations() -> tuple[str, ...]:
+  """Every implementation `dispatch` can be asked for by name, but the reference itself."""
+  return tuple(n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference"))
+
+
+def _reference(q, k, v):
+  """The spec, with the causal mask built here (independently of `dispatch`)."""
+  causal_QK = np.tril(np.ones((q.shape[1], k.shape[1]), bool))
+  return reference.attention(q, k, v, mask=causal_QK, **HYLA)
+
+
+def _implementation(name: str) -> Callable:
+  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
+                                            **HYLA)
+
+
+def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:
+  """[out, dq, dk, dv] of <fn(q, k, v), cot> as float64 numpy arrays, one compiled call."""
+  def run(q, k, v):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out, *vjp(cot.astype(out.dtype)))
+  return [np.asarray(x, np.float64) for x in jax.jit(run)(q, k, v)]
+
+
+def _float64(fn, *arrays) -> list[np.ndarray]:
+  previous = jax.config.jax_enable_x64
+  jax.config.update("jax_enable_x64", True)
+  try:
+    return value_and_grads(fn, *(jnp.asarray(a, jnp.float64) for a in arrays))
+  finally:
+    jax.config.update("jax_enable_x64", previous)
+
+
+def _rel(x: np.ndarray, exact: np.ndarray) -> float:
+  return float(np.linalg.norm(x - exact) / max(np.linalg.norm(exact), 1e-30))
+
+
+def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: int,
+          head_dim: int, seed: int = 0) -> list[dict]:
+  """One row per implementation: relative error and bound of the output and each gradient,
+  causal, on fresh normal inputs rounded to `dtype` (the exact answer is for those)."""
+  rng = np.random.default_rng([seed, seq_len])
+  dims = (batch, seq_len, heads, head_dim)
+  rounded = [np.asarray(jnp.asarray(rng.standard_normal(dims), dtype), np.float64)
+             for _ in range(4)]  # q, k, v and the output's cotangent.
+  inputs = [jnp.asarray(a, dtype) for a in rounded]
+  n = seq_len * head_dim * heads
+  floor = 4 * float(jnp.finfo(dtype).eps) / 2 if dtype == "bfloat16" else 0.0
+  rows = []
+  with jax.default_matmul_precision("float32"):
+    exact = _float64(_reference, *rounded)
+    ref32 = value_and_grads(_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
+    bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor)
+              for r, e in zip(ref32, exact)]
+    for name in names:
+      row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
+                 head_dim=head_dim, causal=True)
+      try:
+        got = value_and_grads(_implementation(name), *inputs)
+      except Exception as err:  # pylint: disable=broad-except
+        # A kernel that does not compile here fails the check like a wrong one, named.
+        rows.append({**row, "status": "error",
+                     "message": f"{type(err).__name__}: {str(err).strip()[:300]}"})
+        continue
+      for quantity, x, e, bound in zip(QUANTITIES, got, exact, bounds):
+        row[f"{quantity}_err"], row[f"{quantity}_bound"] = _rel(x, e), bound
+      worst = max(row[f"{q}_err"] / row[f"{q}_bound"] for q in QUANTITIES)
+      row["worst_err_over_bound"] = worst
+      row["status"] = "pass" if worst < 1 else "fail"
+      rows.append(row)
+  return rows
+
+
+def run(seq_lens: Sequence[int], dtype: str, *, batch: int, heads: int, head_dim: int,
+        names: Sequence[str] | None = None, on_row: Callable[[dict], None] = lambda r: None,
+        log: Callable[[str], None] = print) -> list[dict]:
+  """float32 at the shortest T (the tightest check of the math), then `dtype` at every T;
+  stops at the first failing row (the window times nothing after a failure)."""
+  names = hyla_implementations() if names is None else names
+  cases = [(min(seq_lens), "float32")] if dtype != "float32" else []
+  cases += [(t, dtype) for t in seq_lens]
+  rows = []
+  for seq_len, case_dtype in cases:
+    for row in check(seq_len, case_dtype, names, batch=batch, heads=heads, head_dim=head_dim):
+      rows.append(row)
+      on_row(row)
+      errors = ", ".join(f"{q} {row[q + '_err']:.2e}/{row[q + '_bound']:.2e}"
+                         for q in QUANTITIES if q + "_err" in row)
+      log(f"parity T={seq_len} {case_dtype} {row['implementation']}: "
+          f"{errors or row.get('message')}  {row['status']}")
+      if row["status"] != "pass":
+        return rows
+  return rows

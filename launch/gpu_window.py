@@ -1,0 +1,398 @@
+r"""One GPU window, one command: what issue 41 measures on a device, each result kept at once.
+
+  bash launch/gpu_window.sh                       # on the GPU machine, .whl carried
+  python -m launch.gpu_window --out=DIR           # the same, where the packages are
+  python -m launch.gpu_window --out=DIR --dry_run # the whole sequence at tiny sizes, on CPU
+
+Stages, in order of value; each is a subprocess with its own time limit, clipped by the
+overall --deadline_s (a stage without its minimum time left is recorded as skipped, never
+started), so a slow stage costs only its own budget:
+  env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
+               the sources that ran
+  parity       values and gradients of every HYLA implementation in `ops/dispatch` against
+               the float64 reference at T=256 and T=1000 (`experiments/benchmark_attention.py
+               --parity_only`); a failure ends the window before anything is timed
+  attention    forward and forward+backward at T=1k/4k/16k for every implementation
+               (`ops/benchmark.py`: cuDNN and XLA softmax, linear, HYLA through each
+               dispatch implementation, found at run time), >= 20 calls per measurement in
+               one jitted loop, a per-cell time budget, refusals before allocation
+  c4_b64       the C4 50M train step, softmax vs HYLA, batch 64, random tokens
+               (`experiments/benchmark_training.py --synthetic_tokens`)
+  population   the SRAVEN paper-size population gain at 1/3/24 members, HYLA
+  trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
+  c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
+  population_softmax  the population gain of softmax, if time is left
+
+Output in --out (at most 5 files, as the device tool returns them): gpu_window.jsonl (one
+JSON object per line, appended and flushed as each result exists: kind = window, env,
+parity, attention, c4_step, population, trace, stage, window_end), gpu_window.log (every
+stage's output), attention/results.json and attention/attention_benchmark.png, and
+c4_hyla_trace.tar.gz. Exit status: 0, or 1 if parity failed or a stage failed.
+
+Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import glob
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from typing import Callable, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JSONL, LOG, TRACE = "gpu_window.jsonl", "gpu_window.log", "c4_hyla_trace.tar.gz"
+MAX_TRACE_BYTES = 15 * 2**20  # The device tool returns files of at most 16 MiB.
+H100_DEADLINE_S = 450  # Of the 8-minute window; the wrapper's wheel install comes first.
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+  """Everything that differs between a GPU window and the CPU dry run."""
+  parity_lens: str
+  seq_lens: str
+  attention: tuple[str, ...]  # Further benchmark_attention.py flags.
+  c4_size: str
+  c4_batches: tuple[int, int]  # The second may not fit: its refusal is a result.
+  steps: int
+  repeats: int
+  population: tuple[str, ...]  # --experiment, --size, --members.
+  scale: float  # Stage budgets are seconds on an H100 times this.
+  deadline_s: float
+  left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
+
+
+GPU = Sizes(
+    parity_lens="256,1000", seq_lens="1024,4096,16384",
+    attention=("--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16", "--repeats=5",
+               "--max_temp_gb=40", "--cell_budget_s=8"),
+    c4_size="50m", c4_batches=(64, 256), steps=5, repeats=2,
+    population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
+    scale=1.0, deadline_s=H100_DEADLINE_S)
+# Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
+# float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
+DRY_RUN = Sizes(
+    parity_lens="16,40", seq_lens="48",
+    attention=("--batch=1", "--heads=2", "--head_dim=16", "--dtype=float32", "--repeats=2",
+               "--max_temp_gb=1", "--cell_budget_s=10", "--pallas_interpret"),
+    c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
+    population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
+    scale=3.0, deadline_s=600, left_out=("population_softmax",))
+
+
+@dataclasses.dataclass
+class Window:
+  """One window's output folder and clock."""
+  out: str
+  sizes: Sizes
+  deadline: float  # time.monotonic() after which no stage runs.
+  dry_run: bool
+
+  def record(self, kind: str, **row) -> None:
+    """Appends one JSON line and flushes it: a window cut short keeps every line written."""
+    with open(os.path.join(self.out, JSONL), "a") as f:
+      f.write(json.dumps({"kind": kind, **row}) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+
+  def left(self) -> float:
+    return self.deadline - time.monotonic()
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  name: str
+  budget_s: float  # Seconds on an H100, a guess from the 2026-11-26 H200 window's numbers.
+  argv: Callable[[Window, float], list[str]]  # (window, the stage's time limit) -> command.
+  parse: Callable[[Window, str], None] = lambda w, line: None  # Each output line, as it comes.
+  # After it ends: (window, exit status, its last lines of output).
+  finish: Callable[[Window, int, list[str]], None] = lambda w, rc, tail: None
+  min_s: float = 20.0  # Not started with less than this left (seconds on an H100).
+  stops_window: bool = False  # A failure here ends the window.
+
+
+ENV_PROBE = """
+import json, platform, jax, jaxlib, flax, optax, numpy
+versions = dict(python=platform.python_version(), jax=jax.__version__,
+                jaxlib=jaxlib.__version__, flax=flax.__version__, optax=optax.__version__,
+                numpy=numpy.__version__)
+try:
+  from jax._src.lib import cuda_versions
+  versions.update(cuda_runtime=cuda_versions.cuda_runtime_get_version(),
+                  cudnn=cuda_versions.cudnn_get_version())
+except Exception:
+  pass
+device = jax.devices()[0]
+stats = device.memory_stats() or {}
+print(json.dumps(dict(versions=versions, backend=jax.default_backend(),
+                      device_kind=device.device_kind, device_count=jax.device_count(),
+                      bytes_limit=stats.get("bytes_limit"))))
+"""
+
+
+def _python(*args: str) -> list[str]:
+  return [sys.executable, *args]
+
+
+def _json_line(kind: str) -> Callable[[Window, str], None]:
+  """Lines that are JSON objects become rows of `kind`."""
+  def parse(window: Window, line: str) -> None:
+    if line.startswith("{"):
+      try:
+        window.record(kind, **json.loads(line))
+      except json.JSONDecodeError:
+        pass
+  return parse
+
+
+def _population_row(window: Window, line: str) -> None:
+  """A row of benchmark_training.py's population table (it prints no JSON for them)."""
+  cells = [c.strip() for c in line.strip().strip("|").split("|")]
+  if len(cells) < 8 or not cells[3].isdigit():
+    return
+  names = ("experiment", "size", "model", "members", "member_steps_per_s", "speedup",
+           "mib_per_member", "memory_vs_one_run")
+  row = dict(zip(names, cells))
+  for key in names[3:]:
+    try:
+      row[key] = float(row[key]) if key != "members" else int(row[key])
+    except ValueError:
+      pass
+  window.record("population", **row)
+
+
+def _error_line(tail: list[str]) -> str:
+  """A refusal's one line, `<program>: error: <what and what is allowed>`."""
+  return next((t for t in reversed(tail) if "error:" in t), tail[-1] if tail else "")
+
+
+def _c4(batch: int, min_s: float) -> Stage:
+  def argv(w: Window, limit: float) -> list[str]:
+    del limit
+    return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
+                   f"--size={w.sizes.c4_size}", "--synthetic_tokens", "--models=softmax,hyla",
+                   f"--steps={w.sizes.steps}", f"--repeats={w.sizes.repeats}",
+                   f"--config_overrides=batch_size={batch}")
+  def refused(w: Window, rc: int, tail: list[str]) -> None:
+    if rc == 2:  # Does not fit (or bad input): the answer for this batch.
+      w.record("c4_step", batch_size=batch, status="refused", message=_error_line(tail))
+
+  return Stage(f"c4_b{batch}", 60, argv, _json_line("c4_step"), refused, min_s=min_s)
+
+
+def _population(model: str, budget_s: float) -> Stage:
+  def argv(w: Window, limit: float) -> list[str]:
+    del limit
+    return _python("experiments/benchmark_training.py", *w.sizes.population,
+                   f"--models={model}", f"--repeats={w.sizes.repeats}")
+  return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30)
+
+
+def _trace_dir(w: Window) -> str:
+  return os.path.join(w.out, "trace_tmp")
+
+
+def _pack_trace(w: Window, rc: int, tail: list[str]) -> None:
+  """The trace folder as one file under the size the device tool returns, or a row saying
+  why not: the whole folder, else the Perfetto trace alone."""
+  del tail
+  folder = _trace_dir(w)
+  files = sorted(glob.glob(os.path.join(folder, "**", "*"), recursive=True))
+  files = [f for f in files if os.path.isfile(f)]
+  perfetto = [f for f in files if f.endswith(".trace.json.gz")]
+  target = os.path.join(w.out, TRACE)
+  for chosen in (files, perfetto):
+    if chosen and sum(os.path.getsize(f) for f in chosen) <= MAX_TRACE_BYTES:
+      with tarfile.open(target, "w:gz") as tar:
+        for f in chosen:
+          tar.add(f, arcname=os.path.relpath(f, folder))
+      w.record("trace", file=TRACE, bytes=os.path.getsize(target), members=len(chosen),
+               rc=rc, only_perfetto=chosen is perfetto)
+      break
+  else:
+    w.record("trace", file=None, rc=rc, message=f"{len(files)} trace files, "
+             f"{sum(os.path.getsize(f) for f in files)} bytes: none kept")
+  shutil.rmtree(folder, ignore_errors=True)
+
+
+def stages(sizes: Sizes) -> list[Stage]:
+  """The window's stages in order (see the module docstring)."""
+  def attention_flags(w: Window) -> list[str]:
+    return [*w.sizes.attention, f"--jsonl={os.path.join(w.out, JSONL)}",
+            f"--out_dir={os.path.join(w.out, 'attention')}"]
+
+  def parity(w: Window, limit: float) -> list[str]:
+    del limit
+    return _python("experiments/benchmark_attention.py", "--parity_only",
+                   f"--parity_lens={w.sizes.parity_lens}", *attention_flags(w))
+
+  def attention(w: Window, limit: float) -> list[str]:
+    inner = max(limit - 20 * w.sizes.scale, 10)  # Room to write the table after the cells.
+    return _python("experiments/benchmark_attention.py", f"--seq_lens={w.sizes.seq_lens}",
+                   f"--deadline_s={inner:.0f}", *attention_flags(w))
+
+  def trace(w: Window, limit: float) -> list[str]:
+    del limit
+    return _python("experiments/profile_step.py", "--experiment=c4_lm",
+                   f"--size={w.sizes.c4_size}",
+                   f"--model=hyla@batch_size={w.sizes.c4_batches[0]}", "--steps=2", "--top=15",
+                   f"--trace_dir={_trace_dir(w)}")
+
+  env_probe = lambda w, limit: _python("-c", ENV_PROBE)
+  return [
+      Stage("env", 30, env_probe, _json_line("env"), min_s=10),
+      Stage("parity", 75, parity, min_s=30, stops_window=True),
+      Stage("attention", 150, attention, min_s=40),
+      _c4(sizes.c4_batches[0], min_s=30),
+      _population("hyla", 75),
+      Stage("trace", 45, trace, finish=_pack_trace, min_s=30),
+      _c4(sizes.c4_batches[1], min_s=25),
+      _population("softmax", 45),
+  ]
+
+
+def run_stage(w: Window, stage: Stage, env: dict) -> str:
+  """Runs one stage under its budget clipped by the deadline; records its end as a row."""
+  limit = min(stage.budget_s * w.sizes.scale, w.left())
+  if limit < stage.min_s * w.sizes.scale:
+    w.record("stage", stage=stage.name, status="skipped", seconds=0,
+             message=f"{w.left():.0f} s left of the window, "
+             f"{stage.min_s * w.sizes.scale:.0f} s needed")
+    return "skipped"
+  argv = stage.argv(w, limit)
+  start = time.monotonic()
+  log = open(os.path.join(w.out, LOG), "a")
+  log.write(f"\n=== {stage.name} ({limit:.0f} s): {' '.join(argv)}\n")
+  log.flush()
+  proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  tail: list[str] = []
+
+  def read() -> None:
+    for line in proc.stdout:
+      log.write(line)
+      log.flush()
+      tail[:] = (tail + [line.rstrip()])[-8:]
+      stage.parse(w, line.strip())
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  try:
+    rc = proc.wait(timeout=limit)
+    status = "ok" if rc == 0 else "refused" if rc == 2 else "failed"
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+      rc = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      rc = proc.wait()
+    status = "timed_out"
+  reader.join(timeout=10)
+  log.close()
+  stage.finish(w, rc, tail)
+  row = dict(stage=stage.name, status=status, rc=rc, seconds=time.monotonic() - start,
+             limit_s=limit)
+  if status != "ok":
+    row["tail"] = tail
+    if status == "refused":
+      row["message"] = _error_line(tail)
+  w.record("stage", **row)
+  return status
+
+
+def _commit(flag: Optional[str]) -> dict:
+  """The commit that ran: the flag, else git's (with whether the tree differs), else
+  unknown; and a digest of the sources, which identifies them without git."""
+  out = dict(commit=flag or "unknown", dirty=None)
+  if not flag and os.path.isdir(os.path.join(REPO, ".git")):
+    try:
+      git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
+                                      timeout=20, check=True).stdout.strip()
+      out.update(commit=git("rev-parse", "HEAD"),
+                 dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
+    except (OSError, subprocess.SubprocessError):
+      pass
+  digest = hashlib.sha256()
+  for pattern in ("hypernet_attention/**/*.py", "experiments/*.py", "experiments/configs/*.py",
+                  "launch/**/*.py", "launch/*.sh"):
+    for path in sorted(glob.glob(os.path.join(REPO, pattern), recursive=True)):
+      digest.update(os.path.relpath(path, REPO).encode())
+      with open(path, "rb") as f:
+        digest.update(f.read())
+  out["source_sha256"] = digest.hexdigest()[:16]
+  return out
+
+
+def _nvidia_smi() -> Optional[str]:
+  if not shutil.which("nvidia-smi"):
+    return None
+  query = "name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm"
+  result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=30)
+  return result.stdout.strip() or result.stderr.strip()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_window_out"))
+  parser.add_argument("--dry_run", action="store_true",
+                      help="the whole sequence at tiny sizes on the CPU")
+  parser.add_argument("--deadline_s", type=float, default=None,
+                      help=f"no stage runs after this (default {GPU.deadline_s:.0f} s, dry "
+                      f"run {DRY_RUN.deadline_s:.0f} s)")
+  parser.add_argument("--commit", default=None, help="the commit being run (else git's)")
+  parser.add_argument("--stages", default="", help="comma-separated subset (default: all)")
+  args = parser.parse_args(argv)
+  sizes = DRY_RUN if args.dry_run else GPU
+  deadline_s = sizes.deadline_s if args.deadline_s is None else args.deadline_s
+  if not deadline_s > 0:
+    parser.error(f"--deadline_s={deadline_s}; allowed: a positive number of seconds")
+  names = [s.name for s in stages(sizes)]
+  chosen = [n for n in args.stages.split(",") if n] or names
+  if set(chosen) - set(names):
+    parser.error(f"--stages: unknown {sorted(set(chosen) - set(names))}; allowed: "
+                 f"{','.join(names)}")
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    parser.error(f"--out={args.out!r} is a file; allowed: a folder")
+  os.makedirs(args.out, exist_ok=True)
+  w = Window(args.out, sizes, time.monotonic() + deadline_s, args.dry_run)
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+         "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+  if args.dry_run:
+    env["JAX_PLATFORMS"] = "cpu"
+  start = time.monotonic()
+  w.record("window", mode="dry_run" if args.dry_run else "gpu", deadline_s=deadline_s,
+           started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           stages=chosen, nvidia_smi=_nvidia_smi(), **_commit(args.commit))
+  statuses = {}
+  for stage in stages(sizes):
+    if stage.name not in chosen:
+      continue
+    if stage.name in sizes.left_out:
+      w.record("stage", stage=stage.name, status="skipped", seconds=0,
+               message="dry run: the same path as an earlier stage")
+      continue
+    statuses[stage.name] = run_stage(w, stage, env)
+    print(f"gpu_window: {stage.name} {statuses[stage.name]} ({w.left():.0f} s left)",
+          flush=True)
+    if stage.stops_window and statuses[stage.name] != "ok":
+      w.record("window_end", seconds=time.monotonic() - start, statuses=statuses,
+               message=f"{stage.name} {statuses[stage.name]}: nothing timed")
+      return 1
+  w.record("window_end", seconds=time.monotonic() - start, statuses=statuses)
+  return int(any(s in ("failed", "timed_out") for s in statuses.values()))
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,88 @@
+"""`launch/gpu_window.py --dry_run`: the GPU window's whole sequence at tiny sizes on the CPU,
+and what its one JSON-lines file must hold for a window's numbers to be read off it."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import train_testlib as tl
+
+KINDS = ("window", "env", "parity", "attention", "c4_step", "population", "trace", "stage",
+         "window_end")
+
+
+def _numbers(row):
+  for value in row.values():
+    if isinstance(value, float):
+      yield value
+    elif isinstance(value, dict):
+      yield from _numbers(value)
+
+
+@pytest.mark.slow
+def test_dry_run_records_every_kind_of_result(tmp_path):
+  out = tmp_path / "out"
+  result = subprocess.run([sys.executable, "-m", "launch.gpu_window", "--dry_run",
+                           f"--out={out}", "--commit=test"], cwd=tl.REPO,
+                          env=tl.subprocess_env(), capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  rows = [json.loads(line) for line in (out / "gpu_window.jsonl").read_text().splitlines()]
+  by_kind = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
+  assert all(by_kind.values()), {k: len(v) for k, v in by_kind.items()}
+  assert {r["kind"] for r in rows} <= set(KINDS)
+  assert all(math.isfinite(x) for r in rows for x in _numbers(r))
+  assert rows[0]["kind"] == "window" and rows[0]["commit"] == "test"
+  assert rows[-1]["kind"] == "window_end"
+  # Parity before any timing, for every HYLA implementation dispatch names, all passing.
+  first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "attention")
+  assert max(i for i, r in enumerate(rows) if r["kind"] == "parity") < first_timing
+  parity = by_kind["parity"]
+  assert {r["implementation"] for r in parity} >= {"blockwise", "factored", "pallas"}
+  assert {r["seq_len"] for r in parity} == {16, 40}
+  assert all(r["status"] == "pass" and r["out_err"] < r["out_bound"] for r in parity)
+  # Every column at every length, the baseline and the ratio to it on each timed row.
+  timed = [r for r in by_kind["attention"] if r["status"] == "ok"]
+  assert {r["implementation"] for r in timed} >= {
+      "softmax_xla", "linear", "hyla_reference", "hyla_blockwise", "hyla_pallas"}
+  for r in timed:
+    assert r["baseline"] == "softmax_xla" and r["calls"] >= 20
+    assert 0 < r["fwd_min_ms"] <= r["fwd_ms"] and r["fwd_bwd_tflops"] > 0
+  assert {r["status"] for r in by_kind["attention"] if r["implementation"] == "softmax_cudnn"
+          } == {"unsupported"}  # Named, not silently absent, on the CPU.
+  # The C4 step of both models at the first batch; the second batch refused in one line.
+  steps = by_kind["c4_step"]
+  assert {r["model"] for r in steps if "steps_per_s" in r} == {"softmax", "hyla"}
+  refused = [r for r in steps if r.get("status") == "refused"]
+  assert len(refused) == 1 and "does not fit" in refused[0]["message"]
+  assert [r["members"] for r in by_kind["population"]] == [1, 2]
+  trace = by_kind["trace"][0]
+  assert trace["file"] and (out / trace["file"]).stat().st_size == trace["bytes"]
+  assert sorted(os.listdir(out)) == ["attention", "c4_hyla_trace.tar.gz", "gpu_window.jsonl",
+                                     "gpu_window.log"]
+  stages = {r["stage"]: r["status"] for r in by_kind["stage"]}
+  assert stages["c4_b1048576"] == "refused" and stages["population_softmax"] == "skipped"
+  assert all(s == "ok" for n, s in stages.items()
+             if n not in ("c4_b1048576", "population_softmax")), stages
+
+
+def test_a_failed_parity_ends_the_window_before_timing(tmp_path, monkeypatch):
+  """The stage loop itself, with stand-in commands: parity fails, nothing after runs."""
+  from launch import gpu_window  # pylint: disable=g-import-not-at-top
+  real = gpu_window.stages
+
+  def stand_ins(sizes):
+    fake = {"env": "print('{\"device_kind\": \"x\"}')", "parity": "raise SystemExit(1)"}
+    return [gpu_window.Stage(s.name, 5, (lambda code: lambda w, limit: [
+        sys.executable, "-c", code])(fake.get(s.name, "print('ran')")), s.parse,
+                             min_s=1, stops_window=s.stops_window) for s in real(sizes)]
+
+  monkeypatch.setattr(gpu_window, "stages", stand_ins)
+  assert gpu_window.main([f"--out={tmp_path}", "--dry_run"]) == 1
+  rows = [json.loads(line) for line in (tmp_path / "gpu_window.jsonl").read_text().splitlines()]
+  assert [r.get("stage") for r in rows if r["kind"] == "stage"] == ["env", "parity"]
+  assert rows[1] == {"kind": "env", "device_kind": "x"}
+  assert rows[-1]["kind"] == "window_end" and "nothing timed" in rows[-1]["message"]
