@@ -17,13 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
-
-ON_DEVICE = ("sraven", "fuzzy_logic")
+from hypernet_attention.train import registry  # noqa: E402
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="sraven", choices=ON_DEVICE)
+  parser.add_argument("--experiment", default="sraven", choices=registry.names(on_device=True))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--model", default="hyla",
                       help="attention preset; 'preset@key=value,...' adds config overrides")
