@@ -26,9 +26,10 @@ _CONFIG, _WORKDIR = runtime.define_run_flags(
     os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:model=hyla,size=local"))
 _GENERATE = flags.DEFINE_bool("generate", False, "Only sample from --workdir's newest "
                               "checkpoint.")
-_PROMPT = flags.DEFINE_string("prompt", "The", "Text the samples continue.")
-_NUM_TOKENS = flags.DEFINE_integer("num_tokens", 64, "Tokens to sample.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0: greedy).")
+_PROMPT = flags.DEFINE_string("prompt", lm.SAMPLING["prompt"], "Text the samples continue.")
+_NUM_TOKENS = flags.DEFINE_integer("num_tokens", lm.SAMPLING["num_tokens"], "Tokens to sample.")
+_TEMPERATURE = flags.DEFINE_float("temperature", lm.SAMPLING["temperature"],
+                                  "Sampling temperature (0: greedy).")
 
 
 def main(argv):
@@ -41,7 +42,8 @@ def main(argv):
       raise errors.BadInput("--generate needs the --workdir of a training run")
     print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
     return
-  workdir = runtime.fresh_workdir("c4_lm") if _WORKDIR.value is None else _WORKDIR.value
+  workdir = (runtime.fresh_workdir(_CONFIG.value.experiment) if _WORKDIR.value is None
+             else _WORKDIR.value)
   lm.train_and_sample(_CONFIG.value, workdir, **sampling)
 
 

@@ -7,13 +7,9 @@ same --workdir resumes; multi-process flags as in sraven_scaling.py.
 """
 
 from hypernet_attention.train import cli
-from hypernet_attention.train import loop
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
-main = runtime.training_main(
-    "fuzzy_logic", registry.get("fuzzy_logic").config_flag("model=hyla,size=local", absolute=True),
-    loop.train_and_evaluate)
+main = runtime.experiment_main("fuzzy_logic")  # experiments/train.py with this default --config.
 
 if __name__ == "__main__":
   cli.run(main)

@@ -15,13 +15,9 @@ see train/runtime.py), else add --coordinator_address=HOST:PORT --num_processes=
 """
 
 from hypernet_attention.train import cli
-from hypernet_attention.train import loop
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
-main = runtime.training_main(
-    "sraven", registry.get("sraven").config_flag("model=hyla,size=demo", absolute=True),
-    loop.train_and_evaluate)
+main = runtime.experiment_main("sraven")  # experiments/train.py with this default --config.
 
 if __name__ == "__main__":
   cli.run(main)

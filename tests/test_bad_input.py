@@ -198,6 +198,12 @@ CLI_CASES = {
         "--config={tmp}/nope.py: [Errno 2] No such file or directory", 2),
     "config_syntax_error": ([SRAVEN[0], "--config={tmp}/bad_syntax.py"],
                             "'(' was never closed", 2),
+    "train_without_config": ([os.path.join("experiments", "train.py")],
+                             "train.py: error: --config is required; allowed: an experiment's "
+                             "config file and argument: experiments/configs/sraven.py:", 2),
+    "train_unknown_experiment": (
+        [os.path.join("experiments", "train.py"), "--config={tmp}/unregistered.py"],
+        "config.experiment: unknown experiment 'unregistered'; allowed: sraven, fuzzy_logic", 2),
     "config_without_get_config": ([SRAVEN[0], "--config={tmp}/no_get.py"],
                                   "--config={tmp}/no_get.py: '{tmp}/no_get.py' defines no "
                                   "get_config(); allowed: a config file whose get_config(arg)",
@@ -325,6 +331,9 @@ def _tool_inputs(tmp) -> None:
   """The files the CLI cases point at (`{tmp}` in their argv)."""
   (tmp / "bad_syntax.py").write_text("x = (\n")
   (tmp / "no_get.py").write_text("X = 1\n")
+  (tmp / "unregistered.py").write_text(
+      "from hypernet_attention.train import config_lib\n"
+      "def get_config(arg=None):\n  return config_lib.base_config(experiment='unregistered')\n")
   (tmp / "existing.model").write_text("keep me")
   (tmp / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
   (tmp / "c4_run").mkdir()

@@ -55,15 +55,24 @@ def _resolve(experiment, point):
   return config
 
 
-def test_registry_names_files_and_agrees_with_objectives():
-  assert set(registry.EXPERIMENTS) == set(objectives.OBJECTIVES)
+def test_registry_records_resolve_and_agree_with_their_objectives():
   for name, experiment in registry.EXPERIMENTS.items():
     assert os.path.exists(os.path.join(tl.REPO, experiment.script))
     config = experiment.get_config("size=smoke")
     assert config.experiment == name
-    if name == "c4_lm":  # Its objective needs a corpus and vocabulary: tests/test_c4*.py.
-      continue
-    assert objectives.build(config).main_metric == experiment.metric
+    assert experiment.get_config(experiment.default_config).experiment == name
+    if experiment.campaign_config:
+      arg = experiment.campaign_config.format(model="hyla", width=1, depth=4)
+      assert experiment.get_config(arg).experiment == name
+    for ref in (experiment.objective, experiment.memory, experiment.probe):
+      assert ref is None or callable(registry.load(ref)), (name, ref)
+    if not experiment.on_device:  # Its objective needs a corpus and vocabulary, and its
+      continue  # trainer TensorFlow: tests/test_c4*.py.
+    assert callable(registry.load(experiment.train))
+    objective = objectives.build(config)
+    assert objective.main_metric == experiment.metric
+    assert objective.source.on_device
+    assert experiment.population == hasattr(objective.task, "split_tables")
   with pytest.raises(ValueError,
                      match="unknown experiment 'c4'; allowed: sraven, fuzzy_logic, c4_lm"):
     registry.get("c4")

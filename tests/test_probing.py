@@ -65,7 +65,8 @@ def test_sraven_pairs_follow_the_token_layout():
 @pytest.mark.parametrize("experiment", ["sraven", "fuzzy_logic"])
 def test_materialized_path_equals_fast_path(runs, experiment):
   run = restore.restore_params(runs[experiment])
-  batch = run.objective.task.sample(jax.random.key(0), 16, extract.SETTINGS[experiment].splits[1])
+  split = extract.setting_class(experiment).splits[1]
+  batch = run.objective.task.sample(jax.random.key(0), 16, split)
   inputs = run.objective.encode(batch)[0]
   fast = run.model.apply({"params": run.params}, inputs, deterministic=True)
   slow, state = run.model.apply({"params": run.params}, inputs, deterministic=True,

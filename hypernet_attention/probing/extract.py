@@ -10,8 +10,8 @@ The codes are read through the *materialized* attention path: `MultiHeadAttentio
 mutable, and the fused kernels never hold it. `deterministic=True`, so no dropout. Only the
 probed entries leave the jitted forward pass.
 
-Settings (after the paper's Figs. 2B and 5 and the authors' callbacks.py; one registry
-entry per experiment kind, `SETTINGS`):
+Settings (after the paper's Figs. 2B and 5 and the authors' callbacks.py; each experiment's
+record names its setting, `registry.Experiment.probe`):
   sraven       splits `test_unpermuted` (in-distribution tasks, to fit) and
                `ood_unpermuted` (held-out rule combinations, to score); no feature
                permutation, so slot f *is* feature f. For each probed feature f the query
@@ -44,6 +44,7 @@ import numpy as np
 import tqdm
 
 from hypernet_attention.tasks import sraven as sraven_lib
+from hypernet_attention.train import registry
 from hypernet_attention.train import workdir as workdir_lib
 
 FEATURE_CHOICES = ("all", "last")
@@ -182,16 +183,25 @@ class FuzzyLogicSetting:
                 target_N=np.asarray(batch["y"])[:, -1].astype(np.float32))
 
 
-SETTINGS = {"sraven": SRavenSetting, "fuzzy_logic": FuzzyLogicSetting}
+def probed_experiments() -> list[str]:
+  """The experiments whose record names a probe setting."""
+  return [name for name, e in registry.EXPERIMENTS.items() if e.probe is not None]
+
+
+def setting_class(experiment: str):
+  """The probe setting of `experiment` (its record's `probe`); ValueError if it has none."""
+  record = registry.EXPERIMENTS.get(experiment)
+  if record is None or record.probe is None:
+    raise ValueError(f"experiment {experiment!r} has no probe setting; allowed: "
+                     f"{probed_experiments()}")
+  return registry.load(record.probe)
 
 
 def make_setting(experiment: str, task, features: str = "all"):
-  if experiment not in SETTINGS:
-    raise ValueError(f"experiment {experiment!r} has no probe setting; allowed: "
-                     f"{sorted(SETTINGS)}")
+  cls = setting_class(experiment)
   if features not in FEATURE_CHOICES:
     raise ValueError(f"features={features!r}; allowed: {FEATURE_CHOICES}")
-  return SETTINGS[experiment](task, features)
+  return cls(task, features)
 
 
 @functools.lru_cache(maxsize=8)

@@ -338,9 +338,9 @@ def probe_workdirs(workdirs: Sequence[str], step: Optional[int], options: ProbeO
   combined = output_dirs(paths, root, output_dir)
   configs = [restore.load_config(path) for path in paths]
   for path, config in zip(paths, configs):
-    if config.experiment not in extract.SETTINGS:
+    if config.experiment not in extract.probed_experiments():
       raise ValueError(f"{path!r} is a {config.experiment!r} run; allowed experiments: "
-                       f"{sorted(extract.SETTINGS)}")
+                       f"{sorted(extract.probed_experiments())}")
   names = run_names(paths, [c.model.attention for c in configs])
   outs = [_join(combined, name) if combined else _join(path, "probe")
           for path, name in zip(paths, names)]

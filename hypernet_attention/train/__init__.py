@@ -1,10 +1,12 @@
 """Training system: config -> sharded train state -> scanned jit steps -> events -> Orbax.
 
 Modules (each reads in one sitting):
-  registry       experiment name -> entry point, config file, metric (launchers, tests).
+  registry       one Experiment record per experiment: config file, objective, data kind,
+                 population, memory, probe, campaign template, entry point (no JAX).
   config_lib     `parse_arg` for `get_config(arg)`; config -> TransformerConfig.
   checks         every check a config needs before any work (messages users see).
-  objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic, C4), by name.
+  objectives     per-experiment task, loss and metrics (SRAVEN, fuzzy logic, C4); `build`
+                 calls the builder that `config.experiment`'s record names.
   data           where batches come from: on device (synthetic) or host (language model).
   state          TrainState, AdamW with warmup + cosine to 0.1x, weight-decay mask.
   sharding       mesh, logical axis rules -> NamedSharding, host-local -> global arrays.
@@ -21,7 +23,8 @@ Modules (each reads in one sitting):
                  a single run (`SingleRun`) or a population (`population_loop`).
   restore        read-only `restore_params(workdir, step, member)` for analysis (probing).
   preemption     SIGTERM -> finish the running chunk -> checkpoint -> exit 75; ChunkBound.
-  runtime, cli   entry-point start-up (`jax.distributed`) and one-line errors.
+  runtime, cli   entry-point start-up (`jax.distributed`), the one training `main`
+                 (`experiment_main`: the record's trainer), one-line errors.
   console        what the console shows; TensorFlow loaded quietly for the C4 data only.
   curves         learning curves from the event files.
   benchmark, profiling, lm   throughput, per-op profiles, the language-model entry point.

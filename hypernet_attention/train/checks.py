@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from hypernet_attention.errors import BadInput
+from hypernet_attention.train import registry
 from hypernet_attention.train.run_files import MEMBER_KEYS
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
@@ -200,9 +201,6 @@ RESERVED_NAMES = ("checkpoints", "corrupt_checkpoints", "config.json", "summary.
                   "population_summary.json", "lock.json", "accuracy_ceilings.json",
                   "run_local.json")
 EVENTS_PREFIX = "events.out.tfevents"  # TensorBoard's event files.
-# Experiments whose data are sampled on device, which a population needs (`population.py`);
-# refused here, before a language model's vocabulary or data are touched.
-POPULATION_EXPERIMENTS = ("sraven", "fuzzy_logic")
 
 
 def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
@@ -295,10 +293,15 @@ def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.C
   (prefixed by `config.population.members[i]`), two members that are the same run.
   """
   settings = _member_settings(config)
-  if settings and config.get("experiment") not in POPULATION_EXPERIMENTS:
+  # Refused before a language model's vocabulary or data are touched (`registry.py` records
+  # which experiments train populations: on-device tasks with split tables).
+  experiment = registry.EXPERIMENTS.get(config.get("experiment"))
+  if settings and not (experiment and experiment.population):
+    why = ("reads host-side data" if experiment and not experiment.on_device
+           else "trains no population")
     raise BadInput(f"config.population.members set for experiment "
-                   f"{config.get('experiment')!r}, which reads host-side data; allowed: "
-                   f"populations of {', '.join(POPULATION_EXPERIMENTS)} (on-device tasks)")
+                   f"{config.get('experiment')!r}, which {why}; allowed: populations of "
+                   f"{', '.join(registry.names(population=True))} (on-device tasks)")
   check_member_names(config, len(settings))
   configs, seen = [], {}
   for i in range(len(settings)):
@@ -324,19 +327,14 @@ def memory_budget() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
-# Experiment -> bytes its task needs on the host, from the config alone (before building it).
-TASK_MEMORY = {"sraven": lambda config: _sraven().memory_estimate(
-    config.task.num_features, config.task.num_values, config.task.get("grid_size", 3),
-    ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)}
-
-
 def check_task_memory(config: ml_collections.ConfigDict, budget: int | None = None) -> None:
-  """Refuses task sizes whose tables would not fit in memory (e.g. SRAVEN's K! readings)."""
-  estimate = TASK_MEMORY.get(config.experiment)
-  if estimate is None:
+  """Refuses task sizes whose tables would not fit in memory (e.g. SRAVEN's K! readings),
+  from the estimate its record names (bytes from the config alone, before building it)."""
+  experiment = registry.EXPERIMENTS.get(config.experiment)
+  if experiment is None or experiment.memory is None:
     return
   try:
-    need = estimate(config)
+    need = registry.load(experiment.memory)(config)
   except (TypeError, ValueError):
     return  # Wrong types: the task's own constructor names them.
   budget = memory_budget() if budget is None else budget
@@ -348,8 +346,3 @@ def check_task_memory(config: ml_collections.ConfigDict, budget: int | None = No
         f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
         f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
         "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
-
-
-def _sraven():
-  from hypernet_attention.tasks import sraven  # pylint: disable=g-import-not-at-top  (JAX)
-  return sraven

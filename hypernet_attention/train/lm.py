@@ -74,6 +74,16 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   return workdir
 
 
+# What a run prints when it ends (`experiments/c4_lm.py`'s flags default to it).
+SAMPLING = dict(prompt="The", num_tokens=64, temperature=0.8)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """`train_and_sample` with the default `SAMPLING`: the record's trainer, what
+  `experiments/train.py` runs for a language-model config."""
+  return train_and_sample(config, workdir, **SAMPLING)
+
+
 def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt: str,
                      num_tokens: int, temperature: float, num_samples: int = 2) -> dict:
   """Checks what it can, resolves the data (corpus, vocabulary) into `workdir`, trains,

@@ -1,9 +1,12 @@
-"""Per-experiment task, loss and metrics, picked by `config.experiment`.
+"""Per-experiment task, loss and metrics: `build(config)` calls the objective builder of
+`config.experiment`'s record (`registry.py`).
 
 Metrics are returned per example (shape (B,)) so that evaluation can sum them over many
-batches and divide once; training logs their batch means. Everything task-specific lives
-here (data source, encoding, model fields the task fixes, derived and per-run metrics), so
-the loop has no task branches.
+batches and divide once; training logs their batch means. Everything task-specific sits in
+an `Objective` (data source, encoding, model fields the task fixes, derived and per-run
+metrics), so the loop has no task branches. The builders of SRAVEN, fuzzy logic and C4 live
+here; a new task's builder may live beside its task (`make_task` and `synthetic_overrides`
+are its helpers), since the record names it by path.
 
 Shape letters: B batch, T tokens, K query features (SRAVEN), F values per feature,
 V vocabulary.
@@ -26,6 +29,7 @@ import optax
 
 from hypernet_attention.train import console
 from hypernet_attention.train import data
+from hypernet_attention.train import registry
 from hypernet_attention.train import workdir as workdir_lib
 
 
@@ -64,7 +68,7 @@ def split_seed(config: ml_collections.ConfigDict) -> int:
   return config.seed if fixed is None else fixed
 
 
-def _make_task(cls, config: ml_collections.ConfigDict):
+def make_task(cls, config: ml_collections.ConfigDict):
   """The task class built from `config.task`; its `split_seed` becomes the task's `seed`."""
   kwargs = config.task.to_dict()
   kwargs.pop("split_seed", None)
@@ -76,7 +80,7 @@ def _make_task(cls, config: ml_collections.ConfigDict):
   return cls(**kwargs, seed=split_seed(config))
 
 
-def _synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
+def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
   """Task-fixed model fields; T5 buckets = max distance = sequence length unless the
   config sets them (the authors' choice for the synthetic tasks)."""
   inputs = jax.eval_shape(lambda b: encode(b)[0], source.example(1))
@@ -107,9 +111,9 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   return workdir_lib.cached_json(workdir_lib.path(workdir) / workdir_lib.CEILINGS, estimate)
 
 
-def _sraven(config: ml_collections.ConfigDict) -> Objective:
-  from hypernet_attention.tasks import sraven  # pylint: disable=g-import-not-at-top
-  task = _make_task(sraven.SRaven, config)
+def sraven(config: ml_collections.ConfigDict) -> Objective:
+  from hypernet_attention.tasks import sraven as sraven_lib  # pylint: disable=g-import-not-at-top
+  task = make_task(sraven_lib.SRaven, config)
   source = data.OnDeviceSource(task)
 
   def metrics_fn(logits_BTF, batch):
@@ -126,8 +130,8 @@ def _sraven(config: ml_collections.ConfigDict) -> Objective:
 
   return Objective(
       source, task.encode, metrics_fn, "accuracy",
-      _synthetic_overrides(config, source, task.encode, input_kind="dense",
-                           output_dim=task.num_values),
+      synthetic_overrides(config, source, task.encode, input_kind="dense",
+                          output_dim=task.num_values),
       run_metrics=functools.partial(_sraven_run_metrics, task), task=task)
 
 
@@ -139,9 +143,19 @@ def _sraven_run_metrics(task, config, workdir: str) -> dict[str, float]:
           **{f"{split}/accuracy_chance": chance for split in config.eval.splits}}
 
 
-def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
-  from hypernet_attention.tasks import fuzzy_logic  # pylint: disable=g-import-not-at-top
-  task = _make_task(fuzzy_logic.FuzzyLogic, config)
+def sraven_memory(config: ml_collections.ConfigDict) -> int:
+  """Bytes SRAVEN's tables need on the host, from the config alone (before building them):
+  its split tables, plus the accuracy ceilings' K!**(G-1) readings when they are estimated."""
+  from hypernet_attention.tasks import sraven as sraven_lib  # pylint: disable=g-import-not-at-top
+  return sraven_lib.memory_estimate(
+      config.task.num_features, config.task.num_values, config.task.get("grid_size", 3),
+      ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)
+
+
+def fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
+  # pylint: disable-next=g-import-not-at-top
+  from hypernet_attention.tasks import fuzzy_logic as fuzzy_lib
+  task = make_task(fuzzy_lib.FuzzyLogic, config)
   source = data.OnDeviceSource(task)
 
   def metrics_fn(outputs_BT1, batch):
@@ -152,8 +166,8 @@ def _fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
             "r2": task.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
 
   return Objective(source, task.encode, metrics_fn, "r2",
-                   _synthetic_overrides(config, source, task.encode, input_kind="dense",
-                                        output_dim=1), task=task)
+                   synthetic_overrides(config, source, task.encode, input_kind="dense",
+                                       output_dim=1), task=task)
 
 
 def _lm_source(task, sequence_length: int) -> data.HostSource:
@@ -206,7 +220,7 @@ def _random_token_source(vocab_size: int, sequence_length: int) -> data.HostSour
   return data.HostSource(train, evaluate, data.RANDOM_TOKEN_SPLITS, example)
 
 
-def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
+def c4_lm(config: ml_collections.ConfigDict) -> Objective:
   """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
   and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
   perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios).
@@ -250,11 +264,13 @@ def _c4_lm(config: ml_collections.ConfigDict) -> Objective:
       finalize=finalize, task=task)
 
 
-# Keyed by `hypernet_attention.train.registry` names (a test checks that they agree).
-OBJECTIVES = {"sraven": _sraven, "fuzzy_logic": _fuzzy_logic, "c4_lm": _c4_lm}
-
-
 def build(config: ml_collections.ConfigDict) -> Objective:
-  if config.experiment not in OBJECTIVES:
-    raise ValueError(f"unknown experiment {config.experiment!r}; allowed: {sorted(OBJECTIVES)}")
-  return OBJECTIVES[config.experiment](config)
+  """The objective of `config.experiment`'s record; ValueError for an unknown name (naming
+  the known ones) or a data source other than the record declares."""
+  experiment = registry.get(config.experiment)
+  objective = registry.load(experiment.objective)(config)
+  if objective.source.on_device != experiment.on_device:
+    raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "
+                     f"{'on device' if objective.source.on_device else 'host-side'}, its record "
+                     f"says on_device={experiment.on_device}")
+  return objective

@@ -47,6 +47,7 @@ from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import checks
 from hypernet_attention.train import objectives
+from hypernet_attention.train import registry
 from hypernet_attention.train import run_files
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
@@ -95,7 +96,7 @@ def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
   if not single.objective.source.on_device:
     raise errors.BadInput(
         f"experiment {config.experiment!r} reads host-side data; populations need an "
-        "on-device (synthetic) experiment: sraven or fuzzy_logic")
+        f"on-device (synthetic) experiment: {', '.join(registry.names(population=True))}")
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):
     try:

@@ -28,6 +28,7 @@ from absl import logging
 import jax
 
 from hypernet_attention import errors
+from hypernet_attention.train import registry
 
 flags.DEFINE_bool("multi_process", False,
                   "Call jax.distributed.initialize() with auto-detection even where "
@@ -139,7 +140,7 @@ def fresh_workdir(name: str, root: str = "workdirs") -> str:
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")
 
 
-def define_run_flags(config_flag: str):
+def define_run_flags(config_flag: Optional[str]):
   """The `--config` (locked, as `config_flag` by default) and `--workdir` flags every
   training entry point has; returns their holders."""
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
@@ -150,13 +151,35 @@ def define_run_flags(config_flag: str):
   return config, workdir
 
 
-def training_main(name: str, config_flag: str, train: Callable[[Any, str], Any]):
-  """The `main(argv)` of an entry point that trains one config: the run flags, start-up
-  (`start`), a fresh workdir unless --workdir is given, then `train(config, workdir)`."""
-  config, workdir = define_run_flags(config_flag)
+def _experiment(config: Any) -> registry.Experiment:
+  try:
+    return registry.get(config.experiment)
+  except ValueError as e:
+    raise errors.BadInput(f"config.experiment: {e}") from None
+
+
+def train_experiment(config: Any, workdir: Optional[str] = None) -> Any:
+  """Trains `config` with its experiment's trainer (the record's `train`: the loop, or the
+  language model's train-and-sample) into `workdir`, or a fresh one named after it."""
+  experiment = _experiment(config)
+  train = registry.load(experiment.train)
+  return train(config, fresh_workdir(experiment.name) if workdir is None else workdir)
+
+
+def experiment_main(name: Optional[str] = None) -> Callable[[Any], None]:
+  """The `main(argv)` of the training entry point: the run flags, start-up (`start`), then
+  `train_experiment`. `name`: `--config` defaults to that experiment's `default_config`
+  (the per-task scripts); None: `--config` is required (`experiments/train.py`)."""
+  default = registry.get(name).config_flag(absolute=True) if name else None
+  config, workdir = define_run_flags(default)
 
   def main(argv):
     del argv
+    if config.value is None:
+      raise errors.BadInput(
+          "--config is required; allowed: an experiment's config file and argument: "
+          + ", ".join(e.config_flag() for e in registry.EXPERIMENTS.values()))
+    _experiment(config.value)  # An unknown name: refused before start-up.
     start()
-    train(config.value, fresh_workdir(name) if workdir.value is None else workdir.value)
+    train_experiment(config.value, workdir.value)
   return main

@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 from typing import Any, Optional
 
+from hypernet_attention.train import registry
 from launch import grouping
 from launch import sweeps
 from launch.sweeps import common
@@ -70,8 +71,6 @@ ABLATION_ORDER = ("linear_rmshead", "hyla_no_rmshead", "hyla_linear_value",
                   "softmax_hyla", "hyla_deep")
 KINDS = ("train", "probe", "benchmark")
 FUZZY, SRAVEN, C4 = "fuzzy_logic", "sraven", "c4_lm"
-FUZZY_CONFIG = "model={model},size=paper"
-SRAVEN_CONFIG = "model={model},size=paper,width={width},depth={depth}"
 # The paper's default setting of each task (Table A1's "main rows" run at it first).
 DEFAULT_SETTING = {
     FUZZY: {"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1},
@@ -133,7 +132,8 @@ def _settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 def _train(name, stage, experiment, model, members, title, config=None, overrides=(),
            num_steps=None) -> Cell:
-  config = config or (FUZZY_CONFIG if experiment == FUZZY else SRAVEN_CONFIG).format(
+  # The paper-size config of the experiment's record (`registry.Experiment.campaign_config`).
+  config = config or registry.get(experiment).campaign_config.format(
       model=model, width=1, depth=4)
   return Cell(name, stage, "train", experiment, title, config=config, model=model,
               overrides=tuple(overrides), members=tuple(members),
@@ -223,7 +223,8 @@ def _stage_f() -> list[Cell]:
           f"f_fig4_{m}_w{width}_d{depth}_{n // 1_000_000}m", "f", SRAVEN, m,
           _default_members(SRAVEN), f"Fig. 4 corner: {m}, width {width}, depth {depth}, "
           f"{n // 1_000_000}M problems",
-          config=SRAVEN_CONFIG.format(model=m, width=width, depth=depth),
+          config=registry.get(SRAVEN).campaign_config.format(model=m, width=width,
+                                                               depth=depth),
           overrides=_default_overrides(SRAVEN) + (("num_train_steps", steps),),
           num_steps=steps))
   for m, h in itertools.product(common.MAIN_MODELS, fig5c_heads_sraven.HEADS):

@@ -1,0 +1,155 @@
+"""One record per experiment (`train/registry.py`): a task added as one record trains.
+
+A toy on-device task is defined here, with its config (`get_config` below, so this file is
+its config file) and objective; registering its `Experiment` record is the only other
+step. It then trains through the entry point's dispatch (`runtime.train_experiment`), and
+every question the code asks about an experiment (population support, host memory, probe
+setting) is answered from the record. A scan of the library and entry points checks that
+no module keeps a table keyed by experiment names beside the registry.
+"""
+
+import ast
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from hypernet_attention import errors
+from hypernet_attention.probing import extract
+from hypernet_attention.train import checks
+from hypernet_attention.train import config_lib
+from hypernet_attention.train import data
+from hypernet_attention.train import objectives
+from hypernet_attention.train import registry
+from hypernet_attention.train import runtime
+
+import train_testlib as tl
+
+TOY = "toy_mean"
+
+
+class ToyMean:
+  """Predict the mean of the first coordinate of `length` Gaussian tokens (on device)."""
+  splits = ("train", "test")
+
+  def __init__(self, length: int = 4, seed: int = 0):
+    self.length, self.seed = length, seed
+
+  def sample(self, key, batch_size, split, tables=None):
+    del tables
+    key = jax.random.fold_in(key, self.splits.index(split))
+    x_BTD = jax.random.normal(key, (batch_size, self.length, 2))
+    return {"x": x_BTD, "y": x_BTD[:, :, 0].mean(-1)}
+
+  def encode(self, batch):
+    return batch["x"], batch["y"]
+
+
+def toy_objective(config) -> objectives.Objective:
+  task = objectives.make_task(ToyMean, config)
+  source = data.OnDeviceSource(task)
+
+  def metrics_fn(outputs_BT1, batch):
+    return {"loss": jnp.square(outputs_BT1[:, -1, 0] - batch["y"])}
+
+  return objectives.Objective(
+      source, task.encode, metrics_fn, "loss",
+      objectives.synthetic_overrides(config, source, task.encode, input_kind="dense",
+                                     output_dim=1), task=task)
+
+
+def get_config(arg=None) -> ml_collections.ConfigDict:
+  """The toy's config file (`size=smoke` only): one small layer, the smoke schedule."""
+  config_lib.parse_arg(arg, {"size": ("smoke",)}, model="hyla", size="smoke")
+  c = config_lib.base_config(experiment=TOY)
+  c.task = ml_collections.ConfigDict(dict(length=4))
+  c.model = config_lib.model_config("hyla", num_layers=1, emb_dim=16, num_heads=2, qk_dim=8,
+                                    v_dim=8, mlp_dim=32)
+  config_lib.use_smoke_schedule(c)
+  c.num_train_steps = c.steps_per_loop  # One chunk, one evaluation.
+  c.eval.splits = ("test",)
+  return c
+
+
+RECORD = registry.Experiment(TOY, os.path.relpath(__file__, tl.REPO), metric="loss",
+                             objective=toy_objective)
+
+
+@pytest.fixture
+def toy():
+  registry.register(RECORD)
+  yield RECORD
+  del registry.EXPERIMENTS[TOY]
+
+
+def test_a_task_added_as_one_record_trains_through_the_entry_point(toy, tmp_path):
+  config = toy.get_config("size=smoke")
+  summary = runtime.train_experiment(config, str(tmp_path / "run"))
+  assert summary["step"] == config.num_train_steps
+  written = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert written["test/loss"] >= 0.0 and "accuracy" not in str(written)
+  assert TOY in registry.names(on_device=True) and TOY not in registry.names(population=True)
+
+
+def test_every_question_about_the_toy_is_answered_by_its_record(toy):
+  config = toy.get_config("size=smoke")
+  config.population.members = ({"seed": 0}, {"seed": 1})
+  with pytest.raises(errors.BadInput, match=f"'{TOY}', which trains no population; allowed: "
+                     "populations of sraven, fuzzy_logic"):
+    checks.check_population(config)
+  with pytest.raises(ValueError, match=f"'{TOY}' has no probe setting; allowed: "
+                     r"\['sraven', 'fuzzy_logic'\]"):
+    extract.make_setting(TOY, None)
+  checks.check_task_memory(config, budget=0)  # No estimate in the record: nothing to refuse.
+  heavy = dataclasses.replace(toy, memory=lambda c: 2**40)
+  registry.EXPERIMENTS[TOY] = heavy
+  with pytest.raises(errors.BadInput, match="GiB for the task's tables"):
+    checks.check_task_memory(config, budget=2**30)
+
+
+def test_a_record_declares_what_its_objective_builds(toy):
+  registry.EXPERIMENTS[TOY] = dataclasses.replace(toy, on_device=False)
+  with pytest.raises(ValueError, match="data source is on device, its record says "
+                     "on_device=False"):
+    objectives.build(toy.get_config())
+  with pytest.raises(ValueError, match="population=True needs on_device=True"):
+    registry.Experiment("x", "x.py", "loss", toy_objective, on_device=False, population=True)
+  with pytest.raises(ValueError, match=f"experiment '{TOY}' is already registered"):
+    registry.register(toy)
+  with pytest.raises(ValueError, match="allowed: 'package.module:attribute'"):
+    registry.load("no_attribute")
+
+
+def _tables(path: str, names: set[str]) -> list[str]:
+  """`file:line` of every dict literal with an experiment name as a key, and every tuple,
+  list or set literal holding two or more experiment names."""
+  found = []
+  for node in ast.walk(ast.parse(open(path).read(), path)):
+    if isinstance(node, ast.Dict):
+      items = node.keys
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+      items = node.elts
+    else:
+      continue
+    hits = {i.value for i in items if isinstance(i, ast.Constant) and i.value in names}
+    if hits and (isinstance(node, ast.Dict) or len(hits) > 1):
+      found.append(f"{os.path.relpath(path, tl.REPO)}:{node.lineno} {sorted(hits)}")
+  return found
+
+
+def test_no_module_keys_a_table_by_experiment_name():
+  """What the record holds is nowhere else: a new task is tasks/<x>.py, configs/<x>.py and
+  its record. (`launch/` is the paper's sweeps and campaign, keyed by the paper's tasks.)"""
+  names = set(registry.EXPERIMENTS)
+  registry_file = os.path.join(tl.REPO, "hypernet_attention", "train", "registry.py")
+  found = []
+  for top in ("hypernet_attention", "experiments"):
+    for root, _, files in os.walk(os.path.join(tl.REPO, top)):
+      found += [t for f in sorted(files) if f.endswith(".py")
+                and os.path.join(root, f) != registry_file
+                for t in _tables(os.path.join(root, f), names)]
+  assert not found, found
