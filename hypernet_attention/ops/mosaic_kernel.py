@@ -340,12 +340,13 @@ def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret):
 
 
 def _attention_bwd(is_causal, eps, blocks, interpret, residuals, d_out):
-  """The reference's VJP, recomputed from the inputs (issue 42 step 2 is not built)."""
-  del blocks, interpret
+  """The key-stationary backward kernel (mosaic_kernel_bwd.py), recomputed from the inputs."""
+  del blocks  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
+  # Imported here: mosaic_kernel_bwd builds on this module's helpers.
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
   query, key, value, mask = residuals
-  _, vjp = jax.vjp(lambda q, k, v: _reference(q, k, v, mask, is_causal, eps),
-                   query, key, value)
-  d_query, d_key, d_value = vjp(d_out.astype(query.dtype))
+  d_query, d_key, d_value = mosaic_kernel_bwd.backward(
+      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret)
   return d_query, d_key, d_value, None
 
 
