@@ -43,14 +43,20 @@ write zeros there instead, so XLA's matmuls read a complete dS.
 
 FLOPs per (q, k) pair (W = D = V, H heads, Hp = 16, bk = 16), tensor cores:
   scores 2HW, permutation 2*H*bk*Hp, u 2*Hp*W, dc_val 2*Hp*W, dV 2*Hp*W; XLA: dQ 2HW, dK 2HW.
-  With H = 8, W = 64: 1024 + 4096 + 6144 + 2048 = 13.3 kFLOP against the forward's 1024 +
-  4096 + 2048 + 8*2*16*64 (broadcasts) = 23.6 kFLOP; useful work is ~5HW per pair (2.6 kFLOP).
-  CUDA cores: 4*H*W multiply-adds per pair (dz, dc_read: ~2 kFLOP) plus the row reductions.
+  With H = 8, W = 64: 1024 + 4096 + 6144 + 2048 = 13.3 kFLOP. The forward at the same sizes
+  (bv = 16, so 4 value slices each recomputing scores and permutation) is 4 * (1024 + 4096)
+  + 2048 (u) + 16384 (read-out broadcasts) = 38.9 kFLOP. What the math needs (backward with
+  recomputed scores and u) is 8 * 2HW = 8.2 kFLOP, of which dz and dc_read (2 * 2HW) run on
+  the CUDA cores here: 4*H*W multiply-adds per pair plus H row reductions over W.
 
-Shared memory (bf16, H = 8, W = 64, bq = 64, bk = 16): Q/dY 64 KiB, K 16, V 32, S_cat 16,
-P 64, C 2, du 8, dS ring 4, dV ring 4, zeros 2: ~212 KiB of Hopper's 227. Registers: the 16
-dV^T accumulators (W x 16 f32 each) take 128 per thread at W = 64, beside the H score tiles:
-expect spills on hardware; the GPU window should time it before anything is tuned.
+Shared memory (bf16, H = 8, W = 64, bq = 64, bk = 16; measured by lowering for an abstract
+H100): 215 KiB of Hopper's 227 (Q/dY 64 KiB, K 16, V 32, S_cat 16, P 64, C 2, du 8, dS ring
+4, dV ring 4, zeros 2). H = 4: 135 KiB. D = V = 32 pads to W = 64: 215 KiB. H = 16 (375 KiB),
+D = V = 128 (339 KiB) and float32 inputs (427 KiB) do not fit: lowering says so ("exceeds
+available shared memory"); they run in interpret mode only. Registers: the 16 dV^T
+accumulators (W x 16 f32 each) take 128 per thread at W = 64, beside the score tiles: expect
+spills on hardware; the GPU window should time it before anything is tuned. Lowering the
+backward (16 keys unrolled) takes ~60 s on a 2-core CPU.
 """
 
 from __future__ import annotations
