@@ -1,20 +1,23 @@
-"""The Mosaic GPU HYLA kernel (ops/mosaic_kernel.py) in Pallas's GPU interpret mode, on the CPU.
+"""The Mosaic GPU HYLA kernels (ops/mosaic_kernel.py, ops/mosaic_kernel_bwd.py) in Pallas's GPU
+interpret mode, on the CPU.
 
-Interpret mode runs the kernel's own program (TMA copies, barriers, wgmmas, SMEM stores) on
-the CPU, simulating shared memory per program, and with `detect_races=True` fails on a read
-of SMEM that a pending copy or another thread may still write. It needs jax >= 0.11 (which
-needs Python >= 3.12): on Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg
-(jax 0.11.2) runs it. Each case takes ~20 s of interpretation (every key of every query tile
-is a dozen simulated wgmmas), so the cases are few and small: B=1, H=8, T=128 as issue 42
-asks, plus one batch of two with per-example masks at a length no tile divides. The lot
-takes ~3 minutes on a 2-core CPU.
+Interpret mode runs the kernels' own programs (TMA copies, barriers, wgmmas, SMEM stores) on
+the CPU, simulating shared memory per program; with `detect_races=True` it prints "RACE
+DETECTED" on a read of SMEM that a pending copy or another thread may still write, which the
+tests below turn into a failure. It needs jax >= 0.11 (which needs Python >= 3.12): on
+Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg (jax 0.11.2) runs it.
+Interpretation is slow (every key of every tile is a dozen simulated wgmmas and SMEM
+accesses; the backward ~80 ms per key and query tile), so the cases are few and small: B=1,
+H=8, T=64 plain and T=128 causal with a padding mask (two query tiles, so the backward's
+skipped causal tiles are exercised), plus a batch of two with per-example masks at a length
+no tile divides. The lot takes ~3 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
-mode the wgmmas are float32 matmuls (numpy), so the float32 kernel differs from the
+mode the wgmmas are float32 matmuls (numpy), so the float32 kernels differ from the
 reference only by summation order; the permutation and broadcast wgmmas multiply by 0/1 and
-add no rounding. Gradients go through the custom VJP (the reference's, for now), so they
-check the plumbing: the mask and the causal flag reach the backward.
+add no rounding. Gradients go through the custom VJP, i.e. the backward kernel and its two
+XLA matmuls, and are held to the same rule as the output.
 """
 
 import jax
@@ -70,46 +73,52 @@ def _padding_mask(valid_lengths, length):
 
 
 @pytest.mark.parametrize("batch,length,causal,valid,block_k", [
-    (1, 128, False, None, 16),
-    (1, 128, True, None, 16),
-    (1, 128, False, (100,), 16),
+    (1, 64, False, None, 16),
     (1, 128, True, (100,), 32),
     (2, 40, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
 ])
-def test_interpret_matches_reference(batch, length, causal, valid, block_k):
+def test_interpret_matches_reference(batch, length, causal, valid, block_k, capsys):
   inputs = _inputs(batch, length)
   mask = None if valid is None else _padding_mask(valid, length)
   blocks = mosaic_kernel.Blocks(block_q=64, block_k=block_k, block_v=16)
   errors = compare(_kernel_fn(mask, causal, blocks), _reference_fn(mask, causal), inputs)
+  assert "RACE DETECTED" not in capsys.readouterr().out
   for name, (err, bound) in errors.items():
     assert err < bound, f"{name}: relative error {err:.3g} >= bound {bound:.3g}"
   # The margin that makes the rule meaningful: a kernel that ignored the mask or the causal
-  # flag would be off by O(0.1), while the bound here is ~1e-3.
-  assert errors["out"][1] < 1e-2
+  # flag would be off by O(0.1), while the bounds here are ~1e-3.
+  assert max(bound for _, bound in errors.values()) < 1e-2
 
 
 def test_ignoring_the_mask_would_fail():
-  """The check above can fail: the same inputs with the mask left out are far off."""
+  """The checks above can fail: the same inputs with the mask left out are far off, in the
+  output and in every gradient (the backward sees the mask only through the scores)."""
   inputs = _inputs(1, 64)
   mask = _padding_mask((40,), 64)
   errors = compare(_kernel_fn(None, False, mosaic_kernel.DEFAULT_BLOCKS),
                    _reference_fn(mask, False), inputs)
-  err, bound = errors["out"]
-  assert err > 100 * bound, (err, bound)
+  for name in ("out", "dq", "dk", "dv"):
+    err, bound = errors[name]
+    assert err > 100 * bound, (name, err, bound)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
-def test_lowers_for_hopper_without_a_gpu(dtype):
-  """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering
-  time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU."""
+@pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
+def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
+  """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering time,
+  for an abstract H100 (compute capability 9.0); only PTX needs the GPU. H=8, D=V=64: the
+  forward takes ~214 KiB of SMEM, the backward 215 KiB. The backward (16 keys unrolled) takes
+  ~65 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has the same layouts)."""
   q = jax.ShapeDtypeStruct((1, 128, 8, 64), dtype)
   mesh = jax.sharding.AbstractMesh(
       (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
           device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)
+  if with_backward:
+    fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
+        jnp.float32).sum(), argnums=(0, 1, 2))
   with jax.sharding.use_abstract_mesh(mesh):
-    lowered = jax.jit(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)).trace(
-        q, q, q).lower(lowering_platforms=("cuda",))
-  assert "mosaic" in lowered.as_text().lower()
+    lowered = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
+  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + with_backward
 
 
 def test_refuses_what_it_does_not_compute():

@@ -48,10 +48,10 @@ Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, 
 32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: ~214 KiB of
 Hopper's 227. Float32 inputs need twice that: run them in interpret mode only (tests).
 
-Backward: `attention` is a `jax.custom_vjp` whose backward is, for now, the VJP of
-`reference.attention` (materializes (B, H, Q, K) and (B, Q, K, V); correct, not fast). The
-planned kernel (issue 42 step 2: key-stationary programs recomputing S, C, u, z, accumulating
-dK, dV on chip, writing dS so that dQ = dS K is one XLA matmul) is not built yet.
+Backward: `attention` is a `jax.custom_vjp` whose residuals are the inputs only; its backward
+is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dV on
+chip and write dS, then dQ = dS K and dK = dS^T Q as XLA matmuls (issue 42 step 2, first
+version; that module's docstring gives what runs where, its FLOPs and its SMEM).
 
 A Pallas-TPU port would need (not built): TPU has no wgmma descriptors or swizzled SMEM;
 its MXU takes (8k x 128) tiles from VMEM, so the head contraction (K = H = 8) would pad to
@@ -318,17 +318,6 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   return jnp.transpose(out_BHQV[:, :, :q_len, :v_dim], (0, 2, 1, 3))
 
 
-def _reference(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps):
-  """The same call through `reference.attention` (the backward differentiates this)."""
-  q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
-  if is_causal:
-    causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
-    mask = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
-  return reference.attention(query_BQHD, key_BKHD, value_BKHV, mask=mask,
-                             normalization="rms_head", value_network="mlp",
-                             activation="relu", eps=eps)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _attention(query, key, value, mask, is_causal, eps, blocks, interpret):
   return _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
@@ -340,12 +329,13 @@ def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret):
 
 
 def _attention_bwd(is_causal, eps, blocks, interpret, residuals, d_out):
-  """The reference's VJP, recomputed from the inputs (issue 42 step 2 is not built)."""
-  del blocks, interpret
+  """The key-stationary backward kernel (mosaic_kernel_bwd.py), recomputed from the inputs."""
+  del blocks  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
+  # Imported here: mosaic_kernel_bwd builds on this module's helpers.
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
   query, key, value, mask = residuals
-  _, vjp = jax.vjp(lambda q, k, v: _reference(q, k, v, mask, is_causal, eps),
-                   query, key, value)
-  d_query, d_key, d_value = vjp(d_out.astype(query.dtype))
+  d_query, d_key, d_value = mosaic_kernel_bwd.backward(
+      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret)
   return d_query, d_key, d_value, None
 
 
@@ -373,7 +363,7 @@ def attention(
 
   `mask`: bool, depending on the key only (e.g. (B, 1, 1, K) padding). `interpret`: None
   runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). Gradients:
-  a custom VJP through the reference (see the module docstring).
+  a custom VJP through the backward kernel (mosaic_kernel_bwd.py).
   """
   del dropout_seed
   if not supports(normalization, value_network, activation, bias=bias, mask=mask,
