@@ -50,7 +50,7 @@ Initializer = Callable[..., jax.Array]
 
 # 'nonlinear_value' is the one value network the ops do not know: phi is applied to each
 # head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
-VALUE_NETWORKS = reference.VALUE_NETWORKS + ("nonlinear_value",)
+VALUE_NETWORKS = (*reference.VALUE_NETWORKS, "nonlinear_value")
 POSITIONS = ("none", "t5", "rope")
 
 

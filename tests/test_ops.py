@@ -9,17 +9,21 @@ rule derived from float32 error analysis (`tests/numerics.py`), so they hold on 
 import itertools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention import errors
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import factored
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
 
 from numerics import NAMES
 from numerics import assert_close
+from numerics import assert_close_narrow
 from numerics import compare
 from numerics import error_bound
 from numerics import float64_value_and_grads
@@ -53,9 +57,11 @@ def reference_fn(mask, is_causal, **kw):
   return fn
 
 
-# (normalization, value network, activation) x masking cases.
+# (normalization, value network, activation): everything the reference computes, so a new
+# entry is tested on every path; TILED: the ones the tiled kernels declare.
 VARIANTS = [(n, vn, "relu") for n, vn in itertools.product(
-    ("rms_head", "linear", "softmax"), ("mlp", "linear"))]
+    reference.NORMALIZATIONS, reference.VALUE_NETWORKS)]
+TILED = [v for v in VARIANTS if blockwise.COMPUTES.covers(*v[:2])]
 CASES = {
     # name: (q_len, k_len, is_causal, bias_shape, mask_shape)
     "plain_q_ne_k": (19, 13, False, None, None),
@@ -66,7 +72,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("normalization,value_network,activation", VARIANTS)
+@pytest.mark.parametrize("normalization,value_network,activation", TILED)
 @pytest.mark.parametrize("case", ["causal_bias_mask", "plain_q_ne_k"])
 def test_blockwise_matches_reference(normalization, value_network, activation, case):
   q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
@@ -78,7 +84,7 @@ def test_blockwise_matches_reference(normalization, value_network, activation, c
   assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs)
 
 
-@pytest.mark.parametrize("normalization,value_network,activation", VARIANTS)
+@pytest.mark.parametrize("normalization,value_network,activation", TILED)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blockwise_float64_matches_reference(normalization, value_network, activation, case):
   """The tiling logic in float64, where rounding cannot hide a small bug: the float64 bound is
@@ -150,7 +156,8 @@ def test_blockwise_bias_shapes_and_activations(case, activation):
 @pytest.mark.parametrize("implementation,normalization", [
     ("blockwise", "rms_head"), ("blockwise", "softmax"), ("pallas", "rms_head")])
 def test_bfloat16(implementation, normalization):
-  """bf16 inputs, float32 accumulation: close to the reference on the same inputs."""
+  """bf16 inputs, float32 accumulation: close to the reference on the same inputs. Blockwise
+  keeps its per-pair tensors in bf16 (`assert_close_narrow`); Pallas keeps them in float32."""
   inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
                        dtype=jnp.bfloat16)
   kw = dict(normalization=normalization, value_network="mlp", activation="relu")
@@ -159,7 +166,8 @@ def test_bfloat16(implementation, normalization):
       q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw)
   out = jax.jit(fn)(*inputs[:4])
   assert out.dtype == jnp.bfloat16
-  assert_close(fn, reference_fn(None, True, **kw), inputs)
+  check = assert_close_narrow if implementation == "blockwise" else assert_close
+  check(fn, reference_fn(None, True, **kw), inputs)
 
 
 def test_fully_masked_rows_are_zero():
@@ -271,14 +279,72 @@ def test_dispatch_auto_softmax_uses_dot_product_attention_numerics():
   assert_close(fn, reference_fn(None, True, **kw), inputs)
 
 
-def test_dispatch_deep_mlp_runs_reference():
-  q, k, v, _, _, _ = make_inputs(7, q_len=9, k_len=9)
-  w = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5, 5)), jnp.float32)
-  for implementation in ("blockwise", "pallas"):
-    out = dispatch.attention(q, k, v, value_network="deep_mlp", value_weight_HVV=w,
-                             implementation=implementation)
-    ref = reference.attention(q, k, v, value_network="deep_mlp", value_weight_HVV=w)
+def _value_weight(v):
+  """A (H, V, V) W'_h for deep_mlp (the other value networks ignore it)."""
+  heads, width = v.shape[2:]
+  return jnp.asarray(np.random.default_rng(0).standard_normal((heads, width, width)), v.dtype)
+
+
+@pytest.mark.parametrize("normalization,value_network,activation", VARIANTS)
+@pytest.mark.parametrize("implementation", ["auto", *dispatch.FAST_PATHS])
+def test_every_path_computes_or_refuses(implementation, normalization, value_network,
+                                        activation):
+  """Every name the reference computes, on every path: a fast path it declares matches the
+  reference; an explicit fast path that does not declare it refuses in one line naming it;
+  `auto` always matches the reference. `auto` runs at T=40, where it takes blockwise for
+  what blockwise declares; explicit paths at T=12 (one tile: their tiling is tested above)."""
+  length = 40 if implementation == "auto" else 12
+  inputs = make_inputs(13, batch=1, q_len=length, k_len=length, heads=2, depth=4, v_dim=3,
+                       bias_shape=(1, 2, length, length))
+  kw = dict(normalization=normalization, value_network=value_network, activation=activation,
+            value_weight_HVV=_value_weight(inputs[2]))
+  fn = lambda q, k, v, b: dispatch.attention(q, k, v, bias=b, is_causal=True,
+                                             implementation=implementation, **kw)
+  path = dispatch.FAST_PATHS.get(implementation)
+  if path is not None and not path.covers(normalization, value_network):
+    name = normalization if normalization not in path.normalizations else value_network
+    with pytest.raises(errors.BadInput, match=f"{implementation}.*'{name}'") as refusal:
+      fn(*inputs[:4])
+    assert "\n" not in str(refusal.value)
+    return
+  assert_close(fn, reference_fn(None, True, **kw), inputs)
+
+
+def _fake_normalization(scores_BHQK, mask, eps):
+  """tanh of the scores: a normalization no fast path implements."""
+  return reference.NORMALIZATIONS["linear"](jnp.tanh(scores_BHQK), mask, eps)
+
+
+def _fake_value_network(code_BHQK, value_BKHV, phi, value_weight_HVV):
+  """The linear value network on phi(values): one no fast path implements."""
+  return reference.VALUE_NETWORKS["linear"](code_BHQK, phi(value_BKHV), phi, value_weight_HVV)
+
+
+@pytest.mark.parametrize("registry,names", [
+    ("NORMALIZATIONS", dict(normalization="fake", value_network="mlp")),
+    ("VALUE_NETWORKS", dict(normalization="rms_head", value_network="fake")),
+])
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_a_new_reference_entry_is_never_computed_as_something_else(monkeypatch, registry,
+                                                                   names, backend):
+  """A normalization / value network added to the reference alone: `auto` runs it on the
+  reference at every length (the lengths where it would take factored and blockwise, on
+  CPU and a faked GPU backend), and every fast path refuses it, through dispatch and
+  called directly."""
+  fake = _fake_normalization if registry == "NORMALIZATIONS" else _fake_value_network
+  monkeypatch.setitem(getattr(reference, registry), "fake", fake)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  for length in (12, 40):  # factored/reference, and blockwise for the known names
+    q, k, v, _, _, _ = make_inputs(14, batch=2, q_len=length, k_len=length, depth=4, v_dim=3)
+    out = dispatch.attention(q, k, v, is_causal=True, **names)
+    ref = reference_fn(None, True, **names)(q, k, v, None)
     assert rel_err(out, ref) < error_bound(0.0, reduction_length(q, k, v), out.dtype)
+  for implementation in dispatch.FAST_PATHS:
+    with pytest.raises(errors.BadInput, match="'fake'"):
+      dispatch.attention(q, k, v, implementation=implementation, **names)
+  for module in (blockwise, pallas_kernel, factored):
+    with pytest.raises(ValueError, match="fake"):
+      module.attention(q, k, v, **names)
 
 
 def test_auto_choice_by_shape_and_backend():
@@ -363,3 +429,42 @@ def test_add_bias_gradient_is_the_broadcast_sum(bias_shape):
   np.testing.assert_allclose(np.asarray(d_bias, np.float64), expected, rtol=0, atol=1e-5)
   np.testing.assert_allclose(reference.add_bias(scores, bias),
                              np.asarray(scores) + np.asarray(bias), rtol=0, atol=0)
+
+
+def test_tile_sizes_per_backend_and_length():
+  assert dispatch.tile_sizes(4096, 4096, "cpu") == (32, 64)
+  assert dispatch.tile_sizes(4096, 4096, "gpu") == (128, 128)
+  assert dispatch.tile_sizes(4096, 4096, "tpu") == (128, 128)
+  # Short or uneven lengths: equal tiles, one tile for SRAVEN's T=36 on accelerators.
+  assert dispatch.tile_sizes(36, 36, "gpu") == (36, 36)
+  assert dispatch.tile_sizes(130, 130, "gpu") == (65, 65)
+
+
+def _loops(jaxpr, found=None):
+  """(primitive, trip count or None) of every scan / while loop, nested ones included."""
+  found = [] if found is None else found
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ("scan", "while"):
+      found.append((eqn.primitive.name, eqn.params.get("length")))
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      _loops(sub, found)
+  return found
+
+
+@pytest.mark.parametrize("implementation", ["reference", "factored", "blockwise"])
+def test_members_under_vmap_add_no_loop(implementation):
+  """A population maps its step over a leading member axis (`train/population.py`): the
+  vmapped value-and-gradient has exactly the loops of one member's (same kinds, same static
+  trip counts), so members batch into each op instead of running one after another. SRAVEN's
+  shape per member (T=36, H=4, D=V=4), with dropout as it trains."""
+  members = 3
+  q, k, v, _, _, _ = make_inputs(15, batch=2, q_len=36, k_len=36, heads=4, depth=4, v_dim=4)
+  stack = lambda x: jnp.stack([x] * members)
+  loss = lambda q, k, v: jnp.sum(jnp.square(dispatch.attention(
+      q, k, v, is_causal=True, implementation=implementation, dropout_rate=0.1,
+      dropout_seed=jnp.int32(3))))
+  grad = jax.grad(loss, (0, 1, 2))
+  one = _loops(jax.make_jaxpr(grad)(q, k, v).jaxpr)
+  population = _loops(jax.make_jaxpr(jax.vmap(grad))(stack(q), stack(k), stack(v)).jaxpr)
+  assert population == one
+  assert implementation != "blockwise" or one  # Blockwise's schedule is a scan.

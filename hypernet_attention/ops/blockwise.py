@@ -2,10 +2,19 @@
 
 Why it is cheaper than the reference: the reference holds the (B, H, Q, K) latent code and,
 for the MLP value networks, the (B, Q, K, V) hidden activations z for the whole sequence,
-and autodiff keeps them for the backward pass. Here a loop over query tiles runs an inner
-loop over key tiles, so only one (B, H, bq, bk) code tile and one (B, bq, bk, V) hidden tile
-exist at a time; a custom VJP recomputes them tile by tile in the backward pass instead of
-storing them. Causal attention skips the key tiles that lie entirely in the future.
+and autodiff keeps them for the backward pass. Here one scan walks the (query tile, key
+tile) pairs, so only one (B, H, bq, bk) code tile and one (B, bq, bk, V) hidden tile exist
+at a time; a custom VJP recomputes them tile by tile in the backward pass instead of storing
+them. Causal attention skips the key tiles that lie entirely in the future.
+
+For accelerators (issue 41): the schedule of tiles is a static list (`tiling.tile_pairs`),
+so every loop has a trip count XLA knows at compile time (XLA:GPU runs a loop of unknown
+trip count with a device-to-host copy of its predicate per iteration). And the per-pair
+tensors take the inputs' dtype: with bf16 inputs the code operands and the (B, bq, bk, V)
+hidden tensors u, z, dz, du (and phi, exact in bf16 for ReLU) are bf16, the contractions
+accumulate in float32, and the scores, RMSHead, softmax statistics, the code's gradient and
+every accumulator (output, dq, dk, dv, dbias) stay float32. float32 and float64 inputs
+compute exactly as before.
 
 RMSHead and linear normalization are local to a (q, k) pair, so a tile needs nothing from
 other tiles. Softmax needs the row statistic logsumexp over keys first: the forward then
@@ -38,6 +47,8 @@ from hypernet_attention.ops import tiling
 
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 128
+# What the tiles compute (`reference.Computes`); deep_mlp and anything else is the reference's.
+COMPUTES = reference.Computes("blockwise", ("softmax", "linear", "rms_head"), ("linear", "mlp"))
 
 
 # ------------------------------------------------------------------------ per-tile math
@@ -56,24 +67,43 @@ def tile_mask(q_start, k_start, mask_tile, cfg: tiling.TileConfig):
   return valid
 
 
+def _contract(spec, x, y, cfg):
+  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`."""
+  return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
+                    preferred_element_type=cfg.compute_dtype)
+
+
+def _per_pair(spec, x, y, cfg):
+  """A (B, bq, bk, V) per-pair tensor (V times the score tile) in `pair_dtype`.
+
+  With bf16 inputs the contraction is declared bf16 -> bf16, never as a float32 result
+  rounded afterwards: that float32 (B, bq, bk, V) tensor is what costs the HBM traffic, and
+  XLA:GPU only avoids it when the dot itself outputs bf16. GPUs (cuBLAS, Triton) and TPUs
+  accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds the result.
+  """
+  return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
+                    preferred_element_type=cfg.pair_dtype)
+
+
 def tile_scores(q_BHqD, k_BHkD, bias_tile, cfg):
-  s = jnp.einsum("bhqd,bhkd->bhqk", q_BHqD, k_BHkD,
-                 preferred_element_type=cfg.compute_dtype)
-  s = s * cfg.scale
+  s = _contract("bhqd,bhkd->bhqk", q_BHqD, k_BHkD, cfg) * cfg.scale
   if bias_tile is not None:
     s = s + bias_tile.astype(cfg.compute_dtype)
   return s
 
 
 def tile_code(s_BHqk, valid, lse_BHq, cfg):
-  """Latent code tile a (B, H, bq, bk); masked pairs exactly 0."""
+  """Latent code tile a (B, H, bq, bk) in `compute_dtype`; masked pairs exactly 0."""
   if cfg.normalization == "softmax":
     logits = jnp.where(valid, s_BHqk - lse_BHq[..., None], -jnp.inf)
     return jnp.exp(logits)
   s0 = jnp.where(valid, s_BHqk, 0.0)
   if cfg.normalization == "linear":
     return s0
-  return s0 * jax.lax.rsqrt(jnp.mean(jnp.square(s0), axis=1, keepdims=True) + cfg.eps)
+  if cfg.normalization == "rms_head":
+    return s0 * jax.lax.rsqrt(jnp.mean(jnp.square(s0), axis=1, keepdims=True) + cfg.eps)
+  raise ValueError(f"blockwise has no code for normalization={cfg.normalization!r}; it "
+                   f"computes {COMPUTES.normalizations}.")
 
 
 def tile_dropout(q_start, k_start, seed, cfg):
@@ -94,43 +124,51 @@ def tile_code_grad(s_BHqk, a_BHqk, da_BHqk, valid, row_BHq, cfg):
     return a_BHqk * (da_BHqk - row_BHq[..., None])
   if cfg.normalization == "linear":
     return jnp.where(valid, da_BHqk, 0.0)
-  s0 = jnp.where(valid, s_BHqk, 0.0)
-  r = jax.lax.rsqrt(jnp.mean(jnp.square(s0), axis=1, keepdims=True) + cfg.eps)
-  ds = r * da_BHqk - s0 * r**3 * jnp.mean(da_BHqk * s0, axis=1, keepdims=True)
-  return jnp.where(valid, ds, 0.0)
-
-
-def _hidden(a_BHqk, v_BHkV, cfg):
-  u_BqkV = jnp.einsum("bhqk,bhkv->bqkv", a_BHqk, v_BHkV)
-  return u_BqkV, reference.get_activation(cfg.activation)(u_BqkV)
+  if cfg.normalization == "rms_head":
+    s0 = jnp.where(valid, s_BHqk, 0.0)
+    r = jax.lax.rsqrt(jnp.mean(jnp.square(s0), axis=1, keepdims=True) + cfg.eps)
+    ds = r * da_BHqk - s0 * r**3 * jnp.mean(da_BHqk * s0, axis=1, keepdims=True)
+    return jnp.where(valid, ds, 0.0)
+  raise ValueError(f"blockwise has no gradient for normalization={cfg.normalization!r}; it "
+                   f"computes {COMPUTES.normalizations}.")
 
 
 def tile_value(a_BHqk, v_BHkV, cfg):
-  """Contribution of one key tile to the output, (B, H, bq, V)."""
+  """Contribution of one key tile to the output, (B, H, bq, V) in `compute_dtype`."""
   if cfg.value_network == "linear":
-    return jnp.einsum("bhqk,bhkv->bhqv", a_BHqk, v_BHkV)
-  _, z_BqkV = _hidden(a_BHqk, v_BHkV, cfg)
-  return jnp.einsum("bhqk,bqkv->bhqv", a_BHqk, z_BqkV)
+    return _contract("bhqk,bhkv->bhqv", a_BHqk, v_BHkV, cfg)
+  if cfg.value_network == "mlp":
+    phi = reference.get_activation(cfg.activation)  # In pair_dtype: exact for ReLU.
+    z_BqkV = phi(_per_pair("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg))
+    return _contract("bhqk,bqkv->bhqv", a_BHqk, z_BqkV, cfg)
+  raise ValueError(f"blockwise has no value network {cfg.value_network!r}; it computes "
+                   f"{COMPUTES.value_networks}.")
 
 
 def tile_value_grad(a_BHqk, v_BHkV, dy_BHqV, cfg, need_dv=True):
-  """(da (B, H, bq, bk), dv (B, H, bk, V) or None) of one tile."""
+  """(da (B, H, bq, bk), dv (B, H, bk, V) or None) of one tile, in `compute_dtype`."""
   if cfg.value_network == "linear":
-    da = jnp.einsum("bhqv,bhkv->bhqk", dy_BHqV, v_BHkV)
-    dv = jnp.einsum("bhqk,bhqv->bhkv", a_BHqk, dy_BHqV) if need_dv else None
+    da = _contract("bhqv,bhkv->bhqk", dy_BHqV, v_BHkV, cfg)
+    dv = _contract("bhqk,bhqv->bhkv", a_BHqk, dy_BHqV, cfg) if need_dv else None
     return da, dv
-  phi = reference.get_activation(cfg.activation)
-  u_BqkV = jnp.einsum("bhqk,bhkv->bqkv", a_BHqk, v_BHkV)
-  z_BqkV, phi_vjp = jax.vjp(phi, u_BqkV)
-  dz_BqkV = jnp.einsum("bhqk,bhqv->bqkv", a_BHqk, dy_BHqV)
-  (du_BqkV,) = phi_vjp(dz_BqkV)
-  da = (jnp.einsum("bhqv,bqkv->bhqk", dy_BHqV, z_BqkV)
-        + jnp.einsum("bqkv,bhkv->bhqk", du_BqkV, v_BHkV))
-  dv = jnp.einsum("bhqk,bqkv->bhkv", a_BHqk, du_BqkV) if need_dv else None
-  return da, dv
+  if cfg.value_network == "mlp":
+    u_BqkV = _per_pair("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg)
+    z_BqkV, phi_vjp = jax.vjp(reference.get_activation(cfg.activation), u_BqkV)
+    (du_BqkV,) = phi_vjp(_per_pair("bhqk,bhqv->bqkv", a_BHqk, dy_BHqV, cfg))
+    da = (_contract("bhqv,bqkv->bhqk", dy_BHqV, z_BqkV, cfg)
+          + _contract("bqkv,bhkv->bhqk", du_BqkV, v_BHkV, cfg))
+    dv = _contract("bhqk,bqkv->bhkv", a_BHqk, du_BqkV, cfg) if need_dv else None
+    return da, dv
+  raise ValueError(f"blockwise has no value network {cfg.value_network!r}; it computes "
+                   f"{COMPUTES.value_networks}.")
 
 
 # ------------------------------------------------------------------------ passes
+#
+# Every pass is one `lax.scan` over the static schedule `tiling.tile_pairs` (query-major in
+# the forward, key-major in the backward), carrying whole-sequence accumulators that each
+# step updates at its tile's rows. The trip count is known at trace time: no while loop of
+# unknown trip count, which XLA:GPU would run with a host round-trip per iteration.
 
 
 def _q_tile(x_BHTX, qi, cfg):
@@ -139,6 +177,21 @@ def _q_tile(x_BHTX, qi, cfg):
 
 def _k_tile(x_BHTX, kj, cfg):
   return jax.lax.dynamic_slice_in_dim(x_BHTX, kj * cfg.block_k, cfg.block_k, axis=2)
+
+
+def _add_at(x_BHTX, start, tile_BHtX):
+  """x with `tile` added to its rows start:start+t along axis 2 (in place in a scan)."""
+  old = jax.lax.dynamic_slice_in_dim(x_BHTX, start, tile_BHtX.shape[2], axis=2)
+  return jax.lax.dynamic_update_slice_in_dim(x_BHTX, old + tile_BHtX, start, axis=2)
+
+
+def _scan_tiles(body, init, cfg, key_major=False):
+  """carry = body(carry, qi, kj) for every tile of the static schedule, in order."""
+  # Indices in JAX's default int (int64 under x64), as Python ints become in the slices.
+  index = lambda x: jnp.asarray(x, jax.dtypes.canonicalize_dtype(jnp.int64))
+  step = lambda carry, tile: (body(carry, *tile), None)
+  carry, _ = jax.lax.scan(step, init, tuple(map(index, tiling.tile_pairs(cfg, key_major))))
+  return carry
 
 
 def _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg):
@@ -154,49 +207,47 @@ def _tile_drop(seed, qi, kj, cfg):
   return tile_dropout(qi * cfg.block_q, kj * cfg.block_k, seed, cfg)
 
 
-def _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, qi, cfg):
-  """Softmax statistics of query tile qi over its visible keys: (B, H, bq)."""
+def _rows(x_BHQ, qi, cfg):
+  return jax.lax.dynamic_slice_in_dim(x_BHQ, qi * cfg.block_q, cfg.block_q, axis=2)
+
+
+def _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, cfg):
+  """Softmax statistics of every query over its visible keys: (B, H, Qp)."""
   batch, heads = q_BHQD.shape[:2]
 
-  def body(kj, carry):
-    m_prev, l_prev = carry
+  def body(carry, qi, kj):
+    m_all, l_all = carry
+    m_prev, l_prev = _rows(m_all, qi, cfg), _rows(l_all, qi, cfg)
     s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
     s = jnp.where(valid, s, -jnp.inf)
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=-1))
     m_safe = jnp.where(jnp.isfinite(m_next), m_next, 0.0)
     l_next = l_prev * jnp.exp(m_prev - m_safe) + jnp.sum(jnp.exp(s - m_safe[..., None]), -1)
-    return m_next, l_next
+    start = qi * cfg.block_q
+    return (jax.lax.dynamic_update_slice_in_dim(m_all, m_next, start, axis=2),
+            jax.lax.dynamic_update_slice_in_dim(l_all, l_next, start, axis=2))
 
-  init = (jnp.full((batch, heads, cfg.block_q), -jnp.inf, cfg.compute_dtype),
-          jnp.zeros((batch, heads, cfg.block_q), cfg.compute_dtype))
-  m, l = jax.lax.fori_loop(0, tiling.causal_k_blocks(qi, cfg), body, init)
+  shape = (batch, heads, cfg.q_padded)
+  init = (jnp.full(shape, -jnp.inf, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype))
+  m, l = _scan_tiles(body, init, cfg)
   return jnp.where(l > 0, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(l), -jnp.inf)
 
 
 def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, cfg):
   """Returns (out (B, H, Qp, V) float32, lse (B, H, Qp) or None)."""
   batch, heads = q_BHQD.shape[:2]
-  v_dim = v_BHKV.shape[-1]
+  lse = None
+  if cfg.normalization == "softmax":
+    lse = _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, cfg)
 
-  def q_block(qi):
-    lse = None
-    if cfg.normalization == "softmax":
-      lse = _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, qi, cfg)
+  def body(out_BHQV, qi, kj):
+    s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
+    lse_q = None if lse is None else _rows(lse, qi, cfg)
+    a = _drop(tile_code(s, valid, lse_q, cfg), _tile_drop(seed, qi, kj, cfg))
+    return _add_at(out_BHQV, qi * cfg.block_q, tile_value(a, _k_tile(v_BHKV, kj, cfg), cfg))
 
-    def body(kj, acc):
-      s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-      a = _drop(tile_code(s, valid, lse, cfg), _tile_drop(seed, qi, kj, cfg))
-      return acc + tile_value(a, _k_tile(v_BHKV, kj, cfg).astype(cfg.compute_dtype), cfg)
-
-    acc = jnp.zeros((batch, heads, cfg.block_q, v_dim), cfg.compute_dtype)
-    acc = jax.lax.fori_loop(0, tiling.causal_k_blocks(qi, cfg), body, acc)
-    return acc, (lse if lse is not None else jnp.zeros((), cfg.compute_dtype))
-
-  out, lse = jax.lax.map(q_block, jnp.arange(cfg.num_q_blocks))
-  out_BHQV = jnp.moveaxis(out, 0, 2).reshape(batch, heads, cfg.q_padded, v_dim)
-  if cfg.normalization != "softmax":
-    return out_BHQV, None
-  return out_BHQV, jnp.moveaxis(lse, 0, 2).reshape(batch, heads, cfg.q_padded)
+  init = jnp.zeros((batch, heads, cfg.q_padded, v_BHKV.shape[-1]), cfg.compute_dtype)
+  return _scan_tiles(body, init, cfg), lse
 
 
 def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV, dy_BHQV,
@@ -204,25 +255,17 @@ def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV,
   """sum_k a_hqk da_hqk per (B, H, Q): the softmax backward's row term. With dropout
   (keep scale m) the value network sees m a, so da = m da' and sum_k a da = sum_k (m a) da'."""
   if cfg.value_network == "linear":  # sum_k a m <dy, v_k> = <dy, y>.
-    return jnp.sum(dy_BHQV * out_BHQV, axis=-1)
-  batch, heads = q_BHQD.shape[:2]
+    return jnp.sum(dy_BHQV.astype(cfg.compute_dtype) * out_BHQV, axis=-1)
 
-  def q_block(qi):
-    dy = _q_tile(dy_BHQV, qi, cfg)
-    lse_q = jax.lax.dynamic_slice_in_dim(lse, qi * cfg.block_q, cfg.block_q, axis=2)
+  def body(rows_BHQ, qi, kj):
+    s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
+    a = _drop(tile_code(s, valid, _rows(lse, qi, cfg), cfg), _tile_drop(seed, qi, kj, cfg))
+    da, _ = tile_value_grad(a, _k_tile(v_BHKV, kj, cfg), _q_tile(dy_BHQV, qi, cfg), cfg,
+                            need_dv=False)
+    return _add_at(rows_BHQ, qi * cfg.block_q, jnp.sum(a * da, axis=-1))
 
-    def body(kj, acc):
-      s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-      a = _drop(tile_code(s, valid, lse_q, cfg), _tile_drop(seed, qi, kj, cfg))
-      v_tile = _k_tile(v_BHKV, kj, cfg).astype(cfg.compute_dtype)
-      da, _ = tile_value_grad(a, v_tile, dy, cfg, need_dv=False)
-      return acc + jnp.sum(a * da, axis=-1)
-
-    acc = jnp.zeros((batch, heads, cfg.block_q), cfg.compute_dtype)
-    return jax.lax.fori_loop(0, tiling.causal_k_blocks(qi, cfg), body, acc)
-
-  rows = jax.lax.map(q_block, jnp.arange(cfg.num_q_blocks))
-  return jnp.moveaxis(rows, 0, 2).reshape(batch, heads, cfg.q_padded)
+  init = jnp.zeros(lse.shape, cfg.compute_dtype)
+  return _scan_tiles(body, init, cfg)
 
 
 def _reduce_to(x, shape):
@@ -232,51 +275,34 @@ def _reduce_to(x, shape):
 
 
 def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg):
-  """Key tiles outside, query tiles inside: dk, dv stay in the carry of the inner loop."""
-  batch, heads, _, depth = q_BHQD.shape
-  v_dim = v_BHKV.shape[-1]
+  """Key-major schedule: consecutive steps share a key tile, whose dk, dv rows they update."""
 
-  def k_block(carry, kj):
-    dq_BHQD, dbias4 = carry
-    k_tile = _k_tile(k_BHKD, kj, cfg).astype(cfg.compute_dtype)
-    v_tile = _k_tile(v_BHKV, kj, cfg).astype(cfg.compute_dtype)
+  def body(carry, qi, kj):
+    dq_BHQD, dk_BHKD, dv_BHKV, dbias4 = carry
+    q_start, k_start = qi * cfg.block_q, kj * cfg.block_k
+    s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
+    lse_q = row_q = None
+    if cfg.normalization == "softmax":
+      lse_q, row_q = _rows(lse, qi, cfg), _rows(row, qi, cfg)
+    a = tile_code(s, valid, lse_q, cfg)
+    drop = _tile_drop(seed, qi, kj, cfg)
+    da, dv_tile = tile_value_grad(_drop(a, drop), _k_tile(v_BHKV, kj, cfg),
+                                  _q_tile(dy_BHQV, qi, cfg), cfg)
+    ds = tile_code_grad(s, a, _drop(da, drop), valid, row_q, cfg)
+    dk_tile = cfg.scale * _contract("bhqk,bhqd->bhkd", ds, _q_tile(q_BHQD, qi, cfg), cfg)
+    dq_tile = cfg.scale * _contract("bhqk,bhkd->bhqd", ds, _k_tile(k_BHKD, kj, cfg), cfg)
+    if dbias4 is not None:
+      starts = (0, 0, 0 if dbias4.shape[2] == 1 else q_start,
+                0 if dbias4.shape[3] == 1 else k_start)
+      old = tiling.pair_tile(dbias4, q_start, k_start, cfg)
+      dbias4 = jax.lax.dynamic_update_slice(dbias4, old + _reduce_to(ds, old.shape), starts)
+    return (_add_at(dq_BHQD, q_start, dq_tile), _add_at(dk_BHKD, k_start, dk_tile),
+            _add_at(dv_BHKV, k_start, dv_tile), dbias4)
 
-    def body(qi, inner):
-      dq_BHQD, dbias4, dk, dv = inner
-      q_start, k_start = qi * cfg.block_q, kj * cfg.block_k
-      q_tile = _q_tile(q_BHQD, qi, cfg).astype(cfg.compute_dtype)
-      s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-      lse_q = row_q = None
-      if cfg.normalization == "softmax":
-        lse_q = jax.lax.dynamic_slice_in_dim(lse, q_start, cfg.block_q, axis=2)
-        row_q = jax.lax.dynamic_slice_in_dim(row, q_start, cfg.block_q, axis=2)
-      a = tile_code(s, valid, lse_q, cfg)
-      drop = _tile_drop(seed, qi, kj, cfg)
-      da, dv_tile = tile_value_grad(_drop(a, drop), v_tile, _q_tile(dy_BHQV, qi, cfg), cfg)
-      ds = tile_code_grad(s, a, _drop(da, drop), valid, row_q, cfg)
-      dk = dk + cfg.scale * jnp.einsum("bhqk,bhqd->bhkd", ds, q_tile)
-      dq_tile = cfg.scale * jnp.einsum("bhqk,bhkd->bhqd", ds, k_tile)
-      dq_BHQD = jax.lax.dynamic_update_slice_in_dim(
-          dq_BHQD, _q_tile(dq_BHQD, qi, cfg) + dq_tile, q_start, axis=2)
-      if dbias4 is not None:
-        starts = (0, 0, 0 if dbias4.shape[2] == 1 else q_start,
-                  0 if dbias4.shape[3] == 1 else k_start)
-        old = tiling.pair_tile(dbias4, q_start, k_start, cfg)
-        dbias4 = jax.lax.dynamic_update_slice(dbias4, old + _reduce_to(ds, old.shape), starts)
-      return dq_BHQD, dbias4, dk, dv + dv_tile
-
-    zeros = lambda width: jnp.zeros((batch, heads, cfg.block_k, width), cfg.compute_dtype)
-    init = (dq_BHQD, dbias4, zeros(depth), zeros(v_dim))
-    dq_BHQD, dbias4, dk, dv = jax.lax.fori_loop(
-        tiling.causal_first_q_block(kj, cfg), cfg.num_q_blocks, body, init)
-    return (dq_BHQD, dbias4), (dk, dv)
-
-  init = (jnp.zeros(q_BHQD.shape, cfg.compute_dtype),
-          None if bias4 is None else jnp.zeros(bias4.shape, cfg.compute_dtype))
-  (dq, dbias4), (dk, dv) = jax.lax.scan(k_block, init, jnp.arange(cfg.num_k_blocks))
-  dk = jnp.moveaxis(dk, 0, 2).reshape(batch, heads, cfg.k_padded, depth)
-  dv = jnp.moveaxis(dv, 0, 2).reshape(batch, heads, cfg.k_padded, v_dim)
-  return dq, dk, dv, dbias4
+  zeros = lambda x: jnp.zeros(x.shape, cfg.compute_dtype)
+  init = (zeros(q_BHQD), zeros(k_BHKD), zeros(v_BHKV),
+          None if bias4 is None else zeros(bias4))
+  return _scan_tiles(body, init, cfg, key_major=True)
 
 
 # ------------------------------------------------------------------------ custom VJP
@@ -315,7 +341,7 @@ def _attention_fwd(query, key, value, bias, mask, seed, cfg, kernels):
 def _attention_bwd(cfg, kernels, residuals, dout_BQHV):
   query, key, value, bias, mask, seed, out_BHQV, lse = residuals
   q, k, v, bias4, mask4 = _prepare(query, key, value, bias, mask, cfg)
-  dy = _to_heads_major(dout_BQHV.astype(cfg.compute_dtype), cfg.q_padded)
+  dy = _to_heads_major(dout_BQHV.astype(cfg.pair_dtype), cfg.q_padded)
   row = None
   if cfg.normalization == "softmax":
     row = _softmax_row_stat(q, k, v, bias4, mask4, seed, lse, out_BHQV, dy, cfg)
@@ -339,8 +365,8 @@ class Kernels:
 
   forward(q, k, v, bias4, mask4, seed, cfg) -> (out (B, H, Qp, V) f32, lse (B, H, Qp) | None);
   backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg) -> (dq, dk, dv, dbias4 | None),
-  all heads-major, padded and float32. Inputs are heads-major and padded (`_prepare`);
-  `seed` is the int32 dropout seed (None without dropout).
+  all heads-major, padded and float32. Inputs are heads-major and padded (`_prepare`), dy
+  in `cfg.pair_dtype`; `seed` is the int32 dropout seed (None without dropout).
   """
   forward: Callable = _forward
   backward: Callable = _backward
@@ -378,7 +404,7 @@ def attention(
 ) -> jax.Array:
   """Same contract as `reference.attention` (plus `is_causal`, tile sizes); no deep_mlp."""
   cfg = tiling.make_config(
-      query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1],
+      query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
       dtype=query_BQHD.dtype, dropout_rate=dropout_rate)

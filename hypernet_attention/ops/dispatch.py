@@ -13,7 +13,11 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
-`deep_mlp` (HYLA+) has no tiled kernel: every implementation runs the reference for it.
+Each fast path declares what it computes (`reference.Computes`, collected in `FAST_PATHS`),
+and this module checks every call against it: `auto` takes a fast path only for what it
+declares and runs the reference for the rest (`deep_mlp`, HYLA+, has no tiled kernel; a
+normalization or value network added to the reference runs there until a kernel declares
+it), while an explicit fast implementation refuses anything else in one line.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
 from hypernet_attention.ops import tiling
 
-IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "pallas")
+# What each fast implementation computes; the reference computes every registered name.
+FAST_PATHS: dict[str, reference.Computes] = {
+    "factored": factored.COMPUTES,
+    "blockwise": blockwise.COMPUTES,
+    "pallas": pallas_kernel.COMPUTES,
+}
+IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS)
+# `auto`'s path for plain softmax attention (`_softmax_attention`).
+SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
+                                       ("linear",))
 
 # Thresholds chosen by measurement on a 2-core CPU; re-measure on new hardware or kernels
 # with `experiments/benchmark_attention.py` (kernels, fwd+bwd) and
@@ -52,10 +65,25 @@ REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # (`experiments/benchmark_training.py`, write-up in
 # experiments/results/training_throughput.md); wider heads untested.
 FACTORED_MAX_HEAD_DIM = 8
-# Tile sizes per backend. Small tiles win on CPU (they stay in cache); accelerators want
-# tiles large enough to feed the matrix units.
-CPU_BLOCKS = (32, 64)
-ACCELERATOR_BLOCKS = (128, 128)
+# Blockwise's largest tiles (block_q, block_k) per backend; per length,
+# `tiling.balanced_block` splits each sequence into equal tiles no larger than these (T=36
+# is one 36 x 36 tile, T=130 two of 65, not 128 + 2 padded to 256).
+#   cpu: 32 x 64 was fastest on a 2-core CPU at T=256-4096 (kernels.md): small tiles stay in
+#        cache, and a step of the static schedule costs little there.
+#   gpu: 128 x 128, the tiles of the H100/H200 measurements (kernels.md, issue 41). Larger
+#        tiles mean fewer schedule steps (each launches a dozen kernels) but a bigger bf16
+#        (B, bq, bk, V) hidden tensor (134 MB at C4's B=64, V=64, 128 x 128): 128 vs 256
+#        at T >= 4096 is for a GPU window to measure (`experiments/benchmark_attention.py`).
+#   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
+# Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
+BLOCKS = {"cpu": (32, 64), "gpu": (128, 128), "tpu": (128, 128)}
+
+
+def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
+  """Blockwise (block_q, block_k) for this backend and these lengths (`BLOCKS`, balanced as
+  `blockwise.attention` will); an unlisted backend takes the GPU's."""
+  block_q, block_k = BLOCKS.get(backend or jax.default_backend(), BLOCKS["gpu"])
+  return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
 def _causal_mask(q_len: int, k_len: int) -> jax.Array:
@@ -74,19 +102,20 @@ def choose_implementation(
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
     factorable: bool = False,
 ) -> str:
-  """The `auto` choice for everything except plain softmax attention without dropout.
+  """The `auto` choice for everything except plain softmax attention without dropout:
+  a fast path only for what it declares (`FAST_PATHS`), the reference otherwise.
 
   `head_dim`, `factorable` (mask and bias as `factored.supports` needs them): whether the
   short-sequence choice may be `factored` instead of the reference.
   """
   backend = backend or jax.default_backend()
-  if value_network not in tiling.TILED_VALUE_NETWORKS:
-    return "reference"
   if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
     if (backend == "cpu" and factorable and head_dim is not None
         and head_dim <= FACTORED_MAX_HEAD_DIM
-        and factored.supports(normalization, value_network, None, None)):
+        and FAST_PATHS["factored"].covers(normalization, value_network)):
       return "factored"
+    return "reference"
+  if not FAST_PATHS["blockwise"].covers(normalization, value_network):
     return "reference"
   # Everywhere, blockwise. On an H100 (T=4096, B=4, H=8, d=64, bf16, causal) the Pallas
   # HYLA kernel passes every parity test but runs 7x (forward) to 19x (forward+backward)
@@ -158,40 +187,34 @@ def attention(
     raise ValueError(f"dropout_rate={dropout_rate} needs dropout_seed (an int32 scalar).")
   q_len, k_len = query_BQHD.shape[1], key_BKHD.shape[1]
   if implementation == "auto":
-    if (normalization == "softmax" and value_network == "linear" and not dropout_rate
+    if (SOFTMAX_ATTENTION.covers(normalization, value_network) and not dropout_rate
         and query_BQHD.shape[-1] == value_BKHV.shape[-1]):
       return _softmax_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, is_causal)
     implementation = choose_implementation(
         q_len, k_len, normalization, value_network, dropout=bool(dropout_rate),
         head_dim=query_BQHD.shape[-1],
         factorable=factored.supports(normalization, value_network, mask, bias))
-  if value_network not in tiling.TILED_VALUE_NETWORKS:
-    implementation = "reference"
-  if implementation == "factored":
-    return factored.attention(
-        query_BQHD, key_BKHD, value_BKHV, bias=bias,
-        mask=_with_causal(mask, is_causal, q_len, k_len), normalization=normalization,
-        value_network=value_network, activation=activation, eps=eps,
-        dropout_rate=dropout_rate, dropout_seed=dropout_seed)
-  if implementation == "reference":
-    return reference.attention(
-        query_BQHD, key_BKHD, value_BKHV, bias=bias,
-        mask=_with_causal(mask, is_causal, q_len, k_len),
-        normalization=normalization, value_network=value_network, activation=activation,
-        value_weight_HVV=value_weight_HVV, eps=eps, dropout_rate=dropout_rate,
-        dropout_seed=dropout_seed,
-    )
-  kwargs = dict(is_causal=is_causal, normalization=normalization,
-                value_network=value_network, activation=activation, eps=eps,
-                dropout_rate=dropout_rate)
+  elif implementation != "reference":
+    FAST_PATHS[implementation].check(normalization, value_network)
+  kwargs = dict(normalization=normalization, value_network=value_network,
+                activation=activation, eps=eps, dropout_rate=dropout_rate)
+  if implementation in ("reference", "factored"):
+    mask = _with_causal(mask, is_causal, q_len, k_len)
+    if implementation == "factored":
+      return factored.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
+                                dropout_seed=dropout_seed, **kwargs)
+    return reference.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
+                               value_weight_HVV=value_weight_HVV,
+                               dropout_seed=dropout_seed, **kwargs)
   if implementation == "blockwise":
-    on_cpu = jax.default_backend() == "cpu"
-    block_q, block_k = CPU_BLOCKS if on_cpu else ACCELERATOR_BLOCKS
+    block_q, block_k = tile_sizes(q_len, k_len)
     kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
-  else:
+  elif implementation == "pallas":
     kernel = pallas_kernel.attention
+  else:
+    raise ValueError(f"dispatch has no runner for implementation={implementation!r}.")
   # Under a batch-sharded mesh (`jax.set_mesh`), one kernel call per device.
   return sharded.per_device(
       lambda q, k, v, b, m, seed: kernel(q, k, v, bias=b, mask=m, dropout_seed=seed,
-                                         **kwargs),
+                                         is_causal=is_causal, **kwargs),
       query_BQHD, key_BKHD, value_BKHV, bias, mask, dropout_seed)

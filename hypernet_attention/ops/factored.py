@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
-NORMALIZATIONS = ("rms_head", "linear")
+# What this factorization computes (`reference.Computes`): per-pair normalizations only.
+COMPUTES = reference.Computes("factored", ("rms_head", "linear"), ("mlp",))
 
 
 def supports(normalization: str, value_network: str, mask: Optional[jax.Array],
@@ -47,8 +48,7 @@ def supports(normalization: str, value_network: str, mask: Optional[jax.Array],
   batch axis (broadcastable to (1, H, Q, K))."""
   head_free = mask is None or mask.ndim < 3 or mask.shape[-3] == 1
   batch_free = bias is None or bias.ndim < 4 or bias.shape[0] == 1
-  return (normalization in NORMALIZATIONS and value_network == "mlp" and head_free
-          and batch_free)
+  return COMPUTES.covers(normalization, value_network) and head_free and batch_free
 
 
 def _pair_scale(shape_BQK, scores_BHQK, mask, eps, dropout_rate, dropout_seed):
@@ -93,8 +93,9 @@ def attention(
     raise ValueError(
         f"factored attention got normalization={normalization!r}, value_network="
         f"{value_network!r}, mask shape {shape(mask)}, bias shape {shape(bias)}; allowed: "
-        f"normalization in {NORMALIZATIONS}, value_network 'mlp', a mask without a head "
-        "axis and a bias without a batch axis.")
+        f"normalization in {COMPUTES.normalizations}, value_network in "
+        f"{COMPUTES.value_networks}, a mask without a head axis and a bias without a batch "
+        "axis.")
   phi = reference.get_activation(activation)
   out_dtype = query_BQHD.dtype
   dtype = jnp.promote_types(out_dtype, jnp.float32)
@@ -106,7 +107,8 @@ def attention(
   if bias is not None:
     bias_HQK = jnp.broadcast_to(bias.astype(dtype), (1, heads, q_len, k_len))[0]
   scores_BHQK = None
-  if normalization == "rms_head":  # Materialized once, for the RMS only.
+  # Materialized once, for the RMS only; linear needs none (`supports` refused the rest).
+  if normalization == "rms_head":
     scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD)
     if bias_HQK is not None:
       scores_BHQK = reference.add_bias(scores_BHQK, bias_HQK[None])

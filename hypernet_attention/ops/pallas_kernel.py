@@ -62,6 +62,9 @@ class Launch:
 # at H=8, d=64 (227 KiB available): every head's tiles are live at once. 32x32 with one
 # stage needs about an eighth of that.
 DEFAULT_BLOCKS = {"mlp": (16, 16), "linear": (32, 32)}
+# What the kernels compute (`reference.Computes`): one key of DEFAULT_BLOCKS per value network.
+COMPUTES = reference.Computes("pallas", ("softmax", "linear", "rms_head"),
+                              tuple(DEFAULT_BLOCKS))
 DEFAULT_LAUNCH = {"mlp": Launch(num_stages=1), "linear": Launch(num_stages=1)}
 _MIN_DOT = 16  # Triton's tl.dot needs every dimension >= 16.
 _F32 = jnp.float32
@@ -136,10 +139,13 @@ def _code(s_h, valid_h, lse_h, cfg, heads):
     return [jnp.exp(jnp.where(valid_h[h], s_h[h] - lse_h[h][:, None], -jnp.inf))
             for h in range(heads)]
   a_h = [jnp.where(valid_h[h], s_h[h], 0.0) for h in range(heads)]
+  if cfg.normalization == "linear":
+    return a_h
   if cfg.normalization == "rms_head":
     r = jax.lax.rsqrt(sum(a * a for a in a_h) * (1.0 / heads) + cfg.eps)
-    a_h = [a * r for a in a_h]
-  return a_h
+    return [a * r for a in a_h]
+  raise ValueError(f"pallas has no code for normalization={cfg.normalization!r}; it "
+                   f"computes {COMPUTES.normalizations}.")
 
 
 def _tile_drop(seed_ref, q_start, k_start, cfg):
@@ -161,7 +167,7 @@ def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype, drop):
   if cfg.value_network == "linear":
     da_h = [_dot(dy, v, _ROWS, dtype) for dy, v in zip(dys, values)]
     dv_h = [_dot(a, dy, _COLS, dtype) for a, dy in zip(a_h, dys)]
-  else:
+  elif cfg.value_network == "mlp":
     phi = reference.get_activation(cfg.activation)
     u = sum(a[:, :, None] * v[None, :, :] for a, v in zip(a_h, values))
     z, phi_vjp = jax.vjp(phi, u)
@@ -169,17 +175,23 @@ def _tile_grads(s_h, valid_h, a_h, values, dys, row_h, cfg, heads, dtype, drop):
     da_h = [jnp.sum(dy[:, None, :] * z + du * v[None, :, :], axis=2)
             for dy, v in zip(dys, values)]
     dv_h = [jnp.sum(a[:, :, None] * du, axis=0) for a in a_h]
+  else:
+    raise ValueError(f"pallas has no value network {cfg.value_network!r}; it computes "
+                     f"{COMPUTES.value_networks}.")
   da_h = _dropped(da_h, drop)
   if cfg.normalization == "softmax":
     ds_h = [a * (da - row[:, None]) for a, da, row in zip(code_h, da_h, row_h)]
   elif cfg.normalization == "linear":
     ds_h = [jnp.where(valid, da, 0.0) for valid, da in zip(valid_h, da_h)]
-  else:
+  elif cfg.normalization == "rms_head":
     s0_h = [jnp.where(valid, s, 0.0) for valid, s in zip(valid_h, s_h)]
     r = jax.lax.rsqrt(sum(s * s for s in s0_h) * (1.0 / heads) + cfg.eps)
     mean_da_s = sum(da * s for da, s in zip(da_h, s0_h)) * (1.0 / heads)
     ds_h = [jnp.where(valid, r * da - s * r**3 * mean_da_s, 0.0)
             for valid, da, s in zip(valid_h, da_h, s0_h)]
+  else:
+    raise ValueError(f"pallas has no gradient for normalization={cfg.normalization!r}; it "
+                     f"computes {COMPUTES.normalizations}.")
   return ds_h, dv_h
 
 
@@ -225,8 +237,11 @@ def _forward_kernel(q_ref, k_ref, v_ref, bias_ref, mask_ref, seed_ref, out_ref, 
     if cfg.value_network == "linear":
       return tuple(acc + _dot(a, v, _MATMUL, q_ref.dtype)
                    for acc, a, v in zip(accs, a_h, values))
-    z = phi(sum(a[:, :, None] * v[None, :, :] for a, v in zip(a_h, values)))
-    return tuple(acc + jnp.sum(a[:, :, None] * z, axis=1) for acc, a in zip(accs, a_h))
+    if cfg.value_network == "mlp":
+      z = phi(sum(a[:, :, None] * v[None, :, :] for a, v in zip(a_h, values)))
+      return tuple(acc + jnp.sum(a[:, :, None] * z, axis=1) for acc, a in zip(accs, a_h))
+    raise ValueError(f"pallas has no value network {cfg.value_network!r}; it computes "
+                     f"{COMPUTES.value_networks}.")
 
   init = tuple(jnp.zeros((bq, out_ref.shape[-1]), _F32) for _ in range(heads))
   accs = jax.lax.fori_loop(0, num_k, body, init)
@@ -514,7 +529,7 @@ def attention(
 ) -> jax.Array:
   """Same contract as `blockwise.attention`. `interpret` defaults to True off GPU;
   `launch` defaults to `DEFAULT_LAUNCH[value_network]`."""
-  reference._check_choice("value_network", value_network, tiling.TILED_VALUE_NETWORKS)
+  COMPUTES.check(normalization, value_network)
   default_q, default_k = DEFAULT_BLOCKS[value_network]
   block_q, block_k = block_q or default_q, block_k or default_k
   if interpret is None:
@@ -524,7 +539,7 @@ def attention(
   block_q = max(_MIN_DOT, min(_next_pow2(block_q), _next_pow2(q_len)))
   block_k = max(_MIN_DOT, min(_next_pow2(block_k), _next_pow2(k_len)))
   cfg = tiling.make_config(
-      q_len, k_len, query_BQHD.shape[-1], normalization=normalization,
+      q_len, k_len, query_BQHD.shape[-1], computes=COMPUTES, normalization=normalization,
       value_network=value_network, activation=activation, eps=eps, is_causal=is_causal,
       block_q=block_q, block_k=block_k, balance=False, dropout_rate=dropout_rate)
   return blockwise.tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,

@@ -21,16 +21,16 @@ The per-head output projection W_h^out is applied by the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention.ops import dropout
 
-NORMALIZATIONS = ("softmax", "linear", "rms_head")
-VALUE_NETWORKS = ("linear", "mlp", "deep_mlp")
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": jax.nn.gelu,
@@ -105,6 +105,47 @@ def _add_batch_shared_bias_bwd(bias_1HQK, grad_BHQK):
 _add_batch_shared_bias.defvjp(_add_batch_shared_bias_fwd, _add_batch_shared_bias_bwd)
 
 
+def _softmax(scores_BHQK, mask, eps):
+  """Over keys; masked scores act as -inf and a fully masked row gives 0. float32 at least:
+  bf16 exponentials lose the tail."""
+  del eps
+  dtype = jnp.promote_types(scores_BHQK.dtype, jnp.float32)
+  s = scores_BHQK.astype(dtype)
+  if mask is not None:
+    s = jnp.where(mask, s, jnp.finfo(dtype).min)
+  a = jax.nn.softmax(s, axis=-1)
+  if mask is not None:
+    a = jnp.where(mask, a, 0.0)
+  return a.astype(scores_BHQK.dtype)
+
+
+def _linear(scores_BHQK, mask, eps):
+  """The identity (masked pairs 0)."""
+  del eps
+  return scores_BHQK if mask is None else jnp.where(mask, scores_BHQK, 0.0)
+
+
+def _rms_head(scores_BHQK, mask, eps):
+  """Each (q, k) pair's vector of scores across heads divided by its root mean square, with
+  no learnable scale. Masked pairs are zeroed *before* the RMS so that a masked key never
+  changes the code of an unmasked one (it cannot: RMSHead is local to the pair, but the
+  zeroing keeps padded garbage out of the statistics)."""
+  s = _linear(scores_BHQK, mask, eps)
+  s32 = s.astype(jnp.promote_types(s.dtype, jnp.float32))
+  ms = jnp.mean(jnp.square(s32), axis=1, keepdims=True)
+  return (s32 * jax.lax.rsqrt(ms + eps)).astype(s.dtype)
+
+
+# The spec of each normalization: (scores (B, H, Q, K), mask broadcast to it or None, eps)
+# -> latent code (B, H, Q, K). A new entry runs on the reference everywhere until a fast
+# path declares it (`Computes`).
+NORMALIZATIONS: dict[str, Callable] = {
+    "softmax": _softmax,
+    "linear": _linear,
+    "rms_head": _rms_head,
+}
+
+
 def normalize_scores(
     scores_BHQK: jax.Array,
     mask: Optional[jax.Array] = None,
@@ -114,32 +155,12 @@ def normalize_scores(
   """Turns scores into the latent code a_hqk (B, H, Q, K); masked pairs get exactly 0.
 
   `mask` is boolean, broadcastable to (B, H, Q, K), True where the query may attend.
-  softmax normalizes over keys (masked scores act as -inf; a fully masked row gives 0);
-  linear is the identity; rms_head divides each (q, k) pair's vector of scores across heads
-  by its root mean square, with no learnable scale. Masked pairs are zeroed *before* the
-  RMS so that a masked key never changes the code of an unmasked one (it cannot: RMSHead
-  is local to the pair, but the zeroing keeps padded garbage out of the statistics).
+  `NORMALIZATIONS[normalization]` says how.
   """
   _check_choice("normalization", normalization, NORMALIZATIONS)
   if mask is not None:
     mask = jnp.broadcast_to(mask, scores_BHQK.shape)
-  if normalization == "softmax":
-    # Softmax in float32 at least: bf16 exponentials lose the tail.
-    dtype = jnp.promote_types(scores_BHQK.dtype, jnp.float32)
-    s = scores_BHQK.astype(dtype)
-    if mask is not None:
-      s = jnp.where(mask, s, jnp.finfo(dtype).min)
-    a = jax.nn.softmax(s, axis=-1)
-    if mask is not None:
-      a = jnp.where(mask, a, 0.0)
-    return a.astype(scores_BHQK.dtype)
-  s = scores_BHQK if mask is None else jnp.where(mask, scores_BHQK, 0.0)
-  if normalization == "linear":
-    return s
-  dtype = jnp.promote_types(s.dtype, jnp.float32)
-  s32 = s.astype(dtype)
-  ms = jnp.mean(jnp.square(s32), axis=1, keepdims=True)
-  return (s32 * jax.lax.rsqrt(ms + eps)).astype(s.dtype)
+  return NORMALIZATIONS[normalization](scores_BHQK, mask, eps)
 
 
 def apply_dropout(code_BHQK: jax.Array, rate: float, seed) -> jax.Array:
@@ -151,6 +172,54 @@ def apply_dropout(code_BHQK: jax.Array, rate: float, seed) -> jax.Array:
   return code_BHQK * keep_QK.astype(code_BHQK.dtype)
 
 
+def _linear_value(code_BHQK, value_BKHV, phi, value_weight_HVV):
+  del phi, value_weight_HVV
+  return jnp.einsum("bhqk,bkhv->bqhv", code_BHQK, value_BKHV)
+
+
+def _hidden_BQKV(code_BHQK, value_BKHV, phi):
+  """z_qk = phi(sum_h a_hqk v_kh), (B, Q, K, V).
+
+  The contraction is laid out with its batch axes (b, k) leading, so XLA runs one batched
+  matmul without transposing around it; on CPU at the synthetic tasks' sizes (T=36, V=4)
+  this and `_read_out`'s (b, q) layout train the MLP value network ~25% faster than the
+  same einsums in (B, H, Q, K) order."""
+  code_BKQH = jnp.transpose(code_BHQK, (0, 3, 2, 1))
+  hidden_BKQV = phi(jnp.einsum("bkqh,bkhv->bkqv", code_BKQH, value_BKHV))
+  return jnp.transpose(hidden_BKQV, (0, 2, 1, 3))
+
+
+def _read_out(code_BHQK, hidden_BQKV):
+  """y_qh = sum_k a_hqk z_qk, (B, Q, H, V)."""
+  code_BQHK = jnp.transpose(code_BHQK, (0, 2, 1, 3))
+  return jnp.einsum("bqhk,bqkv->bqhv", code_BQHK, hidden_BQKV)
+
+
+def _mlp_value(code_BHQK, value_BKHV, phi, value_weight_HVV):
+  del value_weight_HVV
+  return _read_out(code_BHQK, _hidden_BQKV(code_BHQK, value_BKHV, phi))
+
+
+def _deep_mlp_value(code_BHQK, value_BKHV, phi, value_weight_HVV):
+  if value_weight_HVV is None:
+    raise ValueError("value_network='deep_mlp' needs value_weight_HVV (H, V, V).")
+  hidden_BQKV = _hidden_BQKV(code_BHQK, value_BKHV, phi)
+  # sum_h a_hqk W'_h z_qk, without materializing a (B, Q, K, H, V) tensor twice.
+  mixed_BQKHV = jnp.einsum("bqkv,hvw->bqkhw", hidden_BQKV, value_weight_HVV)
+  hidden_BQKV = phi(jnp.einsum("bhqk,bqkhw->bqkw", code_BHQK, mixed_BQKHV))
+  return _read_out(code_BHQK, hidden_BQKV)
+
+
+# The spec of each value network: (code (B, H, Q, K), values (B, K, H, V), phi,
+# value_weight_HVV or None) -> (B, Q, H, V). As NORMALIZATIONS, new entries run on the
+# reference until a fast path declares them.
+VALUE_NETWORKS: dict[str, Callable] = {
+    "linear": _linear_value,
+    "mlp": _mlp_value,
+    "deep_mlp": _deep_mlp_value,
+}
+
+
 def apply_value_network(
     code_BHQK: jax.Array,
     value_BKHV: jax.Array,
@@ -160,24 +229,36 @@ def apply_value_network(
 ) -> jax.Array:
   """Applies the value network configured by the latent code; returns (B, Q, H, V)."""
   _check_choice("value_network", value_network, VALUE_NETWORKS)
-  if value_network == "linear":
-    return jnp.einsum("bhqk,bkhv->bqhv", code_BHQK, value_BKHV)
-  phi = get_activation(activation)
-  # Each contraction is laid out with its batch axes leading ((b, k) for the hidden layer,
-  # (b, q) for the read-out), so XLA runs one batched matmul without transposing around
-  # it; on CPU at the synthetic tasks' sizes (T=36, V=4) this trains the MLP value
-  # network ~25% faster than the same einsums in (B, H, Q, K) order.
-  code_BKQH = jnp.transpose(code_BHQK, (0, 3, 2, 1))
-  hidden_BKQV = phi(jnp.einsum("bkqh,bkhv->bkqv", code_BKQH, value_BKHV))
-  hidden_BQKV = jnp.transpose(hidden_BKQV, (0, 2, 1, 3))
-  if value_network == "deep_mlp":
-    if value_weight_HVV is None:
-      raise ValueError("value_network='deep_mlp' needs value_weight_HVV (H, V, V).")
-    # sum_h a_hqk W'_h z_qk, without materializing a (B, Q, K, H, V) tensor twice.
-    mixed_BQKHV = jnp.einsum("bqkv,hvw->bqkhw", hidden_BQKV, value_weight_HVV)
-    hidden_BQKV = phi(jnp.einsum("bhqk,bqkhw->bqkw", code_BHQK, mixed_BQKHV))
-  code_BQHK = jnp.transpose(code_BHQK, (0, 2, 1, 3))
-  return jnp.einsum("bqhk,bqkv->bqhv", code_BQHK, hidden_BQKV)
+  return VALUE_NETWORKS[value_network](code_BHQK, value_BKHV, get_activation(activation),
+                                       value_weight_HVV)
+
+
+@dataclasses.dataclass(frozen=True)
+class Computes:
+  """What a fast implementation computes: the names of `NORMALIZATIONS` and
+  `VALUE_NETWORKS` it implements (every activation). The reference computes them all.
+
+  Each fast path declares one (`blockwise.COMPUTES`, ...); `dispatch` checks a call against
+  it where it picks the implementation, so `auto` runs anything else on the reference, an
+  explicit fast implementation refuses it, and a name added to the reference is never
+  computed as something else.
+  """
+  implementation: str
+  normalizations: tuple[str, ...]
+  value_networks: tuple[str, ...]
+
+  def covers(self, normalization: str, value_network: str) -> bool:
+    return normalization in self.normalizations and value_network in self.value_networks
+
+  def check(self, normalization: str, value_network: str) -> None:
+    """BadInput in one line unless this path computes the pair."""
+    for what, name, allowed in (("normalization", normalization, self.normalizations),
+                                ("value_network", value_network, self.value_networks)):
+      if name not in allowed:
+        raise errors.BadInput(
+            f"implementation={self.implementation!r} does not compute {what}={name!r}; it "
+            f"computes normalization in {self.normalizations} with value_network in "
+            f"{self.value_networks} ('auto' or 'reference' compute every one).")
 
 
 def attention(

@@ -16,12 +16,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
-
-# The blockwise and Pallas kernels cover these; deep_mlp goes to the reference.
-TILED_VALUE_NETWORKS = ("linear", "mlp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +37,20 @@ class TileConfig:
   block_k: int
   # Accumulation dtype: float32, or float64 for float64 inputs (x64 tests).
   compute_dtype_name: str = "float32"
+  # The per-pair tensors' dtype (blockwise's code operands and hidden u, z, dz, du): the
+  # inputs' dtype when narrower than float32 (bf16 in, bf16 per-pair tensors, float32
+  # accumulation), else `compute_dtype`.
+  pair_dtype_name: str = "float32"
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
 
   @property
   def compute_dtype(self):
     return jnp.dtype(self.compute_dtype_name)
+
+  @property
+  def pair_dtype(self):
+    return jnp.dtype(self.pair_dtype_name)
 
   @property
   def num_q_blocks(self) -> int:
@@ -76,21 +82,25 @@ def balanced_block(length: int, block: int) -> int:
 
 
 def make_config(
-    q_len, k_len, depth, *, normalization, value_network, activation, eps, is_causal,
-    block_q, block_k, balance=True, dtype=jnp.float32, dropout_rate=0.0,
+    q_len, k_len, depth, *, computes: reference.Computes, normalization, value_network,
+    activation, eps, is_causal, block_q, block_k, balance=True, dtype=jnp.float32,
+    dropout_rate=0.0,
 ) -> TileConfig:
-  """Validates the choices; `balance=False` keeps the tile sizes exactly as given."""
-  reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
-  reference._check_choice("value_network", value_network, TILED_VALUE_NETWORKS)
+  """Validates the choices against what the kernel `computes`; `balance=False` keeps the
+  tile sizes exactly as given."""
+  computes.check(normalization, value_network)
   reference.get_activation(activation)
   dropout.check_rate(dropout_rate)
+  compute_dtype = jnp.dtype(jnp.promote_types(dtype, jnp.float32))
+  narrow = jnp.dtype(dtype).itemsize < compute_dtype.itemsize
   return TileConfig(
       normalization=normalization, value_network=value_network, activation=activation,
       eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
       q_len=q_len, k_len=k_len,
       block_q=balanced_block(q_len, block_q) if balance else block_q,
       block_k=balanced_block(k_len, block_k) if balance else block_k,
-      compute_dtype_name=jnp.dtype(jnp.promote_types(dtype, jnp.float32)).name,
+      compute_dtype_name=compute_dtype.name,
+      pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
       dropout_rate=float(dropout_rate),
   )
 
@@ -141,11 +151,31 @@ def pair_tile(x4: Optional[jax.Array], q_start, k_start, cfg: TileConfig) -> Opt
   return jax.lax.dynamic_slice(x4, starts, sizes)
 
 
+def tile_pairs(cfg: TileConfig, key_major: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """The static schedule: (query tile, key tile) indices of every tile that holds a visible
+  pair, query-major (or key-major), as two int32 arrays known at trace time.
+
+  Causal attention skips the tiles above the diagonal. Known at trace time, so a scan over
+  it has a static trip count: XLA:GPU runs a while loop of unknown trip count by copying its
+  predicate to the host and waiting, on every iteration.
+  """
+  pairs = [(qi, kj) for qi in range(cfg.num_q_blocks)
+           for kj in range(causal_k_blocks(qi, cfg))]
+  if key_major:
+    pairs.sort(key=lambda pair: (pair[1], pair[0]))
+  q_blocks, k_blocks = zip(*pairs)
+  return np.asarray(q_blocks, np.int32), np.asarray(k_blocks, np.int32)
+
+
 def causal_k_blocks(q_block, cfg: TileConfig):
-  """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
+  """Number of key tiles that query tile `q_block` can see (all of them when not causal).
+  Python ints in, a Python int out (the blockwise schedule); traced in, traced out (Pallas
+  program ids)."""
   if not cfg.is_causal:
     return cfg.num_k_blocks
   last_q = (q_block + 1) * cfg.block_q - 1
+  if isinstance(q_block, int):
+    return min(last_q // cfg.block_k + 1, cfg.num_k_blocks)
   return jnp.minimum(last_q // cfg.block_k + 1, cfg.num_k_blocks)
 
 
