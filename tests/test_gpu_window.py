@@ -43,7 +43,11 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   parity = by_kind["parity"]
   assert {r["implementation"] for r in parity} >= {"blockwise", "factored", "pallas"}
   assert {r["seq_len"] for r in parity} == {16, 40}
-  assert all(r["status"] == "pass" and r["out_err"] < r["out_bound"] for r in parity)
+  # Every implementation passes, or refuses this device in one line (mosaic: Hopper only).
+  assert all(r["status"] == "pass" and r["out_err"] < r["out_bound"]
+             or r["status"] == "unsupported" and r["implementation"] == "mosaic"
+             for r in parity), parity
+  assert any(r["status"] == "pass" and r["implementation"] == "blockwise" for r in parity)
   # Every column at every length, the baseline and the ratio to it on each timed row.
   timed = [r for r in by_kind["attention"] if r["status"] == "ok"]
   assert {r["implementation"] for r in timed} >= {

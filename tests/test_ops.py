@@ -468,3 +468,15 @@ def test_members_under_vmap_add_no_loop(implementation):
   population = _loops(jax.make_jaxpr(jax.vmap(grad))(stack(q), stack(k), stack(v)).jaxpr)
   assert population == one
   assert implementation != "blockwise" or one  # Blockwise's schedule is a scan.
+
+
+def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
+  """The fused Hopper kernel: by name only (`auto` never takes it before it is measured),
+  refusing in one line a pair it does not compute and, before compiling, any other device."""
+  assert "mosaic" in dispatch.IMPLEMENTATIONS and "mosaic" not in dispatch.FAST_PATHS
+  q = jnp.ones((1, 64, 8, 16), jnp.bfloat16)
+  with pytest.raises(errors.BadInput, match="does not compute normalization='softmax'"):
+    dispatch.attention(q, q, q, normalization="softmax", implementation="mosaic")
+  if jax.devices()[0].platform == "cpu":
+    with pytest.raises(errors.BadInput, match="needs a Hopper GPU"):
+      dispatch.attention(q, q, q, implementation="mosaic")

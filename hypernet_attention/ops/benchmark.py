@@ -45,6 +45,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention.ops import dispatch
 
 BASELINES = ("softmax_cudnn", "softmax_xla")  # The ratio's denominator: the first that ran.
@@ -368,7 +369,9 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
       row["device_peak_bytes"] = stats.get("peak_bytes_in_use")
     row["status"] = "ok"
   except Exception as err:  # pylint: disable=broad-except
-    if not _is_oom(err) and not name.startswith("softmax_"):
+    # A kernel that refuses this device or dtype in one line (BadInput) is "unsupported".
+    if (not _is_oom(err) and not name.startswith("softmax_")
+        and not isinstance(err, errors.BadInput)):
       raise
     # cuDNN refuses shapes it does not support when the call is lowered.
     row["status"] = "out_of_memory" if _is_oom(err) else "unsupported"

@@ -10,6 +10,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   pallas     fused Pallas kernels, forward and backward (`pallas_kernel.py`): Triton on
              GPU, interpreted on CPU. Correct on an H100 but slower there than blockwise,
              so `auto` never picks it (see `choose_implementation`).
+  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
+             until measured on hardware (`EXPLICIT_PATHS`).
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import factored
+from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
@@ -42,7 +45,12 @@ FAST_PATHS: dict[str, reference.Computes] = {
     "blockwise": blockwise.COMPUTES,
     "pallas": pallas_kernel.COMPUTES,
 }
-IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS)
+# Asked for by name only: the fused Hopper kernel (`mosaic_kernel.py`, forward and backward
+# in Pallas Mosaic GPU), correct in interpret mode but not yet timed on hardware, so `auto`
+# does not take it; it refuses other devices and float32 in one line. `auto` should take it
+# on Hopper once the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
+EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
+IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
                                        ("linear",))
@@ -195,7 +203,7 @@ def attention(
         head_dim=query_BQHD.shape[-1],
         factorable=factored.supports(normalization, value_network, mask, bias))
   elif implementation != "reference":
-    FAST_PATHS[implementation].check(normalization, value_network)
+    {**FAST_PATHS, **EXPLICIT_PATHS}[implementation].check(normalization, value_network)
   kwargs = dict(normalization=normalization, value_network=value_network,
                 activation=activation, eps=eps, dropout_rate=dropout_rate)
   if implementation in ("reference", "factored"):
@@ -211,6 +219,9 @@ def attention(
     kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
   elif implementation == "pallas":
     kernel = pallas_kernel.attention
+  elif implementation == "mosaic":
+    mosaic_kernel.check_device(query_BQHD.dtype)  # One line off Hopper, not a compile error.
+    kernel = mosaic_kernel.attention
   else:
     raise ValueError(f"dispatch has no runner for implementation={implementation!r}.")
   # Under a batch-sharded mesh (`jax.set_mesh`), one kernel call per device.

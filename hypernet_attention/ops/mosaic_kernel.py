@@ -107,6 +107,27 @@ def available() -> Optional[str]:
   return None
 
 
+# What `dispatch` may ask of this kernel by name (`implementation="mosaic"`; `auto` does
+# not take it until a GPU window has measured it): HYLA's pair, relu only (`supports`).
+COMPUTES = reference.Computes("mosaic", ("rms_head",), ("mlp",))
+
+
+def check_device(dtype) -> None:
+  """BadInput in one line unless compiled execution can work here: a Hopper GPU (compute
+  capability 9.x: wgmma, TMA) and 16-bit inputs (float32 tiles need ~430 KiB of shared
+  memory, over Hopper's 227 KiB). `dispatch` asks before running the kernel by name; the
+  kernel itself does not, so that it can be lowered for an abstract Hopper device (tests)."""
+  device = jax.devices()[0]
+  capability = str(getattr(device, "compute_capability", ""))
+  if device.platform != "gpu" or not capability.startswith("9"):
+    raise BadInput(f"implementation='mosaic' needs a Hopper GPU (compute capability 9.x); "
+                   f"this is {device.device_kind!r} ({device.platform}); allowed here: "
+                   "'blockwise' or 'auto'")
+  if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+    raise BadInput(f"implementation='mosaic' takes bfloat16 or float16 inputs, got "
+                   f"{jnp.dtype(dtype)} (float32 tiles do not fit Hopper's shared memory)")
+
+
 def supports(normalization: str, value_network: str, activation: str, *, bias=None,
              mask=None, dropout_rate: float = 0.0) -> bool:
   """Whether this kernel computes the call: HYLA (rms_head, mlp, relu), no bias or dropout,
