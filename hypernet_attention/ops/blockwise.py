@@ -7,7 +7,7 @@ tile) pairs, so only one (B, H, bq, bk) code tile and one (B, bq, bk, V) hidden 
 at a time; a custom VJP recomputes them tile by tile in the backward pass instead of storing
 them. Causal attention skips the key tiles that lie entirely in the future.
 
-For accelerators (issue 41): the schedule of tiles is a static list (`tiling.tile_pairs`),
+For accelerators (issue 41): the schedule of tiles is static (`tiling.tile_schedule`),
 so every loop has a trip count XLA knows at compile time (XLA:GPU runs a loop of unknown
 trip count with a device-to-host copy of its predicate per iteration). And the per-pair
 tensors take the inputs' dtype: with bf16 inputs the code operands and the (B, bq, bk, V)
@@ -165,7 +165,7 @@ def tile_value_grad(a_BHqk, v_BHkV, dy_BHqV, cfg, need_dv=True):
 
 # ------------------------------------------------------------------------ passes
 #
-# Every pass is one `lax.scan` over the static schedule `tiling.tile_pairs` (query-major in
+# Every pass is one `lax.scan` over the static schedule `tiling.tile_schedule` (query-major in
 # the forward, key-major in the backward), carrying whole-sequence accumulators that each
 # step updates at its tile's rows. The trip count is known at trace time: no while loop of
 # unknown trip count, which XLA:GPU would run with a host round-trip per iteration.
@@ -187,10 +187,16 @@ def _add_at(x_BHTX, start, tile_BHtX):
 
 def _scan_tiles(body, init, cfg, key_major=False):
   """carry = body(carry, qi, kj) for every tile of the static schedule, in order."""
+  count, ends, offsets = tiling.tile_schedule(cfg, key_major)
   # Indices in JAX's default int (int64 under x64), as Python ints become in the slices.
-  index = lambda x: jnp.asarray(x, jax.dtypes.canonicalize_dtype(jnp.int64))
-  step = lambda carry, tile: (body(carry, *tile), None)
-  carry, _ = jax.lax.scan(step, init, tuple(map(index, tiling.tile_pairs(cfg, key_major))))
+  int_ = jax.dtypes.canonicalize_dtype(jnp.int64)
+  ends, offsets = ends.astype(int_), offsets.astype(int_)
+
+  def step(carry, p):
+    major, minor = tiling.schedule_tile(p, ends, offsets)
+    return body(carry, *((minor, major) if key_major else (major, minor))), None
+
+  carry, _ = jax.lax.scan(step, init, jnp.arange(count, dtype=int_))
   return carry
 
 

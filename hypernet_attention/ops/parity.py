@@ -29,6 +29,7 @@ from hypernet_attention.ops import reference
 U_FLOAT32 = 2.0**-24
 HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
 QUANTITIES = ("out", "dq", "dk", "dv")
+NARROW_SLACK = 2.0
 
 
 def hyla_implementations() -> tuple[str, ...]:
@@ -85,6 +86,12 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
     ref32 = value_and_grads(_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
     bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor)
               for r, e in zip(ref32, exact)]
+    if dtype != "float32":
+      # A kernel that keeps per-pair intermediates in the narrow dtype (blockwise: u, z,
+      # dz, du in bf16, accumulation in f32) may err NARROW_SLACK times as much as the
+      # reference run on the same narrow inputs (tests/numerics.py, assert_close_narrow).
+      narrow = value_and_grads(_reference, *inputs)
+      bounds = [max(b, NARROW_SLACK * _rel(r, e)) for b, r, e in zip(bounds, narrow, exact)]
     for name in names:
       row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
                  head_dim=head_dim, causal=True)

@@ -151,20 +151,35 @@ def pair_tile(x4: Optional[jax.Array], q_start, k_start, cfg: TileConfig) -> Opt
   return jax.lax.dynamic_slice(x4, starts, sizes)
 
 
-def tile_pairs(cfg: TileConfig, key_major: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """The static schedule: (query tile, key tile) indices of every tile that holds a visible
-  pair, query-major (or key-major), as two int32 arrays known at trace time.
+def tile_schedule(cfg: TileConfig, key_major: bool = False
+                  ) -> tuple[int, np.ndarray, np.ndarray]:
+  """The static schedule, compactly: (count, ends, offsets). Tile pair p (0 <= p < count)
+  of the query-major (or key-major) order lies in major tile i, the first with p < ends[i],
+  and its minor tile is p + offsets[i]. Every visible (query tile, key tile) pair appears
+  once; causal attention skips the tiles above the diagonal.
 
-  Causal attention skips the tiles above the diagonal. Known at trace time, so a scan over
-  it has a static trip count: XLA:GPU runs a while loop of unknown trip count by copying its
-  predicate to the host and waiting, on every iteration.
+  Known at trace time, so a scan over range(count) has a static trip count: XLA:GPU runs a
+  while loop of unknown trip count by copying its predicate to the host and waiting, on
+  every iteration. Two arrays of one entry per major tile are kept, not the pairs (at
+  T=10^6 those would be ~10^8); `schedule_tile` finds a pair's tiles on device.
   """
-  pairs = [(qi, kj) for qi in range(cfg.num_q_blocks)
-           for kj in range(causal_k_blocks(qi, cfg))]
   if key_major:
-    pairs.sort(key=lambda pair: (pair[1], pair[0]))
-  q_blocks, k_blocks = zip(*pairs)
-  return np.asarray(q_blocks, np.int32), np.asarray(k_blocks, np.int32)
+    firsts = np.array([causal_first_q_block(j, cfg) for j in range(cfg.num_k_blocks)],
+                      np.int64)
+    counts = cfg.num_q_blocks - firsts
+  else:
+    firsts = np.zeros(cfg.num_q_blocks, np.int64)
+    counts = np.array([causal_k_blocks(i, cfg) for i in range(cfg.num_q_blocks)], np.int64)
+  ends = np.cumsum(counts)
+  return int(ends[-1]), ends, firsts - (ends - counts)  # minor = first + (p - start)
+
+
+def schedule_tile(p: jax.Array, ends: np.ndarray, offsets: np.ndarray
+                  ) -> tuple[jax.Array, jax.Array]:
+  """(major, minor) tile indices of pair `p` (traced) of a `tile_schedule`: one vector
+  compare over the major tiles, no loop."""
+  major = jnp.searchsorted(jnp.asarray(ends), p, side="right", method="compare_all")
+  return major, p + jnp.asarray(offsets)[major]
 
 
 def causal_k_blocks(q_block, cfg: TileConfig):
