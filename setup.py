@@ -13,7 +13,7 @@ import setuptools
 
 BASE = [
     # jax 0.11 (what accelerator images ship) needs Python >= 3.12; 0.10.2 runs on 3.11.
-    "jax>=0.10.2,<0.12",
+    "jax>=0.10.2,<0.13",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     # Shape contracts in the model and tasks, tree assertions and trace counts in tests.
@@ -60,8 +60,8 @@ EXTRAS = {
         "google-cloud-bigquery==3.47.0",
     ],
     # Accelerator builds of jaxlib (the base install is CPU-only).
-    "cuda": ["jax[cuda12]>=0.10.2,<0.12"] + GCS,
-    "tpu": ["jax[tpu]>=0.10.2,<0.12"] + GCS,
+    "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
+    "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
     # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
     # runs gs:// workdirs against a local GCS emulator.
     # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
