@@ -2,9 +2,11 @@
 
 Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
 orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21,
-gcsfs 2026.10.1; on Python 3.12.1 and 3.13.0 (pip picks the same for both) jax 0.11.2,
-flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8, chex 0.1.92, tensorflow 2.21 (jax 0.11
-needs Python >= 3.12). The README's "Versions" says which tests ran on which.
+gcsfs 2026.10.1; on Python 3.12.1 jax 0.12.0.1 (what pip picks there since the pin admits
+<0.13), flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8, chex 0.1.92, clu 0.0.12,
+numpy 2.5.5, tensorflow 2.21, protobuf 7.36 (jax >= 0.11 needs Python >= 3.12; on 3.13.0
+pip picks jax 0.12.0.1 too; the suite last ran there with 0.11.2). The README's "Versions"
+says which tests ran on which.
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
 0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
 """
@@ -12,8 +14,8 @@ The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.
 import setuptools
 
 BASE = [
-    # jax 0.11 (what accelerator images ship) needs Python >= 3.12; 0.10.2 runs on 3.11.
-    "jax>=0.10.2,<0.12",
+    # jax 0.12 (the current release) and 0.11 need Python >= 3.12; 0.10.2 runs on 3.11.
+    "jax>=0.10.2,<0.13",
     "flax>=0.12.8,<0.13",
     "optax>=0.2.8,<0.3",
     # Shape contracts in the model and tasks, tree assertions and trace counts in tests.
@@ -60,8 +62,8 @@ EXTRAS = {
         "google-cloud-bigquery==3.47.0",
     ],
     # Accelerator builds of jaxlib (the base install is CPU-only).
-    "cuda": ["jax[cuda12]>=0.10.2,<0.12"] + GCS,
-    "tpu": ["jax[tpu]>=0.10.2,<0.12"] + GCS,
+    "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
+    "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
     # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
     # runs gs:// workdirs against a local GCS emulator.
     # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).

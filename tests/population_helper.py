@@ -56,7 +56,7 @@ def main(out_dir):
           r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)\b", hlo)))
       result["member4_param_spec"] = str(jax.tree.leaves(state.params)[0].sharding.spec)
     state, metrics = trainer.train_chunk(state, NUM_STEPS)
-    result[name] = np.asarray(metrics["loss"]).tolist()
+    result[name] = np.asarray(metrics.per_step["loss"]).tolist()
     params[name] = [np.asarray(x) for x in jax.tree.leaves(state.params)]
   for name in MESHES:
     result[f"{name}_params_rel"] = max(

@@ -31,16 +31,29 @@ print(json.dumps(dict(
     scalars={{k: [s.tolist(), v.tolist()] for k, (s, v) in scalars.items()}})))
 """
 # What probing and collect import, and the training loop's modules: none may load TensorFlow
-# or CLU's metric writers (which import TensorFlow), even where TensorFlow is installed.
+# or CLU's metric writers and periodic actions (which import TensorFlow), even where
+# TensorFlow is installed. CLU's metrics (clu.metrics, TensorFlow-free) the loop does load.
 IMPORTS = """
 import json, sys
 from hypernet_attention.train import restore
 from hypernet_attention.probing import report
-analysis = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "clu"))
+analysis = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow"
+                  or m.startswith(("clu.metric_writers", "clu.periodic_actions")))
 from launch import collect
 from hypernet_attention.train import events, loop
 print(json.dumps(dict(analysis=analysis, all=sorted(
-    m for m in sys.modules if m.split(".")[0] == "tensorflow" or m == "clu.metric_writers"))))
+    m for m in sys.modules if m.split(".")[0] == "tensorflow" or m == "clu.metric_writers"),
+    clu_metrics="clu.metrics" in sys.modules)))
+"""
+# The loop's metrics (`train/metrics.py`, CLU's collections) made, merged and computed.
+METRICS = """
+import json, sys
+import jax.numpy as jnp
+from hypernet_attention.train import metrics
+a = metrics.collect({"loss": jnp.array([1.0, 2.0]), "accuracy": jnp.array([0.0, 1.0])})
+b = metrics.collect({"loss": jnp.array([6.0]), "accuracy": jnp.array([1.0])})
+print(json.dumps(dict(means=metrics.means(a.merge(b)), loaded=sorted(
+    m for m in sys.modules if m.split(".")[0] == "tensorflow"))))
 """
 
 
@@ -76,7 +89,13 @@ def test_the_blocker_hides_tensorflow(no_tf):
 def test_probing_and_training_modules_load_neither_tensorflow_nor_clu_writers():
   """With TensorFlow installed: importing them leaves it unloaded."""
   loaded = json.loads(_run(["-c", IMPORTS], _env()).stdout.strip().splitlines()[-1])
-  assert loaded == {"analysis": [], "all": []}
+  # The loop's metrics are CLU's collections (clu.metrics imports no TensorFlow).
+  assert loaded == {"analysis": [], "all": [], "clu_metrics": True}
+
+
+def test_clu_metrics_work_without_tensorflow(no_tf):
+  out = json.loads(_run(["-c", METRICS], _env(no_tf)).stdout.strip().splitlines()[-1])
+  assert out == {"means": {"loss": 3.0, "accuracy": pytest.approx(2 / 3)}, "loaded": []}
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def losses(mesh, devices, steps=2):
   state, metrics = trainer.train_chunk(state, steps)
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))
-  return (list(seen), [float(x) for x in jax.device_get(metrics["loss"])],
+  return (list(seen), [float(x) for x in jax.device_get(metrics.per_step["loss"])],
           config.batch_size * example.shape[1])
 
 axes_one, one, tokens = losses(dict(data=1, fsdp=1), jax.devices()[:1])

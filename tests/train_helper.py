@@ -46,7 +46,7 @@ def loss_curve(config, devices):
   state = build.init_state(config, s.init_fn, s.shardings)
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(state, NUM_STEPS)
-  return [float(x) for x in jax.device_get(metrics["loss"])]
+  return [float(x) for x in jax.device_get(metrics.per_step["loss"])]
 
 
 def flat_params(params):

@@ -112,7 +112,7 @@ class _Prepared:
     start = time.perf_counter()
     self.state, metrics = self.plan.trainer.train_chunk(self.state, steps)
     jax.block_until_ready(metrics)
-    self.final_loss = float(np.mean(np.asarray(metrics["loss"])[..., -1]))
+    self.final_loss = float(np.mean(np.asarray(metrics.per_step["loss"])[..., -1]))
     return time.perf_counter() - start
 
 

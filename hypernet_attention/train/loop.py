@@ -21,7 +21,6 @@ from absl import logging
 from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
 import jax
 import ml_collections
-import numpy as np
 
 from hypernet_attention import errors
 from hypernet_attention.train import build
@@ -31,6 +30,7 @@ from hypernet_attention.train import console
 from hypernet_attention.train import events
 from hypernet_attention.train import lock
 from hypernet_attention.train import memory
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
@@ -44,7 +44,7 @@ Trainer = trainer_lib.Trainer  # Its old home: tests and tools build one from he
 
 class Program(Protocol):
   """What `run` asks of a single run or a population. `pending` is the list of
-  (start step, metrics) of the chunks since the last log, on the host."""
+  (start step, `metrics.ChunkMetrics`) of the chunks since the last log, on the host."""
   data_iterator: Any  # Saved with every checkpoint (host data sources), else None.
   evaluated: bool  # Whether `evaluate` ran in this invocation.
 
@@ -291,7 +291,7 @@ class SingleRun:
     return self.trainer.train_chunk(state, length)
 
   def check_finite(self, pending, ckpt) -> None:
-    bad = trainer_lib.first_nonfinite(pending)
+    bad = trainer_lib.first_nonfinite([(start, m.per_step) for start, m in pending])
     if bad is not None:
       ckpt.wait()
       raise FloatingPointError(
@@ -302,9 +302,9 @@ class SingleRun:
     del step, start_step
 
   def log(self, step: int, pending, progress: console.Progress) -> None:
+    window = metrics_lib.merge_all([m.window for _, m in pending])
     self.last_train = {f"train/{k}": float(v) for k, v in self.setup.objective.finalize(
-        {k: np.mean(np.concatenate([m[k] for _, m in pending])) for k in pending[0][1]}
-    ).items()}
+        metrics_lib.means(window)).items()}
     self.last_train["train/learning_rate"] = float(
         state_lib.learning_rate_schedule(self.config)(step))
     metrics = " ".join(f"{k} {self.last_train[f'train/{k}']:.4f}" for k in dict.fromkeys(

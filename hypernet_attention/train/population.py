@@ -46,6 +46,7 @@ from hypernet_attention import errors
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import checks
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import registry
 from hypernet_attention.train import run_files
@@ -170,10 +171,12 @@ class PopulationTrainer:
     return view
 
   def _member_step(self, arrays, state):
-    new, metrics = self._member(arrays).train_step(state)
-    # A non-finite step is not applied: the member keeps its last finite state (frozen).
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state), metrics
+    new, (per_step, collection) = self._member(arrays).train_step(state)
+    # A non-finite step is not applied: the member keeps its last finite state (frozen),
+    # and its metrics are not merged into the window's averages.
+    finite = jnp.isfinite(per_step["loss"]) & jnp.isfinite(per_step["grad_norm"])
+    return (jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state),
+            (per_step, metrics_lib.keep_if(finite, collection)))
 
   def _vmap(self, fn):
     return jax.vmap(fn, spmd_axis_name=self.spmd_axis)
@@ -182,8 +185,9 @@ class PopulationTrainer:
   def _chunk_jit(self):
     def chunk(state, members, length):
       step = lambda st, _: self._vmap(self._member_step)(members, st)
-      state, metrics = jax.lax.scan(step, state, None, length=length)
-      return state, jax.tree.map(lambda m: m.T, metrics)  # {name: (P, length)}
+      state, (per_step, collections) = jax.lax.scan(step, state, None, length=length)
+      return state, metrics_lib.ChunkMetrics(  # per_step {name: (P, length)}
+          jax.tree.map(lambda m: m.T, per_step), collections.reduce())
     return jax.jit(
         chunk, static_argnums=2, donate_argnums=0,
         in_shardings=(self.setup.shardings, None),
@@ -191,7 +195,8 @@ class PopulationTrainer:
         out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
 
   def train_chunk(self, state, length: int):
-    """`length` steps of every member; returns the state and metrics {name: (P, length)}."""
+    """`length` steps of every member; returns the state and their `metrics.ChunkMetrics`
+    (per-step values (P, length), a collection per member)."""
     with jax.set_mesh(self.mesh):
       return self._chunk_jit(state, self.members, length)
 
@@ -228,9 +233,9 @@ class PopulationTrainer:
       results = jax.device_get(self._eval_jit(self.members, params))
     out = []
     for i, objective in enumerate(self.setup.member_objectives):
-      out.append({f"{split}/{k}": float(v) for split, ms in results.items()
-                  for k, v in objective.finalize(
-                      jax.tree.map(lambda x: x[i], ms)).items()})  # pylint: disable=cell-var-from-loop  # noqa: B023
+      out.append({f"{split}/{k}": float(v) for split, collection in results.items()
+                  for k, v in objective.finalize(metrics_lib.means(
+                      metrics_lib.member(collection, i))).items()})
     return out
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from hypernet_attention.train import console
 from hypernet_attention.train import events
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
@@ -119,7 +120,7 @@ class PopulationRun:
     for i in range(self.p.size):
       if self.frozen[i] is None:
         bad = trainer_lib.first_nonfinite(
-            [(start, jax.tree.map(lambda m: m[i], metrics)) for start, metrics in pending])  # pylint: disable=cell-var-from-loop  # noqa: B023
+            [(start, metrics_lib.member(m.per_step, i)) for start, m in pending])
         if bad is not None:
           self.frozen[i] = bad
           logging.warning("member %s: non-finite training loss at step %d; frozen at its "
@@ -136,14 +137,13 @@ class PopulationRun:
   def log(self, step: int, pending, progress: console.Progress) -> None:
     objective = self.p.single.objective
     logged = []
-    steps = np.concatenate([start + 1 + np.arange(m["loss"].shape[1]) for start, m in pending])
+    window = metrics_lib.merge_all([m.window for _, m in pending])
     for i, (config, writer) in enumerate(zip(self.p.member_configs, self.writers)):
-      keep = steps < (self.frozen[i] or np.inf)  # A frozen member: its finite steps only.
-      if not keep.any():
+      member = metrics_lib.member(window, i)  # A frozen member: its finite steps only.
+      if not metrics_lib.count(member):
         continue
-      means = {k: float(np.mean(np.concatenate([m[k][i] for _, m in pending])[keep]))
-               for k in pending[0][1]}
-      train = {f"train/{k}": float(v) for k, v in objective.finalize(means).items()}
+      train = {f"train/{k}": float(v)
+               for k, v in objective.finalize(metrics_lib.means(member)).items()}
       train["train/learning_rate"] = float(state_lib.learning_rate_schedule(config)(step))
       self.last_train[i] = train
       logged.append((writer, train))

@@ -10,8 +10,9 @@ Data comes from the objective's source (`data.py`), of one of two kinds:
     sharding; the next batch is read and transferred while the device runs the current
     step. The iterator's position is saved in every checkpoint and restored with it.
 Either way the state is donated and its shardings are explicit, and metrics stay on
-device until a log step. A population (`population.py`) maps `train_step` and
-`eval_split` over its member axis; the loop that drives either is `loop.py`.
+device until a log step, as `clu.metrics` collections (`metrics.py`). A population
+(`population.py`) maps `train_step` and `eval_split` over its member axis; the loop that
+drives either is `loop.py`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 import optax
 
 from hypernet_attention.train import data
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
@@ -62,10 +64,11 @@ class Trainer:
     outputs = self.model.apply({"params": params}, inputs, deterministic=False,
                                rngs={"dropout": dropout_key})
     metrics = self.objective.metrics_fn(outputs, batch)
-    return metrics["loss"].mean(), jax.tree.map(jnp.mean, metrics)
+    return metrics["loss"].mean(), metrics
 
   def train_step(self, state: state_lib.TrainState, host_batch=None):
-    """One optimizer step; the batch is sampled on device unless `host_batch` is given."""
+    """One optimizer step; the batch is sampled on device unless `host_batch` is given.
+    Returns the new state and (per-step loss and gradient norm, the step's collection)."""
     key = jax.random.fold_in(jax.random.fold_in(self.rng, 1), state.step)
     data_key, dropout_key = jax.random.split(key)
     if host_batch is None:
@@ -73,16 +76,18 @@ class Trainer:
       batch = _constrain_batch(batch, self.mesh)
     else:
       batch = host_batch
-    grads, metrics = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
+    grads, per_example = jax.grad(self._loss, has_aux=True)(state.params, batch, dropout_key)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics = metrics_lib.step_metrics(per_example, optax.tree.norm(grads))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   @functools.cached_property
   def _train_chunk_jit(self):
     def chunk(state, length):
-      return jax.lax.scan(self.train_step, state, None, length=length)
+      step = lambda st, _: self.train_step(st)
+      state, (per_step, collections) = jax.lax.scan(step, state, None, length=length)
+      return state, metrics_lib.ChunkMetrics(per_step, collections.reduce())
     return jax.jit(chunk, static_argnums=1, donate_argnums=0,
                    in_shardings=(self.state_shardings,),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
@@ -99,7 +104,7 @@ class Trainer:
     return data.to_global(next(self.data_iterator), self.mesh, self.config.batch_size)
 
   def train_chunk(self, state, length: int):
-    """`length` steps; returns the new state and per-step metrics {name: (length,)}.
+    """`length` steps; returns the new state and their `metrics.ChunkMetrics`.
 
     Host source: the iterator advances by exactly `length` batches, so at a chunk end its
     position matches `state.step` (what a checkpoint there records). Traced and run with
@@ -112,13 +117,15 @@ class Trainer:
   def _train_chunk(self, state, length: int):
     if self.source.on_device:
       return self._train_chunk_jit(state, length)
-    per_step, batch = [], self._next_batch()
+    per_step, collections, batch = [], [], self._next_batch()
     for i in range(length):
-      state, metrics = self._host_step_jit(state, batch)  # Dispatched asynchronously.
-      per_step.append(metrics)
+      state, (scalars, collection) = self._host_step_jit(state, batch)  # Asynchronous.
+      per_step.append(scalars)
+      collections.append(collection)
       if i + 1 < length:
         batch = self._next_batch()  # Read and transfer while the device works.
-    return state, jax.tree.map(lambda *xs: jnp.stack(xs), *per_step)
+    return state, metrics_lib.ChunkMetrics(jax.tree.map(lambda *xs: jnp.stack(xs), *per_step),
+                                           metrics_lib.merge_all(collections))
 
   def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
     """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
@@ -139,25 +146,26 @@ class Trainer:
                        "has no scanned chunk; allowed: on-device (synthetic) experiments.")
     return self._train_chunk_jit.lower(state, length).compile().as_text()
 
-  def _batch_sums(self, params, batch):
+  def _batch_metrics(self, params, batch):
     inputs, _ = self.objective.encode(batch)
     outputs = self.model.apply({"params": params}, inputs, deterministic=True)
-    return jax.tree.map(jnp.sum, self.objective.metrics_fn(outputs, batch))
+    return metrics_lib.collect(self.objective.metrics_fn(outputs, batch))
 
   def eval_split(self, params, split_index: int, split: str):
+    """The split's collection over `eval.num_problems // eval.batch_size` batches."""
     num_batches = self.config.eval.num_problems // self.config.eval.batch_size
     split_key = jax.random.fold_in(jax.random.fold_in(self.rng, 2), split_index)
 
-    def batch_sums(i):
+    def batch_metrics(i):
       batch = self.source.sample(
           jax.random.fold_in(split_key, i), self.config.eval.batch_size, split)
-      return self._batch_sums(params, _constrain_batch(batch, self.mesh))
+      return self._batch_metrics(params, _constrain_batch(batch, self.mesh))
 
-    def body(sums, i):
-      return jax.tree.map(jnp.add, sums, batch_sums(i)), None
+    def body(collection, i):
+      return collection.merge(batch_metrics(i)), None
 
-    sums, _ = jax.lax.scan(body, batch_sums(0), jnp.arange(1, num_batches))
-    return jax.tree.map(lambda s: s / self.config.eval.num_problems, sums)
+    collection, _ = jax.lax.scan(body, batch_metrics(0), jnp.arange(1, num_batches))
+    return collection
 
   @functools.cached_property
   def _eval_jit(self):
@@ -170,24 +178,22 @@ class Trainer:
   @functools.cached_property
   def _host_eval_jit(self):
     example = self.source.example(self.config.eval.batch_size)
-    return jax.jit(self._batch_sums, in_shardings=(
+    return jax.jit(self._batch_metrics, in_shardings=(
         self.state_shardings.params, data.global_shardings(example, self.mesh)),
                    out_shardings=sharding.replicated(self.mesh))
 
-  def _host_evaluate(self, params) -> dict[str, dict[str, jax.Array]]:
-    """Sums over the split's first `eval.num_problems` rows, read by every process."""
+  def _host_evaluate(self, params) -> dict[str, Any]:
+    """Each split's collection over its first `eval.num_problems` rows, read by every
+    process."""
     eval_config = self.config.eval
     results = {}
     for split in self.eval_splits:
-      sums = None
-      for local in self.source.evaluate(
-          split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
-          eval_config.num_problems // eval_config.batch_size, jax.process_index(),
-          jax.process_count()):
-        batch_sums = self._host_eval_jit(
-            params, data.to_global(local, self.mesh, eval_config.batch_size))
-        sums = batch_sums if sums is None else jax.tree.map(jnp.add, sums, batch_sums)
-      results[split] = jax.tree.map(lambda x: x / eval_config.num_problems, sums)
+      results[split] = metrics_lib.merge_all([
+          self._host_eval_jit(params, data.to_global(local, self.mesh, eval_config.batch_size))
+          for local in self.source.evaluate(
+              split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
+              eval_config.num_problems // eval_config.batch_size, jax.process_index(),
+              jax.process_count())])
     return results
 
   def evaluate(self, params) -> dict[str, float]:
@@ -196,15 +202,16 @@ class Trainer:
     with jax.set_mesh(self.mesh):  # As in `train_chunk`.
       results = jax.device_get(self._eval_jit(params) if self.source.on_device
                                else self._host_evaluate(params))
-    return {f"{split}/{k}": float(v) for split, ms in results.items()
-            for k, v in self.objective.finalize(ms).items()}
+    return {f"{split}/{k}": float(v) for split, collection in results.items()
+            for k, v in self.objective.finalize(metrics_lib.means(collection)).items()}
 
 
 def first_nonfinite(chunks) -> Optional[int]:
-  """1-based number of the first step whose training loss is NaN/Inf, or None."""
-  for start, metrics in chunks:
+  """1-based number of the first step whose training loss is NaN/Inf, or None (`chunks`:
+  (start step, per-step {'loss', 'grad_norm': (steps,)}))."""
+  for start, per_step in chunks:
     # A finite loss with a non-finite gradient would make the *next* state non-finite.
-    finite = np.isfinite(metrics["loss"]) & np.isfinite(metrics["grad_norm"])
+    finite = np.isfinite(per_step["loss"]) & np.isfinite(per_step["grad_norm"])
     bad = np.flatnonzero(~finite)
     if bad.size:
       return start + int(bad[0]) + 1
