@@ -140,7 +140,9 @@ def test_wrong_shapes_fail_with_chex_naming_both():
   params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), x)["params"])
   with pytest.raises(AssertionError, match=r"shape prefixes: \[\(2,\), \(3,\)\]"):
     hypernetwork.latent_code(module, params, x, jnp.ones((BATCH + 1, LENGTH, WIDTH)))
-  with pytest.raises(AssertionError, match=r"rank 2 \(shape \(5, 6\)\) but expected 3"):
+  # The attention module's own input check: one line naming the input and what is allowed.
+  with pytest.raises(ValueError, match=r"rank 2 \(shape \(5, 6\)\) but expected 3.*inputs_q "
+                     r"has shape \(5, 6\); allowed: rank 3"):
     module.apply({"params": params}, x[0])
   code = hypernetwork.latent_code(module, params, x)
   with pytest.raises(AssertionError, match=r"dimension equal to '3' on axis '1' but got '2'"):

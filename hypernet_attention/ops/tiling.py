@@ -178,7 +178,8 @@ def schedule_tile(p: jax.Array, ends: np.ndarray, offsets: np.ndarray
                   ) -> tuple[jax.Array, jax.Array]:
   """(major, minor) tile indices of pair `p` (traced) of a `tile_schedule`: one vector
   compare over the major tiles, no loop."""
-  major = jnp.searchsorted(jnp.asarray(ends), p, side="right", method="compare_all")
+  major = jnp.searchsorted(jnp.asarray(ends), p, side="right",
+                           method="compare_all").astype(p.dtype)  # int32 even under x64
   return major, p + jnp.asarray(offsets)[major]
 
 
