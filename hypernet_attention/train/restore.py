@@ -60,15 +60,10 @@ def restore_params(workdir: str, step: Optional[int] = None,
   for a population's workdir, those of member `member` (its `config` is that member's)."""
   if member is None and (owner := population_of(workdir)) is not None:
     workdir, member = owner  # A member's directory: restore from its population.
-  config = load_config(workdir)
-  with config.unlocked():
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-  devices = list(devices) if devices is not None else jax.local_devices()[:1]
+  config, devices = _analysis_config(workdir, devices)
   if run_files.is_population(config) or member is not None:
     return _restore_member(workdir, config, step, devices, member)
-  s = build.setup(config, devices)
-  step, params = _params_at(workdir, step, s.restore_target(),
-                            lambda: build.init_state(config, s.init_fn, s.shardings).params)
+  s, step, params = _single_params(workdir, step, config, devices)
   return RestoredRun(workdir=workdir, step=step, config=config, params=params,
                      model=s.model, objective=s.objective)
 
@@ -78,19 +73,35 @@ def all_params(workdir: str, step: Optional[int] = None,
                ) -> tuple[ml_collections.ConfigDict, int, Any]:
   """(config, step, params) of the run in `workdir` at `step` (default: the newest); for a
   population, every member's parameters stacked on a leading member axis."""
+  config, devices = _analysis_config(workdir, devices)
+  restore = _population_params if run_files.is_population(config) else _single_params
+  _, step, params = restore(workdir, step, config, devices)
+  return config, step, params
+
+
+def _analysis_config(workdir: str, devices: Optional[Sequence[jax.Device]]
+                     ) -> tuple[ml_collections.ConfigDict, list[jax.Device]]:
+  """The run's config on a plain data mesh, and the devices to restore onto (default: one)."""
   config = load_config(workdir)
   with config.unlocked():
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
-  devices = list(devices) if devices is not None else jax.local_devices()[:1]
-  if run_files.is_population(config):
-    p = population.setup(config, devices)
-    step, params = _params_at(workdir, step, p.restore_target(),
-                              lambda: population.PopulationTrainer(p).init_state().params)
-  else:
-    s = build.setup(config, devices)
-    step, params = _params_at(workdir, step, s.restore_target(),
-                              lambda: build.init_state(config, s.init_fn, s.shardings).params)
-  return config, step, params
+  return config, list(devices) if devices is not None else jax.local_devices()[:1]
+
+
+def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, Any]:
+  s = build.setup(config, devices)
+  step, params = _params_at(workdir, step, s.restore_target(),
+                            lambda: build.init_state(config, s.init_fn, s.shardings).params)
+  return s, step, params
+
+
+def _population_params(workdir, step, config, devices
+                       ) -> tuple[population.PopulationSetup, int, Any]:
+  """Every member's parameters, stacked on the leading member axis."""
+  p = population.setup(config, devices)
+  step, params = _params_at(workdir, step, p.restore_target(),
+                            lambda: population.PopulationTrainer(p).init_state().params)
+  return p, step, params
 
 
 def _kept_params(workdir: str, step: Optional[int], target: Any,
@@ -189,9 +200,7 @@ def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
     raise ValueError(f"{workdir!r} holds " + (
         f"a population of {size} members; pass member=0..{size - 1}" if size else
         f"a single run, not a population; member={member!r} allowed only for populations"))
-  p = population.setup(config, devices)
-  step, params = _params_at(workdir, step, p.restore_target(),
-                            lambda: population.PopulationTrainer(p).init_state().params)
+  p, step, params = _population_params(workdir, step, config, devices)
   return RestoredRun(workdir=member_dir(workdir, member), step=int(step),
                      config=p.member_configs[member],
                      params=jax.tree.map(lambda x: x[member], params), model=p.single.model,
