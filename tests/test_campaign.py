@@ -398,3 +398,31 @@ def test_failed_cell_outcome_quotes_the_tools_one_line_error(tmp_path):
   log.write_text("x" * 1000 + "\n")
   assert runner._last_line(str(log), limit=10) == "x" * 10 + "..."
   assert runner._last_line(str(tmp_path / "absent.log")) == "no log"
+
+
+def test_decoding_verdict_needs_every_control():
+  """'decodes' only above the best chance level, the untrained code and the permutation null."""
+  def layer(score, step0, p):
+    chance = {"always_positive": 0.28, "stratified": 0.16}
+    return {"trained": {"macro_f1": score, "chance": chance, "p_value": p},
+            "step0": {"macro_f1": step0, "chance": chance}}
+  assert report._verdict(layer(0.40, 0.30, 0.01)) == "**decodes**"
+  assert report._verdict(layer(0.27, 0.20, 0.01)) == "no"   # below always-positive chance
+  assert report._verdict(layer(0.40, 0.45, 0.01)) == "no"   # below the untrained code
+  assert report._verdict(layer(0.40, 0.30, 0.20)) == "no"   # permutation null not rejected
+  multiclass = layer(0.40, 0.30, {"accuracy": 0.01, "balanced_accuracy": 0.5})
+  assert report._verdict(multiclass) == "**decodes**"       # SRAVEN: the accuracy's p
+
+
+def test_probe_estimate_learns_from_finished_probe_cells():
+  """A probe cell's estimate is twice the longest finished one like it, else the allowance."""
+  cell = next(c for c in cells_lib.CELLS if c.name == "c_fuzzy_decoding_hyla_seed0")
+  assert plan.estimate(cell, "cpu", []).source == "allowance"
+  done = [{"kind": "probe", "experiment": cell.experiment, "device": {"kind": "cpu"},
+           "wall_s": 60.0},
+          {"kind": "probe", "experiment": cell.experiment, "device": {"kind": "cpu"},
+           "wall_s": 90.0},
+          {"kind": "probe", "experiment": cell.experiment, "device": {"kind": "TPU v5e"},
+           "wall_s": 900.0}]
+  est = plan.estimate(cell, "cpu", done)
+  assert est.minutes == pytest.approx(3.0) and est.source == "measured: 2 cell(s) on cpu"

@@ -121,14 +121,17 @@ def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> 
 
 def probe_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
   """Per member and feature set (layer): the headline decoding scores, trained and at step
-  0, and the chance levels (`hypernet_attention/probing/report.py`'s metrics.json)."""
+  0, the chance levels, the control task's selectivity, topographic similarity and the
+  authors' own ridge metric (`hypernet_attention/probing/report.py`'s metrics.json)."""
   metrics = _read_json(os.path.join(workdir, "probe", "metrics.json"))
   members = []
   for name, m in metrics.items():
     layers = {}
     for layer, block in m["trained"].items():
       layers[layer] = {"trained": block["decode"], "step0": m["step0"][layer]["decode"],
-                       "selectivity": block.get("selectivity")}
+                       "selectivity": block.get("selectivity"),
+                       "topographic": block.get("topographic"),
+                       "ridge_r2_authors_metric": block.get("ridge_r2_authors_metric")}
     members.append({"name": name, "step": m["step"], "splits": m["splits"],
                     "feature_sets": layers})
   record = _base(cell, device, workdir)

@@ -5,7 +5,8 @@ family on the same device kind (their cell files: member-steps per wall-second, 
 and compilation included), or (2) the single-run training rates measured in the repository
 (`REFERENCE_RATES`, each with its source), assuming no population gain (conservative: a
 window then runs fewer cells than it could, never more). Cells of another width or depth
-(Fig. 4) scale by width x depth. Probes and benchmarks have fixed allowances.
+(Fig. 4) scale by width x depth. Probes and benchmarks take twice the longest finished cell
+of their kind and experiment on the device kind, else a fixed allowance.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
   checkpoint); None if unknown."""
   fam = family(device_kind)
   if cell.kind != "train":
+    walls = [r["wall_s"] for r in records if r["kind"] == cell.kind and r.get("wall_s")
+             and r["experiment"] == cell.experiment and r["device"]["kind"] == device_kind]
+    if walls:  # Twice the longest: these cells are short, and a shared machine slows them.
+      return Estimate(2 * max(walls) / 60, f"measured: {len(walls)} cell(s) on {device_kind}")
     minutes = FIXED_MINUTES.get((cell.kind, fam))
     return Estimate(minutes, "allowance") if minutes else None
   done = min(checkpointed_step(workdir) if workdir else 0, cell.num_steps) or min(

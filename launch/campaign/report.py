@@ -243,25 +243,119 @@ def curves_figure(records, experiment: str, path: str,
   return path
 
 
-def decoding_text(records) -> str:
+def _decode_score(block: dict[str, Any]) -> Optional[float]:
+  """Macro-F1 over terms (fuzzy logic) or accuracy over rules (SRAVEN) on held-out tasks."""
+  return block.get("macro_f1", (block.get("scores") or {}).get("accuracy"))
+
+
+def _chance_max(block: dict[str, Any]) -> Optional[float]:
+  chance = block.get("chance")
+  if not isinstance(chance, dict):
+    return None
+  values = [v if not isinstance(v, dict) else next(iter(v.values())) for v in chance.values()]
+  return max((v for v in values if v is not None), default=None)
+
+
+def _verdict(d: dict[str, Any]) -> str:
+  """Above every chance level, the untrained code and the permutation null (p < 0.05)."""
+  trained, score = d["trained"], _decode_score(d["trained"])
+  bars = [_chance_max(trained), _decode_score(d["step0"])]
+  if score is None or any(b is None for b in bars):
+    return "-"
+  p = trained.get("p_value")
+  if isinstance(p, dict):
+    p = p.get("accuracy", next(iter(p.values()), None))
+  above = score > max(bars) and p is not None and p < 0.05
+  return "**decodes**" if above else "no"
+
+
+def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") -> str:
+  """Stage c: per cell and layer, the held-out decoding score against every control the
+  probing tool computes (chance levels, the step-0 code, a permutation p, the control task's
+  selectivity, topographic similarity) and the authors' own in-distribution ridge R^2; with
+  `figures`, one bar chart per experiment (Fig. 2B, Fig. 5F)."""
   probes = [r for _, r in sorted(records.items()) if r["kind"] == "probe"]
   if not probes:
     return ("No decoding cell yet (stage c decodes from the final parameters that stage a "
             "and b cells keep in paper_scale/params/).\n")
-  lines = ["| cell | member | step | feature set | trained | step 0 | chance |",
-           "|---|---|---|---|---|---|---|"]
+  lines = ["Held-out tasks only (probes fit on the training tasks' codes). Score: macro-F1 "
+           "over terms (fuzzy logic, Fig. 2B) or accuracy over rules (SRAVEN, Fig. 5F). "
+           "'decodes': above the best chance level, above the same seed's untrained code "
+           "and permutation p < 0.05. Selectivity: real minus control task (Hewitt & Liang) "
+           "on a sample-level split. Topographic rho: code distance vs meaning distance "
+           "over held-out tasks (Mantel p). Ridge R^2: the authors' logged metric (training "
+           "tasks, halves of a batch). The paper publishes no numbers for these figures.\n",
+           "| cell | member | step | layer | score | step 0 | chance | perm. p | decodes | "
+           "selectivity | topographic rho (p) | ridge R^2 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in probes:
     for m in r["members"]:
       for layer, d in m["feature_sets"].items():
-        trained, step0 = d["trained"], d["step0"]
-        score = lambda x: x.get("macro_f1", (x.get("scores") or {}).get("accuracy"))
-        chance = trained.get("chance")
-        lines.append(f"| {r['cell']} | {m['name']} | {m['step']} | {layer} | "
-                     f"{_num(score(trained))} | {_num(score(step0))} | {_chance(chance)} |")
-  return "\n".join(lines) + "\n"
+        trained = d["trained"]
+        sel = (d.get("selectivity") or {}).get("selectivity")
+        topo = (d.get("topographic") or {}).get("held-out tasks") or {}
+        rho = (f"{topo['rho']:.3f} ({topo['p_value']:.3g})" if "rho" in topo else "-")
+        lines.append(
+            f"| {r['cell']} | {m['name']} | {m['step']:,} | {layer} | "
+            f"{_num(_decode_score(trained))} | "
+            f"{_num(_decode_score(d['step0']))} | {_chance(trained.get('chance'))} | "
+            f"{_num(trained.get('p_value'))} | {_verdict(d)} | {_num(sel)} | {rho} | "
+            f"{_num(d.get('ridge_r2_authors_metric'))} |")
+  text = "\n".join(lines) + "\n"
+  for experiment in sorted({r["experiment"] for r in probes}):
+    path = decoding_figure([r for r in probes if r["experiment"] == experiment], experiment,
+                           os.path.join(figures, f"decoding_{experiment}.png")) if figures else None
+    if path:
+      text += f"\n![decoding by layer, {experiment}]({os.path.relpath(path, out_dir)})\n"
+  return text
+
+
+def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
+  """Held-out decoding score by layer, one bar per model (trained), the untrained code as a
+  black tick and the best chance level as a dashed line: the layout of the paper's Fig. 2B."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  layers = sorted(dict.fromkeys(layer for r in probes for m in r["members"]
+                                for layer in m["feature_sets"]),
+                  key=lambda layer: (layer.startswith("all"), layer))  # "all layers" last
+  runs = [(r, m) for r in probes for m in r["members"]]
+  if not layers or not runs:
+    return None
+  width = 0.8 / len(runs)
+  fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(layers), 3.8))
+  chance = None
+  for i, (r, m) in enumerate(runs):
+    xs = np.arange(len(layers)) + (i - (len(runs) - 1) / 2) * width
+    sets = m["feature_sets"]
+    trained = [_decode_score(sets[l]["trained"]) if l in sets else np.nan for l in layers]
+    step0 = [_decode_score(sets[l]["step0"]) if l in sets else np.nan for l in layers]
+    ax.bar(xs, np.asarray(trained, float), width * 0.9,
+           label=r["model"] + (f" {m['name']}" if len(r["members"]) > 1 else ""),
+           color=COLORS.get(plan.model_family(r["model"])), alpha=0.85)
+    ax.scatter(xs, np.asarray(step0, float), marker="_", color="black", s=200, zorder=3,
+               label="untrained (step 0)" if i == 0 else None)
+    chance = max(filter(None, [chance] + [_chance_max(sets[l]["trained"]) for l in sets]),
+                 default=None)
+  if chance is not None:
+    ax.axhline(chance, color="gray", linestyle="--", label=f"best chance ({chance:.2f})")
+  ax.set_xticks(np.arange(len(layers)), layers)
+  ax.set_ylabel("held-out " + ("macro-F1" if experiment == cells_lib.FUZZY else "accuracy"))
+  ax.set_title(f"Decoding from the latent code, {TITLES[experiment].split(' (')[0]}\n"
+               f"{_versions(probes)}", fontsize=9)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3, axis="y")
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def _num(x) -> str:
+  """A score as text; of per-metric values (SRAVEN's p-values) the accuracy's."""
+  if isinstance(x, dict):
+    x = x.get("accuracy", next(iter(x.values()), None))
   return "-" if x is None else f"{x:.3f}"
 
 
@@ -447,7 +541,7 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
             "contain a term the model never saw. Same default setting as stage a.\n",
             authors_split_text(records)]
   parts += ["## Decoding the operation from the latent code, by layer (Fig. 2, Fig. 5F)\n",
-            decoding_text(records),
+            decoding_text(records, figures, out_dir),
             "## C4 50M training step\n", benchmark_text(records),
             "## Cut off by a window's end (resumable)\n",
             "Progress of cells whose window ended first, from `paper_scale/partial/`: not "
