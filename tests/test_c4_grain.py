@@ -9,6 +9,7 @@ run batch for batch; and it reads TFDS c4/en from ArrayRecord through `tfds.data
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -153,3 +154,39 @@ def test_trains_resumes_exactly_and_reads_c4_without_tensorflow(corpus, tmp_path
   state = json.loads((tmp_path / "wd" / "split" / "checkpoints" / "4" / "grain" /
                       "process_0-of-1.json").read_text())
   assert "parent_state" in json.dumps(state)
+
+
+@pytest.mark.slow
+@tl.multiprocess_slot()
+def test_two_processes_read_their_own_shards(corpus, tmp_path):
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  helper = os.path.join(tl.REPO, "tests", "c4_process_helper.py")
+  logs = [open(tmp_path / f"log{i}.txt", "w") for i in (0, 1)]
+  procs = [subprocess.Popen(
+      [sys.executable, helper, str(port), str(i), os.path.dirname(corpus["train"]),
+       str(tmp_path / "wd"), str(tmp_path), "grain"], env=tl.subprocess_env(),
+      stdout=logs[i], stderr=subprocess.STDOUT) for i in (0, 1)]
+  try:
+    for proc in procs:
+      proc.wait(timeout=420)
+  finally:
+    for proc, log in zip(procs, logs):
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+  for i, proc in enumerate(procs):
+    assert proc.returncode == 0, (tmp_path / f"log{i}.txt").read_text()[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)
+  task = c4_grain.build_task(_task_config(corpus))
+  for i in (0, 1):
+    seen_NBT = np.load(tmp_path / f"batches_{i}.npy")
+    assert seen_NBT.shape == (8, 8, 16)  # 8 steps of half the batch of 16.
+    # Exactly what shard i of 2 holds, read alone; Grain's handler wrote its position.
+    expected = iter(c4_grain.batches(task, split="train", sequence_length=16, batch_size=8,
+                                     seed=0, shard=grain.sharding.ShardOptions(i, 2)))
+    np.testing.assert_array_equal(seen_NBT, [next(expected)["targets"] for _ in range(8)])
+    assert (tmp_path / "wd" / "checkpoints" / "8" / "grain" / f"process_{i}-of-2.json").exists()
