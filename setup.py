@@ -8,7 +8,8 @@ numpy 2.5.5, tensorflow 2.21, protobuf 7.36 (jax >= 0.11 needs Python >= 3.12; o
 pip picks jax 0.12.0.1 too; the suite last ran there with 0.11.2). The README's "Versions"
 says which tests ran on which.
 The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
-0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work).
+0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work). The [grain] extra (C4
+without TensorFlow): grain 0.2.18, array_record 0.8.6, tensorflow-datasets 4.9.10.
 """
 
 import setuptools
@@ -47,11 +48,24 @@ LM = [
     "sentencepiece>=0.2,<0.2.3",
 ]
 
+# The C4 language-modeling data path without TensorFlow (`config.task.pipeline='grain'`):
+# Grain reads tfds.data_source's ArrayRecord files (tensorflow-datasets imports TensorFlow
+# only when a tf.data pipeline asks for it). grain 0.2.18 has cp311-cp313 wheels. Measured
+# (Python 3.11): grain + array_record + cloudpickle + portpicker 15.7 MB installed, all of
+# [grain] ~233 MB (pyarrow, which tensorflow-datasets requires, is 174 MB of it); `import
+# grain` after jax and orbax (which every run loads) ~0.27 s.
+GRAIN = [
+    "grain==0.2.18",
+    "tensorflow-datasets>=4.9.10,<5",
+    "sentencepiece>=0.2,<0.2.3",
+]
+
 # gs:// workdirs: epath reaches buckets through gcsfs (Orbax through tensorstore, built in).
 GCS = ["gcsfs>=2026.10.1"]
 
 EXTRAS = {
     "lm": LM,
+    "grain": GRAIN,
     "gcs": GCS,
     # xmanager needs protobuf<7; without these pins pip walks back through every
     # google-cloud-bigquery release looking for a protobuf-6 world (>15 min, never ends).
@@ -64,12 +78,13 @@ EXTRAS = {
     # Accelerator builds of jaxlib (the base install is CPU-only).
     "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
     "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
-    # The language-modeling tests (tests/test_c4*.py) need the [lm] packages; tests/test_gcs.py
+    # The language-modeling tests (tests/test_c4*.py) need the [lm] and [grain] packages
+    # (test_c4_grain.py hides TensorFlow in a subprocess); tests/test_gcs.py
     # runs gs:// workdirs against a local GCS emulator.
     # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
             "ruff>=0.17.6,<0.18"]
-           + LM + GCS,
+           + LM + GRAIN + GCS,
 }
 
 setuptools.setup(

@@ -1,9 +1,10 @@
 """Subprocess side of tests/test_c4_train.py's two-process test.
 
-  python tests/c4_process_helper.py PORT PROCESS_ID CORPUS_DIR WORKDIR OUT_DIR
+  python tests/c4_process_helper.py PORT PROCESS_ID CORPUS_DIR WORKDIR OUT_DIR [PIPELINE]
       One of 2 processes (2 fake CPU devices each, gloo collectives) training the smoke
       `text_lm` config into the shared WORKDIR; writes the training batches it read to
       OUT_DIR/batches_<PROCESS_ID>.npy and process 0 the summary to OUT_DIR/summary.json.
+      PIPELINE: config.task.pipeline, seqio (default) or grain (tests/test_c4_grain.py).
 """
 
 import json
@@ -22,19 +23,22 @@ jax.config.update("jax_num_cpu_devices", 2)
 
 from experiments.configs import c4_lm
 from hypernet_attention.tasks import c4
+from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
+from hypernet_attention.train import trainer
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
-def main(port, process_id, corpus_dir, workdir, out_dir):
+def main(port, process_id, corpus_dir, workdir, out_dir, pipeline="seqio"):
   runtime.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                      process_id=int(process_id), cpu_collectives="gloo")
   config = c4_lm.get_config("model=hyla,size=smoke")
   config.task.update(train_files=os.path.join(corpus_dir, "train.jsonl"),
                      validation_files=os.path.join(corpus_dir, "validation.jsonl"),
-                     vocabulary=os.path.join(corpus_dir, "vocabulary.model"))
+                     vocabulary=os.path.join(corpus_dir, "vocabulary.model"),
+                     pipeline=pipeline)
   seen, original = [], c4.DataIterator.__next__
 
   def record(self):
@@ -42,7 +46,14 @@ def main(port, process_id, corpus_dir, workdir, out_dir):
     seen.append(batch["targets"])
     return batch
 
+  def record_grain(self):  # Trainer._next_batch, keeping this process's rows.
+    local = next(self.data_iterator)
+    seen.append(local["targets"])
+    return data.to_global(local, self.mesh, self.config.batch_size)
+
   c4.DataIterator.__next__ = record
+  trainer.Trainer._next_batch = record_grain if pipeline == "grain" else (
+      trainer.Trainer._next_batch)
   summary = loop.train_and_evaluate(config, workdir)
   np.save(os.path.join(out_dir, f"batches_{process_id}.npy"), np.stack(seen))
   if int(process_id) == 0:

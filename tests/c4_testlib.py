@@ -56,3 +56,28 @@ def mock_c4_records(num_examples: int):
         {"text": texts, "url": [f"https://example.com/{i}" for i in range(num_examples)],
          "timestamp": ["2019-04-25T12:00:00Z"] * num_examples})
   return as_dataset
+
+
+def write_c4_array_record(root, num_examples: int) -> str:
+  """A TFDS c4/en data_dir in ArrayRecord (what `tfds build c4/en --file_format=array_record`
+  writes), whose texts are generated documents: for the Grain path's `tfds.data_source`.
+  Serializing the records needs TensorFlow; reading them back does not."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder("c4/en", data_dir=str(root), file_format="array_record")
+  splits = [tfds.core.SplitInfo(
+      name=split, shard_lengths=[num_examples], num_bytes=0,
+      filename_template=tfds.core.ShardedFileTemplate(
+          data_dir=builder.data_dir, dataset_name="c4", split=split,
+          filetype_suffix="array_record")) for split in c4.SPLITS]
+  builder.info.set_splits(tfds.core.SplitDict(splits))
+  os.makedirs(builder.data_dir)
+  builder.info.write_to_directory(builder.data_dir)
+  for split in splits:
+    writer = array_record_module.ArrayRecordWriter(
+        os.fspath(split.filename_template.sharded_filepaths(1)[0]), "group_size:1")
+    for text in documents(2 if split.name == "validation" else 3, num_examples):
+      writer.write(builder.info.features.serialize_example(
+          {"text": text, "url": "https://example.com", "timestamp": "2019-04-25T12:00:00Z",
+           "content-length": str(len(text)), "content-type": "text/plain"}))
+    writer.close()
+  return str(root)

@@ -44,6 +44,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
   c = config_lib.base_config(experiment="c4_lm")
   c.task = ml_collections.ConfigDict(dict(
+      # The data path: 'seqio' (tf.data; TensorFlow, the [lm] extra) or 'grain' (no
+      # TensorFlow, the [grain] extra; c4/en built with --file_format=array_record).
+      pipeline="seqio",
       name="c4_lm",  # c4_lm (TFDS c4/en under data_dir) or text_lm (train/validation_files)
       data_dir="",  # TFDS data_dir holding c4/en: a folder or gs:// bucket.
       train_files="", validation_files="",  # text_lm: comma-separated globs, .txt / .jsonl

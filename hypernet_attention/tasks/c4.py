@@ -26,37 +26,27 @@ Shape letters: B batch (per process), T tokens per row.
 
 from __future__ import annotations
 
-import codecs
-import copy
-import io
-import json
 import os
-import threading
 from typing import Iterable, Iterator, Mapping, Optional
 
-from absl import logging
 import chex
-import jax
-from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
-import sentencepiece as spm
 import seqio
 import tensorflow as tf
 
 from hypernet_attention.errors import BadInput
-from hypernet_attention.tasks import docstring_corpus
+from hypernet_attention.tasks import lm_text
+from hypernet_attention.train import data
 
-TASKS = ("c4_lm", "text_lm")
-SPLITS = ("train", "validation")
-TEXT_SUFFIXES = (".txt", ".jsonl")
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # T5's SentencePiece ids, which seqio assumes.
-VOCABULARY_HELP = ("a SentencePiece .model file with pad=0, eos=1 (the T5 C4 vocabulary, "
-                   "or one made by `python experiments/train_vocabulary.py`)")
-
-
-def _one_line(message: str) -> str:
-  return " ".join(message.split())
+# Shared with the Grain path (`tasks/lm_text.py`), under the names this module always had.
+TASKS, SPLITS, TEXT_SUFFIXES = lm_text.TASKS, lm_text.SPLITS, lm_text.TEXT_SUFFIXES
+PAD_ID, EOS_ID, UNK_ID = lm_text.PAD_ID, lm_text.EOS_ID, lm_text.UNK_ID
+VOCABULARY_HELP, CHECK_BYTES, TEXT_HELP = (lm_text.VOCABULARY_HELP, lm_text.CHECK_BYTES,
+                                           lm_text.TEXT_HELP)
+_one_line = lm_text.one_line
+token_byte_lengths = lm_text.token_byte_lengths
+check_sequence_length = lm_text.check_sequence_length
 
 
 # --- vocabulary ---------------------------------------------------------------------------
@@ -84,64 +74,23 @@ def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
     raise BadInput(_one_line(
         f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
         f"{VOCABULARY_HELP}.")) from None
-  if (processor.pad_id(), processor.eos_id()) != (PAD_ID, EOS_ID):
-    raise BadInput(_one_line(
-        f"vocabulary {path!r} has pad={processor.pad_id()}, eos={processor.eos_id()}; "
-        f"allowed: {VOCABULARY_HELP}."))
+  lm_text.check_special_ids(processor, path)
   return vocabulary
 
 
 def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32_000,
                      max_lines: int = 2_000_000) -> seqio.SentencePieceVocabulary:
-  """Trains a unigram SentencePiece model on `texts` and writes it to `model_path`.
-
-  T5's conventions (pad=0, eos=1, unk=2, no bos) so that seqio treats it as the C4
-  vocabulary; byte fallback so that no text maps to unk. Documents are fed line by line
-  (SentencePiece skips "sentences" longer than 4192 bytes), at most `max_lines` of them.
-  """
-  def lines():
-    count = 0
-    for text in texts:
-      for line in text.splitlines():
-        if line.strip() and count < max_lines:
-          count += 1
-          yield line
-  model = io.BytesIO()
-  try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines(), model_writer=model, vocab_size=vocab_size,
-        model_type="unigram", pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        byte_fallback=True, character_coverage=0.9995, num_threads=1,
-        minloglevel=2)  # Keeps SentencePiece's per-iteration log out of the console.
-  except RuntimeError as e:  # E.g. fewer pieces than the text has characters.
-    raise BadInput(_one_line(f"cannot train a vocab_size={vocab_size} vocabulary on this "
-                               f"text: {e}")) from None
+  """Trains a unigram SentencePiece model on `texts` (`lm_text.sentencepiece_model`) and
+  writes it to `model_path`."""
+  model = lm_text.sentencepiece_model(texts, vocab_size, max_lines)
   directory = os.path.dirname(model_path)
   if directory:
     tf.io.gfile.makedirs(directory)
   # Written aside and renamed, so an interrupted run leaves no half-written vocabulary.
   with tf.io.gfile.GFile(model_path + ".tmp", "wb") as f:
-    f.write(model.getvalue())
+    f.write(model)
   tf.io.gfile.rename(model_path + ".tmp", model_path, overwrite=True)
   return load_vocabulary(model_path)
-
-
-def token_byte_lengths(vocabulary: seqio.SentencePieceVocabulary) -> np.ndarray:
-  """(vocab_size,) UTF-8 bytes each token adds to the (normalized) text, for bits/byte.
-
-  A piece's word-start marker counts as the one space it stands for; byte-fallback pieces
-  count one byte; pad/eos/unk and other control pieces count zero.
-  """
-  processor = vocabulary.tokenizer
-  lengths = np.zeros(vocabulary.vocab_size, np.int32)
-  for i in range(processor.get_piece_size()):
-    if processor.is_control(i) or processor.is_unknown(i):
-      continue
-    if processor.is_byte(i):
-      lengths[i] = 1
-    else:
-      lengths[i] = len(processor.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
-  return lengths
 
 
 # --- sources ------------------------------------------------------------------------------
@@ -168,64 +117,16 @@ def text_files(pattern: str, split: str) -> list[str]:
   """The files matching the comma-separated glob(s) `pattern`; errors for none / empty."""
   files = sorted({f for p in pattern.split(",") if p.strip()
                   for f in tf.io.gfile.glob(p.strip())})
-  if not files:
-    raise BadInput(_one_line(
-        f"no files match {split} pattern {pattern!r}; allowed: comma-separated globs of "
-        f"{'/'.join(TEXT_SUFFIXES)} files (--config.task.{split}_files)."))
-  suffixes = {os.path.splitext(f)[1] for f in files}
-  if len(suffixes) != 1 or not suffixes <= set(TEXT_SUFFIXES):
-    raise BadInput(_one_line(
-        f"{split} files {pattern!r} have suffixes {sorted(suffixes)}; allowed: all "
-        f"{TEXT_SUFFIXES[0]} or all {TEXT_SUFFIXES[1]}."))
-  if not any([check_text_file(f) for f in files]):  # Every file checked, not the first.
-    raise BadInput(_one_line(
-        f"empty corpus: the {len(files)} {split} file(s) matching {pattern!r} hold no "
-        f"text; allowed: files with at least one non-empty document."))
+  lm_text.check_suffixes(files, pattern, split)
+  # Every file checked, not only up to the first with text.
+  lm_text.check_not_empty([check_text_file(f) for f in files], pattern, split)
   return files
 
 
-CHECK_BYTES = 1 << 16  # Of each corpus file, checked before any work (C4 is 1024 files).
-TEXT_HELP = ("UTF-8 text: .txt with one document per line, or .jsonl with one JSON object "
-             "per line and the document in its 'text' field")
-
-
 def check_text_file(path: str) -> bool:
-  """Whether the start of corpus file `path` (its first `CHECK_BYTES`) holds a non-blank
-  document; `BadInput` naming the file (and line) when it is binary, not UTF-8 (e.g.
-  Latin-1) or, for .jsonl, a line that is not a JSON object with a string 'text'. Without
-  this, TensorFlow's reader fails mid-training with a traceback, or a blank corpus trains
-  a vocabulary on nothing."""
+  """`lm_text.check_text_head` of corpus file `path`'s first `CHECK_BYTES`."""
   with tf.io.gfile.GFile(path, "rb") as f:
-    head = f.read(CHECK_BYTES)
-  cut = len(head) == CHECK_BYTES  # The last line may continue past the checked bytes.
-  nul = head.find(b"\0")
-  if nul >= 0:
-    raise BadInput(f"corpus file {path!r} is binary (a NUL byte at offset {nul}); allowed: "
-                   f"{TEXT_HELP}")
-  try:
-    text = codecs.getincrementaldecoder("utf-8")().decode(head, final=not cut)
-  except UnicodeDecodeError as e:
-    raise BadInput(f"corpus file {path!r} is not UTF-8 (byte {head[e.start]:#04x} at offset "
-                   f"{e.start}; Latin-1? convert it with iconv -f latin1 -t utf-8); allowed: "
-                   f"{TEXT_HELP}") from None
-  lines = text.split("\n")[:-1] if cut else text.split("\n")
-  if not path.endswith(".jsonl"):
-    return any(line.strip() for line in lines)
-  found = False
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise BadInput(f"corpus file {path!r} line {number} is not JSON ({e.msg}); allowed: "
-                     f"{TEXT_HELP}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
-      raise BadInput(f"corpus file {path!r} line {number} is {type(record).__name__}"
-                     + (" with a non-string 'text'" if isinstance(record, dict) else "")
-                     + f"; allowed: {TEXT_HELP}")
-    found = found or bool(record.get("text", "").strip())
-  return found
+    return lm_text.check_text_head(path, f.read(CHECK_BYTES))
 
 
 def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:
@@ -234,35 +135,13 @@ def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSo
        "validation": text_files(validation_files, "validation")})
 
 
-_SKIPPED: set[int] = set()  # Hashes of the bad .jsonl lines named so far (each epoch
-_SKIPPED_LOCK = threading.Lock()  # reads them again: named once).
-WARN_SKIPPED = 3  # Distinct bad lines named in the log; later ones are skipped quietly.
-
-
 def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
   """The document of one .jsonl line; "" (dropped as empty) for a line that is not a JSON
   object with a string 'text', with one warning line naming it (the first time). Only the first
   `CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
   first); before, such a line printed a TensorFlow traceback per read and was dropped."""
   def parse(line_bytes):
-    raw = line_bytes.numpy()
-    try:
-      record = json.loads(raw.decode("utf-8"))
-      if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
-        raise ValueError(f"a {type(record).__name__}, not an object with a string 'text'")
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors.
-      with _SKIPPED_LOCK:
-        new = hash(raw) not in _SKIPPED and len(_SKIPPED) < WARN_SKIPPED
-        if new:
-          _SKIPPED.add(hash(raw))
-        count = len(_SKIPPED)
-      if new:
-        logging.warning("skipped a .jsonl corpus line that is not a JSON object with a string "
-                        "'text' (%s): %r%s", str(e).splitlines()[0], raw[:60],
-                        "" if count < WARN_SKIPPED else "; further bad lines are skipped "
-                        "without a warning")
-      return ""
-    return record.get("text", "")
+    return lm_text.json_text_or_skip(line_bytes.numpy())
   return tf.py_function(parse, [line], tf.string)
 
 
@@ -355,36 +234,17 @@ def build_task(task_config) -> seqio.Task:
 
 
 def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
-  """`config.task` with its defaults made concrete, writing what they need to `workdir`.
-
-  `docstring_corpus_mb > 0`: text_lm on that much docstring text, written (once) to
-  `{workdir}/corpus/`. `vocabulary=''`: a SentencePiece model of `vocab_size` pieces is
-  trained (once) on the first `vocab_documents` training documents into
-  `{workdir}/vocabulary.model`. Run it on one process, then let the others read.
-  """
-  task = ml_collections.ConfigDict(task_config.to_dict())
-  if task.docstring_corpus_mb > 0:
-    train, validation = docstring_corpus.write(os.path.join(workdir, "corpus"),
-                                               task.docstring_corpus_mb)
-    task.update(name="text_lm", train_files=train, validation_files=validation)
-  if not task.vocabulary:
-    task.vocabulary = os.path.join(workdir, "vocabulary.model")
-    if not tf.io.gfile.exists(task.vocabulary):
-      train_vocabulary(documents(source(task), "train", task.vocab_documents),
-                       task.vocabulary, task.vocab_size)
-  return task
+  """`lm_text.resolve` with TensorFlow's file system and this path's documents."""
+  return lm_text.resolve(task_config, workdir, exists=tf.io.gfile.exists,
+                         documents=lambda task: documents(source(task), "train",
+                                                          task.vocab_documents),
+                         train_vocabulary=train_vocabulary)
 
 
 def prepare_config(config: ml_collections.ConfigDict,
                    workdir: str) -> ml_collections.ConfigDict:
-  """`config` (locked copy) with `config.task` resolved by `resolve`: process 0 writes the
-  corpus / vocabulary first, the others wait, then every process reads the same files."""
-  if jax.process_index() == 0:
-    resolve(config.task, workdir)
-  multihost_utils.sync_global_devices("c4_prepare_config")
-  out = copy.deepcopy(config)  # Keeps the config's field types and lock.
-  out.task.update(resolve(config.task, workdir).to_dict())
-  return out
+  """`lm_text.prepare_config` with this path's `resolve`."""
+  return lm_text.prepare_config(config, workdir, resolve)
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -459,11 +319,23 @@ class DataIterator:
     self._checkpoint.read(self.path(directory)).assert_consumed()
 
 
-def check_sequence_length(sequence_length: int, max_len: Optional[int]) -> None:
-  """Rows may not be longer than the model's positions support (`model.max_len`)."""
-  if max_len is not None and sequence_length > max_len:
-    raise BadInput(_one_line(
-        f"task.sequence_length={sequence_length} exceeds model.max_len={max_len} (the "
-        f"longest sequence the model's positions and decode cache support); allowed: "
-        f"sequence_length <= {max_len}, or raise --config.model.max_len."))
+def task_vocabulary(task: seqio.Task) -> seqio.SentencePieceVocabulary:
+  return task.output_features["targets"].vocabulary
 
+
+def host_source(task: seqio.Task, sequence_length: int) -> data.HostSource:
+  """`batches` of a registered seqio Task as a host source (train: shuffled from the
+  seed, endless; eval: the split's first rows, unshuffled, repeated if it is short)."""
+
+  def train(seed, batch_size, process_index, process_count):
+    shard = seqio.ShardInfo(process_index, process_count)
+    return DataIterator(batches(task, split="train", sequence_length=sequence_length,
+                                batch_size=batch_size, seed=seed, shard_info=shard), shard)
+
+  def evaluate(split, batch_size, num_batches, process_index, process_count):
+    dataset = batches(task, split=split, sequence_length=sequence_length,
+                      batch_size=batch_size, seed=0, shuffle=False,
+                      shard_info=seqio.ShardInfo(process_index, process_count))
+    return dataset.take(num_batches).as_numpy_iterator()
+
+  return data.HostSource(train, evaluate, SPLITS, data.token_rows_example(sequence_length))

@@ -2,7 +2,8 @@
 
 A checkpoint holds the `TrainState` (step, params, optimizer state), a small JSON record and,
 for host-side data (language modeling), every process's input-iterator position (item
-`data`, `data.DataIteratorHandler`), finalized atomically with the state. Synthetic tasks
+`data`, `data.DataIteratorHandler`, for the seqio path; item `grain`, Grain's own handler,
+for the Grain path: `data.checkpoint_item`), finalized atomically with the state. Synthetic tasks
 need no iterator item: every batch is a pure function of (seed, step), so the step *is*
 their data position.
 
@@ -39,7 +40,7 @@ from hypernet_attention.train import data as data_lib
 from hypernet_attention.train import workdir as workdir_lib
 
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler,
-                     data=data_lib.DataIteratorHandler)
+                     data=data_lib.DataIteratorHandler, grain=data_lib.GrainIteratorHandler)
 
 
 class CheckpointMismatchError(ValueError):
@@ -130,7 +131,8 @@ class Checkpointer:
       items = dict(state=ocp.args.StandardSave(state),
                    meta=ocp.args.JsonSave({"step": int(step), "time": time.time()}))
       if data_iterator is not None:
-        items["data"] = data_lib.DataIteratorArgs(data_iterator)
+        name, args = data_lib.checkpoint_item(data_iterator)
+        items[name] = args
       return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
 
   @contextlib.contextmanager
@@ -180,13 +182,14 @@ class Checkpointer:
                      f"checkpoint step {step} in {self.directory}")
     items = dict(state=self._restore_args(abstract_state))
     if data_iterator is not None:
-      position = data_iterator.path(str(self.directory / str(step) / "data"))
-      if not epath.Path(position + ".index").exists():
+      name, args = data_lib.checkpoint_item(data_iterator)
+      position = data_lib.position_file(data_iterator)
+      if not (self.directory / str(step) / name / position).exists():
         raise CheckpointMismatchError(
             f"checkpoint step {step} in {self.directory} holds no data-iterator position "
-            f"{epath.Path(position).name!r}; allowed: resume a host-data run from its own "
-            "checkpoints with the same number of processes")
-      items["data"] = data_lib.DataIteratorArgs(data_iterator)
+            f"{name}/{position}; allowed: resume a host-data run from its own checkpoints "
+            "with the same data pipeline and number of processes")
+      items[name] = args
     return self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
 
   def restore_params(self, step: int, abstract_state: Any) -> Any:

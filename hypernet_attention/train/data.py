@@ -3,12 +3,14 @@
   OnDeviceSource  a synthetic task (SRAVEN, fuzzy logic) whose batch is a pure function
                   of (key, batch size, split), generated *inside* the jitted train step:
                   no host input pipeline, and the step number is the data position.
-  HostSource      a host-side pipeline (seqio / tf.data, `tasks/c4.py`): every process
-                  reads its own slice (shard `process_index` of `process_count`),
-                  `to_global` turns the slices into one global `jax.Array` per feature on
-                  the mesh, and the jitted step takes the batch as an argument. The
-                  iterator's position is saved inside each Orbax checkpoint
-                  (`DataIteratorArgs`), so a resumed run neither replays nor skips data.
+  HostSource      a host-side pipeline (seqio / tf.data, `tasks/c4.py`, or Grain,
+                  `tasks/c4_grain.py`): every process reads its own slice (shard
+                  `process_index` of `process_count`), `to_global` turns the slices into
+                  one global `jax.Array` per feature on the mesh, and the jitted step takes
+                  the batch as an argument. The iterator's position is saved inside each
+                  Orbax checkpoint (`checkpoint_item`: Grain's own handler for a Grain
+                  iterator, `DataIteratorArgs` for the others), so a resumed run neither
+                  replays nor skips data.
 
 The loop asks only `source.on_device`; everything task-specific stays in the objective.
 """
@@ -16,6 +18,7 @@ The loop asks only `source.on_device`; everything task-specific stays in the obj
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from etils import epath
@@ -59,6 +62,14 @@ class HostSource:
   splits: tuple[str, ...]
   example: Callable[[int], Any]
   on_device: ClassVar[bool] = False
+
+
+def token_rows_example(sequence_length: int) -> Callable[[int], Any]:
+  """`HostSource.example` of the language-model batches {'inputs', 'targets', 'weights'}."""
+  def example(batch_size):
+    row = jax.ShapeDtypeStruct((batch_size, sequence_length), np.int32)
+    return {"inputs": row, "targets": row, "weights": row}
+  return example
 
 
 RANDOM_TOKEN_SPLITS = ("train", "validation")  # As `tasks/c4.py`'s, so eval configs agree.
@@ -151,3 +162,49 @@ class DataIteratorHandler(ocp.CheckpointHandler):
 @dataclasses.dataclass
 class DataIteratorArgs(ocp.args.CheckpointArgs):
   iterator: Any
+
+
+class GrainIteratorHandler(ocp.CheckpointHandler):
+  """Grain's own Orbax handler (`grain.checkpoint.CheckpointHandler`: every process writes
+  its iterator's `get_state()` as `process_{i}-of-{n}.json`, and restores it with
+  `set_state`), imported on first use: every `Checkpointer` registers this item, and runs
+  without Grain (or without it installed) never load it."""
+
+  def _grain(self) -> Any:
+    return importlib.import_module("grain").checkpoint.CheckpointHandler()
+
+  def save(self, directory: epath.Path, args: "GrainIteratorArgs"):
+    self._grain().save(directory, args=args)
+
+  def restore(self, directory: epath.Path, args: "GrainIteratorArgs"):
+    return self._grain().restore(directory, args=args)
+
+
+@ocp.args.register_with_handler(GrainIteratorHandler, for_save=True, for_restore=True)
+@dataclasses.dataclass
+class GrainIteratorArgs(ocp.args.CheckpointArgs):
+  item: Any  # A Grain DatasetIterator or DataLoaderIterator (Grain's handler reads `.item`).
+
+
+def _is_grain(iterator: Any) -> bool:
+  return hasattr(iterator, "get_state") and hasattr(iterator, "set_state")
+
+
+def checkpoint_item(iterator: Any) -> tuple[str, ocp.args.CheckpointArgs]:
+  """(Orbax item name, its args) that hold `iterator`'s position in a checkpoint.
+
+  A Grain iterator (it has Grain's `get_state` / `set_state`) goes to item `grain`,
+  written by Grain's handler; any other (`c4.DataIterator`, `RandomTokens`) to item `data`,
+  through its own `save` / `restore`. Distinct names keep a checkpoint of one data path
+  from being resumed by the other.
+  """
+  if _is_grain(iterator):
+    return "grain", GrainIteratorArgs(iterator)
+  return "data", DataIteratorArgs(iterator)
+
+
+def position_file(iterator: Any) -> str:
+  """This process's position file inside its `checkpoint_item`'s folder."""
+  if _is_grain(iterator):
+    return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  return epath.Path(iterator.path("")).name + ".index"

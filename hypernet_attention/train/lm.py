@@ -1,7 +1,8 @@
 """The language-modeling entry point's library: prepare data, train, sample.
 
 `experiments/c4_lm.py` only parses flags and calls `train_and_sample` or
-`sample_from_workdir`.
+`sample_from_workdir`. The text comes through `config.task.pipeline` (`tasks/lm_text.py`):
+seqio (TensorFlow, loaded only then) or Grain (no TensorFlow).
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ import ml_collections
 
 from hypernet_attention import decoding
 from hypernet_attention import errors
-from hypernet_attention.train import console
-
-console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, which logs natively.
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from hypernet_attention.tasks import c4
+from hypernet_attention.tasks import lm_text
 from hypernet_attention.train import build
 from hypernet_attention.train import checks
 from hypernet_attention.train import config_lib
@@ -28,8 +25,8 @@ from hypernet_attention.train import sharding
 from hypernet_attention.train import workdir as workdir_lib
 
 
-def _vocabulary(objective) -> Any:
-  return objective.task.output_features["targets"].vocabulary
+def _vocabulary(config: ml_collections.ConfigDict, objective) -> Any:
+  return objectives.lm_pipeline(config.task).task_vocabulary(objective.task)
 
 
 def _format(texts: list[str]) -> str:
@@ -45,13 +42,14 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     raise errors.BadInput(
         f"config.task.name={objectives.SYNTHETIC_LM!r} is random tokens for "
         f"experiments/benchmark_training.py only (nothing to learn, no text to sample); "
-        f"allowed for training: {', '.join(c4.TASKS)}")
+        f"allowed for training: {', '.join(lm_text.TASKS)}")
+  lm_text.check_pipeline(config.task)
   workdir = config_lib.workdir_path(workdir)
   length = config.task.sequence_length
   if isinstance(length, bool) or not isinstance(length, int) or length < 2:
     raise errors.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
                               ">= 2 (one input and one target token)")
-  c4.check_sequence_length(length, config.model.get("max_len"))
+  lm_text.check_sequence_length(length, config.model.get("max_len"))
   try:
     mesh = sharding.make_mesh(config.mesh)
     for key, size in (("batch_size", config.batch_size),
@@ -90,13 +88,14 @@ def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt:
   prints samples."""
   workdir = check_before_data(config, workdir)
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
-  config = c4.prepare_config(config, workdir)
-  vocabulary = c4.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
+  pipeline = objectives.lm_pipeline(config.task)
+  config = pipeline.prepare_config(config, workdir)
+  vocabulary = pipeline.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
   decoding.check_prompt_length(1 + len(vocabulary.encode(prompt)), config.model.get("max_len"))
   summary = loop.train_and_evaluate(config, workdir)
   built = build.setup(config)
   texts = decoding.sample_text(
-      built.model.config, summary["state"].params, _vocabulary(built.objective), prompt,
+      built.model.config, summary["state"].params, _vocabulary(config, built.objective), prompt,
       num_tokens, temperature=temperature, seed=config.seed, num_samples=num_samples)
   print(_format(texts), flush=True)
   return summary
@@ -115,6 +114,6 @@ def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperatu
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   run = restore.restore_params(workdir, step)
   texts = decoding.sample_text(
-      run.model.config, run.params, _vocabulary(run.objective), prompt, num_tokens,
-      temperature=temperature, seed=run.config.seed, num_samples=num_samples)
+      run.model.config, run.params, _vocabulary(run.config, run.objective), prompt,
+      num_tokens, temperature=temperature, seed=run.config.seed, num_samples=num_samples)
   return f"step {run.step} of {workdir}\n" + _format(texts)

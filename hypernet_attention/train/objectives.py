@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 from typing import Any, Callable, Mapping
 
@@ -170,32 +171,16 @@ def fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
                                        output_dim=1), task=task)
 
 
-def _lm_source(task, sequence_length: int) -> data.HostSource:
-  """`c4.batches` of a registered seqio Task as a host source (train: shuffled from the
-  seed, endless; eval: the split's first rows, unshuffled, repeated if it is short)."""
-  # pylint: disable=g-import-not-at-top
-  import seqio
-
-  from hypernet_attention.tasks import c4
-  # pylint: enable=g-import-not-at-top
-
-  def train(seed, batch_size, process_index, process_count):
-    shard = seqio.ShardInfo(process_index, process_count)
-    return c4.DataIterator(c4.batches(task, split="train", sequence_length=sequence_length,
-                                      batch_size=batch_size, seed=seed, shard_info=shard),
-                           shard)
-
-  def evaluate(split, batch_size, num_batches, process_index, process_count):
-    dataset = c4.batches(task, split=split, sequence_length=sequence_length,
-                         batch_size=batch_size, seed=0, shuffle=False,
-                         shard_info=seqio.ShardInfo(process_index, process_count))
-    return dataset.take(num_batches).as_numpy_iterator()
-
-  def example(batch_size):
-    row = jax.ShapeDtypeStruct((batch_size, sequence_length), jnp.int32)
-    return {"inputs": row, "targets": row, "weights": row}
-
-  return data.HostSource(train, evaluate, c4.SPLITS, example)
+def lm_pipeline(task_config):
+  """The module of `config.task.pipeline`'s data path (`lm_text.PIPELINES`): `tasks/c4.py`
+  (seqio, TensorFlow: loaded quietly first) or `tasks/c4_grain.py` (Grain, no TensorFlow).
+  Both have `prepare_config`, `load_vocabulary`, `build_task`, `task_vocabulary` and
+  `host_source`."""
+  from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
+  name = lm_text.check_pipeline(task_config)
+  if name == "seqio":
+    console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
+  return importlib.import_module(lm_text.PIPELINES[name])
 
 
 # `config.task.name` of uniformly random tokens (`data.RandomTokens`): the 50M step timed
@@ -213,30 +198,28 @@ def _random_token_source(vocab_size: int, sequence_length: int) -> data.HostSour
                     process_count)
     return [next(batches) for _ in range(num_batches)]
 
-  def example(batch_size):
-    row = jax.ShapeDtypeStruct((batch_size, sequence_length), jnp.int32)
-    return {"inputs": row, "targets": row, "weights": row}
-
-  return data.HostSource(train, evaluate, data.RANDOM_TOKEN_SPLITS, example)
+  return data.HostSource(train, evaluate, data.RANDOM_TOKEN_SPLITS,
+                         data.token_rows_example(sequence_length))
 
 
 def c4_lm(config: ml_collections.ConfigDict) -> Objective:
   """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
   and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
   perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios).
-  `task.name=synthetic_lm`: random tokens over `task.vocab_size` (no bytes, no TensorFlow)."""
+  `task.name=synthetic_lm`: random tokens over `task.vocab_size` (no bytes, no TensorFlow).
+  Text comes through `config.task.pipeline` (`lm_pipeline`): seqio or Grain."""
   if config.task.name == SYNTHETIC_LM:
     vocab_size, task = config.task.vocab_size, None
     bytes_V = jnp.zeros((vocab_size,))  # No text behind the tokens: bits per byte is absent.
     source = _random_token_source(vocab_size, config.task.sequence_length)
   else:
-    console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
-    from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
-    c4.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
-    task = c4.build_task(config.task)
-    vocabulary = task.output_features["targets"].vocabulary
-    vocab_size, bytes_V = vocabulary.vocab_size, jnp.asarray(c4.token_byte_lengths(vocabulary))
-    source = _lm_source(task, config.task.sequence_length)
+    pipeline = lm_pipeline(config.task)
+    pipeline.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
+    task = pipeline.build_task(config.task)
+    vocabulary = pipeline.task_vocabulary(task)
+    vocab_size = vocabulary.vocab_size
+    bytes_V = jnp.asarray(pipeline.token_byte_lengths(vocabulary))
+    source = pipeline.host_source(task, config.task.sequence_length)
 
   def metrics_fn(logits_BTV, batch):
     targets_BT, weights_BT = batch["targets"], batch["weights"].astype(jnp.float32)
