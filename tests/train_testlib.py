@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder of the shared helpers (this file): subprocesses put it on sys.path to import them.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 

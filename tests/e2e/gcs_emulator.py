@@ -4,7 +4,7 @@ The emulator's media downloads carry no `x-goog-generation` header; tensorstore 
 arrays and OCDBT manifests) takes an object's generation from it, reads 0 without it, and
 then refuses the conditional update of that object ("Malformed StorageGeneration"). This
 adds the header from the emulator's own object record, then runs the emulator's CLI:
-  python tests/gcs_emulator.py start --host=127.0.0.1 --port=PORT --in-memory ...
+  python tests/e2e/gcs_emulator.py start --host=127.0.0.1 --port=PORT --in-memory ...
 """
 
 import sys

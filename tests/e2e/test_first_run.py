@@ -16,6 +16,8 @@ from hypernet_attention.train import registry
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 
 def test_demo_is_local_with_two_features_and_twice_the_steps():
   demo = registry.get("sraven").get_config("model=hyla,size=demo")

@@ -25,6 +25,8 @@ from hypernet_attention.train import restore
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 CHUNK = 100  # Steps per chunk; long enough that the notice lands inside one.
 STEPS = 4 * CHUNK
 OVERRIDES = {"num_train_steps": STEPS, "steps_per_loop": CHUNK, "log_every_steps": CHUNK,

@@ -15,12 +15,11 @@ import pytest
 
 import train_testlib as tl
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 BLOCKER = ("raise ModuleNotFoundError(\"No module named 'tensorflow' (hidden by "
-           "tests/test_no_tensorflow.py)\", name='tensorflow')\n")
+           "tests/repo/test_no_tensorflow.py)\", name='tensorflow')\n")
 TRAIN = f"""
 import json, sys
-sys.path.insert(0, {TESTS!r})
+sys.path.insert(0, {tl.TESTS!r})
 import train_testlib as tl
 from hypernet_attention.train import curves, loop
 summary = loop.train_and_evaluate(tl.smoke("sraven", **{{"eval.ceiling_problems": 0}}), sys.argv[1])
@@ -83,7 +82,7 @@ def no_tf(tmp_path_factory):
 def test_the_blocker_hides_tensorflow(no_tf):
   proc = subprocess.run([sys.executable, "-c", "import tensorflow"], env=_env(no_tf),
                         capture_output=True, text=True, cwd=tl.REPO)
-  assert proc.returncode != 0 and "hidden by tests/test_no_tensorflow.py" in proc.stderr
+  assert proc.returncode != 0 and "hidden by tests/repo/test_no_tensorflow.py" in proc.stderr
 
 
 def test_probing_and_training_modules_load_neither_tensorflow_nor_clu_writers():

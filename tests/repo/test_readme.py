@@ -9,7 +9,7 @@ import re
 
 import jax.numpy as jnp
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"))
 SECTION = "## Use HYLA in your own model"
 
 

@@ -25,6 +25,8 @@ from hypernet_attention.train import workdir as workdir_lib
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 
 @pytest.fixture(scope="module")
 def sraven_run(tmp_path_factory):

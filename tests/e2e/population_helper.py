@@ -1,6 +1,6 @@
-"""Subprocess side of tests/test_population_mesh.py (fake CPU devices must be set before jax).
+"""Subprocess side of tests/e2e/test_population_mesh.py (fake CPU devices must be set before jax).
 
-  python tests/population_helper.py OUT_DIR
+  python tests/e2e/population_helper.py OUT_DIR
       4 fake devices: a 4-member population trained on 1 device, with its members spread
       over 4 devices (mesh member=4), and over 2 x 2 (member=2, data=2). Writes
       OUT_DIR/result.json: per-mesh losses and max relative parameter differences against
@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

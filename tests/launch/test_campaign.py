@@ -22,7 +22,7 @@ from launch.campaign import records
 from launch.campaign import report
 from launch.campaign import runner
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
 
 

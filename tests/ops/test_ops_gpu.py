@@ -1,6 +1,6 @@
 """The Pallas kernels compiled by Triton on a GPU, against the float64 reference.
 
-CPU runs interpret the same kernels (tests/test_ops.py); only a GPU compiles them, with
+CPU runs interpret the same kernels (tests/ops/test_ops.py); only a GPU compiles them, with
 Triton's own tile shapes, bf16 matrix units and its own summation order. Every test here
 is marked `gpu` and skips cleanly where JAX sees no GPU. The float32 reference runs at
 full float32 matmul precision (XLA would use TF32 on the GPU by default, which would make
@@ -22,7 +22,7 @@ from test_ops import VARIANTS
 from test_ops import make_inputs
 from test_ops import reference_fn
 
-# What the Pallas kernels declare (`pallas_kernel.COMPUTES`); tests/test_ops.py checks that
+# What the Pallas kernels declare (`pallas_kernel.COMPUTES`); tests/ops/test_ops.py checks that
 # they refuse the rest.
 PALLAS_VARIANTS = [v for v in VARIANTS if pallas_kernel.COMPUTES.covers(*v[:2])]
 

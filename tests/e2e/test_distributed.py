@@ -1,6 +1,6 @@
 """Distributed training on CPU: 4 fake devices, and 2 processes on 127.0.0.1.
 
-Fake devices must be configured before jax starts, so these run `tests/train_helper.py`
+Fake devices must be configured before jax starts, so these run `tests/e2e/train_helper.py`
 in subprocesses (the pytest process keeps its single device). Every subprocess is
 bounded in time and killed by the test that started it.
 """
@@ -21,7 +21,9 @@ from hypernet_attention.train import restore
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
-HELPER = os.path.join(tl.REPO, "tests", "train_helper.py")
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_helper.py")
 TIMEOUT_S = 420
 
 

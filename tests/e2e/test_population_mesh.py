@@ -1,25 +1,29 @@
 """A population's member axis as a mesh axis: 4 fake CPU devices against 1 device.
 
 Fake devices must be configured before jax starts, so this runs
-`tests/population_helper.py` in a subprocess, bounded in time.
+`population_helper.py` (beside this file) in a subprocess, bounded in time.
 """
 
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import train_testlib as tl
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 TIMEOUT_S = 420
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "population_helper.py")
 
 
 def test_members_over_four_devices_match_one_device(tmp_path):
   log = open(tmp_path / "log.txt", "w")
-  proc = subprocess.Popen([sys.executable, f"{tl.REPO}/tests/population_helper.py",
-                           str(tmp_path)], env=tl.subprocess_env(), stdout=log,
-                          stderr=subprocess.STDOUT, cwd=tl.REPO)
+  proc = subprocess.Popen([sys.executable, HELPER, str(tmp_path)], env=tl.subprocess_env(),
+                          stdout=log, stderr=subprocess.STDOUT, cwd=tl.REPO)
   [text] = tl.reap([(proc, log)], TIMEOUT_S)
   assert proc.returncode == 0, text[-4000:]
   with open(tmp_path / "result.json") as f:

@@ -18,7 +18,7 @@ from hypernet_attention.train import memory
 from hypernet_attention.train import population
 from hypernet_attention.train import state as state_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_step_cost_scales_with_members_and_covers_the_dense_flops():

@@ -8,6 +8,7 @@ TensorBoard draws as a flat line from step 0 to it, and members had no `steps_pe
 import os
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from hypernet_attention.train import curves
@@ -15,6 +16,8 @@ from hypernet_attention.train import loop
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
+
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
 CEILING = "test/accuracy_ceiling"
 

@@ -31,6 +31,8 @@ import c4_testlib
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -120,7 +122,7 @@ def test_two_processes_read_their_own_shards(corpus, tmp_path):
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-  helper = os.path.join(tl.REPO, "tests", "c4_process_helper.py")
+  helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c4_process_helper.py")
   corpus_dir = os.path.dirname(corpus["train"])
   logs = [open(tmp_path / f"log{i}.txt", "w") for i in (0, 1)]
   procs = [subprocess.Popen(

@@ -1,6 +1,6 @@
 """The NNX attention module against the Linen one, Flax's own attention and the NNX bridge.
 
-The Linen module is tested against the paper's formulas in tests/test_attention.py; here
+The Linen module is tested against the paper's formulas in tests/models/test_attention.py; here
 the NNX shell must give the same numbers on the same weights, for every preset of Table A1:
 outputs, gradients, decode step by step, masks and dropout with the same key (float64).
 """
@@ -21,7 +21,7 @@ from hypernet_attention import nnx_attention
 from hypernet_attention.ops import dispatch as ops_dispatch
 
 B, Q, K, E, H = 2, 5, 7, 8, 2
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # A position per preset, so that both T5 and RoPE meet every kind of value network.
 POSITION = {name: ("none", "t5", "rope")[i % 3] for i, name in enumerate(attention.PRESETS)}
 

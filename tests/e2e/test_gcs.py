@@ -31,7 +31,9 @@ from hypernet_attention.train import workdir as workdir_lib
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
+HERE = os.path.dirname(os.path.abspath(__file__))  # gcs_emulator.py
 TRAIN = """
 import json
 import sys
@@ -42,7 +44,7 @@ from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 updates = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
 loop.train_and_evaluate(tl.smoke("sraven", **updates), sys.argv[1])
-""".replace("TESTS", repr(TESTS))
+""".replace("TESTS", repr(tl.TESTS))
 
 
 def _free_port() -> int:
@@ -58,7 +60,7 @@ def gcs(tmp_path_factory):
   log = tmp_path_factory.mktemp("gcs") / "emulator.log"
   with open(log, "w") as out:  # gcs_emulator.py: the emulator plus one header, see there.
     process = subprocess.Popen(
-        [sys.executable, os.path.join(TESTS, "gcs_emulator.py"), "start", "--host=127.0.0.1",
+        [sys.executable, os.path.join(HERE, "gcs_emulator.py"), "start", "--host=127.0.0.1",
          f"--port={port}", "--in-memory", "--default-bucket=bucket"], stdout=out,
         stderr=subprocess.STDOUT)
   deadline = time.time() + 60

@@ -1,6 +1,6 @@
-"""Subprocess side of tests/test_c4_train.py's two-process test.
+"""Subprocess side of tests/e2e/test_c4_train.py's two-process test.
 
-  python tests/c4_process_helper.py PORT PROCESS_ID CORPUS_DIR WORKDIR OUT_DIR
+  python tests/e2e/c4_process_helper.py PORT PROCESS_ID CORPUS_DIR WORKDIR OUT_DIR
       One of 2 processes (2 fake CPU devices each, gloo collectives) training the smoke
       `text_lm` config into the shared WORKDIR; writes the training batches it read to
       OUT_DIR/batches_<PROCESS_ID>.npy and process 0 the summary to OUT_DIR/summary.json.
@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

@@ -22,6 +22,8 @@ import numerics
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 STEPS = 8
 # Every batchable key differs between the two members.
 MEMBERS = ({"seed": 0},
@@ -150,7 +152,7 @@ def test_authors_schedule_needs_a_cosine_part():
 
 
 def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):
-  """As tests/test_preemption.py for a single run: SIGTERM after step 8 -> checkpoint ->
+  """As tests/e2e/test_preemption.py for a single run: SIGTERM after step 8 -> checkpoint ->
   exit 75 -> the rerun ends with an uninterrupted population's parameters, bit for bit."""
   import signal  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top

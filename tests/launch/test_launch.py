@@ -67,7 +67,7 @@ def test_registry_records_resolve_and_agree_with_their_objectives():
     for ref in (experiment.objective, experiment.memory, experiment.probe):
       assert ref is None or callable(registry.load(ref)), (name, ref)
     if not experiment.on_device:  # Its objective needs a corpus and vocabulary, and its
-      continue  # trainer TensorFlow: tests/test_c4*.py.
+      continue  # trainer TensorFlow: tests/tasks/test_c4.py, tests/e2e/test_c4_train.py.
     assert callable(registry.load(experiment.train))
     objective = objectives.build(config)
     assert objective.main_metric == experiment.metric

@@ -91,7 +91,7 @@ print(json.dumps(dict(one=one, four=four, tokens=tokens, axes_one=axes_one,
 
 def _run(script, *args):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")  # jax's own options
-  env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + (
+  env["PYTHONPATH"] = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + (
       os.pathsep + env.get("PYTHONPATH", ""))
   proc = subprocess.run([sys.executable, "-c", script, *args], env=env,
                         capture_output=True, text=True, timeout=600, check=False)

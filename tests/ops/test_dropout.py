@@ -3,7 +3,7 @@
 The keep-mask of pair (q, k) is a hash of (seed, q, k): the blockwise and Pallas kernels
 recompute it per tile in the forward and backward passes, the reference draws it whole. So
 under one seed every implementation must compute the same function, in value and gradient
-(same tolerance rule as tests/test_ops.py), and the mask must drop the right fraction of
+(same tolerance rule as tests/ops/test_ops.py), and the mask must drop the right fraction of
 pairs, independently of the seed.
 """
 
@@ -142,7 +142,7 @@ def test_module_fast_path_equals_materialized_path_under_dropout(preset):
 
 def test_pallas_dropout_lowers_to_triton():
   """With dropout the forward, dk/dv and dq kernels still lower to Triton (for CUDA, here).
-  The loss needs the forward's output, as in tests/test_ops.py (jax >= 0.12 drops an unused
+  The loss needs the forward's output, as in tests/ops/test_ops.py (jax >= 0.12 drops an unused
   forward call)."""
   q = jax.ShapeDtypeStruct((1, 45, 3, 16), jnp.bfloat16)
   fn = lambda q, k, v, seed: pallas_kernel.attention(

@@ -22,6 +22,8 @@ from hypernet_attention.train import loop
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 # JAX records this event each time it traces a Python function to a jaxpr (cache misses
 # only), with `fun_name`; `jax.monitoring` is its public listener API.
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"

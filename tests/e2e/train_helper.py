@@ -1,9 +1,9 @@
-"""Subprocess side of tests/test_distributed.py (fake CPU devices must be set before jax).
+"""Subprocess side of tests/e2e/test_distributed.py (fake CPU devices must be set before jax).
 
-  python tests/train_helper.py devices OUT_DIR
+  python tests/e2e/train_helper.py devices OUT_DIR
       4 fake devices: loss curves on 1 device, data-parallel 4 and fsdp 4; a run saved on 4
       devices resumed on 1; a batch that does not divide 4 devices. Writes OUT_DIR/result.json.
-  python tests/train_helper.py process PORT PROCESS_ID WORKDIR OUT_DIR
+  python tests/e2e/train_helper.py process PORT PROCESS_ID WORKDIR OUT_DIR
       One of 2 processes (2 fake devices each, gloo collectives): trains the smoke SRAVEN
       config into the shared WORKDIR; process 0 writes OUT_DIR/params.npz.
 """
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

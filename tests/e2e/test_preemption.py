@@ -21,6 +21,8 @@ from hypernet_attention.train import restore
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
+pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
+
 # Two processes agree on the preemption step within a few seconds (the coordination
 # service relays the notice), so they need a longer run than one process does.
 STEPS = 320
