@@ -78,9 +78,9 @@ EXTRAS = {
     # Accelerator builds of jaxlib (the base install is CPU-only).
     "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
     "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
-    # The language-modeling tests (tests/test_c4*.py) need the [lm] and [grain] packages
-    # (test_c4_grain.py hides TensorFlow in a subprocess); tests/test_gcs.py
-    # runs gs:// workdirs against a local GCS emulator.
+    # The language-modeling tests (tests/tasks/test_c4.py, tests/e2e/test_c4_*.py) need the [lm]
+    # and [grain] packages (test_c4_grain.py hides TensorFlow in a subprocess);
+    # tests/e2e/test_gcs.py runs gs:// workdirs against a local GCS emulator.
     # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
             "ruff>=0.17.6,<0.18"]

@@ -10,7 +10,7 @@
 #     --implementation cp --platform manylinux2014_x86_64 -d .whl ml-collections==1.1.0 clu==0.0.12
 #   # there (carry .whl); the commit is written here, where git is:
 #   bash launch/gpu_window.sh --commit=<sha>
-#   # here, on the CPU, the same sequence at tiny sizes (what tests/test_gpu_window.py runs):
+#   # here, on the CPU, the same sequence at tiny sizes (what tests/launch/test_gpu_window.py runs):
 #   python -m launch.gpu_window --dry_run --out=/tmp/gpu_window_dry
 # Further arguments go to launch/gpu_window.py (--deadline_s, --stages, --commit).
 set -u

@@ -18,13 +18,7 @@ def x64():
 
 
 def pytest_configure(config):
-  config.addinivalue_line(
-      "markers", "gpu: needs a CUDA GPU (compiles the Pallas kernels with Triton); skipped "
-      "cleanly elsewhere")
-  config.addinivalue_line(
-      "markers", "slow: an end-to-end test of a minute or more (several processes, whole runs "
-      "resumed, an emulated bucket). CI runs them with the README's command on python3 and "
-      "leaves them out (`-m 'not slow'`) on its second interpreter to stay under 45 minutes")
+  # Markers are registered in pytest.ini.
   # jax 0.11 warns on every Triton lowering that Pallas' Triton backend is deprecated; the
   # kernels still lower and run there, and experiments/results/kernels.md says what moving
   # them to Mosaic GPU would take. Known and documented, so not repeated per test.

@@ -14,7 +14,7 @@ The rule, and why it holds on any x86 CPU:
 
   admits the worst-case reordering (kappa * n * u) whatever the CPU's vector width, FMA use or
   thread split, while a real bug (a wrong mask, a missing bias, a transposed head axis) is off by
-  O(0.1-1) and fails by orders of magnitude: `tests/test_ops.py::test_planted_bugs_fail` plants
+  O(0.1-1) and fails by orders of magnitude: `tests/ops/test_ops.py::test_planted_bugs_fail` plants
   such bugs and checks the margin. `output_floor` is four roundings of the output dtype (only
   bfloat16 outputs need it). Errors are relative: ||x - exact|| / ||exact|| over the whole array.
 """

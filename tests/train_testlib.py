@@ -15,7 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder of the shared helpers (this file): subprocesses put it on sys.path to import them.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
@@ -119,3 +121,10 @@ def snapshot(directory: str) -> dict:
       st = os.stat(path)
       out[path] = (st.st_size, st.st_mtime_ns)
   return out
+
+
+# The body of a fake `tensorflow` package that a test puts first on a subprocess's path: its
+# import fails as on a machine without TensorFlow (tests/repo/test_no_tensorflow.py, the Grain
+# path's tests/e2e/test_c4_grain.py).
+TENSORFLOW_BLOCKER = ("raise ModuleNotFoundError(\"No module named 'tensorflow' (hidden by "
+                      "tests/repo/test_no_tensorflow.py)\", name='tensorflow')\n")

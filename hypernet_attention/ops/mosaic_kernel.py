@@ -24,7 +24,7 @@ The per-key code C[k][q][h16] (heads padded to 16, the wgmma K minimum for 16-bi
 the A operand of u_k, as the issue's sketch has it; V arrives pre-padded to 16 heads (XLA).
 
 What Mosaic could and could not express (jax 0.12.0.1, Warpgroup lowering semantics, checked
-by lowering for CUDA on a machine without a GPU; `tests/test_mosaic_kernel.py`):
+by lowering for CUDA on a machine without a GPU; `tests/ops/test_mosaic_kernel.py`):
   - could not: storing per-head tiles head-minor, `c_smem.at[:, :, h][...] = c_h.T`, nor
     reading one head's column `c_smem.at[k, :, h]`: an integer index on the minor dimension of
     a tiled/swizzled SMEM ref fails ("Unsupported index type: DynamicJaxprTracer"), and a

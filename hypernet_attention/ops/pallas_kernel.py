@@ -23,7 +23,7 @@ statistic sum_k a da is the blockwise JAX pass (one extra sweep, softmax only).
 
 Lowering: Triton on GPU (tiles padded to powers of two >= 16, as `tl.dot` needs);
 `interpret=True` runs the same kernels on CPU for tests. Compiled and run on an H100
-(jax 0.11.2, Triton 3.6): tests/test_ops_gpu.py passes every variant there. But it is slow:
+(jax 0.11.2, Triton 3.6): tests/ops/test_ops_gpu.py passes every variant there. But it is slow:
 at T=4096, B=4, H=8, d=64, bf16, causal the MLP kernel took 208 / 1261 ms (fwd / fwd+bwd)
 against blockwise's 32 / 66 ms, because the MLP's (bq, bk, V) products run on the vector
 units (and Triton compiles them slowly) while XLA maps blockwise's einsums to the matrix

@@ -1,5 +1,5 @@
 """The loop's metrics as `clu.metrics` collections (which, unlike CLU's writers, import no
-TensorFlow: tests/test_no_tensorflow.py checks).
+TensorFlow: tests/repo/test_no_tensorflow.py checks).
 
 Every objective returns per-example metrics {name: (B,)} (`objectives.py`). A train step or
 an evaluation batch turns them into a `Collection` of `Average`s (a sum and a count per

@@ -1,0 +1,428 @@
+"""The paper-scale campaign (`launch/campaign/`): cells, cell files, estimates, the budget,
+resume of a cut-off cell, the report from the files alone, and bad input."""
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from hypernet_attention import errors
+from launch import jobs
+from launch.campaign import cells as cells_lib
+from launch.campaign import collect_cell
+from launch.campaign import partial
+from launch.campaign import plan
+from launch.campaign import records
+from launch.campaign import report
+from launch.campaign import runner
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
+
+
+def test_cells_cover_table_a1_in_priority_order():
+  stages = [c.stage for c in cells_lib.CELLS]
+  assert stages == sorted(stages)  # a before b before ... h
+  # Table A1: 13 rows x grid x 3 seeds = 156 fuzzy-logic + 312 SRAVEN runs, each once.
+  runs = [(c.experiment, c.config, tuple(sorted(dict(c.overrides).items())),
+           tuple(sorted(m.items())))
+          for c in cells_lib.CELLS if c.stage in "abde" for m in c.members]
+  fuzzy = [r for r in runs if r[0] == "fuzzy_logic"]
+  assert (len(fuzzy), len(runs) - len(fuzzy)) == (156, 312)
+  first = cells_lib.CELLS[:3]
+  assert [c.model for c in first] == ["hyla", "softmax", "linear"]
+  assert all(c.num_steps == 50_000 and len(c.members) == 1 for c in first)
+  # Stage d starts with fuzzy logic's ablation rows at the default setting, 3 seeds each,
+  # the three that separate HYLA's two changes first; e then holds the rest of their grids.
+  d = [c for c in cells_lib.CELLS if c.stage == "d"]
+  assert [c.model for c in d[:3]] == ["linear_rmshead", "hyla_no_rmshead", "hyla_linear_value"]
+  assert all(c.experiment == "fuzzy_logic" and c.member_names == ("seed0", "seed1", "seed2")
+             and dict(c.overrides)["optimizer.learning_rate"] == 1e-3 for c in d[:3])
+  b = cells_lib.BY_NAME["b_sraven_hyla"]
+  assert b.num_steps == 156_250 and "width=1,depth=4" in b.config
+  assert dict(b.overrides)["optimizer.warmup_steps"] == 1000
+
+
+def test_default_members_become_one_population_flag():
+  args = jobs.job_args(cells_lib.BY_NAME["a_fuzzy_hyla_seed0"].point(), "fuzzy_logic", "W")
+  assert args["config.population.members"] == "({'seed': 0},)"
+  assert args["config.population.member_names"] == "('seed0',)"
+  assert args["config.optimizer.learning_rate"] == "0.001"
+  h = jobs.job_args(cells_lib.BY_NAME["h_fuzzy_hyla_authors_split_seed2"].point(),
+                    "fuzzy_logic", "W")
+  assert h["config.task.split_draw"] == "authors"
+  assert h["config.population.members"] == "({'seed': 2},)"
+
+
+# ml_collections loads a config file with the deprecated importlib load_module, once a cell.
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+def test_every_train_cell_s_flags_are_accepted_by_its_entry_point(monkeypatch):
+  """Each cell's command line, parsed by the config flag as the entry point parses it: an
+  override the config cannot take (an untyped None field, a wrong key) fails here, not five
+  seconds into a campaign (stage h's `task.split_draw` did)."""
+  from absl import flags as absl_flags
+  from ml_collections import config_flags
+  train = [c for c in cells_lib.CELLS if c.kind == "train"]
+  assert {c.stage for c in train} == set("abdefh")
+  for cell in train:
+    argv = runner.command(cell, "W", runner.Options(root="R", results_dir="F", budget_s=1.0))[1:]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags finds overrides in sys.argv.
+    monkeypatch.chdir(REPO)
+    flag_values = absl_flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values)
+    absl_flags.DEFINE_string("workdir", None, "", flag_values=flag_values)
+    flag_values(argv)
+    config = flag_values.config
+    for key, value in cell.point().items():
+      if key != "config":
+        assert str(_get(config, key)) == str(value), (cell.name, key)
+
+
+def _get(config, dotted_key):
+  for part in dotted_key.split("."):
+    config = config[part]
+  return config
+
+
+def _record(cell, model, seeds_values, stage="a", experiment="fuzzy_logic", kind="train",
+            device="cpu", rate=10.0):
+  metric = "r2" if experiment == "fuzzy_logic" else "accuracy"
+  members = [{"name": f"seed{s}", "frozen_at_step": None,
+              "settings": {"seed": s, "task.split_seed": None,
+                           "optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1,
+                           "optimizer.warmup_steps": 100 if experiment == "fuzzy_logic"
+                           else 1000},
+              "final": {f"ood/{metric}": v, f"test/{metric}": v + 0.05,
+                        f"unseen_terms/{metric}": 0.1},
+              "curves": {f"ood/{metric}": [[0, 0.0], [50_000, v]]}}
+             for s, v in seeds_values]
+  return {"schema": records.SCHEMA, "cell": cell, "stage": stage, "kind": kind,
+          "experiment": experiment, "model": model, "config": f"model={model},size=paper",
+          "overrides": {}, "title": cell, "device": {"kind": device, "host_cpu": None},
+          "jax_version": "test", "python": "3", "commit": "abc", "wall_s": 100.0,
+          "processes": [], "num_steps": 50_000, "scale": 1.0, "members": members,
+          "member_steps_per_s": rate}
+
+
+def test_publish_never_clobbers_and_redo_replaces(tmp_path):
+  first = _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])
+  assert records.publish(str(tmp_path), first)
+  second = _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.1)])
+  assert not records.publish(str(tmp_path), second)  # Another runner's file stays.
+  path = records.path_of(str(tmp_path), "a_fuzzy_hyla_seed0")
+  assert records.read(path)["members"][0]["final"]["ood/r2"] == 0.8
+  assert records.publish(str(tmp_path), second, replace=True)
+  assert records.read(path)["members"][0]["final"]["ood/r2"] == 0.1
+  assert sorted(os.listdir(tmp_path)) == ["a_fuzzy_hyla_seed0.json"]  # No temporaries left.
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"schema": 1, "cell": "a_fuzzy_hyla_seed0"', "unreadable"),
+    ('{"schema": 1}', "lacks"),
+    ('[1, 2]', "lacks"),
+])
+def test_a_corrupt_cell_file_is_named(tmp_path, content, message):
+  (tmp_path / "a_fuzzy_hyla_seed0.json").write_text(content)
+  with pytest.raises(errors.BadInput, match=f"a_fuzzy_hyla_seed0.json.*{message}"):
+    records.read_all(str(tmp_path))
+
+
+def test_claims_exclude_a_live_runner_and_take_over_a_dead_one(tmp_path):
+  other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+  try:
+    claim = tmp_path / ".a_fuzzy_hyla_seed0.claim"
+    claim.write_text(json.dumps({"host": os.uname().nodename, "pid": other.pid}))
+    assert records.claim(str(tmp_path), "a_fuzzy_hyla_seed0")["pid"] == other.pid
+  finally:
+    other.kill()
+    other.wait()
+  assert records.claim(str(tmp_path), "a_fuzzy_hyla_seed0") is None  # Its runner is gone.
+  assert json.loads(claim.read_text())["pid"] == os.getpid()
+  records.release(str(tmp_path), "a_fuzzy_hyla_seed0")
+  assert not claim.exists()
+
+
+def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path):
+  cell = cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]
+  reference = plan.estimate(cell, "cpu", [])
+  rate = plan.REFERENCE_RATES[("cpu", "fuzzy_logic")][0]["hyla"] / plan.EVAL_OVERHEAD
+  assert reference.minutes == pytest.approx((50_000 / rate + plan.COMPILE_S["cpu"]) / 60)
+  measured = plan.estimate(cell, "cpu", [_record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)],
+                                                 rate=25.0)])
+  assert measured.minutes == pytest.approx(50_000 / 25.0 / 60)
+  assert "measured" in measured.source
+  (tmp_path / "checkpoints" / "30000").mkdir(parents=True)
+  resumed = plan.estimate(cell, "cpu", [], str(tmp_path))
+  assert resumed.done_steps == 30_000
+  assert resumed.minutes < reference.minutes / 2
+  assert plan.estimate(cell, plan.H100, []).minutes < reference.minutes / 10
+  # A cut-off cell's saved state (partial/) counts where its workdir has no checkpoint yet
+  # (another machine); a checkpoint in the workdir wins.
+  saved = plan.estimate(cell, "cpu", [], str(tmp_path / "elsewhere"), saved_step=40_000)
+  assert saved.done_steps == 40_000
+  assert saved.minutes == pytest.approx(
+      (10_000 / rate + plan.COMPILE_S["cpu"]) / 60)
+  assert plan.estimate(cell, "cpu", [], str(tmp_path), saved_step=40_000).done_steps == 30_000
+  ((_, here, cpu, _),) = report.remaining({}, [cell], str(tmp_path / "elsewhere"), "cpu",
+                                          {cell.name: {"step": 45_000}})
+  assert here.done_steps == cpu.done_steps == 45_000
+
+
+def test_report_from_the_files_alone(tmp_path):
+  hyla = [(0, 0.81), (1, 0.74), (2, 0.90)]
+  softmax = [(0, 0.60), (1, 0.66), (2, 0.61)]
+  recs = {}
+  for model, values in (("hyla", hyla), ("softmax", softmax)):
+    for s, v in values:
+      name = f"a_fuzzy_{model}_seed{s}"
+      recs[name] = _record(name, model, [(s, v)])
+  # Stage h (the authors' splits): its own section, never in the main rows above.
+  authors = [(2, 0.55), (0, 0.93)]
+  for s, v in authors:
+    name = f"h_fuzzy_hyla_authors_split_seed{s}"
+    recs[name] = _record(name, "hyla", [(s, v)], stage="h")
+  path = tmp_path / "paper_scale.md"
+  line = report.write(recs, str(path))
+  assert f"8 of {len(cells_lib.CELLS)} cells done, 6 of 468" in line
+  text = path.read_text()
+  # HYLA's row: mean +- s.e. over 3 seeds, x100, from an independent formula.
+  v = np.array([x for _, x in hyla]) * 100
+  assert f"{v.mean():.2f} ± {v.std(ddof=1) / np.sqrt(3):.2f}" in text
+  # The paired difference and its p (t = mean / (sd / sqrt(n)), 2 degrees of freedom).
+  d = v - np.array([x for _, x in softmax]) * 100
+  t = d.mean() / (d.std(ddof=1) / np.sqrt(3))
+  p = 2 * stats.t.sf(abs(t), df=2)
+  assert f"| hyla - softmax | 3 | {d.mean():.2f} ± {d.std(ddof=1) / np.sqrt(3):.2f} | " \
+         f"3 of 3 | {p:.3f} |" in text
+  assert "81.13 ± 7.77" in text  # The paper's HYLA.
+  # Ours - paper, Welch's t from the summaries (paper: s.e. over 3 seeds), by hand.
+  var_ours, var_paper = v.var(ddof=1) / 3, 7.77**2
+  t = (v.mean() - 81.13) / np.sqrt(var_ours + var_paper)
+  df = (var_ours + var_paper)**2 / (var_ours**2 / 2 + var_paper**2 / 2)
+  assert f"| {v.mean() - 81.13:+.1f} ({2 * stats.t.sf(abs(t), df):.2f}) |" in text
+  h = text.split("authors' own held-out splits")[1]
+  a = np.array([v for _, v in authors]) * 100
+  assert f"| HYLA | 2 | {a.mean():.2f} ± {a.std(ddof=1) / np.sqrt(2):.2f} | seed 0: 93.0, " \
+         "seed 2: 55.0 | 81.13 ± 7.77 |" in h
+  assert "seed 0: every known term trained; seed 2: terms 5, 6 in no training task" in h
+  assert (tmp_path / "paper_scale" / "figures" / "curves_fuzzy_logic.png").stat().st_size > 0
+  assert "a_fuzzy_linear_seed0" in text  # Still to run.
+
+
+def test_a_tiny_paired_p_is_printed_not_rounded_to_zero():
+  hyla, softmax = [0.900, 0.912, 0.921], [0.600, 0.611, 0.6205]
+  recs = {}
+  for model, values in (("hyla", hyla), ("softmax", softmax)):
+    for s, v in enumerate(values):
+      recs[f"a_fuzzy_{model}_seed{s}"] = _record(f"a_fuzzy_{model}_seed{s}", model, [(s, v)])
+  p = stats.ttest_rel(np.array(hyla), np.array(softmax)).pvalue
+  assert p < 0.001  # The case this is about (t over 2 degrees of freedom).
+  row = report.paired(recs, "fuzzy_logic", "hyla", "softmax")
+  assert f"| 3 of 3 | {p:.1e} |" in row and "0.000" not in row
+
+
+def test_cut_off_cells_are_shown_apart_with_their_evaluations(tmp_path):
+  recs = {"a_fuzzy_hyla_seed0": _record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])}
+  curves = {"seed0": [[15625, 0.20], [31250, 0.25]], "seed1": [[15625, 0.30], [31250, 0.41]]}
+  partials = {"b_sraven_hyla": {
+      "cell": "b_sraven_hyla", "stage": "b", "experiment": "sraven", "model": "hyla",
+      "step": 40_000, "num_steps": 156_250, "wall_s": 300.0,
+      "device": {"kind": "NVIDIA H200", "jax_version": "0.11.2"},
+      "members": [{"name": n, "curves": {"ood/accuracy": c}} for n, c in curves.items()]}}
+  report.write(recs, str(tmp_path / "r.md"), partials)
+  text = (tmp_path / "r.md").read_text()
+  cut = text.split("## Cut off by a window's end")[1].split("##")[0]
+  assert ("| b_sraven_hyla | 40,000 of 156,250 | NVIDIA H200 (jax 0.11.2) | 5.0 min | "
+          f"15,625: {(20 + 30) / 2:.1f} (20.0, 30.0); 31,250: {(25 + 41) / 2:.1f} "
+          "(25.0, 41.0) |") in cut
+  table = text.split("## Table A1, SRAVEN")[1].split("##")[0]
+  assert "33.0" not in table  # The cut-off mean never enters Table A1.
+  assert (tmp_path / "paper_scale" / "figures" / "curves_sraven.png").stat().st_size > 0
+
+
+def _campaign(tmp_path, cells, budget_s=3600.0, **kw):
+  options = runner.Options(root=str(tmp_path / "root"), results_dir=str(tmp_path / "results"),
+                           budget_s=budget_s, poll_s=0.5, **kw)
+  os.makedirs(options.results_dir, exist_ok=True)
+  return runner.Campaign(cells, options, CPU, log=lambda s: None)
+
+
+def test_the_budget_is_honoured_before_any_work(tmp_path):
+  campaign = _campaign(tmp_path, [cells_lib.BY_NAME["a_fuzzy_hyla_seed0"]], budget_s=600)
+  (outcome,) = campaign.run()
+  assert outcome.status == "skipped" and "needs ~" in outcome.detail
+  assert not os.path.exists(tmp_path / "root" / "a_fuzzy_hyla_seed0")
+
+
+# A smoke cell long enough to be cut off mid-way: 4-step chunks, a checkpoint every 4.
+LONG_SMOKE = dataclasses.replace(
+    cells_lib.BY_NAME["smoke_fuzzy_hyla"], name="smoke_fuzzy_hyla_long", num_steps=200,
+    overrides=(("num_train_steps", 200), ("eval_every_steps", 100)))
+
+
+class _StopAfterFirstStep(runner.Campaign):
+  """Cuts the cell off (as the budget's end would) once it has logged a step."""
+
+  def write_progress(self):
+    super().write_progress()
+    for run in self.running.values():
+      if runner._step_of(run.log_path) and not self.stopping:  # pylint: disable=protected-access
+        self.stop_all("test")
+
+
+@pytest.mark.slow
+def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
+  cut = _StopAfterFirstStep(
+      [LONG_SMOKE], dataclasses.replace(_campaign(tmp_path, []).options), CPU, log=lambda s: None)
+  (outcome,) = cut.run()
+  assert outcome.status == "stopped", outcome
+  workdir = tmp_path / "root" / LONG_SMOKE.name
+  stopped_at = plan.checkpointed_step(str(workdir))
+  assert 0 < stopped_at < 200
+  assert not os.path.exists(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
+  # Its progress and resume state are saved beside the cell files (what a window returns).
+  progress_path, state_path = partial.paths(str(tmp_path / "results"), LONG_SMOKE.name)
+  progress = partial.read_all(str(tmp_path / "results"))[LONG_SMOKE.name]
+  assert progress["step"] == stopped_at and progress["num_steps"] == 200
+  assert [m["name"] for m in progress["members"]] == ["seed0", "seed1"]
+  assert f"step {stopped_at:,}" in outcome.detail and os.path.exists(state_path)
+
+  # Another machine: no workdir, only the repository's files. It resumes from the state.
+  os.rename(workdir, tmp_path / "first_machine")
+  (outcome,) = _campaign(tmp_path, [LONG_SMOKE]).run()
+  assert outcome.status == "finished", outcome
+  assert not os.path.exists(progress_path) and not os.path.exists(state_path)
+  record = records.read(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
+  assert [p["returncode"] for p in record["processes"]] == [75, 0]
+  assert record["commit"] == record["processes"][0]["commit"] != "?"  # The code that trained.
+  assert record["wall_s"] == pytest.approx(sum(p["wall_s"] for p in record["processes"]))
+  assert f"resuming population {workdir} from step {stopped_at}" in (
+      workdir / runner.LOG).read_text().lower()
+  member = record["members"][1]
+  assert member["name"] == "seed1" and member["settings"]["seed"] == 1
+  assert [s for s, _ in member["curves"]["ood/r2"]] == [100, 200]
+  assert member["final"]["step"] == 200
+
+  (outcome,) = _campaign(tmp_path, [LONG_SMOKE]).run()  # Done: nothing runs again.
+  assert outcome.status == "done"
+  assert len(record["processes"]) == len(collect_cell.segments(str(workdir)))
+
+
+@pytest.mark.slow
+def test_probe_and_benchmark_cells(tmp_path):
+  smoke = [cells_lib.BY_NAME[n] for n in
+           ("smoke_sraven_decoding_hyla", "smoke_sraven_hyla", "smoke_c4_step")]
+  first = _campaign(tmp_path, smoke).run()
+  assert [o.status for o in first] == ["skipped", "finished", "finished"], first
+  assert "needs smoke_sraven_hyla's kept parameters" in first[0].detail
+  results = str(tmp_path / "results")
+  # The train cell kept its members' final parameters beside its file: exactly those the run
+  # ended with, without the optimizer state, restorable once its workdir is gone.
+  trained = records.read(records.path_of(results, "smoke_sraven_hyla"))
+  kept = os.path.join(results, trained["params"])
+  assert kept == records.kept_params_dir(results, "smoke_sraven_hyla")
+  workdir = str(tmp_path / "root" / "smoke_sraven_hyla")
+  import chex  # pylint: disable=g-import-not-at-top
+
+  from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
+  for member in (0, 1):
+    ended, again = (restore.restore_params(d, member=member) for d in (workdir, kept))
+    assert again.step == ended.step == cells_lib.SMOKE_STEPS
+    chex.assert_trees_all_equal(again.params, ended.params)
+  assert restore.restore_params(os.path.join(kept, "seed1")).config.seed == 1
+  state_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in
+                    os.walk(os.path.join(workdir, "checkpoints", str(cells_lib.SMOKE_STEPS)))
+                    for f in fs)
+  assert 0 < sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(kept)
+                 for f in fs) < state_bytes / 2  # Params alone: Adam's moments are 2/3.
+  shutil.rmtree(workdir)  # Another machine: only the committed files (cell + params).
+  (probe,) = _campaign(tmp_path, smoke[:1]).run()
+  assert probe.status == "finished", probe
+  decoding = records.read(records.path_of(results, "smoke_sraven_decoding_hyla"))
+  assert [m["name"] for m in decoding["members"]] == ["seed0", "seed1"]
+  assert len(decoding["members"][0]["feature_sets"]) >= 2  # One per layer at least.
+  bench = records.read(records.path_of(results, "smoke_c4_step"))
+  assert [r["label"] for r in bench["rows"]] == ["softmax", "hyla"]
+  assert all(r["experiment"] == "c4_lm" and r["tokens_per_s"] > 0 for r in bench["rows"])
+  table = report.benchmark_text(records.read_all(results)).splitlines()
+  assert [line.split(" | ")[3:6] for line in table[2:]] == [
+      ["random tokens", "softmax", "16"], ["random tokens", "hyla", "16"]]
+  text = report.decoding_text(records.read_all(results))
+  assert "smoke_sraven_decoding_hyla | seed0" in text
+
+
+def _cli(*args, cwd=REPO):
+  return subprocess.run([sys.executable, "-m", "launch.campaign", *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cells=z_*", "--budget_minutes=5"], "--cells='z_*' matches no cell"),
+    (["--budget_minutes=0"], "--budget_minutes=0.0; allowed: a number of minutes > 0"),
+    (["--budget_minutes=nan"], "--budget_minutes=nan"),
+    ([], "--budget_minutes is required"),
+    (["--budget_minutes=5", "--redo=a_fuzzy_hyla_seed9"], "--redo=a_fuzzy_hyla_seed9"),
+    (["--budget_minutes=5", "--results_dir=/dev/null/x"], "not writable"),
+])
+def test_bad_input_is_one_line_before_any_work(tmp_path, args, message):
+  out = _cli(*args, f"--root={tmp_path / 'root'}", "--set=paper", "--device_kind=cpu")
+  assert out.returncode == 2, out.stderr
+  assert message in out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert not (tmp_path / "root").exists()
+
+
+def test_a_corrupt_cell_file_stops_the_runner_and_is_kept(tmp_path):
+  bad = tmp_path / "a_fuzzy_hyla_seed0.json"
+  bad.write_text("{not json")
+  out = _cli("--budget_minutes=5", f"--results_dir={tmp_path}", f"--root={tmp_path / 'root'}")
+  assert out.returncode == 2 and "a_fuzzy_hyla_seed0.json" in out.stderr
+  assert bad.read_text() == "{not json"
+  assert not (tmp_path / "root").exists()
+
+
+def test_failed_cell_outcome_quotes_the_tools_one_line_error(tmp_path):
+  """A cell that exits with an error names the tool's own last line (its one-line refusal),
+  not only the log's path: the g cell's unreadable gs:// vocabulary, say."""
+  log = tmp_path / "benchmark.log"
+  log.write_text("Traceback? no\nW0000 some native warning\n"
+                 "benchmark_training.py: error: vocabulary file 'gs://x' cannot be read here\n\n")
+  assert runner._last_line(str(log)) == (
+      "benchmark_training.py: error: vocabulary file 'gs://x' cannot be read here")
+  log.write_text("x" * 1000 + "\n")
+  assert runner._last_line(str(log), limit=10) == "x" * 10 + "..."
+  assert runner._last_line(str(tmp_path / "absent.log")) == "no log"
+
+
+def test_decoding_verdict_needs_every_control():
+  """'decodes' only above the best chance level, the untrained code and the permutation null."""
+  def layer(score, step0, p):
+    chance = {"always_positive": 0.28, "stratified": 0.16}
+    return {"trained": {"macro_f1": score, "chance": chance, "p_value": p},
+            "step0": {"macro_f1": step0, "chance": chance}}
+  assert report._verdict(layer(0.40, 0.30, 0.01)) == "**decodes**"
+  assert report._verdict(layer(0.27, 0.20, 0.01)) == "no"   # below always-positive chance
+  assert report._verdict(layer(0.40, 0.45, 0.01)) == "no"   # below the untrained code
+  assert report._verdict(layer(0.40, 0.30, 0.20)) == "no"   # permutation null not rejected
+  multiclass = layer(0.40, 0.30, {"accuracy": 0.01, "balanced_accuracy": 0.5})
+  assert report._verdict(multiclass) == "**decodes**"       # SRAVEN: the accuracy's p
+
+
+def test_probe_estimate_learns_from_finished_probe_cells():
+  """A probe cell's estimate is twice the longest finished one like it, else the allowance."""
+  cell = next(c for c in cells_lib.CELLS if c.name == "c_fuzzy_decoding_hyla_seed0")
+  assert plan.estimate(cell, "cpu", []).source == "allowance"
+  done = [{"kind": "probe", "experiment": cell.experiment, "device": {"kind": "cpu"},
+           "wall_s": 60.0},
+          {"kind": "probe", "experiment": cell.experiment, "device": {"kind": "cpu"},
+           "wall_s": 90.0},
+          {"kind": "probe", "experiment": cell.experiment, "device": {"kind": "TPU v5e"},
+           "wall_s": 900.0}]
+  est = plan.estimate(cell, "cpu", done)
+  assert est.minutes == pytest.approx(3.0) and est.source == "measured: 2 cell(s) on cpu"
