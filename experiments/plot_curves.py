@@ -11,9 +11,9 @@ import os
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import curves
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import curves
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.", required=True)
 _TAGS = flags.DEFINE_list("tags", ["train/loss", "validation/loss"], "Scalars to plot.")

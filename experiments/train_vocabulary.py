@@ -19,10 +19,10 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import config_lib
 from hypernet_attention.tasks import c4
-from hypernet_attention.train import checks
-from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),

@@ -17,13 +17,13 @@ import sys
 import ml_collections
 import pytest
 
+from hypernet_attention.runs import check_config
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.tasks import sraven
-from hypernet_attention.train import check_config
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import population
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -332,7 +332,7 @@ def _tool_inputs(tmp) -> None:
   (tmp / "bad_syntax.py").write_text("x = (\n")
   (tmp / "no_get.py").write_text("X = 1\n")
   (tmp / "unregistered.py").write_text(
-      "from hypernet_attention.train import config_lib\n"
+      "from hypernet_attention.runs import config_lib\n"
       "def get_config(arg=None):\n  return config_lib.base_config(experiment='unregistered')\n")
   (tmp / "existing.model").write_text("keep me")
   (tmp / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))

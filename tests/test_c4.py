@@ -20,8 +20,9 @@ import tensorflow_datasets as tfds
 
 from experiments.configs import c4_lm as c4_config
 from hypernet_attention import transformer
+from hypernet_attention.runs import config_lib
 from hypernet_attention.tasks import c4
-from hypernet_attention.train import config_lib
+from hypernet_attention.train import build
 from hypernet_attention.train import state as state_lib
 
 import c4_testlib
@@ -254,7 +255,7 @@ def test_sequence_length_above_max_len_is_refused():
 
 def _count_params(size, tied):
   config = c4_config.get_config(f"model=hyla,size={size}")
-  model_config = config_lib.transformer_config(
+  model_config = build.transformer_config(
       config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000,
       tied_embedding=tied)
   shapes = jax.eval_shape(lambda: tl.token_model_params(model_config))

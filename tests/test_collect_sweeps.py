@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_lib
 from launch import collect
 
 # (num_examples: the setting that tells the two sweeps apart, attention, seed) -> OOD r2.

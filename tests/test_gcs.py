@@ -23,10 +23,10 @@ import chex
 import fsspec
 import pytest
 
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -116,7 +116,7 @@ def test_json_round_trip_in_the_bucket(gcs):
 @pytest.mark.slow
 def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   del gcs
-  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import curves  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   from launch import collect  # pylint: disable=g-import-not-at-top
   workdir = "gs://bucket/sweep/sraven_hyla"

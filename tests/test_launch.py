@@ -14,12 +14,12 @@ import tarfile
 import jax
 import pytest
 
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
-from hypernet_attention.train import workdir as workdir_lib
 from launch import jobs
 from launch import sweeps
 from launch import xm_launch
@@ -80,7 +80,7 @@ def test_registry_records_resolve_and_agree_with_their_objectives():
 
 def test_registry_command_line_for_shell_launchers():
   def run(*args):
-    return subprocess.run([sys.executable, "-m", "hypernet_attention.train.registry", *args],
+    return subprocess.run([sys.executable, "-m", "hypernet_attention.runs.registry", *args],
                           capture_output=True, text=True, cwd=tl.REPO, env=tl.subprocess_env())
   assert run("sraven").stdout.split() == ["experiments/sraven_scaling.py",
                                           "experiments/configs/sraven.py"]
@@ -109,7 +109,7 @@ def test_every_sweep_point_is_a_valid_distinct_config(name):
       objectives.build(config)  # Task arguments are valid.
     if model_key not in models_built:
       models_built.add(model_key)
-      config_lib.transformer_config(model, input_kind="dense")  # Presets, widths, MoE.
+      build.transformer_config(model, input_kind="dense")  # Presets, widths, MoE.
   assert max(seen.values()) == 1, "two jobs of the sweep would run the same config"
   assert len({jobs.point_name(p) for p in points}) == len(points)
 

@@ -1,5 +1,5 @@
 """`launch/tpu_pod.sh` and `launch/slurm.sh` check their arguments on the launching machine
-(`python -m hypernet_attention.train.check_config`) before anything is copied, installed or
+(`python -m hypernet_attention.runs.check_config`) before anything is copied, installed or
 submitted: fake `gcloud`, `sbatch` and `srun` on PATH record whether they were called."""
 
 import subprocess
@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from test_launch import _fake_tools  # pylint: disable=g-bad-import-order
 
-from hypernet_attention.train import check_config
+from hypernet_attention.runs import check_config
 
 import train_testlib as tl
 

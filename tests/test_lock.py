@@ -1,4 +1,4 @@
-"""One writer per workdir (`train/lock.py`), writability at the start, a failed save.
+"""One writer per workdir (`runs/lock.py`), writability at the start, a failed save.
 
 Unit cases run in-process on the lock alone (no training); the race starts a real trainer
 and a second one on its workdir.
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import lock
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import lock
 from hypernet_attention.train import loop
 
 import train_testlib as tl
@@ -138,7 +138,7 @@ def test_failed_save_stops_the_run_at_once(tmp_path):
              workdir / "checkpoints")
   if os.geteuid() != 0:
     os.chmod(tmp_path, 0o555)
-  program = ("import sys; from hypernet_attention.train import lock, cli; "
+  program = ("import sys; from hypernet_attention.runs import lock, cli; "
              "lock.check_writable = lambda d: None; "  # As if it broke after the start.
              "sys.argv[0] = 'sraven_scaling.py'; "
              "import runpy; runpy.run_path('experiments/sraven_scaling.py', "

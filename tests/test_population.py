@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from hypernet_attention.runs import config_lib
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import population
 from hypernet_attention.train import restore

@@ -18,7 +18,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 

@@ -1,4 +1,4 @@
-"""One record per experiment (`train/registry.py`): a task added as one record trains.
+"""One record per experiment (`runs/registry.py`): a task added as one record trains.
 
 A toy on-device task is defined here, with its config (`get_config` below, so this file is
 its config file) and objective; registering its `Experiment` record is the only other
@@ -20,11 +20,11 @@ import pytest
 
 from hypernet_attention import errors
 from hypernet_attention.probing import extract
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import registry
 from hypernet_attention.train import data
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
 import train_testlib as tl

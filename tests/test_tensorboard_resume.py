@@ -10,7 +10,7 @@ import os
 import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 
-from hypernet_attention.train import curves
+from hypernet_attention.runs import curves
 from hypernet_attention.train import loop
 
 import train_testlib as tl

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -253,7 +253,7 @@ def test_fresh_workdir_is_timestamped_under_workdirs():
 
 def test_unknown_model_field_is_a_value_error():
   with pytest.raises(ValueError, match="unknown model config keys.*'nope'"):
-    config_lib.transformer_config({"attention": "hyla", "nope": 1})
+    build.transformer_config({"attention": "hyla", "nope": 1})
 
 
 def test_workdir_guard_ignores_only_resume_free_keys(tmp_path):

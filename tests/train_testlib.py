@@ -24,8 +24,8 @@ if REPO not in sys.path:
 from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402, F401
 from experiments.configs import sraven as sraven_config  # noqa: E402, F401
 from hypernet_attention import transformer  # noqa: E402
-from hypernet_attention.train import config_lib  # noqa: E402
-from hypernet_attention.train import registry  # noqa: E402
+from hypernet_attention.runs import config_lib  # noqa: E402
+from hypernet_attention.runs import registry  # noqa: E402
 
 # pylint: enable=wrong-import-position
 

@@ -33,7 +33,7 @@ PARAMS (size=50m, vocabulary of V=32,000 pieces, E=512, L=6, M=2048):
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_lib
 
 SIZES = ("50m", "local", "smoke")
 # T5's public 32k SentencePiece model trained on C4 (pad=0, eos=1, unk=2); 32,000 pieces.

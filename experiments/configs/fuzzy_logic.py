@@ -30,7 +30,7 @@ Command:
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_lib
 
 SIZES = ("paper", "local", "smoke")
 

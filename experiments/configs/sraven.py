@@ -29,7 +29,7 @@ Command (paper size, one run of the scaling grid):
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_lib
 
 SIZES = ("paper", "demo", "local", "smoke")
 

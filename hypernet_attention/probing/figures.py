@@ -25,7 +25,7 @@ from sklearn import decomposition  # pylint: disable=g-import-not-at-top,wrong-i
 from sklearn import manifold  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from hypernet_attention.probing import stats  # pylint: disable=wrong-import-position
-from hypernet_attention.train import workdir as workdir_lib  # pylint: disable=wrong-import-position
+from hypernet_attention.runs import workdir as workdir_lib  # pylint: disable=wrong-import-position
 
 DPI = 80
 

@@ -25,8 +25,8 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import figures
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights as weights_lib
-from hypernet_attention.train import run_files
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import run_files
+from hypernet_attention.runs import workdir as workdir_lib
 
 ALL_LAYERS = "all layers"
 

@@ -35,8 +35,8 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import data as data_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler,
                      data=data_lib.DataIteratorHandler)

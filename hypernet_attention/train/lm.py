@@ -12,20 +12,20 @@ import ml_collections
 
 from hypernet_attention import decoding
 from hypernet_attention import errors
-from hypernet_attention.train import console
+from hypernet_attention.runs import console
 
 console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, which logs natively.
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import objectives
 from hypernet_attention.train import restore
 from hypernet_attention.train import sharding
-from hypernet_attention.train import workdir as workdir_lib
 
 
 def _vocabulary(objective) -> Any:

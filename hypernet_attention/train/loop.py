@@ -20,24 +20,26 @@ from typing import Any, Callable, Optional, Protocol
 from absl import logging
 from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import console
+from hypernet_attention.runs import events
+from hypernet_attention.runs import lock
+from hypernet_attention.runs import run_files
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import console
-from hypernet_attention.train import events
-from hypernet_attention.train import lock
 from hypernet_attention.train import memory
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
-from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 Trainer = trainer_lib.Trainer  # Its old home: tests and tools build one from here.
 
@@ -141,12 +143,14 @@ def session(config: ml_collections.ConfigDict, workdir: str,
       try:
         check(workdir, False)
         first_chunk = fits()
-        check(workdir, True)
+        check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
+        multihost_utils.sync_global_devices("check_workdir")
       except errors.BadInput:
         raise
       except ValueError as e:
         raise errors.BadInput(str(e)) from e
-    with lock.hold(workdir) as held, _debug_nans(config.get("debug_nans", False)):
+    agree = _chief_outcome if jax.process_count() > 1 else None
+    with lock.hold(workdir, is_chief, agree) as held, _debug_nans(config.get("debug_nans", False)):
       if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
         lock.check_writable(checkpoints)
       ckpt = checkpointing.Checkpointer(
@@ -156,6 +160,11 @@ def session(config: ml_collections.ConfigDict, workdir: str,
         yield Session(workdir, watcher, ckpt, held.release, first_chunk)
       finally:
         ckpt.close()
+
+
+def _chief_outcome(held: bool) -> bool:
+  """Process 0's `held`, on every process (the lock's outcome: all refuse together)."""
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(held)))
 
 
 def _next_boundary(step: int, config, steps_per_loop: int) -> int:

@@ -43,13 +43,13 @@ from jax.sharding import PartitionSpec as P
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import checks
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
-from hypernet_attention.train import run_files
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib

@@ -28,14 +28,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from hypernet_attention.train import console
-from hypernet_attention.train import events
+from hypernet_attention.runs import console
+from hypernet_attention.runs import events
+from hypernet_attention.runs import run_files
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
-from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 
 def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:

@@ -23,12 +23,12 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from hypernet_attention.runs import run_files
+from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
 from hypernet_attention.train import population
-from hypernet_attention.train import run_files
-from hypernet_attention.train import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 from typing import Any, Optional
 
-from hypernet_attention.train import registry
+from hypernet_attention.runs import registry
 from launch import grouping
 from launch import sweeps
 from launch.sweeps import common

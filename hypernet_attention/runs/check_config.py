@@ -1,6 +1,6 @@
 r"""Checks a run's config on the launching machine, before anything is copied or started.
 
-  python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG WORKDIR \
+  python -m hypernet_attention.runs.check_config EXPERIMENT CONFIG_ARG WORKDIR \
       [--config.key=value ...]
 
 Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
@@ -21,9 +21,9 @@ from typing import Sequence
 import ml_collections
 
 from hypernet_attention import errors
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import registry
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import registry
 
 
 def _value(node, text: str):
@@ -74,7 +74,7 @@ def check(experiment: str, config_arg: str, workdir: str,
 
 def main(argv: Sequence[str]) -> int:
   if len(argv) < 3:
-    print("usage: python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG "
+    print("usage: python -m hypernet_attention.runs.check_config EXPERIMENT CONFIG_ARG "
           "WORKDIR [--config.key=value ...]", file=sys.stderr)
     return 2
   try:

@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from hypernet_attention.errors import BadInput
-from hypernet_attention.train import registry
-from hypernet_attention.train.run_files import MEMBER_KEYS
+from hypernet_attention.runs import registry
+from hypernet_attention.runs.run_files import MEMBER_KEYS
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
 POSITIVE_FIELDS = (

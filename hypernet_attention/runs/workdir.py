@@ -10,33 +10,31 @@ import os
 from typing import Any, Callable, Optional
 
 from etils import epath
-import jax
-from jax.experimental import multihost_utils
 import ml_collections
 
-from hypernet_attention.train.run_files import CEILINGS  # noqa: F401
-from hypernet_attention.train.run_files import CHECKPOINTS  # noqa: F401
+from hypernet_attention.runs.run_files import CEILINGS  # noqa: F401
+from hypernet_attention.runs.run_files import CHECKPOINTS  # noqa: F401
 
 # Re-exported: the training code reads them from here.
-from hypernet_attention.train.run_files import CONFIG  # noqa: F401
-from hypernet_attention.train.run_files import CORRUPT_CHECKPOINTS  # noqa: F401
-from hypernet_attention.train.run_files import FINAL_PARAMS  # noqa: F401
-from hypernet_attention.train.run_files import FINAL_PARAMS_RECORD  # noqa: F401
-from hypernet_attention.train.run_files import POPULATION_SUMMARY  # noqa: F401
-from hypernet_attention.train.run_files import RESUME_FREE_KEYS  # noqa: F401
-from hypernet_attention.train.run_files import SUMMARY  # noqa: F401
-from hypernet_attention.train.run_files import config_to_json  # noqa: F401
-from hypernet_attention.train.run_files import find_runs  # noqa: F401
-from hypernet_attention.train.run_files import flatten  # noqa: F401
-from hypernet_attention.train.run_files import is_finished  # noqa: F401
-from hypernet_attention.train.run_files import is_remote  # noqa: F401
-from hypernet_attention.train.run_files import path  # noqa: F401
-from hypernet_attention.train.run_files import read_config  # noqa: F401
-from hypernet_attention.train.run_files import read_json  # noqa: F401
-from hypernet_attention.train.run_files import read_summary  # noqa: F401
-from hypernet_attention.train.run_files import write_bytes  # noqa: F401
-from hypernet_attention.train.run_files import write_json  # noqa: F401
-from hypernet_attention.train.run_files import write_summary  # noqa: F401
+from hypernet_attention.runs.run_files import CONFIG  # noqa: F401
+from hypernet_attention.runs.run_files import CORRUPT_CHECKPOINTS  # noqa: F401
+from hypernet_attention.runs.run_files import FINAL_PARAMS  # noqa: F401
+from hypernet_attention.runs.run_files import FINAL_PARAMS_RECORD  # noqa: F401
+from hypernet_attention.runs.run_files import POPULATION_SUMMARY  # noqa: F401
+from hypernet_attention.runs.run_files import RESUME_FREE_KEYS  # noqa: F401
+from hypernet_attention.runs.run_files import SUMMARY  # noqa: F401
+from hypernet_attention.runs.run_files import config_to_json  # noqa: F401
+from hypernet_attention.runs.run_files import find_runs  # noqa: F401
+from hypernet_attention.runs.run_files import flatten  # noqa: F401
+from hypernet_attention.runs.run_files import is_finished  # noqa: F401
+from hypernet_attention.runs.run_files import is_remote  # noqa: F401
+from hypernet_attention.runs.run_files import path  # noqa: F401
+from hypernet_attention.runs.run_files import read_config  # noqa: F401
+from hypernet_attention.runs.run_files import read_json  # noqa: F401
+from hypernet_attention.runs.run_files import read_summary  # noqa: F401
+from hypernet_attention.runs.run_files import write_bytes  # noqa: F401
+from hypernet_attention.runs.run_files import write_json  # noqa: F401
+from hypernet_attention.runs.run_files import write_summary  # noqa: F401
 
 
 def _is_off(value: Any) -> bool:
@@ -112,21 +110,20 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
                      "to mix runs: use a fresh --workdir")
   if not record:
     return
-  if jax.process_index() == 0:
-    try:
-      root.mkdir(parents=True, exist_ok=True)
-      if old is None:
-        write_json(root / CONFIG, new)
-      elif not is_remote(root) and not os.access(root, os.W_OK):
-        raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
-    except OSError as e:
-      raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
-                       "directory you can write to") from None
-  multihost_utils.sync_global_devices("check_workdir")
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+    if old is None:
+      write_json(root / CONFIG, new)
+    elif not is_remote(root) and not os.access(root, os.W_OK):
+      raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
+  except OSError as e:
+    raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
+                     "directory you can write to") from None
 
 
-def cached_json(p: epath.PathLike, compute: Callable[[], Any]) -> Any:
-  """`p`'s contents if it exists, else `compute()`, written to `p` by process 0.
+def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = True) -> Any:
+  """`p`'s contents if it exists, else `compute()`, written to `p` if `write` (by one
+  process of a multi-process run: the caller passes `jax.process_index() == 0`).
 
   For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
   without recomputing them.
@@ -135,6 +132,6 @@ def cached_json(p: epath.PathLike, compute: Callable[[], Any]) -> Any:
   if cached is not None:
     return cached
   value = compute()
-  if jax.process_index() == 0:
+  if write:
     write_json(p, value)
   return value

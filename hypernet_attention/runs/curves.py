@@ -14,7 +14,7 @@ import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import workdir as workdir_lib
 
 
 def read_scalars(workdir: str, tags: Optional[Sequence[str]] = None

@@ -15,7 +15,7 @@ JAX-dependent parts (objective builder, trainer, memory estimate, probe setting)
 in place (a test) may give the object itself instead. Paths of files are relative to the
 repository root, as the launchers' commands use them.
 
-  python -m hypernet_attention.train.registry sraven   # prints: script config_file
+  python -m hypernet_attention.runs.registry sraven   # prints: script config_file
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def names(**where: Any) -> list[str]:
 
 def main(argv: list[str]) -> int:
   if len(argv) != 1:
-    print(f"usage: python -m hypernet_attention.train.registry NAME; names: "
+    print(f"usage: python -m hypernet_attention.runs.registry NAME; names: "
           f"{', '.join(EXPERIMENTS)}", file=sys.stderr)
     return 2
   try:

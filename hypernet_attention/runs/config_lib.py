@@ -7,15 +7,14 @@ is allowed, raised before anything runs.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
 from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported for callers of old)
-from hypernet_attention.train import checks
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import checks
+from hypernet_attention.runs import run_files
 
 # Re-exported for callers of old: population checks and the bucket-path check live in
 # `checks.py` and `run_files.py`.
@@ -82,24 +81,6 @@ def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = 
       raise ValueError(
           f"config argument {key}={result[key]!r} is not allowed; choose from {list(values)}")
   return ml_collections.ConfigDict(result)
-
-
-def transformer_config(model: Mapping[str, Any], **overrides: Any):
-  """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
-  fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
-  kwargs = dict(model)
-  kwargs.update(overrides)
-  unknown = sorted(set(kwargs) - fields)
-  if unknown:
-    raise ValueError(f"unknown model config keys {unknown}; allowed: {sorted(fields)}")
-  for key in ("dtype", "param_dtype"):
-    if isinstance(kwargs.get(key), str):
-      kwargs[key] = jnp.dtype(kwargs[key])
-  checks.check_preset(kwargs["attention"])
-  return transformer.TransformerConfig(**kwargs)
 
 
 def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:

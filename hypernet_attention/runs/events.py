@@ -28,7 +28,7 @@ from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary
 from tensorboard.summary.writer import record_writer
 
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import workdir as workdir_lib
 
 
 class EventsWriter:
