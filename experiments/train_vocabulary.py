@@ -19,9 +19,9 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from hypernet_attention.runs import checks
 from hypernet_attention.runs import cli
-from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import c4
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -33,8 +33,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it exist
 
 def main(argv):
   del argv
-  checks.validate(_CONFIG.value)
-  output = config_lib.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
+  config_checks.validate(_CONFIG.value)
+  output = run_files.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
   task = _CONFIG.value.task
   print(f"training a {task.vocab_size}-piece vocabulary on the first "
         f"{task.vocab_documents} {task.name} training documents ...", flush=True)

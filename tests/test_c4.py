@@ -19,8 +19,8 @@ import seqio
 import tensorflow_datasets as tfds
 
 from experiments.configs import c4_lm as c4_config
+from hypernet_attention import errors
 from hypernet_attention import transformer
-from hypernet_attention.runs import config_lib
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
 from hypernet_attention.train import state as state_lib
@@ -158,7 +158,7 @@ def _error_line(error):
 
 
 def test_missing_c4_data_names_the_directory_and_both_remedies(corpus, tmp_path):
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(name="c4_lm", data_dir=str(tmp_path / "tfds"),
                                vocabulary=corpus["vocabulary"]))
   message = _error_line(error)
@@ -171,7 +171,7 @@ def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
   path = tmp_path / "vocabulary.model"
   if kind == "not_a_model":
     path.write_bytes(b"not a sentencepiece model")
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=corpus["train"],
                                validation_files=corpus["validation"], vocabulary=str(path)))
   assert str(path) in _error_line(error) and "SentencePiece" in _error_line(error)
@@ -189,7 +189,7 @@ def test_unreachable_bucket_vocabulary_is_one_clear_line(corpus, monkeypatch):
     return os.path.exists(p)
 
   monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=corpus["train"],
                                validation_files=corpus["validation"], vocabulary=path))
   message = _error_line(error)
@@ -201,7 +201,7 @@ def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
   (tmp_path / "a.txt").write_text("")
   (tmp_path / "b.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
   pattern = {"empty": "a.txt", "no_match": "c*.txt", "mixed": "*"}[kind]
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=str(tmp_path / pattern),
                                validation_files=corpus["validation"],
                                vocabulary=corpus["vocabulary"]))
@@ -229,7 +229,7 @@ BAD_TEXT = {
 def test_corpus_that_is_not_text_is_one_line_naming_the_file(tmp_path, kind):
   name, data, message = BAD_TEXT[kind]
   (tmp_path / name).write_bytes(data)
-  with pytest.raises(config_lib.BadInput, match=re.escape(message)) as error:
+  with pytest.raises(errors.BadInput, match=re.escape(message)) as error:
     c4.text_files(str(tmp_path / name), "train")
   assert (kind.startswith("blank") or str(tmp_path / name) in str(error.value)
           and "\n" not in str(error.value))

@@ -220,7 +220,7 @@ def test_a_run_from_before_split_draw_still_resumes(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
 
   from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.runs import workdir  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import run_files as workdir  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=smoke')
   workdir.check(str(tmp_path), config)
   old = json.loads((tmp_path / workdir.CONFIG).read_text())

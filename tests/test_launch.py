@@ -14,9 +14,9 @@ import tarfile
 import jax
 import pytest
 
-from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
-from hypernet_attention.runs import workdir as workdir_lib
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import objectives
 from hypernet_attention.train import runtime
@@ -51,7 +51,7 @@ def _resolve(experiment, point):
   point = dict(point)
   config = registry.get(experiment).get_config(point.pop("config"))
   for key, value in point.items():
-    config_lib.set_dotted(config, key, value)
+    config_checks.set_dotted(config, key, value)
   return config
 
 
@@ -286,12 +286,12 @@ def test_initialize_joins_only_named_clusters(monkeypatch, env, joins):
 def test_workdir_guard_with_split_seed(tmp_path):
   """config.json records split_seed None; the same config resumes, a fixed split does not."""
   config = tl.smoke("fuzzy_logic")
-  workdir_lib.check(str(tmp_path), config)
+  run_files.check(str(tmp_path), config)
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["task"]["split_seed"] is None
-  workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic"))
+  run_files.check(str(tmp_path), tl.smoke("fuzzy_logic"))
   with pytest.raises(ValueError, match="task.split_seed: None -> 0"):
-    workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
+    run_files.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
 
 
 def test_paper_sweeps_group_into_populations():

@@ -2,7 +2,7 @@
 
 Everything that differs between experiments and is not in the config file sits in its
 record, and everything that needs it reads the record: the entry points (which trainer),
-`objectives.build` (the objective), `checks` (population support, the task's host memory),
+`objectives.build` (the objective), `config_checks` (population support, the task's host memory),
 `probing.extract` (the probe setting), the launchers and campaign (entry point, config file,
 config template, main metric). No other module keys a table by an experiment's name, so
 adding a task is three files: `tasks/<name>.py`, `experiments/configs/<name>.py` and one

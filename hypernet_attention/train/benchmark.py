@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
-from hypernet_attention.runs import config_lib
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
@@ -72,7 +72,7 @@ def model_config(experiment: str, spec: str, size: str,
   for text, flag, allowed in flags:
     for key, value in parse_overrides(text, flag, allowed):
       try:
-        config_lib.set_dotted(config, key, value)
+        config_checks.set_dotted(config, key, value)
       except (ValueError, TypeError) as e:
         raise errors.BadInput(f"{flag}: {e}") from None
   return config

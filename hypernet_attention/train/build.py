@@ -20,7 +20,7 @@ import numpy as np
 
 from hypernet_attention import errors
 from hypernet_attention import transformer
-from hypernet_attention.runs import checks
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import data
 from hypernet_attention.train import objectives
@@ -62,8 +62,8 @@ def setup(config: ml_collections.ConfigDict, devices=None,
 
 
 def _setup(config: ml_collections.ConfigDict, devices, member_of_population: bool) -> Setup:
-  checks.validate(config)
-  checks.check_task_memory(config)
+  config_checks.validate(config)
+  config_checks.check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   if mesh.shape["member"] > 1 and not member_of_population:
@@ -104,7 +104,7 @@ def transformer_config(model: Mapping[str, Any], **overrides: Any):
   for key in ("dtype", "param_dtype"):
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
-  checks.check_preset(kwargs["attention"])
+  config_checks.check_preset(kwargs["attention"])
   return transformer.TransformerConfig(**kwargs)
 
 

@@ -16,9 +16,8 @@ from hypernet_attention.runs import console
 
 console.import_tensorflow_quietly()  # Before seqio and c4 load TensorFlow, which logs natively.
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from hypernet_attention.runs import checks
-from hypernet_attention.runs import config_lib
-from hypernet_attention.runs import workdir as workdir_lib
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import build
 from hypernet_attention.train import data
@@ -40,13 +39,13 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """What can be refused before the corpus and vocabulary are written into `workdir`:
   the config's values, the row length, and a workdir holding another experiment's run.
   Returns the workdir as the run uses it (`~` expanded)."""
-  checks.validate(config)
+  config_checks.validate(config)
   if config.task.name == objectives.SYNTHETIC_LM:
     raise errors.BadInput(
         f"config.task.name={objectives.SYNTHETIC_LM!r} is random tokens for "
         f"experiments/benchmark_training.py only (nothing to learn, no text to sample); "
         f"allowed for training: {', '.join(c4.TASKS)}")
-  workdir = config_lib.workdir_path(workdir)
+  workdir = run_files.workdir_path(workdir)
   length = config.task.sequence_length
   if isinstance(length, bool) or not isinstance(length, int) or length < 2:
     raise errors.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
@@ -60,11 +59,11 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       data.local_batch_size(size, key)
   except ValueError as e:
     raise errors.BadInput(str(e)) from None
-  root = workdir_lib.path(workdir)
+  root = run_files.path(workdir)
   if root.exists() and not root.is_dir():
     raise errors.BadInput(f"--workdir={workdir!r} is a file, not a directory")
   try:
-    recorded = workdir_lib.read_config(workdir)
+    recorded = run_files.read_config(workdir)
   except ValueError as e:
     raise errors.BadInput(str(e)) from None
   if recorded is not None and recorded.get("experiment") != config.experiment:

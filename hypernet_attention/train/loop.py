@@ -25,12 +25,10 @@ import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
-from hypernet_attention.runs import config_lib
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
 from hypernet_attention.runs import lock
 from hypernet_attention.runs import run_files
-from hypernet_attention.runs import workdir as workdir_lib
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import memory
@@ -82,7 +80,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     s = build.setup(config, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     target, members = s.restore_target(), 1
-    check = lambda w, record: workdir_lib.check(w, config, record=record)
+    check = lambda w, record: run_files.check(w, config, record=record)
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 
   def fits() -> FirstChunk:
@@ -130,10 +128,10 @@ def session(config: ml_collections.ConfigDict, workdir: str,
   exits at once), then the guard again, recording the config; then the one-writer lock
   (`lock.py`), a writable checkpoints/ and the checkpointer; all released on any exit. Single
   runs and populations (`population_loop.py`) train inside one."""
-  workdir = config_lib.workdir_path(workdir)
-  checkpoints = str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS)
+  workdir = run_files.workdir_path(workdir)
+  checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)
   is_chief = jax.process_index() == 0
-  checked = is_chief and workdir_lib.path(checkpoints).is_dir()
+  checked = is_chief and run_files.path(checkpoints).is_dir()
   if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
   # The signal handlers first: a SIGTERM from here on is a preemption.
@@ -281,7 +279,7 @@ class SingleRun:
   def finished(self, state):
     if not run_files.is_finished(self.workdir):
       return None
-    summary = workdir_lib.read_summary(self.workdir)
+    summary = run_files.read_summary(self.workdir)
     logging.info("%s already holds a finished run (step %d); nothing to do", self.workdir,
                  summary["step"])
     return {**summary, "state": state}
@@ -340,7 +338,7 @@ class SingleRun:
                **self.last_train, **self.eval_metrics, **self.ceilings}
     if step >= self.config.num_train_steps:
       if jax.process_index() == 0:
-        workdir_lib.write_summary(self.workdir, summary)
+        run_files.write_summary(self.workdir, summary)
       logging.info("%s", _result_line(summary, self.main_metric, self.workdir))
     return {**summary, "state": state}
 
@@ -370,7 +368,7 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
                   else ", close to chance: train longer or larger"))
   return (f"Result: {', '.join(parts)}{meaning}; after {summary['step']:,} steps in "
           f"{console.duration(summary['wall_time_s'])}. Summary: "
-          f"{workdir_lib.path(workdir) / workdir_lib.SUMMARY}; TensorBoard: tensorboard "
+          f"{run_files.path(workdir) / run_files.SUMMARY}; TensorBoard: tensorboard "
           f"--logdir {workdir}")
 
 

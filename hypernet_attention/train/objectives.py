@@ -29,7 +29,7 @@ import optax
 
 from hypernet_attention.runs import console
 from hypernet_attention.runs import registry
-from hypernet_attention.runs import workdir as workdir_lib
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import data
 
 
@@ -108,7 +108,7 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
                  ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
     return ceilings
 
-  return workdir_lib.cached_json(workdir_lib.path(workdir) / workdir_lib.CEILINGS, estimate,
+  return run_files.cached_json(run_files.path(workdir) / run_files.CEILINGS, estimate,
                                 write=jax.process_index() == 0)
 
 

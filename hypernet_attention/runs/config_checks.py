@@ -3,7 +3,7 @@
 `validate(config)` takes the values the config alone decides: types, ranges, finiteness,
 the run's schedule and intervals, the attention preset. It runs in `build.setup` (every
 training run and population member), in the language-model entry point and on the
-launching machine (`check_config.py`, before anything is copied or submitted), so each
+launching machine (`preflight.py`, before anything is copied or submitted), so each
 message is written once. `check_task_memory` weighs the task's tables against this host's
 memory. Checks that need the devices (mesh, batch divisibility) stay with the mesh
 (`sharding.py`, `data.py`). A population's members are checked here too, each as the
