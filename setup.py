@@ -23,7 +23,7 @@ BASE = [
     "chex>=0.1.92,<0.2",
     "orbax-checkpoint>=0.12.8,<0.13",
     "etils[epath]>=1.7",  # workdir I/O: local paths and gs:// alike
-    "fsspec>=2026.9",  # epath's gs:// backend without TensorFlow (train/workdir.py)
+    "fsspec>=2026.9",  # epath's gs:// backend without TensorFlow (runs/run_files.py)
     "ml-collections>=1.1,<2",
     "clu==0.0.12",
     # TensorBoard event files are written without TensorFlow (it is only in [lm]).

@@ -30,9 +30,9 @@ import jax
 
 from hypernet_attention.ops import benchmark
 from hypernet_attention.ops import parity
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import memory
-from hypernet_attention.train import run_files
 
 PARITY_FAILED_EXIT_CODE = 1
 

@@ -41,11 +41,11 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention.runs import cli  # noqa: E402
+from hypernet_attention.runs import console  # noqa: E402
+from hypernet_attention.runs import registry  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
-from hypernet_attention.train import cli  # noqa: E402
-from hypernet_attention.train import console  # noqa: E402
 from hypernet_attention.train import objectives  # noqa: E402
-from hypernet_attention.train import registry  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import os
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from hypernet_attention.train import lm
 from hypernet_attention.train import runtime
 

@@ -10,7 +10,7 @@ one per finished cell (`hypernet_attention/train/export_params.py`).
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from hypernet_attention.train import export_params
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)

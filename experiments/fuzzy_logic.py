@@ -6,7 +6,7 @@ With no flags: HYLA at `size=local` into ./workdirs/fuzzy_logic_<time>. Rerunnin
 same --workdir resumes; multi-process flags as in sraven_scaling.py.
 """
 
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from hypernet_attention.train import runtime
 
 main = runtime.experiment_main("fuzzy_logic")  # experiments/train.py with this default --config.

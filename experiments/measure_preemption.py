@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 # pylint: disable-next=wrong-import-position
-from hypernet_attention.train import registry  # noqa: E402  (no JAX)
+from hypernet_attention.runs import registry  # noqa: E402  (no JAX)
 
 TASKS = registry.names(on_device=True)  # Synthetic tasks: a paper-size run starts at once.
 # SRAVEN's accuracy ceilings take minutes before training; no other task estimates any.

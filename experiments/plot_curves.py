@@ -11,9 +11,9 @@ import os
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import curves
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import curves
+from hypernet_attention.runs import run_files
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory.", required=True)
 _TAGS = flags.DEFINE_list("tags", ["train/loss", "validation/loss"], "Scalars to plot.")
@@ -28,7 +28,7 @@ def main(argv):
   if not os.path.isdir(workdir):
     raise errors.BadInput(f"--workdir={_WORKDIR.value!r} is not a directory; allowed: "
                               "a training run's workdir")
-  out = config_lib.output_path(_OUT.value, "--out", overwrite=_OVERWRITE.value)
+  out = run_files.output_path(_OUT.value, "--out", overwrite=_OVERWRITE.value)
   try:
     data = curves.read_scalars(workdir, _TAGS.value)
   except ValueError as e:

@@ -16,7 +16,7 @@ from absl import flags
 
 from hypernet_attention import errors
 from hypernet_attention.probing import report
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from hypernet_attention.train import restore
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "

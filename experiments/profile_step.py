@@ -19,10 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention.runs import registry  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
-from hypernet_attention.train import registry  # noqa: E402
 
 
 def _data_overrides(experiment: str) -> str:

@@ -14,7 +14,7 @@ see train/runtime.py), else add --coordinator_address=HOST:PORT --num_processes=
 --process_id=I (or --multi_process); all with the same --workdir on shared storage.
 """
 
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from hypernet_attention.train import runtime
 
 main = runtime.experiment_main("sraven")  # experiments/train.py with this default --config.

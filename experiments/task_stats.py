@@ -16,9 +16,9 @@ import time
 import jax
 import numpy as np
 
+from hypernet_attention.runs import cli
 from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
 from hypernet_attention.tasks.sraven import SRaven
-from hypernet_attention.train import cli
 
 TABLE_A2 = {8: 0.0032, 4: 0.0642}  # K=4 (the paper's Table A2)
 

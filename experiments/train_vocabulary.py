@@ -19,10 +19,10 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import c4
-from hypernet_attention.train import checks
-from hypernet_attention.train import cli
-from hypernet_attention.train import config_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),
@@ -33,8 +33,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it exist
 
 def main(argv):
   del argv
-  checks.validate(_CONFIG.value)
-  output = config_lib.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
+  config_checks.validate(_CONFIG.value)
+  output = run_files.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
   task = _CONFIG.value.task
   print(f"training a {task.vocab_size}-piece vocabulary on the first "
         f"{task.vocab_documents} {task.name} training documents ...", flush=True)

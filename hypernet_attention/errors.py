@@ -5,5 +5,5 @@ alike (no dependencies, so no import cycles)."""
 class BadInput(ValueError):
   """A config value, flag, shape, file or workdir that cannot work, found before any work.
 
-  Entry points print its message as one line and exit with status 2 (`train/cli.py`).
+  Entry points print its message as one line and exit with status 2 (`runs/cli.py`).
   """

@@ -36,9 +36,9 @@ from absl import flags
 import numpy as np
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import registry
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
 from launch import sweeps

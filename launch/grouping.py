@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 
 MEMBERS_KEY = "population.members"
 NAMES_KEY = "population.member_names"
@@ -68,13 +69,12 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
 def point_config(point: Mapping[str, Any], experiment: str):
   """The config a point trains (its config argument plus its overrides)."""
   # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import config_lib
-  from hypernet_attention.train import registry
+  from hypernet_attention.runs import registry
   # pylint: enable=g-import-not-at-top
   config = registry.get(experiment).get_config(point["config"])
   for key, value in point.items():
     if key != "config":
-      config_lib.set_dotted(config, key, value)
+      config_checks.set_dotted(config, key, value)
   return config
 
 

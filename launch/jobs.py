@@ -12,7 +12,7 @@ import dataclasses
 import shlex
 from typing import Any, Mapping, Optional, Sequence
 
-from hypernet_attention.train import registry
+from hypernet_attention.runs import registry
 from launch import grouping
 
 

@@ -17,7 +17,7 @@ points do that themselves). So after a crash or Ctrl-C (which stops the running 
 too), rerun the same command. The training processes die with this one: SIGTERM or
 Ctrl-C makes them checkpoint and stop, and so does a SIGKILL of this process (the kernel
 sends them SIGTERM, `cli.die_with_parent`); one workdir never gets two trainers (each
-holds its workdir's lock, `train/lock.py`). Each process's wall and CPU time go to `run_local.json`
+holds its workdir's lock, `runs/lock.py`). Each process's wall and CPU time go to `run_local.json`
 beside its summary. On one GPU, `--jobs=N` runs N small jobs side by side, each limited to
 its share of the GPU memory.
 """
@@ -41,8 +41,8 @@ from typing import Any, Mapping, Optional, Sequence
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from launch import grouping
 from launch import jobs
 from launch import sweeps
@@ -98,7 +98,7 @@ def is_done(point: Mapping[str, Any], root: str, finished: set[str], log=None) -
 
 
 def wait_for_previous_trainer(workdir: str, log, timeout_s: float = 600.0) -> None:
-  """Waits while a live process on this host holds `workdir`'s lock (`train/lock.py`): a
+  """Waits while a live process on this host holds `workdir`'s lock (`runs/lock.py`): a
   rerun right after a killed run_local finds its trainers still checkpointing on their
   way out. A lock of a dead process is taken over by the trainer itself; after
   `timeout_s` the trainer names the holder."""

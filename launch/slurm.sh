@@ -8,11 +8,11 @@
 #       /shared/runs/sraven_hyla_seed0 --config.seed=0
 #
 # Run it on the login node: it checks the arguments there (python -m
-# hypernet_attention.train.check_config: the experiment, the config with its overrides, the
+# hypernet_attention.runs.preflight: the experiment, the config with its overrides, the
 # workdir; one line and exit 2 if bad), then submits itself with `sbatch [SBATCH OPTIONS]`
 # (the options are the leading arguments that start with '-'). Inside the job it checks
 # again and starts `srun`. (`sbatch [OPTIONS] launch/slurm.sh ...` works too; then the check
-# runs at the start of the job.) EXPERIMENT is a name of hypernet_attention/train/registry.py.
+# runs at the start of the job.) EXPERIMENT is a name of hypernet_attention/runs/registry.py.
 # Submit from the repository root with its Python environment active; WORKDIR must be on
 # storage all nodes see. Rerunning the same command resumes from the newest checkpoint.
 #SBATCH --job-name=hypernet-attention
@@ -44,7 +44,7 @@ done
 experiment=$1; config_arg=$2; workdir=$3; shift 3
 # sbatch runs a copy of this script; SLURM_SUBMIT_DIR is where it was submitted from.
 cd "${SLURM_SUBMIT_DIR:-$(pwd)}"
-checked=$(python3 -m hypernet_attention.train.check_config \
+checked=$(python3 -m hypernet_attention.runs.preflight \
   "$experiment" "$config_arg" "$workdir" "$@") || exit 2
 if [[ -z "${SLURM_JOB_ID:-}" ]]; then  # On the login node: submit this script.
   exec sbatch "${sbatch_args[@]}" "$0" "$experiment" "$config_arg" "$workdir" "$@"

@@ -5,11 +5,11 @@
 #   launch/tpu_pod.sh my-v5e-16 us-west4-a sraven "model=hyla,size=paper" \
 #       gs://BUCKET/sraven/hyla_seed0 --config.seed=0
 #
-# EXPERIMENT is a name of hypernet_attention/train/registry.py (sraven, fuzzy_logic, ...).
+# EXPERIMENT is a name of hypernet_attention/runs/registry.py (sraven, fuzzy_logic, ...).
 # Every host runs the same program with --multi_process: jax.distributed.initialize() finds
 # the pod's hosts from the TPU metadata, so no coordinator flags are needed. The workdir must
 # be on storage that all hosts see (GCS): checkpoints are written collectively.
-# Everything is checked on this machine first (python -m hypernet_attention.train.check_config:
+# Everything is checked on this machine first (python -m hypernet_attention.runs.preflight:
 # the experiment, the config and its overrides, the workdir; needs the package installed
 # here): a bad argument is one line and exit 2, before anything is copied or started.
 set -euo pipefail
@@ -31,7 +31,7 @@ tpu=$1; zone=$2; experiment=$3; config_arg=$4; workdir=$5; shift 5
 repo=$(cd "$(dirname "$0")/.." && pwd)
 name=$(basename "$repo")
 # Names the entry point and config file, after checking the config with its overrides.
-checked=$(cd "$repo" && python3 -m hypernet_attention.train.check_config \
+checked=$(cd "$repo" && python3 -m hypernet_attention.runs.preflight \
   "$experiment" "$config_arg" "$workdir" "$@") || exit 2
 read -r script config_file <<< "$checked"
 extra=$(printf ' %q' "$@")

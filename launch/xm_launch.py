@@ -37,8 +37,8 @@ import os
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import registry
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import registry
 from launch import jobs
 from launch import run_local
 from launch import sweeps

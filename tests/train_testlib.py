@@ -26,8 +26,8 @@ if REPO not in sys.path:
 from experiments.configs import fuzzy_logic as fuzzy_config  # noqa: E402, F401
 from experiments.configs import sraven as sraven_config  # noqa: E402, F401
 from hypernet_attention import transformer  # noqa: E402
-from hypernet_attention.train import config_lib  # noqa: E402
-from hypernet_attention.train import registry  # noqa: E402
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry  # noqa: E402
 
 # pylint: enable=wrong-import-position
 
@@ -97,7 +97,7 @@ def smoke(experiment: str = "sraven", model: str = "hyla", **updates):
   """The smoke config of an experiment, with top-level or dotted-key updates."""
   config = registry.get(experiment).get_config(f"model={model},size=smoke")
   for key, value in updates.items():
-    config_lib.set_dotted(config, key, value)
+    config_checks.set_dotted(config, key, value)
   return config
 
 

@@ -33,7 +33,7 @@ PARAMS (size=50m, vocabulary of V=32,000 pieces, E=512, L=6, M=2048):
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_common
 
 SIZES = ("50m", "local", "smoke")
 # T5's public 32k SentencePiece model trained on C4 (pad=0, eos=1, unk=2); 32,000 pieces.
@@ -41,8 +41,8 @@ C4_VOCABULARY = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
-  c = config_lib.base_config(experiment="c4_lm")
+  arg = config_common.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
+  c = config_common.base_config(experiment="c4_lm")
   c.task = ml_collections.ConfigDict(dict(
       # The data path: 'seqio' (tf.data; TensorFlow, the [lm] extra) or 'grain' (no
       # TensorFlow, the [grain] extra; c4/en built with --file_format=array_record).
@@ -57,7 +57,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       # `vocab_documents` training documents into {workdir}/vocabulary.model.
       vocabulary=C4_VOCABULARY, vocab_size=32_000, vocab_documents=200_000,
       sequence_length=512))
-  c.model = config_lib.model_config(
+  c.model = config_common.model_config(
       arg.model, num_layers=6, emb_dim=512, num_heads=8, qk_dim=512, v_dim=512,
       mlp_dim=2048, position="rope", causal=True, attention_dropout=0.0,
       dtype="bfloat16", tied_embedding=False, max_len=512)
@@ -88,5 +88,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                   sequence_length=16)
     c.model.update(num_layers=2, emb_dim=32, num_heads=4, qk_dim=32, v_dim=32, mlp_dim=64,
                    dtype="float32", max_len=16)
-    config_lib.use_smoke_schedule(c)
+    config_common.use_smoke_schedule(c)
   return c.lock()

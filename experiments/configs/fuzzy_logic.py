@@ -30,20 +30,20 @@ Command:
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_common
 
 SIZES = ("paper", "local", "smoke")
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
-  c = config_lib.base_config(experiment="fuzzy_logic")
+  arg = config_common.parse_arg(arg, {"size": SIZES}, model="hyla", size="local")
+  c = config_common.base_config(experiment="fuzzy_logic")
   c.task = ml_collections.ConfigDict(dict(
       num_variables=4, num_terms=2, num_examples=32, holdout_fraction=0.7,
-      num_unseen_terms=4, split_seed=config_lib.follow_run_seed(),
+      num_unseen_terms=4, split_seed=config_common.follow_run_seed(),
       # A typed None: the flag `--config.task.split_draw=authors` must be able to set it.
       split_draw=ml_collections.config_dict.placeholder(str)))
-  c.model = config_lib.model_config(
+  c.model = config_common.model_config(
       arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)
   c.batch_size = 128
   c.num_train_steps = 50_000
@@ -62,5 +62,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   elif arg.size == "smoke":
     c.task.update(num_examples=8)
     c.model.update(emb_dim=32, num_heads=4, qk_dim=8, v_dim=8, mlp_dim=64)
-    config_lib.use_smoke_schedule(c)
+    config_common.use_smoke_schedule(c)
   return c.lock()

@@ -29,7 +29,7 @@ Command (paper size, one run of the scaling grid):
 
 import ml_collections
 
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_common
 
 SIZES = ("paper", "demo", "local", "smoke")
 
@@ -59,15 +59,15 @@ DEMO = dict(task=dict(num_features=2), num_train_steps=24_000)
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
-  arg = config_lib.parse_arg(arg, {"size": SIZES}, model="hyla", size="local", width=1, depth=4)
+  arg = config_common.parse_arg(arg, {"size": SIZES}, model="hyla", size="local", width=1, depth=4)
   if arg.width < 1 or arg.depth < 1:
     raise ValueError(f"width={arg.width} and depth={arg.depth} must be positive integers")
-  c = config_lib.base_config(experiment="sraven")
+  c = config_common.base_config(experiment="sraven")
   c.task = ml_collections.ConfigDict(dict(
       num_features=4, num_values=8, grid_size=3, holdout_fraction=0.25,
-      permute_features=True, split_seed=config_lib.follow_run_seed()))
+      permute_features=True, split_seed=config_common.follow_run_seed()))
   w = arg.width
-  c.model = config_lib.model_config(
+  c.model = config_common.model_config(
       arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w, qk_dim=64 * w,
       v_dim=64 * w, mlp_dim=256 * w)
   c.batch_size = 128
@@ -95,6 +95,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       c.num_train_steps = DEMO["num_train_steps"]
   elif arg.size == "smoke":
     c.model.update(num_layers=2, emb_dim=32, num_heads=4, qk_dim=16, v_dim=16, mlp_dim=64)
-    config_lib.use_smoke_schedule(c)
+    config_common.use_smoke_schedule(c)
     c.eval.update(ceiling_problems=32)
   return c.lock()

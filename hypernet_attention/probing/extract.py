@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import sraven as sraven_lib
-from hypernet_attention.train import registry
-from hypernet_attention.train import workdir as workdir_lib
 
 FEATURE_CHOICES = ("all", "last")
 PROBE_SEED = 1234  # Problems probed: a fixed key, independent of the run's training seed.
@@ -94,7 +94,7 @@ class Codes:
     arrays["axes"] = np.array(["sample", "layer", "code"])
     npz = io.BytesIO()
     np.savez_compressed(npz, **arrays)
-    workdir_lib.write_bytes(path, npz.getvalue())
+    run_files.write_bytes(path, npz.getvalue())
 
   @classmethod
   def load(cls, path: str) -> "Codes":

@@ -25,7 +25,7 @@ from sklearn import decomposition  # pylint: disable=g-import-not-at-top,wrong-i
 from sklearn import manifold  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from hypernet_attention.probing import stats  # pylint: disable=wrong-import-position
-from hypernet_attention.train import workdir as workdir_lib  # pylint: disable=wrong-import-position
+from hypernet_attention.runs import run_files  # pylint: disable=wrong-import-position
 
 DPI = 80
 
@@ -37,7 +37,7 @@ def _save(fig, path: str, tight: bool = True) -> None:
   png = io.BytesIO()
   fig.savefig(png, format="png", dpi=DPI)
   plt.close(fig)
-  workdir_lib.write_bytes(path, png.getvalue())
+  run_files.write_bytes(path, png.getvalue())
 
 
 def decoder_vs_layer(runs: Sequence[dict], path: str) -> None:

@@ -25,8 +25,7 @@ from hypernet_attention.probing import extract
 from hypernet_attention.probing import figures
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights as weights_lib
-from hypernet_attention.train import run_files
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import run_files
 
 ALL_LAYERS = "all layers"
 
@@ -195,11 +194,11 @@ def _finite(data):
 
 
 def _write_json(path: str, data) -> None:
-  workdir_lib.write_bytes(path, json.dumps(_finite(data), indent=1).encode())
+  run_files.write_bytes(path, json.dumps(_finite(data), indent=1).encode())
 
 
 def _write_text(path: str, text: str) -> None:
-  workdir_lib.write_bytes(path, text.encode())
+  run_files.write_bytes(path, text.encode())
 
 
 def _fmt(x: Optional[float], digits: int = 3) -> str:
@@ -290,10 +289,10 @@ def resolve_workdirs(workdirs: Sequence[str]) -> tuple[list[str], Optional[str]]
   """
   runs, roots = [], []
   for w in workdirs:
-    root = workdir_lib.path(w)
+    root = run_files.path(w)
     if root.is_dir():
       try:
-        config = workdir_lib.read_config(w)
+        config = run_files.read_config(w)
       except ValueError:
         config = {}  # Unreadable: `restore.load_config` names it.
       if config is None or run_files.is_population(config):

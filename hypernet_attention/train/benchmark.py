@@ -26,13 +26,13 @@ import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import memory
 from hypernet_attention.train import population
-from hypernet_attention.train import registry
-from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
@@ -72,7 +72,7 @@ def model_config(experiment: str, spec: str, size: str,
   for text, flag, allowed in flags:
     for key, value in parse_overrides(text, flag, allowed):
       try:
-        config_lib.set_dotted(config, key, value)
+        config_checks.set_dotted(config, key, value)
       except (ValueError, TypeError) as e:
         raise errors.BadInput(f"{flag}: {e}") from None
   return config

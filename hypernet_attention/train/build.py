@@ -10,7 +10,7 @@ start here, so analysis never imports the training loop or its writers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -20,9 +20,8 @@ import numpy as np
 
 from hypernet_attention import errors
 from hypernet_attention import transformer
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
@@ -63,8 +62,8 @@ def setup(config: ml_collections.ConfigDict, devices=None,
 
 
 def _setup(config: ml_collections.ConfigDict, devices, member_of_population: bool) -> Setup:
-  checks.validate(config)
-  checks.check_task_memory(config)
+  config_checks.validate(config)
+  config_checks.check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   if mesh.shape["member"] > 1 and not member_of_population:
@@ -80,7 +79,7 @@ def _setup(config: ml_collections.ConfigDict, devices, member_of_population: boo
     raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
   example = jax.eval_shape(lambda b: objective.encode(b)[0],
                            objective.source.example(config.batch_size))
-  model_config = config_lib.transformer_config(
+  model_config = transformer_config(
       {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
   model = transformer.Transformer(model_config)
   tx = state_lib.make_optimizer(config)
@@ -92,6 +91,21 @@ def _setup(config: ml_collections.ConfigDict, devices, member_of_population: boo
   abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
   shardings = sharding.state_shardings(abstract_boxed, mesh)
   return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
+
+
+def transformer_config(model: Mapping[str, Any], **overrides: Any):
+  """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
+  fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
+  kwargs = dict(model)
+  kwargs.update(overrides)
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise ValueError(f"unknown model config keys {unknown}; allowed: {sorted(fields)}")
+  for key in ("dtype", "param_dtype"):
+    if isinstance(kwargs.get(key), str):
+      kwargs[key] = jnp.dtype(kwargs[key])
+  config_checks.check_preset(kwargs["attention"])
+  return transformer.TransformerConfig(**kwargs)
 
 
 def init_state(config, init_fn, shardings) -> state_lib.TrainState:

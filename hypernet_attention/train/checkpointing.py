@@ -36,8 +36,8 @@ import jax
 from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import data as data_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 ITEM_HANDLERS = dict(state=ocp.StandardCheckpointHandler, meta=ocp.JsonCheckpointHandler,
                      data=data_lib.DataIteratorHandler, grain=data_lib.GrainIteratorHandler)
@@ -103,8 +103,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
                use_async: bool = True, read_only: bool = False):
-    self.workdir, self.read_only = workdir_lib.path(workdir), read_only
-    self.directory = self.workdir / workdir_lib.CHECKPOINTS
+    self.workdir, self.read_only = run_files.path(workdir), read_only
+    self.directory = self.workdir / run_files.CHECKPOINTS
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=0 if read_only else save_every,
         max_to_keep=None if read_only else keep, create=not read_only, read_only=read_only,
@@ -248,7 +248,7 @@ class Checkpointer:
       raise ValueError(f"checkpoint step {step} in {self.directory} is unreadable")
     if jax.process_index() == 0:
       src = self.directory / str(step)
-      dst_dir = self.workdir / workdir_lib.CORRUPT_CHECKPOINTS
+      dst_dir = self.workdir / run_files.CORRUPT_CHECKPOINTS
       dst_dir.mkdir(parents=True, exist_ok=True)
       name = f"{step}-{int(time.time())}"
       # Why it was moved. It also makes the folder exist in a bucket (which has no empty

@@ -22,9 +22,9 @@ import os
 import shutil
 from typing import Any, Optional
 
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import restore
-from hypernet_attention.train import run_files
 
 # The run's own small records, copied as they are (at the top and in each member's folder).
 RECORDS = (run_files.CONFIG, run_files.SUMMARY, run_files.POPULATION_SUMMARY)

@@ -13,16 +13,15 @@ import ml_collections
 
 from hypernet_attention import decoding
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import lm_text
 from hypernet_attention.train import build
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import objectives
 from hypernet_attention.train import restore
 from hypernet_attention.train import sharding
-from hypernet_attention.train import workdir as workdir_lib
 
 
 def _vocabulary(config: ml_collections.ConfigDict, objective) -> Any:
@@ -37,14 +36,14 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """What can be refused before the corpus and vocabulary are written into `workdir`:
   the config's values, the row length, and a workdir holding another experiment's run.
   Returns the workdir as the run uses it (`~` expanded)."""
-  checks.validate(config)
+  config_checks.validate(config)
   if config.task.name == objectives.SYNTHETIC_LM:
     raise errors.BadInput(
         f"config.task.name={objectives.SYNTHETIC_LM!r} is random tokens for "
         f"experiments/benchmark_training.py only (nothing to learn, no text to sample); "
         f"allowed for training: {', '.join(lm_text.TASKS)}")
   lm_text.check_pipeline(config.task)
-  workdir = config_lib.workdir_path(workdir)
+  workdir = run_files.workdir_path(workdir)
   length = config.task.sequence_length
   if isinstance(length, bool) or not isinstance(length, int) or length < 2:
     raise errors.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
@@ -58,11 +57,11 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       data.local_batch_size(size, key)
   except ValueError as e:
     raise errors.BadInput(str(e)) from None
-  root = workdir_lib.path(workdir)
+  root = run_files.path(workdir)
   if root.exists() and not root.is_dir():
     raise errors.BadInput(f"--workdir={workdir!r} is a file, not a directory")
   try:
-    recorded = workdir_lib.read_config(workdir)
+    recorded = run_files.read_config(workdir)
   except ValueError as e:
     raise errors.BadInput(str(e)) from None
   if recorded is not None and recorded.get("experiment") != config.experiment:

@@ -20,24 +20,24 @@ from typing import Any, Callable, Optional, Protocol
 from absl import logging
 from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention.runs import console
+from hypernet_attention.runs import events
+from hypernet_attention.runs import lock
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import console
-from hypernet_attention.train import events
-from hypernet_attention.train import lock
 from hypernet_attention.train import memory
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
-from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 Trainer = trainer_lib.Trainer  # Its old home: tests and tools build one from here.
 
@@ -80,7 +80,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     s = build.setup(config, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     target, members = s.restore_target(), 1
-    check = lambda w, record: workdir_lib.check(w, config, record=record)
+    check = lambda w, record: run_files.check(w, config, record=record)
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 
   def fits() -> FirstChunk:
@@ -128,10 +128,10 @@ def session(config: ml_collections.ConfigDict, workdir: str,
   exits at once), then the guard again, recording the config; then the one-writer lock
   (`lock.py`), a writable checkpoints/ and the checkpointer; all released on any exit. Single
   runs and populations (`population_loop.py`) train inside one."""
-  workdir = config_lib.workdir_path(workdir)
-  checkpoints = str(workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS)
+  workdir = run_files.workdir_path(workdir)
+  checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)
   is_chief = jax.process_index() == 0
-  checked = is_chief and workdir_lib.path(checkpoints).is_dir()
+  checked = is_chief and run_files.path(checkpoints).is_dir()
   if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
   # The signal handlers first: a SIGTERM from here on is a preemption.
@@ -141,12 +141,14 @@ def session(config: ml_collections.ConfigDict, workdir: str,
       try:
         check(workdir, False)
         first_chunk = fits()
-        check(workdir, True)
+        check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
+        multihost_utils.sync_global_devices("check_workdir")
       except errors.BadInput:
         raise
       except ValueError as e:
         raise errors.BadInput(str(e)) from e
-    with lock.hold(workdir) as held, _debug_nans(config.get("debug_nans", False)):
+    agree = _chief_outcome if jax.process_count() > 1 else None
+    with lock.hold(workdir, is_chief, agree) as held, _debug_nans(config.get("debug_nans", False)):
       if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
         lock.check_writable(checkpoints)
       ckpt = checkpointing.Checkpointer(
@@ -156,6 +158,11 @@ def session(config: ml_collections.ConfigDict, workdir: str,
         yield Session(workdir, watcher, ckpt, held.release, first_chunk)
       finally:
         ckpt.close()
+
+
+def _chief_outcome(held: bool) -> bool:
+  """Process 0's `held`, on every process (the lock's outcome: all refuse together)."""
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(held)))
 
 
 def _next_boundary(step: int, config, steps_per_loop: int) -> int:
@@ -272,7 +279,7 @@ class SingleRun:
   def finished(self, state):
     if not run_files.is_finished(self.workdir):
       return None
-    summary = workdir_lib.read_summary(self.workdir)
+    summary = run_files.read_summary(self.workdir)
     logging.info("%s already holds a finished run (step %d); nothing to do", self.workdir,
                  summary["step"])
     return {**summary, "state": state}
@@ -331,7 +338,7 @@ class SingleRun:
                **self.last_train, **self.eval_metrics, **self.ceilings}
     if step >= self.config.num_train_steps:
       if jax.process_index() == 0:
-        workdir_lib.write_summary(self.workdir, summary)
+        run_files.write_summary(self.workdir, summary)
       logging.info("%s", _result_line(summary, self.main_metric, self.workdir))
     return {**summary, "state": state}
 
@@ -361,7 +368,7 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
                   else ", close to chance: train longer or larger"))
   return (f"Result: {', '.join(parts)}{meaning}; after {summary['step']:,} steps in "
           f"{console.duration(summary['wall_time_s'])}. Summary: "
-          f"{workdir_lib.path(workdir) / workdir_lib.SUMMARY}; TensorBoard: tensorboard "
+          f"{run_files.path(workdir) / run_files.SUMMARY}; TensorBoard: tensorboard "
           f"--logdir {workdir}")
 
 

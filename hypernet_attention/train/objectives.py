@@ -28,10 +28,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from hypernet_attention.train import console
+from hypernet_attention.runs import console
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import data
-from hypernet_attention.train import registry
-from hypernet_attention.train import workdir as workdir_lib
 
 
 def _identity(metrics):
@@ -109,7 +109,8 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
                  ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
     return ceilings
 
-  return workdir_lib.cached_json(workdir_lib.path(workdir) / workdir_lib.CEILINGS, estimate)
+  return run_files.cached_json(run_files.path(workdir) / run_files.CEILINGS, estimate,
+                                write=jax.process_index() == 0)
 
 
 def sraven(config: ml_collections.ConfigDict) -> Objective:

@@ -43,27 +43,27 @@ from jax.sharding import PartitionSpec as P
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
-from hypernet_attention.train import checks
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
-from hypernet_attention.train import run_files
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
 MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-member_config = checks.member_config
+member_config = config_checks.member_config
 
 
 def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
   """Validates the population and returns the member configs: every member checked as
-  the single run it is (`checks.check_population`), before any work."""
-  checks.validate(config)
-  return checks.check_population(config)
+  the single run it is (`config_checks.check_population`), before any work."""
+  config_checks.validate(config)
+  return config_checks.check_population(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +101,8 @@ def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):
     try:
-      checks.check_positive(member)
-      checks.check_schedule(member)
+      config_checks.check_positive(member)
+      config_checks.check_schedule(member)
       member_objectives.append(objectives.build(member))
     except ValueError as e:
       raise errors.BadInput(f"config.population.members[{i}]: {e}") from e

@@ -28,18 +28,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from hypernet_attention.train import console
-from hypernet_attention.train import events
+from hypernet_attention.runs import console
+from hypernet_attention.runs import events
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
-from hypernet_attention.train import run_files
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 
 def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  return [str(workdir_lib.path(workdir) / name) for name in run_files.member_names(config)]
+  return [str(run_files.path(workdir) / name) for name in run_files.member_names(config)]
 
 
 def check_workdirs(config, p: population.PopulationSetup, workdir: str,
@@ -47,9 +46,9 @@ def check_workdirs(config, p: population.PopulationSetup, workdir: str,
   """The population's workdir guard, then each member's; all pass before any config.json
   is recorded (`record`: then recorded; else a dry pass)."""
   for this_pass in (False, True) if record else (False,):
-    workdir_lib.check(workdir, config, record=this_pass)
+    run_files.check(workdir, config, record=this_pass)
     for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
-      workdir_lib.check(member_dir, member_config, population=workdir, record=this_pass)
+      run_files.check(member_dir, member_config, population=workdir, record=this_pass)
 
 
 class PopulationRun:
@@ -81,8 +80,8 @@ class PopulationRun:
 
   def _read_frozen(self):
     try:
-      recorded = workdir_lib.read_json(
-          workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY)
+      recorded = run_files.read_json(
+          run_files.path(self.workdir) / run_files.POPULATION_SUMMARY)
     except ValueError as e:  # Written again below; a frozen member is found again.
       logging.warning("%s (rewritten by this run)", e)
       self.rewrite_summary = True
@@ -92,7 +91,7 @@ class PopulationRun:
 
   def finished(self, state):
     if self.rewrite_summary:  # Unreadable population_summary.json: the members' summaries.
-      done = all((workdir_lib.path(d) / run_files.SUMMARY).exists() for d in self.dirs)
+      done = all((run_files.path(d) / run_files.SUMMARY).exists() for d in self.dirs)
     else:
       done = run_files.is_finished(self.workdir)
     if not done:
@@ -101,7 +100,7 @@ class PopulationRun:
                  self.config.num_train_steps)
     if self.rewrite_summary:
       self._write_population_summary(self.config.num_train_steps, self.config.num_train_steps)
-    return {"members": [workdir_lib.read_summary(d) for d in self.dirs], "state": state}
+    return {"members": [run_files.read_summary(d) for d in self.dirs], "state": state}
 
   def open(self, step: int, state) -> None:
     del state
@@ -172,7 +171,7 @@ class PopulationRun:
     summaries = self._summaries(step, start_step)
     if step >= self.config.num_train_steps and jax.process_index() == 0:
       for d, summary in zip(self.dirs, summaries):
-        workdir_lib.write_summary(d, summary)
+        run_files.write_summary(d, summary)
       self._write_population_summary(step, start_step)
       logging.info("Population of %d members done after %s steps in %s: %s", self.p.size,
                    f"{step:,}", console.duration(time.time() - self.start_time),
@@ -198,7 +197,7 @@ class PopulationRun:
     if jax.process_index() != 0:
       return
     wall_time = time.time() - self.start_time
-    workdir_lib.write_json(workdir_lib.path(self.workdir) / run_files.POPULATION_SUMMARY, {
+    run_files.write_json(run_files.path(self.workdir) / run_files.POPULATION_SUMMARY, {
         "step": step, "members": [os.path.basename(d) for d in self.dirs],
         "frozen_at_step": self.frozen,
         "member_steps_per_s_overall": self.p.size * (step - start_step) / wall_time})

@@ -23,12 +23,11 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import objectives
 from hypernet_attention.train import population
-from hypernet_attention.train import run_files
-from hypernet_attention.train import workdir as workdir_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +43,11 @@ class RestoredRun:
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The run's `config.json` as a locked ConfigDict; one clear error if it is missing."""
-  if not workdir_lib.path(workdir).is_dir():
+  if not run_files.path(workdir).is_dir():
     raise ValueError(f"workdir {workdir!r} does not exist or is not a directory")
-  config = workdir_lib.read_config(workdir)
+  config = run_files.read_config(workdir)
   if config is None:
-    raise ValueError(f"{workdir!r} holds no {workdir_lib.CONFIG}: not a training run "
+    raise ValueError(f"{workdir!r} holds no {run_files.CONFIG}: not a training run "
                      "directory (pass the --workdir a training run wrote)")
   return ml_collections.ConfigDict(config).lock()
 
@@ -107,13 +106,13 @@ def _population_params(workdir, step, config, devices
 def _kept_params(workdir: str, step: Optional[int], target: Any,
                  init: Callable[[], Any]) -> Optional[tuple[int, Any]]:
   """(step, params) from a folder of kept final parameters; None if `workdir` is not one."""
-  root = workdir_lib.path(workdir)
-  record = workdir_lib.read_json(root / workdir_lib.FINAL_PARAMS_RECORD)
-  if record is None or (root / workdir_lib.CHECKPOINTS).is_dir():
+  root = run_files.path(workdir)
+  record = run_files.read_json(root / run_files.FINAL_PARAMS_RECORD)
+  if record is None or (root / run_files.CHECKPOINTS).is_dir():
     return None
   kept = int(record["step"])
   if step is None or step == kept:
-    return kept, checkpointing.restore_saved_params(root / workdir_lib.FINAL_PARAMS,
+    return kept, checkpointing.restore_saved_params(root / run_files.FINAL_PARAMS,
                                                     target.params)
   if step == 0:
     return 0, init()
@@ -128,7 +127,7 @@ def _params_at(workdir: str, step: Optional[int], target: Any,
   kept = _kept_params(workdir, step, target, init)
   if kept is not None:
     return kept
-  ckpt_dir = workdir_lib.path(workdir) / workdir_lib.CHECKPOINTS
+  ckpt_dir = run_files.path(workdir) / run_files.CHECKPOINTS
   ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir()
           else None)
   try:
@@ -171,11 +170,11 @@ def _unfinished_note(steps: Sequence[int]) -> str:
 def population_of(member_dir: str) -> Optional[tuple[str, int]]:
   """(population workdir, member index) when `member_dir` is a population member's
   directory (no checkpoints of its own; its parent's population lists it), else None."""
-  member = workdir_lib.path(member_dir)
-  if (member / workdir_lib.CHECKPOINTS).is_dir():
+  member = run_files.path(member_dir)
+  if (member / run_files.CHECKPOINTS).is_dir():
     return None
   try:
-    config = workdir_lib.read_config(member.parent)
+    config = run_files.read_config(member.parent)
   except ValueError:
     return None
   names = run_files.member_names(config) if config and run_files.is_population(config) else ()
@@ -190,7 +189,7 @@ def member_dir(workdir: str, member: int) -> str:
     raise ValueError(f"--member={member}: {workdir!r} holds " + (
         f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
         if run_files.is_population(config) else "a single run, not a population"))
-  return str(workdir_lib.path(workdir) / names[member])
+  return str(run_files.path(workdir) / names[member])
 
 
 def _restore_member(workdir, config, step, devices, member) -> RestoredRun:

@@ -28,7 +28,7 @@ from absl import logging
 import jax
 
 from hypernet_attention import errors
-from hypernet_attention.train import registry
+from hypernet_attention.runs import registry
 
 flags.DEFINE_bool("multi_process", False,
                   "Call jax.distributed.initialize() with auto-detection even where "

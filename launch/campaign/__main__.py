@@ -26,7 +26,7 @@ import time
 from absl import flags
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 from launch.campaign import cells as cells_lib
 from launch.campaign import partial
 from launch.campaign import records

@@ -17,7 +17,7 @@ import dataclasses
 import itertools
 from typing import Any, Optional
 
-from hypernet_attention.train import registry
+from hypernet_attention.runs import registry
 from launch import grouping
 from launch import sweeps
 from launch.sweeps import common
@@ -266,7 +266,7 @@ assert all(c.stage in BY_LETTER and c.name.startswith(c.stage + "_") for c in CE
 
 # A campaign in a minute on a CPU (`--set=smoke`): every kind of cell at `size=smoke`, for
 # trying the runner and for the tests. Its cells are never mixed with the paper's.
-SMOKE_STEPS = 8  # config_lib.use_smoke_schedule
+SMOKE_STEPS = 8  # config_common.use_smoke_schedule
 
 
 def _smoke() -> list[Cell]:

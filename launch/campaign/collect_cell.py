@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any
 
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records
@@ -64,8 +64,8 @@ def _read_json(path: str) -> Any:
 
 def member_curves(member_dir: str) -> dict[str, list[list[float]]]:
   """{tag: [[step, value], ...]} of the `CURVE_PREFIXES` scalars a member has written."""
-  from hypernet_attention.train import console  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import console  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import curves  # pylint: disable=g-import-not-at-top
   console.import_tensorflow_quietly()  # tensorboard reads events through TF where it is.
   scalars = curves.read_scalars(member_dir)
   return {tag: [[int(s), float(v)] for s, v in zip(*series)]

@@ -26,7 +26,7 @@ from typing import Any, Optional
 import zlib
 
 from hypernet_attention import errors
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
 from launch.campaign import plan

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any, Optional, Sequence
 
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 
 # Single-run steps/s at the paper's sizes (width 1, depth 4 for SRAVEN): (family, experiment)

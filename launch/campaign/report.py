@@ -11,8 +11,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from hypernet_attention.train import registry
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records as records_lib

@@ -23,8 +23,8 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from hypernet_attention import errors
-from hypernet_attention.train import cli
-from hypernet_attention.train import run_files
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
 from launch.campaign import cells as cells_lib

@@ -1,6 +1,6 @@
 """The paper's sweeps as lists of config overrides, one module per figure or table.
 
-Each module defines `EXPERIMENT` (a name of `hypernet_attention.train.registry`) and
+Each module defines `EXPERIMENT` (a name of `hypernet_attention.runs.registry`) and
 `get_sweep()`, a list of points, and states its job count in its docstring. A point is a
 dict: the key `config` is the argument of the experiment's config file
 (`experiments/configs/<name>.py:<config>`), every other key is a `--config.<key>=<value>`

@@ -91,7 +91,8 @@ import numpy as np
 from experiments.configs import c4_lm
 from hypernet_attention.tasks import c4_grain
 import jax
-from hypernet_attention.train import config_lib, loop, trainer
+from hypernet_attention.runs import config_checks
+from hypernet_attention.train import loop, trainer
 corpus, workdir, c4_dir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 seen, next_batch = [], trainer.Trainer._next_batch
 def record(self):  # Every training batch, in order.
@@ -104,7 +105,7 @@ def config(**changes):
   c.task.update(pipeline="grain", train_files=corpus["train"],
                 validation_files=corpus["validation"], vocabulary=corpus["vocabulary"])
   for key, value in changes.items():
-    config_lib.set_dotted(c, key, value)
+    config_checks.set_dotted(c, key, value)
   return c
 whole = loop.train_and_evaluate(config(), workdir + "/whole")
 uninterrupted, seen[:] = list(seen), []

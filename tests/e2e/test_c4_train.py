@@ -20,9 +20,11 @@ import seqio
 import tensorflow_datasets as tfds
 
 from experiments.configs import c4_lm as c4_config
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import config_common
 from hypernet_attention.tasks import c4
 from hypernet_attention.train import benchmark
-from hypernet_attention.train import config_lib
+from hypernet_attention.train import build
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import sharding
@@ -44,7 +46,7 @@ def _config(corpus, **changes):
   config.task.update(train_files=corpus["train"], validation_files=corpus["validation"],
                      vocabulary=corpus["vocabulary"])
   for key, value in changes.items():
-    config_lib.set_dotted(config, key, value)
+    config_checks.set_dotted(config, key, value)
   return config
 
 
@@ -97,7 +99,7 @@ def test_killed_and_resumed_run_sees_the_uninterrupted_batches(corpus, tmp_path,
 
 
 def test_to_global_fails_loudly_when_the_batch_does_not_divide():
-  mesh = sharding.make_mesh(config_lib.base_config(experiment="c4_lm").mesh)
+  mesh = sharding.make_mesh(config_common.base_config(experiment="c4_lm").mesh)
   rows = {"targets": np.zeros((4, 8), np.int32)}
   batch = data.to_global(rows, mesh, 4)
   assert batch["targets"].shape == (4, 8) and isinstance(batch["targets"], jax.Array)
@@ -108,7 +110,7 @@ def test_to_global_fails_loudly_when_the_batch_does_not_divide():
 
 def test_flops_per_token_of_the_50m_model_is_the_stated_formula():
   config = c4_config.get_config("model=hyla,size=50m")
-  model_config = config_lib.transformer_config(
+  model_config = build.transformer_config(
       config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000)
   params = jax.eval_shape(lambda: tl.token_model_params(model_config))
   non_embedding = 51_715_328 - 32_000 * 512

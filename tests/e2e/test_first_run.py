@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from hypernet_attention.runs import registry
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import

@@ -23,10 +23,10 @@ import chex
 import fsspec
 import pytest
 
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -98,40 +98,40 @@ def _run(args, timeout=600):
 def test_paths_stay_bucket_paths_and_local_ones_expand(monkeypatch, tmp_path):
   # No emulator here: an anonymous token skips the credentials check (test_bad_input.py).
   monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
-  assert str(workdir_lib.path("gs://b/run")) == "gs://b/run"
+  assert str(run_files.path("gs://b/run")) == "gs://b/run"
   monkeypatch.setenv("HOME", str(tmp_path))
-  assert str(workdir_lib.path("~/run")) == str(tmp_path / "run")
+  assert str(run_files.path("~/run")) == str(tmp_path / "run")
   monkeypatch.chdir(tmp_path)
-  assert str(workdir_lib.path("run")) == str(tmp_path / "run")
+  assert str(run_files.path("run")) == str(tmp_path / "run")
 
 
 def test_json_round_trip_in_the_bucket(gcs):
   del gcs
-  p = workdir_lib.path("gs://bucket/json_test") / "x.json"
-  assert workdir_lib.read_json(p) is None
-  workdir_lib.write_json(p, {"a": [1, 2]})
-  workdir_lib.write_json(p, {"a": [3]})  # Overwrites.
-  assert workdir_lib.read_json(p) == {"a": [3]}
+  p = run_files.path("gs://bucket/json_test") / "x.json"
+  assert run_files.read_json(p) is None
+  run_files.write_json(p, {"a": [1, 2]})
+  run_files.write_json(p, {"a": [3]})  # Overwrites.
+  assert run_files.read_json(p) == {"a": [3]}
   assert [q.name for q in p.parent.iterdir()] == ["x.json"]  # No temporary file left.
 
 
 @pytest.mark.slow
 def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   del gcs
-  from hypernet_attention.train import curves  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import curves  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   from launch import collect  # pylint: disable=g-import-not-at-top
   workdir = "gs://bucket/sweep/sraven_hyla"
   _run(["-c", TRAIN, workdir, json.dumps({"stop_after_steps": 4})])
-  root = workdir_lib.path(workdir)
-  assert workdir_lib.read_config(workdir)["experiment"] == "sraven"
-  assert not (root / workdir_lib.SUMMARY).exists()  # Stopped half way.
-  assert sorted(p.name for p in (root / workdir_lib.CHECKPOINTS).iterdir()
+  root = run_files.path(workdir)
+  assert run_files.read_config(workdir)["experiment"] == "sraven"
+  assert not (root / run_files.SUMMARY).exists()  # Stopped half way.
+  assert sorted(p.name for p in (root / run_files.CHECKPOINTS).iterdir()
                 if p.name.isdigit()) == ["4"]
   _run(["-c", TRAIN, workdir])  # Resumes from step 4.
-  summary = workdir_lib.read_summary(workdir)
+  summary = run_files.read_summary(workdir)
   assert summary["step"] == 8
-  assert (root / workdir_lib.CEILINGS).exists()
+  assert (root / run_files.CEILINGS).exists()
   assert not list(root.glob("*.tmp"))
 
   local = str(tmp_path / "local")
@@ -146,7 +146,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   probe = _run([os.path.join("experiments", "probe_latents.py"), f"--workdir={workdir}",
                 "--num_problems=64", "--permutations=2"])
   assert probe.stdout.strip()
-  metrics = workdir_lib.read_json(root / "probe" / "metrics.json")
+  metrics = run_files.read_json(root / "probe" / "metrics.json")
   assert metrics, (list(root.glob("*")), list(root.glob("*/*")), probe.stdout, probe.stderr[-2000:])
   assert metrics["step"] == 8
   assert (root / "probe" / "codes_8.npz").exists() and (root / "probe" / "embeddings.png").exists()
@@ -160,7 +160,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
   assert (out / "table_a1.md").exists()
 
   # A corrupt newest step in the bucket is moved aside and the previous one restored.
-  for f in _files(root / workdir_lib.CHECKPOINTS / "8" / "state"):
+  for f in _files(root / run_files.CHECKPOINTS / "8" / "state"):
     f.write_bytes(b"garbage")
   ckpt = checkpointing.Checkpointer(workdir)
   try:
@@ -169,7 +169,7 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
     ckpt.close()
   assert int(state.step) == 4
   assert ckpt.all_steps() == [4]
-  moved = sorted(p.name for p in (root / workdir_lib.CORRUPT_CHECKPOINTS).iterdir())
+  moved = sorted(p.name for p in (root / run_files.CORRUPT_CHECKPOINTS).iterdir())
   assert len(moved) == 2 and moved[0].startswith("8-") and moved[1] == moved[0] + ".txt"
 
 
@@ -193,12 +193,12 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   del gcs
   from hypernet_attention.train import restore  # pylint: disable=g-import-not-at-top
   workdir = "gs://bucket/killed/sraven_hyla"
-  root = workdir_lib.path(workdir)
+  root = run_files.path(workdir)
   trainer = subprocess.Popen([sys.executable, "-c", TRAIN, workdir, json.dumps(LONG)],
                              env=tl.subprocess_env(),
                              cwd=tl.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.time() + 300
-  while not ((root / workdir_lib.CHECKPOINTS / "8").exists() and trainer.poll() is None):
+  while not ((root / run_files.CHECKPOINTS / "8").exists() and trainer.poll() is None):
     assert trainer.poll() is None, trainer.stderr.read()[-3000:]
     assert time.time() < deadline, "no checkpoint at step 8 in time"
     time.sleep(0.2)
@@ -206,7 +206,7 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   trainer.wait()
   assert (root / "lock.json").exists()  # Left behind by the killed process.
   _run(["-c", TRAIN, workdir, json.dumps(LONG)])  # Resumes past the stale lock.
-  assert workdir_lib.read_summary(workdir)["step"] == LONG["num_train_steps"]
+  assert run_files.read_summary(workdir)["step"] == LONG["num_train_steps"]
   assert not (root / "lock.json").exists()
   local = str(tmp_path / "local")
   loop.train_and_evaluate(tl.smoke("sraven", **LONG), local)
@@ -217,17 +217,17 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
 def test_collect_writes_its_tables_to_the_bucket(gcs, tmp_path):
   """A gs:// root's tables go to the bucket (before: a local `./gs:/...` folder)."""
   del gcs
-  run = workdir_lib.path("gs://bucket/tables/fuzzy_hyla")
+  run = run_files.path("gs://bucket/tables/fuzzy_hyla")
   run.mkdir(parents=True, exist_ok=True)
-  workdir_lib.write_json(run / "config.json", {
+  run_files.write_json(run / "config.json", {
       "experiment": "fuzzy_logic", "seed": 0, "model": {"attention": "hyla"}})
-  workdir_lib.write_json(run / "summary.json", {"ood/r2": 0.5, "test/r2": 0.6,
+  run_files.write_json(run / "summary.json", {"ood/r2": 0.5, "test/r2": 0.6,
                                                 "wall_time_s": 1.0})
   proc = subprocess.run([sys.executable, os.path.join(tl.REPO, "launch", "collect.py"),
                          "--root=gs://bucket/tables"], env=tl.subprocess_env(),
                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  out = workdir_lib.path("gs://bucket/tables")
+  out = run_files.path("gs://bucket/tables")
   assert "1 finished runs under gs://bucket/tables" in (out / "table_a1.md").read_text()
   assert (out / "table_a1.csv").exists() and (out / "table_a1.png").read_bytes()[:4] == \
       b"\x89PNG"

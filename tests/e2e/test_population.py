@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+from hypernet_attention import errors
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import population
 from hypernet_attention.train import restore
@@ -69,11 +69,11 @@ def test_members_equal_single_runs():
 
 def test_member_keys_refused_in_one_line():
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"model.num_layers": 3})})
-  with pytest.raises(config_lib.BadInput, match=r"members\[1\] sets 'model.num_layers'"):
+  with pytest.raises(errors.BadInput, match=r"members\[1\] sets 'model.num_layers'"):
     population.setup(config)
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"seed": 1}),
                                  "population.member_names": ("a", "a")})
-  with pytest.raises(config_lib.BadInput, match="member_names"):
+  with pytest.raises(errors.BadInput, match="member_names"):
     population.setup(config)
 
 
@@ -147,7 +147,7 @@ def test_learning_rate_schedule_closed_form(authors):
 def test_authors_schedule_needs_a_cosine_part():
   config = tl.smoke("sraven", **{"optimizer.authors_schedule": True,
                                  "optimizer.warmup_steps": 4})
-  with pytest.raises(config_lib.BadInput, match="num_train_steps > 2 \\* warmup_steps"):
+  with pytest.raises(errors.BadInput, match="num_train_steps > 2 \\* warmup_steps"):
     build.setup(config)
 
 

@@ -138,7 +138,7 @@ def test_two_processes_agree_on_the_preemption_step(tmp_path):
 
 _EARLY = """
 import os, signal, sys, time
-from hypernet_attention.train import cli
+from hypernet_attention.runs import cli
 def main(argv):
   os.kill(os.getpid(), signal.SIGTERM)  # Before any training loop: flags, config, setup.
   time.sleep(30)

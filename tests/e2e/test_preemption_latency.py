@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from hypernet_attention.train import curves
+from hypernet_attention.runs import curves
 from hypernet_attention.train import loop
 from hypernet_attention.train import preemption
 from hypernet_attention.train import restore

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from hypernet_attention.train import curves
+from hypernet_attention.runs import curves
 from hypernet_attention.train import loop
 
 import train_testlib as tl

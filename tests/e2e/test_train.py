@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -255,26 +255,26 @@ def test_fresh_workdir_is_timestamped_under_workdirs():
 
 def test_unknown_model_field_is_a_value_error():
   with pytest.raises(ValueError, match="unknown model config keys.*'nope'"):
-    config_lib.transformer_config({"attention": "hyla", "nope": 1})
+    build.transformer_config({"attention": "hyla", "nope": 1})
 
 
 def test_workdir_guard_ignores_only_resume_free_keys(tmp_path):
   workdir = str(tmp_path)
-  workdir_lib.check(workdir, tl.smoke("sraven"))
-  workdir_lib.check(workdir, tl.smoke("sraven", stop_after_steps=3,
+  run_files.check(workdir, tl.smoke("sraven"))
+  run_files.check(workdir, tl.smoke("sraven", stop_after_steps=3,
                                                 **{"mesh.data": 1}))
   with pytest.raises(ValueError, match="batch_size: 16 -> 32"):
-    workdir_lib.check(workdir, tl.smoke("sraven", batch_size=32))
+    run_files.check(workdir, tl.smoke("sraven", batch_size=32))
 
 
 def test_set_dotted_validates_keys_and_converts_strings():
   config = tl.smoke("sraven")
-  config_lib.set_dotted(config, "optimizer.warmup_steps", "7")
-  config_lib.set_dotted(config, "optimizer.learning_rate", "3e-4")
-  config_lib.set_dotted(config, "async_checkpoints", "false")
-  config_lib.set_dotted(config, "model.activation", "gelu")
+  config_checks.set_dotted(config, "optimizer.warmup_steps", "7")
+  config_checks.set_dotted(config, "optimizer.learning_rate", "3e-4")
+  config_checks.set_dotted(config, "async_checkpoints", "false")
+  config_checks.set_dotted(config, "model.activation", "gelu")
   assert (config.optimizer.warmup_steps, config.optimizer.learning_rate) == (7, 3e-4)
   assert config.async_checkpoints is False and config.model.activation == "gelu"
   for key in ("optimizer.nope", "nope.learning_rate", "seed.x"):
     with pytest.raises(ValueError, match=f"unknown config key '{key}'"):
-      config_lib.set_dotted(config, key, 1)
+      config_checks.set_dotted(config, key, 1)

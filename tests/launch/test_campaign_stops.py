@@ -16,7 +16,7 @@ import pytest
 
 # pylint: disable=protected-access
 from hypernet_attention import errors
-from hypernet_attention.train import curves
+from hypernet_attention.runs import curves
 from launch.campaign import cells as cells_lib
 from launch.campaign import partial
 from launch.campaign import records

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hypernet_attention.train import config_lib
+from hypernet_attention import errors
 from launch import collect
 
 # (num_examples: the setting that tells the two sweeps apart, attention, seed) -> OOD r2.
@@ -64,7 +64,7 @@ def test_unreadable_runs_are_skipped_by_name(root):
 
 
 def test_sweep_of_another_experiment_is_refused(root):
-  with pytest.raises(config_lib.BadInput, match=(
+  with pytest.raises(errors.BadInput, match=(
       r"--sweep=table_a1_sraven_local is a 'sraven' sweep but the runs under the root are "
       r"\['fuzzy_logic'\]")):
     collect.report(root, "table_a1_sraven_local", "ood", os.path.join(root, "out"))

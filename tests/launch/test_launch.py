@@ -14,12 +14,12 @@ import tarfile
 import jax
 import pytest
 
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
-from hypernet_attention.train import workdir as workdir_lib
 from launch import jobs
 from launch import sweeps
 from launch import xm_launch
@@ -51,7 +51,7 @@ def _resolve(experiment, point):
   point = dict(point)
   config = registry.get(experiment).get_config(point.pop("config"))
   for key, value in point.items():
-    config_lib.set_dotted(config, key, value)
+    config_checks.set_dotted(config, key, value)
   return config
 
 
@@ -80,7 +80,7 @@ def test_registry_records_resolve_and_agree_with_their_objectives():
 
 def test_registry_command_line_for_shell_launchers():
   def run(*args):
-    return subprocess.run([sys.executable, "-m", "hypernet_attention.train.registry", *args],
+    return subprocess.run([sys.executable, "-m", "hypernet_attention.runs.registry", *args],
                           capture_output=True, text=True, cwd=tl.REPO, env=tl.subprocess_env())
   assert run("sraven").stdout.split() == ["experiments/sraven_scaling.py",
                                           "experiments/configs/sraven.py"]
@@ -109,7 +109,7 @@ def test_every_sweep_point_is_a_valid_distinct_config(name):
       objectives.build(config)  # Task arguments are valid.
     if model_key not in models_built:
       models_built.add(model_key)
-      config_lib.transformer_config(model, input_kind="dense")  # Presets, widths, MoE.
+      build.transformer_config(model, input_kind="dense")  # Presets, widths, MoE.
   assert max(seen.values()) == 1, "two jobs of the sweep would run the same config"
   assert len({jobs.point_name(p) for p in points}) == len(points)
 
@@ -286,12 +286,12 @@ def test_initialize_joins_only_named_clusters(monkeypatch, env, joins):
 def test_workdir_guard_with_split_seed(tmp_path):
   """config.json records split_seed None; the same config resumes, a fixed split does not."""
   config = tl.smoke("fuzzy_logic")
-  workdir_lib.check(str(tmp_path), config)
+  run_files.check(str(tmp_path), config)
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["task"]["split_seed"] is None
-  workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic"))
+  run_files.check(str(tmp_path), tl.smoke("fuzzy_logic"))
   with pytest.raises(ValueError, match="task.split_seed: None -> 0"):
-    workdir_lib.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
+    run_files.check(str(tmp_path), tl.smoke("fuzzy_logic", **{"task.split_seed": 0}))
 
 
 def test_paper_sweeps_group_into_populations():

@@ -1,5 +1,5 @@
 """`launch/tpu_pod.sh` and `launch/slurm.sh` check their arguments on the launching machine
-(`python -m hypernet_attention.train.check_config`) before anything is copied, installed or
+(`python -m hypernet_attention.runs.preflight`) before anything is copied, installed or
 submitted: fake `gcloud`, `sbatch` and `srun` on PATH record whether they were called."""
 
 import subprocess
@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from test_launch import _fake_tools  # pylint: disable=g-bad-import-order
 
-from hypernet_attention.train import check_config
+from hypernet_attention.runs import preflight
 
 import train_testlib as tl
 
@@ -30,12 +30,12 @@ BAD = {
 def test_check_config_refuses_in_one_line(case):
   experiment, arg, workdir, overrides, expected = BAD[case]
   with pytest.raises(ValueError) as error:
-    check_config.check(experiment, arg, workdir, overrides)
+    preflight.check(experiment, arg, workdir, overrides)
   assert expected in str(error.value)
 
 
 def test_check_config_applies_typed_overrides():
-  config = check_config.load("sraven", "model=hyla,size=smoke",
+  config = preflight.load("sraven", "model=hyla,size=smoke",
                              ["--config.stop_after_steps=4", "--config.seed=3",
                               "--config.eval.splits=('test',)"])
   assert (config.stop_after_steps, config.seed, tuple(config.eval.splits)) == (4, 3, ("test",))
@@ -50,7 +50,7 @@ def test_tpu_pod_script_checks_before_copying(tmp_path):
                           cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
-      "check_config: error: config.optimizer.learning_rate=nan; allowed: a finite number > 0"]
+      "preflight: error: config.optimizer.learning_rate=nan; allowed: a finite number > 0"]
   assert not log.exists(), "gcloud ran"
   assert not list(tmp_path.glob("*.tgz")), "the repository was packed"
 
@@ -62,7 +62,7 @@ def test_slurm_script_checks_then_submits_itself(tmp_path):
                         "/shared/wd", "--config.model.attention_dropout=1.5"],
                        cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-      "check_config: error: config.model.attention_dropout=1.5; allowed: a number in [0, 1)"]
+      "preflight: error: config.model.attention_dropout=1.5; allowed: a number in [0, 1)"]
   assert not log.exists(), "sbatch or srun ran"
   subprocess.run(["bash", "launch/slurm.sh", "--nodes=2", "--gpus-per-node=8", "sraven",
                   "model=hyla,size=paper", "/shared/wd", "--config.seed=2"],

@@ -1,10 +1,15 @@
-"""The launch layer runs where JAX is not installed (a laptop submitting to a cluster).
+"""The run layer and the launch layer run where JAX is not installed (a laptop submitting to a
+cluster), and the packages import each other in one direction.
 
-Every module of `launch/` (and the launching machine's config check) is imported in a
-subprocess whose `import jax` fails (`sys.modules["jax"] = None`), and the JAX-free file
-helpers answer "is this run finished" for a single run and a population there.
+Every module of `hypernet_attention.runs` and of `launch/` is imported in a subprocess whose
+`import jax` (flax, optax, orbax) fails (`sys.modules[name] = None`); none of them may be
+loaded, `launch/` may reach no package of `hypernet_attention` but `runs` (and the
+dependency-free `errors`), and no file may be loaded under two module names. The JAX-free file
+helpers answer "is this run finished" for a single run and a population there. A static
+walk of the module-level imports finds no cycle among the project's modules.
 """
 
+import ast
 import json
 import os
 import subprocess
@@ -12,18 +17,28 @@ import sys
 
 import train_testlib as tl
 
+BLOCKED = ("jax", "jaxlib", "flax", "optax", "orbax")
 PROGRAM = """
-import importlib, json, pkgutil, sys
-sys.modules["jax"] = None  # `import jax` raises ImportError from here on.
+import importlib, json, os, pkgutil, sys
+for name in %r:
+  sys.modules[name] = None  # `import <name>` raises ImportError from here on.
+import hypernet_attention.runs
 import launch
-names = ["hypernet_attention.train.check_config", "hypernet_attention.train.run_files"]
+names = [m.name for m in pkgutil.walk_packages(hypernet_attention.runs.__path__,
+                                               "hypernet_attention.runs.")]
 names += [m.name for m in pkgutil.walk_packages(launch.__path__, "launch.")]
 for name in names:
   importlib.import_module(name)
-from hypernet_attention.train import run_files
-print(json.dumps({"imported": names,
-                  "finished": [run_files.is_finished(d) for d in sys.argv[1:]]}))
-"""
+from hypernet_attention.runs import run_files
+files = [os.path.realpath(m.__file__) for m in list(sys.modules.values())
+         if getattr(m, "__file__", None)
+         and os.path.realpath(m.__file__).startswith(os.getcwd() + os.sep)]
+print(json.dumps({
+    "imported": names,
+    "loaded": sorted(n for n, m in sys.modules.items() if m is not None),
+    "twice": sorted({f for f in files if files.count(f) > 1}),
+    "finished": [run_files.is_finished(d) for d in sys.argv[1:]]}))
+""" % (BLOCKED,)
 
 
 def _write(path, data):
@@ -32,7 +47,7 @@ def _write(path, data):
     json.dump(data, f)
 
 
-def test_every_launch_module_imports_without_jax(tmp_path):
+def test_runs_and_launch_import_without_jax(tmp_path):
   single, population, unfinished = (str(tmp_path / n) for n in ("single", "pop", "pop2"))
   _write(os.path.join(single, "summary.json"), {"step": 8})
   for root, done in ((population, ("a", "b")), (unfinished, ("a",))):
@@ -46,6 +61,58 @@ def test_every_launch_module_imports_without_jax(tmp_path):
   out = json.loads(result.stdout.strip().splitlines()[-1])
   expected = {f"launch.{n[:-3]}" for n in os.listdir(os.path.join(tl.REPO, "launch"))
               if n.endswith(".py") and n != "__init__.py"}
+  expected |= {f"hypernet_attention.runs.{n[:-3]}"
+               for n in os.listdir(os.path.join(tl.REPO, "hypernet_attention", "runs"))
+               if n.endswith(".py") and n != "__init__.py"}
   assert expected <= set(out["imported"]), expected - set(out["imported"])
   assert "launch.sweeps.fig4_sraven_scaling" in out["imported"]
+  assert not [n for n in out["loaded"] if n.split(".")[0] in BLOCKED]
+  ours = [n for n in out["loaded"] if n.split(".")[0] == "hypernet_attention"]
+  assert not [n for n in ours if n not in ("hypernet_attention", "hypernet_attention.errors")
+              and not n.startswith("hypernet_attention.runs")], ours
+  assert out["twice"] == []
   assert out["finished"] == [True, True, False]
+
+
+def _module_imports(path: str, module: str, known: set[str]) -> set[str]:
+  """The project modules `module` imports at module level (not inside functions)."""
+  tree = ast.parse(open(path).read())
+  found = set()
+  for node in tree.body:
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      base = node.module
+      if node.level:
+        base = ".".join(module.split(".")[:-node.level] + [node.module])
+      found |= {base} | {f"{base}.{a.name}" for a in node.names}
+  return {n for n in found if n in known and n != module}
+
+
+def test_no_import_cycle():
+  modules = {}
+  for top in ("hypernet_attention", "launch"):
+    for root, _, names in os.walk(os.path.join(tl.REPO, top)):
+      for name in names:
+        if name.endswith(".py"):
+          rel = os.path.relpath(os.path.join(root, name), tl.REPO)[:-3].replace(os.sep, ".")
+          modules[rel.removesuffix(".__init__")] = os.path.join(root, name)
+  graph = {m: _module_imports(p, m, set(modules)) for m, p in modules.items()}
+  # A package's __init__ importing its own modules is no cycle with their `from pkg import`.
+  graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+  state, path = {}, []
+
+  def visit(m):
+    state[m] = "open"
+    path.append(m)
+    for d in sorted(graph[m]):
+      assert state.get(d) != "open", " -> ".join(path[path.index(d):] + [d])
+      if d not in state:
+        visit(d)
+    path.pop()
+    state[m] = "done"
+
+  for m in sorted(graph):
+    if m not in state:
+      visit(m)
+  assert graph["hypernet_attention.runs.run_files"]  # The walk sees the package's imports.

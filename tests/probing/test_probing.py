@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import threadpoolctl
 
+from hypernet_attention import errors
 from hypernet_attention import hypernetwork
 from hypernet_attention.probing import decode
 from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 from hypernet_attention.probing import stats
 from hypernet_attention.probing import weights
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
@@ -325,7 +325,7 @@ def test_probe_a_population_probes_every_member(tmp_path):
   population_dir = str(tmp_path / "pop")
   loop.train_and_evaluate(config, population_dir)
   options = report.ProbeOptions(num_problems=16, permutations=0, progress=False)
-  with pytest.raises(config_lib.BadInput, match="--output_dir='.*' is a file"):
+  with pytest.raises(errors.BadInput, match="--output_dir='.*' is a file"):
     report.probe_workdirs([population_dir], None, options, str(tmp_path / "pop" / "config.json"))
   probes = report.probe_workdirs([population_dir], None, options)
   assert [p.name for p in probes] == ["member0", "member1"]

@@ -10,7 +10,7 @@ import train_testlib as tl
 
 PROGRAM = """
 import json
-from hypernet_attention.train import registry
+from hypernet_attention.runs import registry
 config = registry.get("sraven").get_config("model=hyla,size=smoke")
 print(json.dumps({"module": registry.__file__, "path": registry.get("sraven").config_path(),
                   "steps": config.num_train_steps}))

@@ -20,7 +20,8 @@ TRAIN = f"""
 import json, sys
 sys.path.insert(0, {tl.TESTS!r})
 import train_testlib as tl
-from hypernet_attention.train import curves, loop
+from hypernet_attention.runs import curves
+from hypernet_attention.train import loop
 summary = loop.train_and_evaluate(tl.smoke("sraven", **{{"eval.ceiling_problems": 0}}), sys.argv[1])
 scalars = curves.read_scalars(sys.argv[1], ["train/loss", "test/accuracy"])
 print(json.dumps(dict(
@@ -38,7 +39,8 @@ from hypernet_attention.probing import report
 analysis = sorted(m for m in sys.modules if m.split(".")[0] == "tensorflow"
                   or m.startswith(("clu.metric_writers", "clu.periodic_actions")))
 from launch import collect
-from hypernet_attention.train import events, loop
+from hypernet_attention.runs import events
+from hypernet_attention.train import loop
 print(json.dumps(dict(analysis=analysis, all=sorted(
     m for m in sys.modules if m.split(".")[0] == "tensorflow" or m == "clu.metric_writers"),
     clu_metrics="clu.metrics" in sys.modules)))

@@ -14,8 +14,8 @@ import numpy as np
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from hypernet_attention.train import curves
-from hypernet_attention.train import events
+from hypernet_attention.runs import curves
+from hypernet_attention.runs import events
 
 
 def _records(path):
@@ -76,8 +76,9 @@ def test_other_processes_write_no_file(tmp_path):
 
 def test_a_bucket_file_is_rewritten_whole_and_throttled(tmp_path, monkeypatch):
   written = []
-  monkeypatch.setattr(events.workdir_lib, "is_remote", lambda path: True)
-  monkeypatch.setattr(events.workdir_lib, "write_bytes",
+  monkeypatch.setattr(events.run_files, "is_remote", lambda path: True)
+  monkeypatch.setattr(events.run_files, "check_credentials", lambda *args, **kwargs: None)
+  monkeypatch.setattr(events.run_files, "write_bytes",
                       lambda path, data: written.append(bytes(data)))
   writer = events.EventsWriter(str(tmp_path), remote_flush_s=3600)
   writer.write_scalars(1, {"train/loss": 1.0})  # First flush: written.

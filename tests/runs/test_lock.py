@@ -1,4 +1,4 @@
-"""One writer per workdir (`train/lock.py`), writability at the start, a failed save.
+"""One writer per workdir (`runs/lock.py`), writability at the start, a failed save.
 
 Unit cases run in-process on the lock alone (no training); the race starts a real trainer
 and a second one on its workdir.
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import lock
+from hypernet_attention import errors
+from hypernet_attention.runs import lock
 from hypernet_attention.train import loop
 
 import train_testlib as tl
@@ -32,7 +32,7 @@ def test_second_holder_is_refused_naming_the_first(tmp_path):
   with lock.WorkdirLock(str(tmp_path)) as first:
     holder = lock.read_holder(first.path)
     assert (holder.host, holder.pid) == (socket.gethostname(), os.getpid())
-    with pytest.raises(config_lib.BadInput, match=(
+    with pytest.raises(errors.BadInput, match=(
         rf"is in use by another training process \(host {socket.gethostname()}, pid "
         rf"{os.getpid()}, started .* UTC, heartbeat 0 s ago; lock .*lock.json\)")):
       lock.WorkdirLock(str(tmp_path)).acquire()
@@ -89,7 +89,7 @@ def test_unwritable_checkpoints_directory_is_refused_at_start(tmp_path):
     read_only = str(tmp_path / "ro")
     os.mkdir(read_only, 0o555)
   os.symlink(read_only, workdir / "checkpoints")
-  with pytest.raises(config_lib.BadInput, match=r"checkpoints' is not writable"):
+  with pytest.raises(errors.BadInput, match=r"checkpoints' is not writable"):
     loop.train_and_evaluate(tl.smoke("sraven", **{"eval.ceiling_problems": 0}), str(workdir))
   assert os.listdir(workdir) == ["checkpoints"]  # Refused before config.json or the lock.
 
@@ -138,7 +138,7 @@ def test_failed_save_stops_the_run_at_once(tmp_path):
              workdir / "checkpoints")
   if os.geteuid() != 0:
     os.chmod(tmp_path, 0o555)
-  program = ("import sys; from hypernet_attention.train import lock, cli; "
+  program = ("import sys; from hypernet_attention.runs import lock, cli; "
              "lock.check_writable = lambda d: None; "  # As if it broke after the start.
              "sys.argv[0] = 'sraven_scaling.py'; "
              "import runpy; runpy.run_path('experiments/sraven_scaling.py', "
@@ -165,7 +165,7 @@ def test_heartbeat_in_the_future_says_how_to_clear_it(tmp_path):
   first._stop.set()  # pylint: disable=protected-access
   _record(first.path, host="other-host", heartbeat=time.time() + 3600)
   before = first.path.read_text()
-  with pytest.raises(config_lib.BadInput, match=(
+  with pytest.raises(errors.BadInput, match=(
       r"has a lock whose heartbeat is 3[56]\d\d s in the future \(host other-host, .*; the "
       r"clocks of this host and other-host differ\); allowed: if no trainer runs there, "
       r"remove .*lock.json, else wait for it to end")):

@@ -19,9 +19,10 @@ import seqio
 import tensorflow_datasets as tfds
 
 from experiments.configs import c4_lm as c4_config
+from hypernet_attention import errors
 from hypernet_attention import transformer
 from hypernet_attention.tasks import c4
-from hypernet_attention.train import config_lib
+from hypernet_attention.train import build
 from hypernet_attention.train import state as state_lib
 
 import c4_testlib
@@ -157,7 +158,7 @@ def _error_line(error):
 
 
 def test_missing_c4_data_names_the_directory_and_both_remedies(corpus, tmp_path):
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(name="c4_lm", data_dir=str(tmp_path / "tfds"),
                                vocabulary=corpus["vocabulary"]))
   message = _error_line(error)
@@ -170,7 +171,7 @@ def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
   path = tmp_path / "vocabulary.model"
   if kind == "not_a_model":
     path.write_bytes(b"not a sentencepiece model")
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=corpus["train"],
                                validation_files=corpus["validation"], vocabulary=str(path)))
   assert str(path) in _error_line(error) and "SentencePiece" in _error_line(error)
@@ -188,7 +189,7 @@ def test_unreachable_bucket_vocabulary_is_one_clear_line(corpus, monkeypatch):
     return os.path.exists(p)
 
   monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=corpus["train"],
                                validation_files=corpus["validation"], vocabulary=path))
   message = _error_line(error)
@@ -200,7 +201,7 @@ def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
   (tmp_path / "a.txt").write_text("")
   (tmp_path / "b.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
   pattern = {"empty": "a.txt", "no_match": "c*.txt", "mixed": "*"}[kind]
-  with pytest.raises(config_lib.BadInput) as error:
+  with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(train_files=str(tmp_path / pattern),
                                validation_files=corpus["validation"],
                                vocabulary=corpus["vocabulary"]))
@@ -228,7 +229,7 @@ BAD_TEXT = {
 def test_corpus_that_is_not_text_is_one_line_naming_the_file(tmp_path, kind):
   name, data, message = BAD_TEXT[kind]
   (tmp_path / name).write_bytes(data)
-  with pytest.raises(config_lib.BadInput, match=re.escape(message)) as error:
+  with pytest.raises(errors.BadInput, match=re.escape(message)) as error:
     c4.text_files(str(tmp_path / name), "train")
   assert (kind.startswith("blank") or str(tmp_path / name) in str(error.value)
           and "\n" not in str(error.value))
@@ -254,7 +255,7 @@ def test_sequence_length_above_max_len_is_refused():
 
 def _count_params(size, tied):
   config = c4_config.get_config(f"model=hyla,size={size}")
-  model_config = config_lib.transformer_config(
+  model_config = build.transformer_config(
       config.model, input_kind="embed", vocab_size=32_000, output_dim=32_000,
       tied_embedding=tied)
   shapes = jax.eval_shape(lambda: tl.token_model_params(model_config))

@@ -149,8 +149,8 @@ def test_split_redraw_keeps_seeds_that_already_covered():
 
 
 def test_split_seed_follows_run_seed_unless_fixed():
+  from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=smoke')
   assert config.task.split_seed is None  # The paper's practice is the default.
   ood = {}
@@ -167,8 +167,8 @@ def test_legacy_task_seed_in_config_json_still_builds():
   """config.json files written before `split_seed` hold `task.seed` (a fixed split)."""
   import ml_collections  # pylint: disable=g-import-not-at-top
 
+  from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=smoke').to_dict()
   del config['task']['split_seed']
   config['task']['seed'], config['seed'] = 1, 2
@@ -199,8 +199,8 @@ def test_authors_split_draw_reproduces_their_seed_2():
 
 
 def test_split_draw_is_a_config_switch_and_bad_values_are_named():
+  from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=paper')
   assert config.task.split_draw is None  # = 'covering'; None so that older runs resume.
   assert objectives.build(config).task.split_draw == 'covering'
@@ -219,8 +219,8 @@ def test_a_run_from_before_split_draw_still_resumes(tmp_path):
   count as a different experiment, while 'authors' must."""
   import json  # pylint: disable=g-import-not-at-top
 
-  from hypernet_attention.train import registry  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import workdir  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.runs import run_files as workdir  # pylint: disable=g-import-not-at-top
   config = registry.get('fuzzy_logic').get_config('size=smoke')
   workdir.check(str(tmp_path), config)
   old = json.loads((tmp_path / workdir.CONFIG).read_text())

@@ -1,7 +1,7 @@
 """Bad input, everywhere: one clear line naming the value and what is allowed, before any
 work, and nothing already written is lost.
 
-Library cases run in-process (`loop.train_and_evaluate` raises `config_lib.BadInput`
+Library cases run in-process (`loop.train_and_evaluate` raises `errors.BadInput`
 before touching anything); entry-point cases run the real programs, one process per case, and
 check that the last line of stderr is `<program>: error: ...` with exit status 2 (no traceback).
 """
@@ -17,13 +17,14 @@ import sys
 import ml_collections
 import pytest
 
+from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import config_common
+from hypernet_attention.runs import preflight
+from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import sraven
-from hypernet_attention.train import check_config
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
 from hypernet_attention.train import loop
 from hypernet_attention.train import population
-from hypernet_attention.train import workdir as workdir_lib
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -84,7 +85,7 @@ def test_library_refuses_bad_config_before_any_work(case, tmp_path):
   overrides, message = LIBRARY_CASES[case]
   config = tl.smoke("sraven", **overrides)
   workdir = tmp_path / "wd"
-  with pytest.raises(config_lib.BadInput, match=message):
+  with pytest.raises(errors.BadInput, match=message):
     loop.train_and_evaluate(config, "" if case == "empty_workdir" else str(workdir))
   assert not workdir.exists() and os.listdir(tmp_path) == []
 
@@ -93,19 +94,19 @@ def test_task_memory_bound_follows_the_estimate():
   """SRAVEN K=7 without ceilings is small (3,432 rule multisets); with them the K!**2
   readings are not; the bound is the estimate against the budget."""
   config = tl.smoke("sraven", **{"task.num_features": 7, "eval.ceiling_problems": 0})
-  checks.check_task_memory(config, budget=2**30)
+  config_checks.check_task_memory(config, budget=2**30)
   with config.unlocked():
     config.eval.ceiling_problems = 32
-  with pytest.raises(config_lib.BadInput, match="eval.ceiling_problems=32 needs ~"):
-    checks.check_task_memory(config, budget=2**30)
+  with pytest.raises(errors.BadInput, match="eval.ceiling_problems=32 needs ~"):
+    config_checks.check_task_memory(config, budget=2**30)
   # The estimate: (7!)**2 readings x 7 slots x 1024 problems x (8 values + 4) bytes at least.
   assert sraven.memory_estimate(7, 8, 3, 1024) > 5040**2 * 7 * 1024 * 12
 
 
 def test_tilde_in_workdir_is_expanded(tmp_path, monkeypatch):
   monkeypatch.setenv("HOME", str(tmp_path))
-  assert config_lib.workdir_path("~/runs/a") == str(tmp_path / "runs" / "a")
-  assert config_lib.workdir_path("gs://bucket/a") == "gs://bucket/a"
+  assert run_files.workdir_path("~/runs/a") == str(tmp_path / "runs" / "a")
+  assert run_files.workdir_path("gs://bucket/a") == "gs://bucket/a"
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_workdir_problems_are_refused_and_nothing_changes(case, finished_run, tm
     damage(workdir)
   before = tl.snapshot(workdir)
   config = tl.smoke(experiment, **{"eval.ceiling_problems": 0, **overrides})
-  with pytest.raises(config_lib.BadInput, match=message):
+  with pytest.raises(errors.BadInput, match=message):
     loop.train_and_evaluate(config, workdir)
   assert tl.snapshot(workdir) == before
 
@@ -158,10 +159,10 @@ def test_workdir_problems_are_refused_and_nothing_changes(case, finished_run, tm
 def test_workdir_that_is_a_file_or_under_a_file(tmp_path):
   a_file = tmp_path / "file"
   a_file.write_text("keep me")
-  with pytest.raises(config_lib.BadInput, match="is a file, not a directory"):
+  with pytest.raises(errors.BadInput, match="is a file, not a directory"):
     loop.train_and_evaluate(tl.smoke("sraven"), str(a_file))
   # Unwritable: a directory cannot be created below a file (chmod does not stop root).
-  with pytest.raises(config_lib.BadInput, match="is not writable"):
+  with pytest.raises(errors.BadInput, match="is not writable"):
     loop.train_and_evaluate(tl.smoke("sraven"), str(a_file / "wd"))
   assert a_file.read_text() == "keep me"
 
@@ -332,8 +333,8 @@ def _tool_inputs(tmp) -> None:
   (tmp / "bad_syntax.py").write_text("x = (\n")
   (tmp / "no_get.py").write_text("X = 1\n")
   (tmp / "unregistered.py").write_text(
-      "from hypernet_attention.train import config_lib\n"
-      "def get_config(arg=None):\n  return config_lib.base_config(experiment='unregistered')\n")
+      "from hypernet_attention.runs import config_common\n"
+      "def get_config(arg=None):\n  return config_common.base_config(experiment='unregistered')\n")
   (tmp / "existing.model").write_text("keep me")
   (tmp / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
   (tmp / "c4_run").mkdir()
@@ -467,18 +468,18 @@ def _population(members, names=(), **overrides):
 @pytest.mark.parametrize("case", sorted(POPULATION_CASES))
 def test_population_refused_before_any_work(case, tmp_path):
   members, names, message = POPULATION_CASES[case]
-  with pytest.raises(config_lib.BadInput, match=message):
+  with pytest.raises(errors.BadInput, match=message):
     loop.train_and_evaluate(_population(members, names), str(tmp_path / "wd"))
   assert os.listdir(tmp_path) == []
 
 
 def test_launch_check_runs_the_population_checks():
-  """`check_config` (tpu_pod.sh, slurm.sh) refuses a bad member on the laptop (point 6)."""
-  with pytest.raises(config_lib.BadInput, match=r"members\[1\]: config.optimizer.learning_rate"):
-    check_config.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
+  """`preflight` (tpu_pod.sh, slurm.sh) refuses a bad member on the laptop (point 6)."""
+  with pytest.raises(errors.BadInput, match=r"members\[1\]: config.optimizer.learning_rate"):
+    preflight.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
         "--config.population.members=({'seed': 0}, {'optimizer.learning_rate': -1.0})"])
-  with pytest.raises(config_lib.BadInput, match=r"\('checkpoints' is not allowed\)"):
-    check_config.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
+  with pytest.raises(errors.BadInput, match=r"\('checkpoints' is not allowed\)"):
+    preflight.check("sraven", "model=hyla,size=smoke", "gs://b/wd", [
         "--config.population.members=({'seed': 0}, {'seed': 1})",
         "--config.population.member_names=('checkpoints', 'b')"])
 
@@ -493,24 +494,24 @@ BAD_BUCKET_PATHS = ("gs://", "gs:///x", "gs:/b/run", "GS://b/x", "Gs://b/x", "gs
 @pytest.mark.parametrize("bad", BAD_BUCKET_PATHS)
 def test_malformed_bucket_paths_refused(bad, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(config_lib.BadInput, match=r"is not a valid bucket path; allowed: "
+  with pytest.raises(errors.BadInput, match=r"is not a valid bucket path; allowed: "
                      r"gs://<bucket>/<path>"):
     loop.train_and_evaluate(tl.smoke("sraven"), bad)
-  with pytest.raises(config_lib.BadInput, match=r"--root=.* is not a valid bucket path"):
-    workdir_lib.path(bad, "--root")
+  with pytest.raises(errors.BadInput, match=r"--root=.* is not a valid bucket path"):
+    run_files.path(bad, "--root")
   assert os.listdir(tmp_path) == []
 
 
 def test_good_paths_pass_unchanged():
   for good in ("gs://b/run", "gs://my-bucket.example.com/a/b/", "runs/a:b", "/tmp/x"):
-    assert config_lib.check_bucket_path(good) == good
+    assert run_files.check_bucket_path(good) == good
 
 
 def test_bucket_path_without_gcsfs_names_the_extra(monkeypatch):
   monkeypatch.setitem(sys.modules, "gcsfs", None)  # `import gcsfs` raises ImportError.
-  with pytest.raises(config_lib.BadInput, match=r"needs gcsfs \(not installed\); allowed: pip "
+  with pytest.raises(errors.BadInput, match=r"needs gcsfs \(not installed\); allowed: pip "
                      r"install 'hypernet-attention\[gcs\]'"):
-    workdir_lib.path("gs://bucket/run")
+    run_files.path("gs://bucket/run")
 
 
 def test_gcsfs_bucket_type_warning_shown_once_per_bucket(caplog):
@@ -533,9 +534,9 @@ def test_gcsfs_bucket_type_warning_shown_once_per_bucket(caplog):
 def _fake_population(root) -> ml_collections.ConfigDict:
   """A population's workdir as its run records it before training (config.json files)."""
   config = _population(M2)
-  workdir_lib.check(str(root), config)
+  run_files.check(str(root), config)
   for i, member in enumerate(population.check(config)):
-    workdir_lib.check(str(root / f"member{i}"), member, population=str(root))
+    run_files.check(str(root / f"member{i}"), member, population=str(root))
   return config
 
 
@@ -543,11 +544,11 @@ def test_single_run_into_a_member_directory_refused(tmp_path):
   config = _fake_population(tmp_path / "pop")
   before = tl.snapshot(str(tmp_path))
   member1 = population.member_config(config, 1)
-  with pytest.raises(config_lib.BadInput, match=r"is member 'member1' of the population in "
+  with pytest.raises(errors.BadInput, match=r"is member 'member1' of the population in "
                      r".*pop, whose run is its only writer; allowed: rerun the population"):
     loop.train_and_evaluate(member1, str(tmp_path / "pop" / "member1"))
   for inside in ("checkpoints", "member1/x", "checkpoints/x"):
-    with pytest.raises(config_lib.BadInput, match=r"is inside the run in .*; allowed: a "
+    with pytest.raises(errors.BadInput, match=r"is inside the run in .*; allowed: a "
                        r"directory outside any run's workdir"):
       loop.train_and_evaluate(member1, str(tmp_path / "pop" / inside))
   assert tl.snapshot(str(tmp_path)) == before
@@ -556,7 +557,7 @@ def test_single_run_into_a_member_directory_refused(tmp_path):
 def test_population_over_a_single_runs_directory_refused(tmp_path):
   (tmp_path / "pop" / "member1" / "checkpoints" / "4").mkdir(parents=True)
   before = tl.snapshot(str(tmp_path))
-  with pytest.raises(config_lib.BadInput, match=r"member directory .*member1' of the "
+  with pytest.raises(errors.BadInput, match=r"member directory .*member1' of the "
                      r"population in .* holds a single run's checkpoints or lock"):
     loop.train_and_evaluate(_population(M2), str(tmp_path / "pop"))
   assert tl.snapshot(str(tmp_path)) == before
@@ -564,12 +565,12 @@ def test_population_over_a_single_runs_directory_refused(tmp_path):
 
 def test_language_model_population_refused_from_the_config_alone():
   """Before the vocabulary is trained or data are read (issue 25, point 7)."""
-  config = config_lib.base_config(experiment="c4_lm")
+  config = config_common.base_config(experiment="c4_lm")
   config.population.members = ({"seed": 0}, {"seed": 1})
-  with pytest.raises(config_lib.BadInput, match=r"population.members set for experiment "
+  with pytest.raises(errors.BadInput, match=r"population.members set for experiment "
                      r"'c4_lm', which reads host-side data; allowed: populations of sraven, "
                      r"fuzzy_logic"):
-    config_lib.check_population(config)
+    config_checks.check_population(config)
 
 
 # Missing Google Cloud credentials (issue 25, point 7): one line in well under a second;
@@ -595,16 +596,16 @@ def test_missing_gcs_credentials_refused_at_once(monkeypatch):
   # Refused before gcsfs is asked anything (it would retry the metadata server for a minute).
   monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", _never_called, raising=False)
   monkeypatch.setattr(gcsfs.GCSFileSystem, "_info", _never_called, raising=False)
-  with pytest.raises(config_lib.BadInput, match=re.escape(
+  with pytest.raises(errors.BadInput, match=re.escape(
       "--workdir='gs://no-credentials-bucket/run' is in a bucket, but no Google Cloud "
       "credentials were found; allowed: `gcloud auth application-default login`")):
-    workdir_lib.path("gs://no-credentials-bucket/run")
+    run_files.path("gs://no-credentials-bucket/run")
   assert asked
-  with pytest.raises(config_lib.BadInput, match="--root='gs://no-credentials-bucket/x'"):
-    workdir_lib.path("gs://no-credentials-bucket/x", "--root")
+  with pytest.raises(errors.BadInput, match="--root='gs://no-credentials-bucket/x'"):
+    run_files.path("gs://no-credentials-bucket/x", "--root")
   # An emulator, or a token named in fsspec's config (anon for a public bucket): no check.
   monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": "anon"})
-  assert str(workdir_lib.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"
+  assert str(run_files.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"
   monkeypatch.setitem(fsspec.config.conf, "gcs", {})
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
-  assert str(workdir_lib.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"
+  assert str(run_files.path("gs://no-credentials-bucket/run")) == "gs://no-credentials-bucket/run"

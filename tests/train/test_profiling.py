@@ -1,7 +1,7 @@
 """The per-op step profile: HLO names joined to JAX op names, and a real traced step."""
 
+from hypernet_attention.runs import registry
 from hypernet_attention.train import profiling
-from hypernet_attention.train import registry
 
 HLO = """
 ENTRY %main {

@@ -18,7 +18,7 @@ import optax
 import pytest
 
 from hypernet_attention import transformer
-from hypernet_attention.train import config_lib
+from hypernet_attention.train import build
 from hypernet_attention.train import state as state_lib
 
 import train_testlib as tl
@@ -40,7 +40,7 @@ def _param_count(num_layers, emb_dim, num_heads, qk_dim, v_dim, mlp_dim, **_):
 @pytest.fixture(scope="module")
 def abstract_state():
   config = tl.smoke("sraven")
-  model = transformer.Transformer(config_lib.transformer_config(
+  model = transformer.Transformer(build.transformer_config(
       MODEL, input_kind="dense", output_dim=OUT, num_buckets=BUCKETS, max_distance=BUCKETS))
   tx = state_lib.make_optimizer(config)
   init = state_lib.make_init_fn(model, jnp.zeros((1, BUCKETS, IN)), tx)

@@ -14,21 +14,21 @@ import numpy as np
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import run_files
 
 
 def read_scalars(workdir: str, tags: Optional[Sequence[str]] = None
                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{tag: (steps, values)} for each of `tags` (None: every scalar, {} before the first
   log) in the event files of `workdir`; a tag asked for and absent is a ValueError."""
-  if workdir_lib.is_remote(workdir):
+  if run_files.is_remote(workdir):
     # tensorboard reads buckets through TensorFlow when it is installed (else fsspec):
     # read local copies instead, whichever is there.
     with tempfile.TemporaryDirectory() as local:
-      for f in workdir_lib.path(workdir).glob("events.out.tfevents.*"):
+      for f in run_files.path(workdir).glob("events.out.tfevents.*"):
         (epath.Path(local) / f.name).write_bytes(f.read_bytes())
       return read_scalars(local, tags)
-  if not workdir_lib.path(workdir).is_dir():  # Not created yet: nothing logged yet.
+  if not run_files.path(workdir).is_dir():  # Not created yet: nothing logged yet.
     _check_tags(set(), tags, workdir)
     return {}
   events = event_accumulator.EventAccumulator(

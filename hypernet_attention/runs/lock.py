@@ -18,7 +18,7 @@ Design (works on local disks and on gs:// through etils.epath):
     any host: its heartbeat is older than `stale_after_s` (default 10 min). This is the
     only test possible for a lock written on another host (e.g. a preempted TPU VM).
 - Multi-process runs: process 0 holds the lock for the whole run; the others learn the
-  outcome from it (`multihost_utils.broadcast_one_to_all`) and refuse with it.
+  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it.
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
-import jax
-from jax.experimental import multihost_utils
-import numpy as np
 
 from hypernet_attention import errors
 
@@ -233,17 +230,22 @@ def check_writable(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def hold(workdir: str) -> Iterator[WorkdirLock]:
-  """Holds `workdir`'s lock for the block: process 0 takes it, every process learns the
-  outcome (so all refuse together), and it is released however the block ends."""
+def hold(workdir: str, chief: bool = True,
+         agree: Optional[Callable[[bool], bool]] = None) -> Iterator[WorkdirLock]:
+  """Holds `workdir`'s lock for the block, released however the block ends.
+
+  Several processes (no JAX here: the training loop passes its collective): the `chief`
+  takes the lock and `agree(held)` tells every process whether it did, so all refuse
+  together; None for a single process.
+  """
   lock, error = WorkdirLock(workdir), None
-  if jax.process_index() == 0:
+  if chief:
     try:
       lock.acquire()
     except errors.BadInput as e:
       error = e
-  if jax.process_count() > 1:
-    held = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  if agree is not None:
+    held = agree(error is None)
     if error is None and not held:
       error = errors.BadInput(f"workdir {workdir!r} is in use by another training "
                                   "process (process 0 found its lock); allowed: one "

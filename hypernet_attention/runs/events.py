@@ -7,7 +7,7 @@ tensorboard's own protos (`scalar_pb`, `hparams_pb`; the scalars plugin's tensor
 TF2 writes it) and frames them with tensorboard's `RecordWriter`, so `tensorboard --logdir`
 and `curves.read_scalars` read them as they read CLU's.
 
-The file is written through `workdir.py`: locally new records are appended at each flush;
+The file is written through `run_files.py`: locally new records are appended at each flush;
 in a bucket, where objects cannot be appended to, the whole file is rewritten as one object
 (scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`.
 """
@@ -28,7 +28,7 @@ from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.scalar import summary_v2 as scalar_summary
 from tensorboard.summary.writer import record_writer
 
-from hypernet_attention.train import workdir as workdir_lib
+from hypernet_attention.runs import run_files
 
 
 class EventsWriter:
@@ -40,7 +40,7 @@ class EventsWriter:
 
   def __init__(self, logdir: str, *, just_logging: bool = False, remote_flush_s: float = 60):
     self.just_logging, self.remote_flush_s = just_logging, remote_flush_s
-    self.path = workdir_lib.path(logdir) / (
+    self.path = run_files.path(logdir) / (
         f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.v2")
     self._records = io.BytesIO()
     self._framer = record_writer.RecordWriter(self._records)
@@ -69,10 +69,10 @@ class EventsWriter:
     data = self._records.getvalue()
     if self.just_logging or len(data) == self._written:
       return
-    if workdir_lib.is_remote(self.path):
+    if run_files.is_remote(self.path):
       if not force and time.time() - self._last_flush < self.remote_flush_s:
         return
-      workdir_lib.write_bytes(self.path, data)  # One object: the whole file so far.
+      run_files.write_bytes(self.path, data)  # One object: the whole file so far.
     else:
       with self.path.open("ab") as f:
         f.write(data[self._written:])
@@ -90,7 +90,7 @@ def write_run_start(writer: EventsWriter, step: int, config: Any,
   step draws a flat line from step 0 to that step in TensorBoard."""
   if step:
     return
-  flat_config = workdir_lib.flatten(workdir_lib.config_to_json(config))
+  flat_config = run_files.flatten(run_files.config_to_json(config))
   writer.write_hparams({k: v for k, v in flat_config.items()
                         if isinstance(v, (int, float, str, bool))})
   if constants:

@@ -2,7 +2,7 @@
 
 Everything that differs between experiments and is not in the config file sits in its
 record, and everything that needs it reads the record: the entry points (which trainer),
-`objectives.build` (the objective), `checks` (population support, the task's host memory),
+`objectives.build` (the objective), `config_checks` (population support, the task's host memory),
 `probing.extract` (the probe setting), the launchers and campaign (entry point, config file,
 config template, main metric). No other module keys a table by an experiment's name, so
 adding a task is three files: `tasks/<name>.py`, `experiments/configs/<name>.py` and one
@@ -15,7 +15,7 @@ JAX-dependent parts (objective builder, trainer, memory estimate, probe setting)
 in place (a test) may give the object itself instead. Paths of files are relative to the
 repository root, as the launchers' commands use them.
 
-  python -m hypernet_attention.train.registry sraven   # prints: script config_file
+  python -m hypernet_attention.runs.registry sraven   # prints: script config_file
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def names(**where: Any) -> list[str]:
 
 def main(argv: list[str]) -> int:
   if len(argv) != 1:
-    print(f"usage: python -m hypernet_attention.train.registry NAME; names: "
+    print(f"usage: python -m hypernet_attention.runs.registry NAME; names: "
           f"{', '.join(EXPERIMENTS)}", file=sys.stderr)
     return 2
   try:

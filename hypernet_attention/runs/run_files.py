@@ -1,9 +1,11 @@
 """A run's files, on local disk or in a bucket (`gs://b/run`), without JAX.
 
 File names, the `~` / gs:// path step, JSON reads and atomic writes, "is this a finished
-run", "is this a population" and its members' names: what the training code (`workdir.py`
-adds the guard), the launchers (`launch/`, which run where JAX is not installed) and
-`collect` share.
+run", "is this a population" and its members' names, the `--workdir` / output-path checks
+and the workdir guard (`check`: config.json must match to resume): what the training code,
+the launchers (`launch/`, which run where JAX is not installed) and `collect` share. In a
+multi-process run the training loop lets process 0 write (`check(record=...)`,
+`cached_json(write=...)`).
 
 All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
 bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
@@ -28,13 +30,14 @@ import json
 import logging
 import os
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
 os.environ.setdefault("EPATH_USE_TF", "false")
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath
 import fsspec
+import ml_collections
 
 fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
@@ -235,7 +238,7 @@ def members(config: Any) -> tuple[dict[str, Any], ...]:
 
 def is_population(config: Any) -> bool:
   """Whether `config` (a ConfigDict, or a recorded config.json's dict) is a population: any
-  `population.members` set (of any shape: `checks.check_population` names a bad one)."""
+  `population.members` set (of any shape: `config_checks.check_population` names a bad one)."""
   population = config.get("population")
   return bool(population and population.get("members"))
 
@@ -296,3 +299,131 @@ def find_runs(root: epath.PathLike) -> list[epath.Path]:
             if child.name != CHECKPOINTS and (child / CONFIG).exists()]
   return [run for child in sorted(root.iterdir(), key=str) if child.is_dir()
           for run in find_runs(child)]
+
+
+def workdir_path(workdir: Optional[str]) -> str:
+  """`--workdir` as the run will use it: `~` expanded; empty, blank or a malformed gs://
+  path refused."""
+  if workdir is None or not str(workdir).strip():
+    raise errors.BadInput(f"--workdir={workdir!r}; allowed: a directory path (new, or holding this "
+                   "run); leave the flag out for a fresh one under ./workdirs/")
+  return os.path.expanduser(check_bucket_path(str(workdir)))
+
+
+def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
+  """An output file's path (`~` expanded); refused if missing, a folder, below a file, or
+  existing without `--overwrite` (a tool never replaces a file silently)."""
+  if path is None or not str(path).strip():
+    raise errors.BadInput(f"{flag}={path!r}; allowed: the path of the file to write")
+  path = os.path.expanduser(str(path))
+  target = epath.Path(path)
+  if target.is_dir():
+    raise errors.BadInput(f"{flag}={path!r} is a directory; allowed: a file path")
+  if target.exists() and not overwrite:
+    raise errors.BadInput(f"{flag}={path!r} exists; allowed: a new path, or --overwrite to "
+                          "replace it")
+  blocker = file_in_the_way(target.parent)
+  if blocker is not None:
+    raise errors.BadInput(f"{flag}={path!r} is below the file {os.fspath(blocker)!r}; allowed: a "
+                   "path in a folder")
+  return path
+
+
+def _is_off(value: Any) -> bool:
+  """A switch added after a run started, at its off value (False, None, empty), which
+  does not change that run: its config.json may lack the key and still resume."""
+  return value is None or value is False or value in ((), [], "", {})
+
+
+def _config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+  old_flat, new_flat = flatten(old), flatten(new)
+  return [f"{k}: {old_flat.get(k, '<missing>')!r} -> {new_flat.get(k, '<missing>')!r}"
+          for k in sorted(set(old_flat) | set(new_flat))
+          if old_flat.get(k, "<missing>") != new_flat.get(k, "<missing>")
+          and not (k not in old_flat and _is_off(new_flat[k]))
+          and k.split(".")[0] not in RESUME_FREE_KEYS]
+
+
+def _check_not_inside_a_run(root: epath.Path, workdir: epath.PathLike) -> None:
+  """Refuses a workdir inside another run's: a population's member directory has one
+  writer, its population (a single run there would overwrite the member's summary), and a
+  run's own folders (checkpoints/) are Orbax's."""
+  for parent in (root.parent, root.parent.parent):
+    if parent == root or not (parent / CONFIG).exists():
+      continue
+    try:
+      recorded = read_config(parent) or {}
+    except ValueError:
+      recorded = {}
+    population = recorded.get("population") or {}
+    members = population.get("members") or ()
+    names = population.get("member_names") or [f"member{i}" for i in range(len(members))]
+    if members and parent == root.parent and root.name in names:
+      raise ValueError(
+          f"--workdir={workdir!r} is member {root.name!r} of the population in {parent}, "
+          "whose run is its only writer; allowed: rerun the population (--workdir="
+          f"{parent}), read the member with restore_params({str(parent)!r}, member="
+          f"{list(names).index(root.name)}), or pass another --workdir")
+    raise ValueError(f"--workdir={workdir!r} is inside the run in {parent} (its config.json); "
+                     "allowed: a directory outside any run's workdir")
+
+
+def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
+          population: Optional[epath.PathLike] = None, record: bool = True) -> None:
+  """Raises if `workdir` is unusable or holds another experiment's run; else records the config
+  (unless `record` is False: a dry pass, so that several workdirs are all checked before
+  any of them is written).
+
+  `population`: the population's workdir when `workdir` is one of its members' (which may
+  then hold nothing but what the population writes there). Call before any work: a refused
+  workdir is left untouched.
+  """
+  root = path(workdir)
+  if root.exists() and not root.is_dir():
+    raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
+                     "(new or holding this run)")
+  if population is None:
+    _check_not_inside_a_run(root, workdir)
+  elif (root / CHECKPOINTS).exists() or (root / "lock.json").exists():
+    raise ValueError(f"member directory {str(root)!r} of the population in {population} "
+                     "holds a single run's checkpoints or lock; allowed: move that run away "
+                     "or name the member otherwise (config.population.member_names)")
+  new = config_to_json(config)
+  old = read_config(root)
+  if old is not None:
+    differ = _config_differences(old, new)
+    if differ:
+      raise ValueError(
+          f"workdir {workdir!r} holds a different experiment ({', '.join(differ[:8])}); use a "
+          f"fresh --workdir, or the same config to resume (only {list(RESUME_FREE_KEYS)} may "
+          "differ)")
+  elif (root / CHECKPOINTS).is_dir() and any((root / CHECKPOINTS).iterdir()):
+    raise ValueError(f"workdir {workdir!r} holds checkpoints but no {CONFIG}; refusing "
+                     "to mix runs: use a fresh --workdir")
+  if not record:
+    return
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+    if old is None:
+      write_json(root / CONFIG, new)
+    elif not is_remote(root) and not os.access(root, os.W_OK):
+      raise PermissionError(f"[Errno 13] Permission denied: {workdir!r}")
+  except OSError as e:
+    raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
+                     "directory you can write to") from None
+
+
+def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = True) -> Any:
+  """`p`'s contents if it exists, else `compute()`, written to `p` if `write` (by one
+  process of a multi-process run: the caller passes `jax.process_index() == 0`).
+
+  For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
+  without recomputing them.
+  """
+  cached = read_json(p)
+  if cached is not None:
+    return cached
+  value = compute()
+  if write:
+    write_json(p, value)
+  return value

@@ -1,13 +1,14 @@
 r"""Checks a run's config on the launching machine, before anything is copied or started.
 
-  python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG WORKDIR \
+  python -m hypernet_attention.runs.preflight EXPERIMENT CONFIG_ARG WORKDIR \
       [--config.key=value ...]
 
 Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
 would, and runs every check that needs no accelerator and no data: the config's values
-(`checks.validate`: values, intervals, schedule), the attention preset, the workdir path. Prints
-`script config_file` (the entry point and config file, relative to the repository root, as
-`registry` does) and exits 0, or prints one line `check_config: error: ...` and exits 2.
+(`config_checks.validate`: values, intervals, schedule), the attention preset, the workdir
+path. Prints `script config_file` (the entry point and config file, relative to the
+repository root, as `registry` does) and exits 0, or prints one line
+`preflight: error: ...` and exits 2.
 `launch/tpu_pod.sh` and `launch/slurm.sh` call it before copying, installing or submitting.
 Checks that depend on the hosts (mesh and batch divisibility, memory) run again there.
 """
@@ -21,9 +22,9 @@ from typing import Sequence
 import ml_collections
 
 from hypernet_attention import errors
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
-from hypernet_attention.train import registry
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 
 
 def _value(node, text: str):
@@ -56,7 +57,7 @@ def load(experiment: str, config_arg: str,
         raise errors.BadInput(f"{item!r}; allowed: --config.<key>=<value> overrides")
       key, text = item[len("--config."):].split("=", 1)
       try:
-        config_lib.set_dotted(config, key, _value(_node(config, key), text))
+        config_checks.set_dotted(config, key, _value(_node(config, key), text))
       except (ValueError, TypeError) as e:
         raise errors.BadInput(f"{item}: {e}") from None
   return config
@@ -66,21 +67,21 @@ def check(experiment: str, config_arg: str, workdir: str,
           overrides: Sequence[str] = ()) -> registry.Experiment:
   """Raises `errors.BadInput` for anything the launching machine can already refuse."""
   config = load(experiment, config_arg, overrides)
-  checks.validate(config)
-  config_lib.workdir_path(workdir)
-  checks.check_preset(config.model.attention)
+  config_checks.validate(config)
+  run_files.workdir_path(workdir)
+  config_checks.check_preset(config.model.attention)
   return registry.get(experiment)
 
 
 def main(argv: Sequence[str]) -> int:
   if len(argv) < 3:
-    print("usage: python -m hypernet_attention.train.check_config EXPERIMENT CONFIG_ARG "
+    print("usage: python -m hypernet_attention.runs.preflight EXPERIMENT CONFIG_ARG "
           "WORKDIR [--config.key=value ...]", file=sys.stderr)
     return 2
   try:
     experiment = check(argv[0], argv[1], argv[2], argv[3:])
   except (errors.BadInput, ValueError) as e:
-    print(f"check_config: error: {e}", file=sys.stderr)
+    print(f"preflight: error: {e}", file=sys.stderr)
     return 2
   print(experiment.script, experiment.config_file)
   return 0

@@ -1,4 +1,6 @@
-"""Helpers for `experiments/configs/*.py`: parse `get_config(arg)` strings, build models.
+"""What every `experiments/configs/*.py` shares (big_vision's `configs/common.py`): the
+fields of every config (`base_config`), the synthetic tasks' model (`model_config`), the
+smoke schedule, and `parse_arg` for `get_config(arg)` strings.
 
 `get_config("model=hyla,size=local")` style arguments follow big_vision: comma-separated
 `key=value` pairs with defaults; an unknown key or value is a `ValueError` that lists what
@@ -7,49 +9,11 @@ is allowed, raised before anything runs.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
-from hypernet_attention.errors import BadInput  # pylint: disable=unused-import  (re-exported for callers of old)
-from hypernet_attention.train import checks
-from hypernet_attention.train import run_files
-
-# Re-exported for callers of old: population checks and the bucket-path check live in
-# `checks.py` and `run_files.py`.
-set_dotted = checks.set_dotted
-check_population = checks.check_population
-check_bucket_path = run_files.check_bucket_path
-
-
-def workdir_path(workdir: Optional[str]) -> str:
-  """`--workdir` as the run will use it: `~` expanded; empty, blank or a malformed gs://
-  path refused."""
-  if workdir is None or not str(workdir).strip():
-    raise BadInput(f"--workdir={workdir!r}; allowed: a directory path (new, or holding this "
-                   "run); leave the flag out for a fresh one under ./workdirs/")
-  return os.path.expanduser(check_bucket_path(str(workdir)))
-
-
-def output_path(path: Optional[str], flag: str, *, overwrite: bool = False) -> str:
-  """An output file's path (`~` expanded); refused if missing, a folder, below a file, or
-  existing without `--overwrite` (a tool never replaces a file silently)."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  if path is None or not str(path).strip():
-    raise BadInput(f"{flag}={path!r}; allowed: the path of the file to write")
-  path = os.path.expanduser(str(path))
-  target = epath.Path(path)
-  if target.is_dir():
-    raise BadInput(f"{flag}={path!r} is a directory; allowed: a file path")
-  if target.exists() and not overwrite:
-    raise BadInput(f"{flag}={path!r} exists; allowed: a new path, or --overwrite to replace it")
-  blocker = run_files.file_in_the_way(target.parent)
-  if blocker is not None:
-    raise BadInput(f"{flag}={path!r} is below the file {os.fspath(blocker)!r}; allowed: a "
-                   "path in a folder")
-  return path
+from hypernet_attention.runs import config_checks
 
 
 def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = None,
@@ -84,31 +48,13 @@ def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = 
   return ml_collections.ConfigDict(result)
 
 
-def transformer_config(model: Mapping[str, Any], **overrides: Any):
-  """`config.model` (+ task-derived fields) -> `transformer.TransformerConfig`."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from hypernet_attention import transformer  # pylint: disable=g-import-not-at-top
-  fields = {f.name for f in dataclasses.fields(transformer.TransformerConfig)}
-  kwargs = dict(model)
-  kwargs.update(overrides)
-  unknown = sorted(set(kwargs) - fields)
-  if unknown:
-    raise ValueError(f"unknown model config keys {unknown}; allowed: {sorted(fields)}")
-  for key in ("dtype", "param_dtype"):
-    if isinstance(kwargs.get(key), str):
-      kwargs[key] = jnp.dtype(kwargs[key])
-  checks.check_preset(kwargs["attention"])
-  return transformer.TransformerConfig(**kwargs)
-
-
 def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
   """`config.model` of the synthetic tasks: the paper's fixed choices, plus `sizes`.
 
   Fixed as in the authors' code (the paper's appendix): GeLU MLP, T5 relative bias with
   `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32.
   """
-  checks.check_preset(attention)
+  config_checks.check_preset(attention)
   model = ml_collections.ConfigDict(dict(
       attention=attention, feed_forward="gelu_mlp", position="t5", bidirectional=False,
       causal=False, attention_dropout=0.1, dtype="float32", implementation="auto",

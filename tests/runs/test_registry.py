@@ -1,4 +1,4 @@
-"""One record per experiment (`train/registry.py`): a task added as one record trains.
+"""One record per experiment (`runs/registry.py`): a task added as one record trains.
 
 A toy on-device task is defined here, with its config (`get_config` below, so this file is
 its config file) and objective; registering its `Experiment` record is the only other
@@ -20,11 +20,11 @@ import pytest
 
 from hypernet_attention import errors
 from hypernet_attention.probing import extract
-from hypernet_attention.train import checks
-from hypernet_attention.train import config_lib
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import config_common
+from hypernet_attention.runs import registry
 from hypernet_attention.train import data
 from hypernet_attention.train import objectives
-from hypernet_attention.train import registry
 from hypernet_attention.train import runtime
 
 import train_testlib as tl
@@ -64,12 +64,12 @@ def toy_objective(config) -> objectives.Objective:
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
   """The toy's config file (`size=smoke` only): one small layer, the smoke schedule."""
-  config_lib.parse_arg(arg, {"size": ("smoke",)}, model="hyla", size="smoke")
-  c = config_lib.base_config(experiment=TOY)
+  config_common.parse_arg(arg, {"size": ("smoke",)}, model="hyla", size="smoke")
+  c = config_common.base_config(experiment=TOY)
   c.task = ml_collections.ConfigDict(dict(length=4))
-  c.model = config_lib.model_config("hyla", num_layers=1, emb_dim=16, num_heads=2, qk_dim=8,
+  c.model = config_common.model_config("hyla", num_layers=1, emb_dim=16, num_heads=2, qk_dim=8,
                                     v_dim=8, mlp_dim=32)
-  config_lib.use_smoke_schedule(c)
+  config_common.use_smoke_schedule(c)
   c.num_train_steps = c.steps_per_loop  # One chunk, one evaluation.
   c.eval.splits = ("test",)
   return c
@@ -100,15 +100,15 @@ def test_every_question_about_the_toy_is_answered_by_its_record(toy):
   config.population.members = ({"seed": 0}, {"seed": 1})
   with pytest.raises(errors.BadInput, match=f"'{TOY}', which trains no population; allowed: "
                      "populations of sraven, fuzzy_logic"):
-    checks.check_population(config)
+    config_checks.check_population(config)
   with pytest.raises(ValueError, match=f"'{TOY}' has no probe setting; allowed: "
                      r"\['sraven', 'fuzzy_logic'\]"):
     extract.make_setting(TOY, None)
-  checks.check_task_memory(config, budget=0)  # No estimate in the record: nothing to refuse.
+  config_checks.check_task_memory(config, budget=0)  # No estimate in the record: nothing to refuse.
   heavy = dataclasses.replace(toy, memory=lambda c: 2**40)
   registry.EXPERIMENTS[TOY] = heavy
   with pytest.raises(errors.BadInput, match="GiB for the task's tables"):
-    checks.check_task_memory(config, budget=2**30)
+    config_checks.check_task_memory(config, budget=2**30)
 
 
 def test_a_record_declares_what_its_objective_builds(toy):

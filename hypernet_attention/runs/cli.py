@@ -31,7 +31,7 @@ from absl import logging
 import ml_collections
 
 from hypernet_attention import errors
-from hypernet_attention.train import console
+from hypernet_attention.runs import console
 
 # The training library's exceptions, looked up only where it was imported (so that tools
 # without JAX, like `launch/xm_launch.py --dry_run`, use this module too).

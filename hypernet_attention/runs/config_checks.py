@@ -3,7 +3,7 @@
 `validate(config)` takes the values the config alone decides: types, ranges, finiteness,
 the run's schedule and intervals, the attention preset. It runs in `build.setup` (every
 training run and population member), in the language-model entry point and on the
-launching machine (`check_config.py`, before anything is copied or submitted), so each
+launching machine (`preflight.py`, before anything is copied or submitted), so each
 message is written once. `check_task_memory` weighs the task's tables against this host's
 memory. Checks that need the devices (mesh, batch divisibility) stay with the mesh
 (`sharding.py`, `data.py`). A population's members are checked here too, each as the
@@ -22,8 +22,8 @@ from typing import Any, Mapping, Sequence
 import ml_collections
 
 from hypernet_attention.errors import BadInput
-from hypernet_attention.train import registry
-from hypernet_attention.train.run_files import MEMBER_KEYS
+from hypernet_attention.runs import registry
+from hypernet_attention.runs.run_files import MEMBER_KEYS
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
 POSITIVE_FIELDS = (
