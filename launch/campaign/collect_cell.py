@@ -44,6 +44,42 @@ def host_cpu() -> str:
   return platform.processor() or "unknown"
 
 
+# /proc/cpuinfo fields that name a CPU where "model name" does not (a VM's "AMD EPYC").
+_CPU_FIELDS = ("model name", "cpu family", "model", "stepping")
+# Instruction sets that XLA:CPU's dot and reduction kernels (YNNPACK) choose between at run
+# time: the same code, config and jax round differently on hosts that differ in them.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def host(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
+  """What a process's float32 results depend on besides code, config and jax version: the
+  CPU (model and the instruction sets above), the cores it may use and XLA_FLAGS.
+
+  Training is bit-reproducible on one host (same code, config and mode), not across hosts
+  that differ here; a last-bit difference grows into points of OOD R^2 (issue 43: commit
+  6bd1bde's fuzzy-logic single run, rerun on another 2-core "AMD EPYC" VM, parted from its
+  own curve within 1,000 steps, and "model name" alone could not tell the two hosts apart).
+  Recorded per process, since a cut-off cell may resume on another machine."""
+  fields, flags = {}, set()
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in _CPU_FIELDS:
+          fields.setdefault(key, value)
+        elif key == "flags" and not flags:
+          flags = set(value.split())
+  except OSError:
+    pass
+  cpu = fields.get("model name") or platform.processor() or "unknown"
+  if "cpu family" in fields:
+    cpu += " (family {}, model {}, stepping {})".format(
+        *(fields.get(k, "?") for k in _CPU_FIELDS[1:]))
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"cpu": cpu, "isa": [f for f in ISA_FLAGS if f in flags], "cores": cores,
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
 def segments(workdir: str) -> list[dict[str, Any]]:
   path = os.path.join(workdir, TIMES)
   if not os.path.exists(path):

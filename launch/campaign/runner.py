@@ -263,7 +263,7 @@ class Campaign:
     collect_cell.add_segment(self.workdir(cell), {
         "wall_s": time.time() - run.started, "returncode": code,
         "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started))})
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": collect_cell.host()})
     try:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)
