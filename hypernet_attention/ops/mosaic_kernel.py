@@ -49,9 +49,9 @@ Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, 
 Hopper's 227. Float32 inputs need twice that: run them in interpret mode only (tests).
 
 Backward: `attention` is a `jax.custom_vjp` whose residuals are the inputs only; its backward
-is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dV on
-chip and write dS, then dQ = dS K and dK = dS^T Q as XLA matmuls (issue 42 step 2, first
-version; that module's docstring gives what runs where, its FLOPs and its SMEM).
+is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dK and
+dV on chip and write dS, then dQ = dS K as one XLA matmul (issue 42 step 2; that module's
+docstring gives what runs where, its FLOPs, its HBM traffic and its SMEM).
 
 A Pallas-TPU port would need (not built): TPU has no wgmma descriptors or swizzled SMEM;
 its MXU takes (8k x 128) tiles from VMEM, so the head contraction (K = H = 8) would pad to

@@ -9,15 +9,16 @@ Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg (jax 0.11.2
 Interpretation is slow (every key of every tile is a dozen simulated wgmmas and SMEM
 accesses; the backward ~80 ms per key and query tile), so the cases are few and small: B=1,
 H=8, T=64 plain and T=128 causal with a padding mask (two query tiles, so the backward's
-skipped causal tiles are exercised), plus a batch of two with per-example masks at a length
-no tile divides. The lot takes ~3 minutes on a 2-core CPU.
+skipped causal tiles are exercised), a batch of two with per-example masks at a length no
+tile divides, and H=4 at T=72 (each key tile sums dK and dV over two query tiles, one mostly
+padding). The lot takes ~4 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
 mode the wgmmas are float32 matmuls (numpy), so the float32 kernels differ from the
 reference only by summation order; the permutation and broadcast wgmmas multiply by 0/1 and
-add no rounding. Gradients go through the custom VJP, i.e. the backward kernel and its two
-XLA matmuls, and are held to the same rule as the output.
+add no rounding. Gradients go through the custom VJP, i.e. the backward kernel (dK, dV on
+chip) and its XLA matmul (dQ), and are held to the same rule as the output.
 """
 
 import jax
@@ -72,13 +73,16 @@ def _padding_mask(valid_lengths, length):
   return (jnp.arange(length)[None, :] < jnp.asarray(valid_lengths)[:, None])[:, None, None, :]
 
 
-@pytest.mark.parametrize("batch,length,causal,valid,block_k", [
-    (1, 64, False, None, 16),
-    (1, 128, True, (100,), 32),
-    (2, 40, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
+@pytest.mark.parametrize("batch,length,heads,causal,valid,block_k", [
+    (1, 64, 8, False, None, 16),
+    (1, 128, 8, True, (100,), 32),
+    (2, 40, 8, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
+    # Every key tile sums dK and dV over two query tiles, the second half padding; the last
+    # key tile is half padding; H = 4 gives S_cat and the dS scatter another width.
+    (1, 72, 4, False, None, 16),
 ])
-def test_interpret_matches_reference(batch, length, causal, valid, block_k, capsys):
-  inputs = _inputs(batch, length)
+def test_interpret_matches_reference(batch, length, heads, causal, valid, block_k, capsys):
+  inputs = _inputs(batch, length, heads=heads)
   mask = None if valid is None else _padding_mask(valid, length)
   blocks = mosaic_kernel.Blocks(block_q=64, block_k=block_k, block_v=16)
   errors = compare(_kernel_fn(mask, causal, blocks), _reference_fn(mask, causal), inputs)
@@ -106,8 +110,8 @@ def test_ignoring_the_mask_would_fail():
 def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
   """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering time,
   for an abstract H100 (compute capability 9.0); only PTX needs the GPU. H=8, D=V=64: the
-  forward takes ~214 KiB of SMEM, the backward 215 KiB. The backward (16 keys unrolled) takes
-  ~65 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has the same layouts)."""
+  forward takes ~214 KiB of SMEM, the backward 225 KiB. The backward (16 keys unrolled) takes
+  ~45 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has the same layouts)."""
   q = jax.ShapeDtypeStruct((1, 128, 8, 64), dtype)
   mesh = jax.sharding.AbstractMesh(
       (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
