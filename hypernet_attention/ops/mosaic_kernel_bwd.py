@@ -1,4 +1,4 @@
-"""HYLA backward as a key-stationary Pallas Mosaic GPU kernel plus one XLA matmul (issue 42).
+"""HYLA backward in Pallas Mosaic GPU: a key-stationary kernel (dK, dV, dS), then dQ (issue 42).
 
 The forward is `mosaic_kernel.py` (read its docstring first: the layouts and what Mosaic can
 and cannot express carry over). For every pair (q, k) and head h, with s = scores * scale
@@ -12,7 +12,7 @@ contracted), z = relu(u) and dy the output's cotangent:
   dV[k]_h = sum_q c_h du_qk                       (accumulated on chip)
   dS      = scale * ds                            (w.r.t. the raw q.k products)
   dK_h    = dS_h^T Q_h                            (accumulated on chip)
-  dQ_h    = dS_h K_h                              (XLA matmul over the written dS)
+  dQ_h    = dS_h K_h                              (a second kernel over the written dS)
 
 A masked or padded pair has s = 0, so c = u = z = 0 and dc = 0: its dS is exactly 0 with no
 mask in the backward (the mask acts through the recomputed scores, as in the reference).
@@ -35,14 +35,23 @@ keys (causal: from the tile holding k0) and, per query tile:
   dS_h     -> SMEM (H, bq, bk) -> HBM (B, H, Qp, Kp), one TMA store
   Q        reloaded into the buffer dY used (dY is consumed by then)
   dK_h^T  += Q_h^T @ dS_h                        H wgmmas (W x bq) @ (bq x bk), transposed A
-After the loop each key's dV^T (W, 16) and each head's dK^T (W, bk) are stored. XLA computes
-dQ = dS K (one batched matmul over (B, H, Qp, Kp) against the padded K: padded keys and
-queries have dS = 0) and transposes dV^T, dK^T (linear in T). No atomics: every dK and dV
-entry has one writer. Causal: a key tile's programs never visit query tiles wholly before
-it; they write zeros there instead, so XLA's matmul reads a complete dS.
+After the loop each key's dV^T (W, 16) and each head's dK^T (W, bk) are stored; XLA
+transposes them (linear in T). No atomics: every dK and dV entry has one writer. Causal: a
+key tile's programs never visit query tiles wholly before it.
 
-Why dQ is not on chip here: dQ sums over keys, i.e. over programs; a key-stationary program
-would need atomics (or a second, query-stationary pass) to accumulate it.
+dQ sums over keys, i.e. over key-stationary programs (atomics, which the issue rules out), so
+it is a second pass over the written dS (B, H, Qp, Kp), against the padded K (padded keys and
+queries have dS = 0), chosen by name from DQ_PATHS:
+  "kernel" (default)  query-stationary: a program per (batch, 64-query tile, head) loops over
+                      key tiles of 64 (32 or 16 where Kp needs) up to the causal diagonal
+                      through a two-slot TMA ring, dQ_h += dS_h @ K_h by wgmma, one
+                      (64, W) float32 accumulator. Causal, it reads dS up to the diagonal
+                      only, so the key-stationary kernel leaves the tiles above unwritten.
+  "xla"               one batched matmul (cuBLAS) over all of dS: causal, the key-stationary
+                      kernel writes zeros in the tiles it skips.
+The kernel is the default for what it saves causal (below); cuBLAS's larger tiles re-read K
+less (the kernel reads K_h once per 64-query tile: 2 bytes per pair and head, from L2), so
+"xla" may win non-causal: a GPU window should time both before `auto` takes this path.
 
 All SMEM operands use 16-element (32-byte) rows and swizzle: a wgmma's two SMEM operands must
 share a swizzle, and dK's B (one head's dS tile, bk = 16 bf16 columns) allows 32 bytes only,
@@ -51,20 +60,22 @@ swizzle avoids bank conflicts, to be measured).
 
 FLOPs per (q, k) pair (W = D = V, H heads, Hp = 16, bk = 16), tensor cores:
   scores 2HW, permutation 2*H*bk*Hp, u 2*Hp*W, dc_val 2*Hp*W, dV 2*Hp*W, dS scatter
-  2*Hp*bk*H, dK 2HW; XLA: dQ 2HW. With H = 8, W = 64: 1024 + 4096 + 3 * 2048 + 4096 + 1024
-  = 16.4 kFLOP in the kernel plus 1.0 in XLA (the first version: 11.3 + 2.0). The scatter's
-  4096 (0/1 products, exact) is the price of dK on chip: Mosaic has no register transpose
-  or head-minor SMEM store (see mosaic_kernel.py), so dS goes from per-key (bq, 16 heads)
-  tiles back to per-head (bq, bk) tiles through the tensor cores. The forward at the same
+  2*Hp*bk*H, dK 2HW; then dQ 2HW. With H = 8, W = 64: 1024 + 4096 + 3 * 2048 + 4096 + 1024
+  = 16.4 kFLOP in the key-stationary kernel plus 1.0 for dQ (the first version: 11.3 in
+  the kernel, 2.0 in XLA for dQ and dK). The scatter's 4096 (0/1 products, exact) is the
+  price of dK on chip: Mosaic has no register transpose or head-minor SMEM store (see
+  mosaic_kernel.py), so dS goes from per-key (bq, 16 heads) tiles back to per-head (bq, bk)
+  tiles through the tensor cores. The forward at the same
   sizes is 38.9 kFLOP (bv = 16: 4 value slices each recomputing scores and permutation).
   What the math needs (backward with recomputed scores and u) is 8 * 2HW = 8.2 kFLOP, of
   which dz and dc_read (2 * 2HW) run on the CUDA cores here.
 
-HBM traffic of dS (bf16; B * Qp * Kp pairs; causal programs write the skipped tiles' zeros,
-so causal moves as much as not): 2H bytes per pair written by the kernel, 2H read by XLA's
-dQ: 32 bytes per pair at H = 8. At B = 4, T = 4096 that is 2.1 GB, ~0.45 ms at an H200's
-4.8 TB/s, against ~150 MB for all of a flash softmax backward: dS in HBM, not the FLOPs, is
-what this version pays for its simplicity. The first version wrote dS padded to 16 heads
+HBM traffic of dS (bf16; B * Qp * Kp pairs): 2H bytes per pair written by the kernel, 2H
+read by dQ: 32 bytes per pair at H = 8. At B = 4, T = 4096 that is 2.1 GB, ~0.45 ms at an
+H200's 4.8 TB/s, against ~150 MB for all of a flash softmax backward: dS in HBM, not the
+FLOPs, is what this design pays for its simplicity. Causal, the dQ kernel and the skipped
+tiles halve it (1.1 GB: ~T^2/2 pairs written and read); XLA's dQ path writes the zeros and
+reads the full square (2.1 GB). The first version wrote dS padded to 16 heads
 (32 bytes per pair, heads minor) and read it in XLA twice, for dQ and dK (32 bytes of 32-byte
 sectors each, or a materialized 16-head slice): about 96 bytes per pair, 6.4 GB at those
 sizes. On-chip dK removes one of the two reads, and per-head (bq, bk) tiles, which the dK
@@ -87,6 +98,7 @@ dV/dK (as attention_mgpu.py's backward splits its work), or bk = 8. Lowering the
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -100,8 +112,10 @@ BLOCK_K = 16   # one (8, 16) SMEM tile column per head in S_cat, as in the forwa
 
 
 def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_causal, eps,
-                   interpret):
-  """The kernel on padded inputs: dS (B, H, Qp, Kp), dV^T (B, Kp, W, 16), dK^T (B, H, W, Kp)."""
+                   zero_skipped, interpret):
+  """The kernel on padded inputs: dS (B, H, Qp, Kp), dV^T (B, Kp, W, 16), dK^T (B, H, W, Kp).
+  Causal: the dS tiles no query sees are written as zeros only if `zero_skipped` (XLA's dQ
+  reads all of dS; the dQ kernel reads up to the diagonal only)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
 
@@ -133,7 +147,7 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
     key_valid = jax.lax.broadcast_in_dim(
         plgpu.load(kval_smem, layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
 
-    if is_causal:  # no query of tiles [0, first) sees these keys: their dS is 0 (XLA's dQ reads it)
+    if is_causal and zero_skipped:  # no query of tiles [0, first) sees these keys: dS = 0
       for h in range(heads):
         ds_smem[h] = jnp.zeros((bq, bk), dtype)
       plgpu.commit_smem()
@@ -290,9 +304,103 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
   )(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, perm_KJH)
 
 
+def _dq_kernel(ds_BHQK, k_BHKW, *, is_causal, interpret):
+  """dQ_h = dS_h K_h, query-stationary: a program per (batch, query tile, head) loops over key
+  tiles (causal: up to the diagonal) through a two-slot TMA ring; (B, H, Qp, W), dS's dtype.
+
+  One head per program keeps one (bq, W) float32 accumulator (32 registers per thread at
+  W = 64; all heads in one program would take 256). Key tiles of 64 where Kp allows (wgmma K
+  = 64, 128-byte swizzle), else 32 or 16."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+
+  batch, heads, q_padded, k_padded = ds_BHQK.shape
+  width = k_BHKW.shape[-1]
+  dtype = ds_BHQK.dtype
+  bq, bk = BLOCK_Q, next(n for n in (64, 32, 16) if k_padded % n == 0)
+  num_k_tiles = k_padded // bk
+  # Both operands take dS's swizzle (bk columns); K's W columns split into tiles of that width.
+  transforms = fwd._smem_transforms(plgpu, bk, dtype)  # pylint: disable=protected-access
+
+  def kernel(ds_ref, k_ref, dq_ref, scoped):
+    (ds_smem, k_smem, o_smem), (ds_bar, k_bar) = scoped
+    b = jax.lax.axis_index("batch")
+    h = jax.lax.axis_index("head")
+    q0 = jax.lax.axis_index("q_tile") * bq
+    if is_causal:  # the key-stationary kernel wrote every tile up to the diagonal, no further
+      steps = jnp.minimum(num_k_tiles, pl.cdiv(q0 + bq, jnp.int32(bk)))
+    else:
+      steps = jnp.int32(num_k_tiles)
+
+    def load_tile(step, slot):
+      plgpu.copy_gmem_to_smem(ds_ref.at[b, h, pl.ds(q0, bq), pl.ds(step * bk, bk)],
+                              ds_smem.at[slot], ds_bar.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(step * bk, bk)], k_smem.at[slot],
+                              k_bar.at[slot])
+
+    for step in range(min(2, num_k_tiles)):  # the two-slot ring's prologue
+      pl.when(step < steps)(functools.partial(load_tile, step, step))
+
+    def key_tile(step, dq):
+      slot = jax.lax.rem(step, 2)
+      plgpu.barrier_wait(ds_bar.at[slot])
+      plgpu.barrier_wait(k_bar.at[slot])
+
+      def matmul(acc):
+        plgpu.wgmma(acc, ds_smem.at[slot], k_smem.at[slot])
+        return acc[...]
+
+      dq = dq + pl.run_scoped(matmul, plgpu.ACC((bq, width), _F32))
+
+      @pl.when(step + 2 < steps)
+      def _prefetch():  # this slot is free again: the wgmma reading it has completed
+        load_tile(step + 2, slot)
+
+      return dq
+
+    dq = jax.lax.fori_loop(
+        0, steps, key_tile,
+        plgpu.layout_cast(jnp.zeros((bq, width), _F32), plgpu.Layout.WGMMA))
+    o_smem[...] = dq.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, dq_ref.at[b, h, pl.ds(q0, bq)])
+    plgpu.wait_smem_to_gmem(0)
+
+  def entry(ds_ref, k_ref, dq_ref):
+    smem = (plgpu.SMEM((2, bq, bk), dtype, transforms=transforms),
+            plgpu.SMEM((2, bk, width), dtype, transforms=transforms),
+            plgpu.SMEM((bq, width), dtype))
+    barriers = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2))
+    pl.run_scoped(lambda *scoped: kernel(ds_ref, k_ref, dq_ref, (scoped[:3], scoped[3:])),
+                  *smem, *barriers)
+
+  return plgpu.kernel(
+      entry,
+      out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, width), dtype),
+      grid=(batch, q_padded // bq, heads),
+      grid_names=("batch", "q_tile", "head"),
+      interpret=interpret,
+  )(ds_BHQK, k_BHKW)
+
+
+def _dq_xla(ds_BHQK, k_BHKW, *, is_causal, interpret):
+  """dQ_h = dS_h K_h as one XLA batched matmul over all of dS (causal: zeros included)."""
+  del is_causal, interpret
+  return jnp.einsum("bhqk,bhkw->bhqw", ds_BHQK, k_BHKW, preferred_element_type=_F32)
+
+
+# How dQ = dS K is computed from the dS the key-stationary kernel writes. "kernel" is the
+# default: causal, it reads dS up to the diagonal only and spares the key-stationary kernel
+# the zeros above it (half of dS's HBM traffic at long T); not causal, both read dS once.
+# "xla" is cuBLAS's matmul, the first version's path, kept until a GPU window times the two.
+DQ_PATHS = {"kernel": _dq_kernel, "xla": _dq_xla}
+DEFAULT_DQ = "kernel"
+
+
 def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, eps,
-             interpret):
-  """(dQ, dK, dV) of `mosaic_kernel.attention` from the inputs and the output's cotangent."""
+             interpret, dq=DEFAULT_DQ):
+  """(dQ, dK, dV) of `mosaic_kernel.attention` from the inputs and the output's cotangent;
+  `dq` names the entry of DQ_PATHS that computes dQ = dS K."""
   batch, q_len, heads, depth = query_BQHD.shape
   k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
   dtype = query_BQHD.dtype
@@ -310,9 +418,10 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   ds_BHQK, dvt_BKWH, dkt_BHWK = _backward_call(
       q_BHQW, k_BHKW, v_BKHW, dy_BHQW,
       fwd._key_valid(mask, k_len, k_padded),  # pylint: disable=protected-access
-      scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, interpret=interpret)
+      scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, zero_skipped=dq == "xla",
+      interpret=interpret)
   # Padded keys and queries have dS = 0 (their scores are 0), so the padded K is exact here.
-  dq_BHQW = jnp.einsum("bhqk,bhkw->bhqw", ds_BHQK, k_BHKW, preferred_element_type=_F32)
+  dq_BHQW = DQ_PATHS[dq](ds_BHQK, k_BHKW, is_causal=is_causal, interpret=interpret)
   d_query = jnp.transpose(dq_BHQW[:, :, :q_len, :depth], (0, 2, 1, 3))
   d_key = jnp.transpose(dkt_BHWK[:, :, :depth, :k_len], (0, 3, 1, 2))
   d_value = jnp.transpose(dvt_BKWH[:, :k_len, :v_dim, :heads], (0, 1, 3, 2))

@@ -63,9 +63,9 @@ def _reference_fn(mask, causal):
   return fn
 
 
-def _kernel_fn(mask, causal, blocks):
+def _kernel_fn(mask, causal, blocks, dq=None):
   return lambda q, k, v, bias: mosaic_kernel.attention(
-      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret())
+      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret(), dq=dq)
 
 
 def _padding_mask(valid_lengths, length):
@@ -73,19 +73,22 @@ def _padding_mask(valid_lengths, length):
   return (jnp.arange(length)[None, :] < jnp.asarray(valid_lengths)[:, None])[:, None, None, :]
 
 
-@pytest.mark.parametrize("batch,length,heads,causal,valid,block_k", [
-    (1, 64, 8, False, None, 16),
-    (1, 128, 8, True, (100,), 32),
-    (2, 40, 8, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
+@pytest.mark.parametrize("batch,length,heads,causal,valid,block_k,dq", [
+    (1, 64, 8, False, None, 16, "kernel"),   # the dQ kernel's key tiles: 64
+    (1, 128, 8, True, (100,), 32, "kernel"),  # 64, stopping at the diagonal
+    # 40 pads to 64 queries, 48 keys (dQ key tiles of 16); one mask per example.
+    (2, 40, 8, False, (40, 23), 16, "kernel"),
     # Every key tile sums dK and dV over two query tiles, the second half padding; the last
     # key tile is half padding; H = 4 gives S_cat and the dS scatter another width.
-    (1, 72, 4, False, None, 16),
+    (1, 72, 4, False, None, 16, "kernel"),
+    # XLA's dQ reads all of dS: the key tile at 64 writes zeros for query tile 0.
+    (1, 72, 4, True, None, 16, "xla"),
 ])
-def test_interpret_matches_reference(batch, length, heads, causal, valid, block_k, capsys):
+def test_interpret_matches_reference(batch, length, heads, causal, valid, block_k, dq, capsys):
   inputs = _inputs(batch, length, heads=heads)
   mask = None if valid is None else _padding_mask(valid, length)
   blocks = mosaic_kernel.Blocks(block_q=64, block_k=block_k, block_v=16)
-  errors = compare(_kernel_fn(mask, causal, blocks), _reference_fn(mask, causal), inputs)
+  errors = compare(_kernel_fn(mask, causal, blocks, dq), _reference_fn(mask, causal), inputs)
   assert "RACE DETECTED" not in capsys.readouterr().out
   for name, (err, bound) in errors.items():
     assert err < bound, f"{name}: relative error {err:.3g} >= bound {bound:.3g}"
@@ -110,8 +113,9 @@ def test_ignoring_the_mask_would_fail():
 def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
   """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering time,
   for an abstract H100 (compute capability 9.0); only PTX needs the GPU. H=8, D=V=64: the
-  forward takes ~214 KiB of SMEM, the backward 225 KiB. The backward (16 keys unrolled) takes
-  ~45 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has the same layouts)."""
+  forward takes ~214 KiB of SMEM, the backward 225 KiB and its dQ kernel 40. The backward (16
+  keys unrolled) takes ~45 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has
+  the same layouts)."""
   q = jax.ShapeDtypeStruct((1, 128, 8, 64), dtype)
   mesh = jax.sharding.AbstractMesh(
       (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
@@ -122,7 +126,8 @@ def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
         jnp.float32).sum(), argnums=(0, 1, 2))
   with jax.sharding.use_abstract_mesh(mesh):
     lowered = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
-  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + with_backward
+  # Forward; backward: the key-stationary kernel and the dQ kernel.
+  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + 2 * with_backward
 
 
 def test_refuses_what_it_does_not_compute():
@@ -131,6 +136,8 @@ def test_refuses_what_it_does_not_compute():
     mosaic_kernel.attention(q, q, q, normalization="softmax")
   with pytest.raises(ValueError, match="HYLA only"):
     mosaic_kernel.attention(q, q, q, mask=jnp.ones((1, 1, 64, 64), bool))
+  with pytest.raises(ValueError, match="dq='cudnn'; allowed: kernel, xla"):
+    mosaic_kernel.attention(q, q, q, dq="cudnn")
   with pytest.raises(ValueError, match="at most 16 heads"):
     mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
                             jnp.zeros((1, 64, 17, 32)))
