@@ -11,7 +11,8 @@ accesses; the backward ~80 ms per key and query tile), so the cases are few and 
 H=8, T=64 plain and T=128 causal with a padding mask (two query tiles, so the backward's
 skipped causal tiles are exercised), a batch of two with per-example masks at a length no
 tile divides, and H=4 at T=72 (each key tile sums dK and dV over two query tiles, one mostly
-padding). The lot takes ~4 minutes on a 2-core CPU.
+padding); the dQ kernel alone against a float64 matmul, with NaN where it must not read. The
+lot takes ~3-4 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
@@ -23,6 +24,7 @@ chip) and its XLA matmul (dQ), and are held to the same rule as the output.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hypernet_attention.ops import mosaic_kernel
@@ -107,6 +109,26 @@ def test_ignoring_the_mask_would_fail():
   for name in ("out", "dq", "dk", "dv"):
     err, bound = errors[name]
     assert err > 100 * bound, (name, err, bound)
+
+
+@pytest.mark.parametrize("k_padded,causal", [(96, True), (80, False)])
+def test_dq_kernel_is_ds_times_k(k_padded, causal, capsys):
+  """The query-stationary dQ kernel alone, against a float64 matmul: key tiles of 32 (Kp = 96)
+  and 16 (Kp = 80). Causal, the dS tiles past each query tile's diagonal are NaN: the
+  key-stationary kernel leaves them unwritten, so reading one would show."""
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  keys = jax.random.split(jax.random.key(1), 2)
+  ds_BHQK = jax.random.normal(keys[0], (1, 2, 128, k_padded), jnp.float32)
+  k_BHKW = jax.random.normal(keys[1], (1, 2, k_padded, 64), jnp.float32)
+  q_pos, k_pos = jnp.arange(128)[:, None], jnp.arange(k_padded)[None, :]
+  read = k_pos < (q_pos // 64 + 1) * 64 if causal else jnp.ones((128, k_padded), bool)
+  dq_BHQW = mosaic_kernel_bwd.DQ_PATHS["kernel"](
+      jnp.where(read, ds_BHQK, jnp.nan), k_BHKW, is_causal=causal, interpret=_interpret())
+  assert "RACE DETECTED" not in capsys.readouterr().out
+  exact = np.einsum("bhqk,bhkw->bhqw", np.where(read, ds_BHQK, 0.0).astype(np.float64),
+                    np.asarray(k_BHKW, np.float64))
+  # One float32 dot of length Kp per entry: error ~ sqrt(Kp) * 2^-24 relative.
+  np.testing.assert_allclose(dq_BHQW, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
 @pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
