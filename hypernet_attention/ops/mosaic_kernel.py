@@ -49,9 +49,10 @@ Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, 
 Hopper's 227. Float32 inputs need twice that: run them in interpret mode only (tests).
 
 Backward: `attention` is a `jax.custom_vjp` whose residuals are the inputs only; its backward
-is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dV on
-chip and write dS, then dQ = dS K and dK = dS^T Q as XLA matmuls (issue 42 step 2, first
-version; that module's docstring gives what runs where, its FLOPs and its SMEM).
+is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dK and
+dV on chip and write dS; dQ = dS K is a second, query-stationary kernel (or, `dq="xla"`, one
+XLA matmul) (issue 42 step 2; that module's docstring gives what runs where, its FLOPs, its
+HBM traffic and its SMEM).
 
 A Pallas-TPU port would need (not built): TPU has no wgmma descriptors or swizzled SMEM;
 its MXU takes (8k x 128) tiles from VMEM, so the head contraction (K = H = 8) would pad to
@@ -339,24 +340,26 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   return jnp.transpose(out_BHQV[:, :, :q_len, :v_dim], (0, 2, 1, 3))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _attention(query, key, value, mask, is_causal, eps, blocks, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _attention(query, key, value, mask, is_causal, eps, blocks, interpret, dq):
+  del dq
   return _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
 
 
-def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret):
+def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret, dq):
+  del dq
   out = _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
   return out, (query, key, value, mask)  # residuals: the inputs only, nothing quadratic
 
 
-def _attention_bwd(is_causal, eps, blocks, interpret, residuals, d_out):
+def _attention_bwd(is_causal, eps, blocks, interpret, dq, residuals, d_out):
   """The key-stationary backward kernel (mosaic_kernel_bwd.py), recomputed from the inputs."""
   del blocks  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
   # Imported here: mosaic_kernel_bwd builds on this module's helpers.
   from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
   query, key, value, mask = residuals
   d_query, d_key, d_value = mosaic_kernel_bwd.backward(
-      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret)
+      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret, dq=dq)
   return d_query, d_key, d_value, None
 
 
@@ -377,6 +380,7 @@ def attention(
     eps: float = reference.RMS_HEAD_EPS,
     blocks: Blocks = DEFAULT_BLOCKS,
     interpret=None,
+    dq: Optional[str] = None,
     dropout_rate: float = 0.0,
     dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
@@ -384,7 +388,8 @@ def attention(
 
   `mask`: bool, depending on the key only (e.g. (B, 1, 1, K) padding). `interpret`: None
   runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). Gradients:
-  a custom VJP through the backward kernel (mosaic_kernel_bwd.py).
+  a custom VJP through the backward kernel (mosaic_kernel_bwd.py); `dq` says how its
+  dQ = dS K runs, a name in mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel").
   """
   del dropout_seed
   if not supports(normalization, value_network, activation, bias=bias, mask=mask,
@@ -398,8 +403,13 @@ def attention(
   heads = query_BQHD.shape[2]
   if heads > HEADS_PADDED:
     raise BadInput(f"mosaic_kernel takes at most {HEADS_PADDED} heads, got {heads}.")
+  # Imported here: mosaic_kernel_bwd builds on this module's helpers.
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  dq = mosaic_kernel_bwd.DEFAULT_DQ if dq is None else dq
+  if dq not in mosaic_kernel_bwd.DQ_PATHS:
+    raise BadInput(f"mosaic_kernel dq={dq!r}; allowed: {', '.join(mosaic_kernel_bwd.DQ_PATHS)}.")
   if blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v % 8:
     raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
                    f"block_k, block_v of 8 (wgmma M and N).")
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
-                    interpret)
+                    interpret, dq)

@@ -1,4 +1,4 @@
-"""HYLA backward as a key-stationary Pallas Mosaic GPU kernel plus two XLA matmuls (issue 42).
+"""HYLA backward in Pallas Mosaic GPU: a key-stationary kernel (dK, dV, dS), then dQ (issue 42).
 
 The forward is `mosaic_kernel.py` (read its docstring first: the layouts and what Mosaic can
 and cannot express carry over). For every pair (q, k) and head h, with s = scores * scale
@@ -11,7 +11,8 @@ contracted), z = relu(u) and dy the output's cotangent:
   ds_h    = r (dc_h - c_h <c, dc> / H)            (RMSHead's Jacobian, per pair)
   dV[k]_h = sum_q c_h du_qk                       (accumulated on chip)
   dS      = scale * ds                            (w.r.t. the raw q.k products)
-  dQ = dS K, dK = dS^T Q                          (XLA matmuls over the written dS)
+  dK_h    = dS_h^T Q_h                            (accumulated on chip)
+  dQ_h    = dS_h K_h                              (a second kernel over the written dS)
 
 A masked or padded pair has s = 0, so c = u = z = 0 and dc = 0: its dS is exactly 0 with no
 mask in the backward (the mask acts through the recomputed scores, as in the reference).
@@ -29,38 +30,75 @@ keys (causal: from the tile holding k0) and, per query tile:
                                                  broadcast over W, and a row sum of dy_h * z
     dc_val = du @ V[k]^T                         wgmma (transposed B, like the scores' K)
     dV[k]^T += du^T @ C[k]                       wgmma (transposed A; M = W, a multiple of 64)
-    dS[k]  -> HBM as (B, Kp, Qp, 16)             TMA store from a two-slot SMEM ring
-After the loop each key's dV^T (W, 16) is stored. XLA then computes dQ = dS K and dK = dS^T Q
-(two batched matmuls over the (B, Kp, Qp, 16) dS) and transposes dV^T (linear in T).
+    dS_h[:, k] += ds[k] @ P_k[h]^T               H wgmmas (bq x 16) @ (16 x bk): the inverse
+                                                 permutation, exact (P_k[h]^T = e_h e_k^T)
+  dS_h     -> SMEM (H, bq, bk) -> HBM (B, H, Qp, Kp), one TMA store
+  Q        reloaded into the buffer dY used (dY is consumed by then)
+  dK_h^T  += Q_h^T @ dS_h                        H wgmmas (W x bq) @ (bq x bk), transposed A
+After the loop each key's dV^T (W, 16) and each head's dK^T (W, bk) are stored; XLA
+transposes them (linear in T). No atomics: every dK and dV entry has one writer. Causal: a
+key tile's programs never visit query tiles wholly before it.
 
-This is the issue's "first version": dS goes through HBM, padded to 16 heads (twice the bytes
-of H = 8), and dK is an XLA matmul rather than an on-chip accumulation: accumulating
-dK_h^T (W, bk) = Q_h^T dS_h needs dS per head, i.e. the inverse permutation of ds[k] back into
-(bq, H*bk) tiles (another (bq x 16) @ (16 x H*bk) wgmma per key and 64 KiB more SMEM for P^T),
-which does not fit beside the buffers below. Residuals: q, k, v only (no row statistic: RMSHead
-needs none). Causal: a key tile's programs never visit query tiles wholly before it; they
-write zeros there instead, so XLA's matmuls read a complete dS.
+dQ sums over keys, i.e. over key-stationary programs (atomics, which the issue rules out), so
+it is a second pass over the written dS (B, H, Qp, Kp), against the padded K (padded keys and
+queries have dS = 0), chosen by name from DQ_PATHS:
+  "kernel" (default)  query-stationary: a program per (batch, 64-query tile, head) loops over
+                      key tiles of 64 (32 or 16 where Kp needs) up to the causal diagonal
+                      through a two-slot TMA ring, dQ_h += dS_h @ K_h by wgmma, one
+                      (64, W) float32 accumulator. Causal, it reads dS up to the diagonal
+                      only, so the key-stationary kernel leaves the tiles above unwritten.
+  "xla"               one batched matmul (cuBLAS) over all of dS: causal, the key-stationary
+                      kernel writes zeros in the tiles it skips.
+The kernel is the default for what it saves causal (below); cuBLAS's larger tiles re-read K
+less (the kernel reads K_h once per 64-query tile: 2 bytes per pair and head, from L2), so
+"xla" may win non-causal: a GPU window should time both before `auto` takes this path.
+
+All SMEM operands use 16-element (32-byte) rows and swizzle: a wgmma's two SMEM operands must
+share a swizzle, and dK's B (one head's dS tile, bk = 16 bf16 columns) allows 32 bytes only,
+so Q/dY and K take the narrow swizzle too (the previous version had 128 for them; the wider
+swizzle avoids bank conflicts, to be measured).
 
 FLOPs per (q, k) pair (W = D = V, H heads, Hp = 16, bk = 16), tensor cores:
-  scores 2HW, permutation 2*H*bk*Hp, u 2*Hp*W, dc_val 2*Hp*W, dV 2*Hp*W; XLA: dQ 2HW, dK 2HW.
-  With H = 8, W = 64: 1024 + 4096 + 6144 + 2048 = 13.3 kFLOP. The forward at the same sizes
-  (bv = 16, so 4 value slices each recomputing scores and permutation) is 4 * (1024 + 4096)
-  + 2048 (u) + 16384 (read-out broadcasts) = 38.9 kFLOP. What the math needs (backward with
-  recomputed scores and u) is 8 * 2HW = 8.2 kFLOP, of which dz and dc_read (2 * 2HW) run on
-  the CUDA cores here: 4*H*W multiply-adds per pair plus H row reductions over W.
+  scores 2HW, permutation 2*H*bk*Hp, u 2*Hp*W, dc_val 2*Hp*W, dV 2*Hp*W, dS scatter
+  2*Hp*bk*H, dK 2HW; then dQ 2HW. With H = 8, W = 64: 1024 + 4096 + 3 * 2048 + 4096 + 1024
+  = 16.4 kFLOP in the key-stationary kernel plus 1.0 for dQ (the first version: 11.3 in
+  the kernel, 2.0 in XLA for dQ and dK). The scatter's 4096 (0/1 products, exact) is the
+  price of dK on chip: Mosaic has no register transpose or head-minor SMEM store (see
+  mosaic_kernel.py), so dS goes from per-key (bq, 16 heads) tiles back to per-head (bq, bk)
+  tiles through the tensor cores. The forward at the same
+  sizes is 38.9 kFLOP (bv = 16: 4 value slices each recomputing scores and permutation).
+  What the math needs (backward with recomputed scores and u) is 8 * 2HW = 8.2 kFLOP, of
+  which dz and dc_read (2 * 2HW) run on the CUDA cores here.
+
+HBM traffic of dS (bf16; B * Qp * Kp pairs): 2H bytes per pair written by the kernel, 2H
+read by dQ: 32 bytes per pair at H = 8. At B = 4, T = 4096 that is 2.1 GB, ~0.45 ms at an
+H200's 4.8 TB/s, against ~150 MB for all of a flash softmax backward: dS in HBM, not the
+FLOPs, is what this design pays for its simplicity. Causal, the dQ kernel and the skipped
+tiles halve it (1.1 GB: ~T^2/2 pairs written and read); XLA's dQ path writes the zeros and
+reads the full square (2.1 GB). The first version wrote dS padded to 16 heads
+(32 bytes per pair, heads minor) and read it in XLA twice, for dQ and dK (32 bytes of 32-byte
+sectors each, or a materialized 16-head slice): about 96 bytes per pair, 6.4 GB at those
+sizes. On-chip dK removes one of the two reads, and per-head (bq, bk) tiles, which the dK
+wgmmas need anyway, halve the rest: 96 -> 32 bytes per pair. What it adds: Q loads twice
+per (key tile, query tile), beside dY once: 3 * H * W * 2 / bk = 192 bytes per pair from L2
+into SMEM (128 before); Q and dY (16.8 MB each at those sizes) may not both stay in an
+H100's 50 MB L2.
 
 Shared memory (bf16, H = 8, W = 64, bq = 64, bk = 16; measured by lowering for an abstract
-H100): 215 KiB of Hopper's 227 (Q/dY 64 KiB, K 16, V 32, S_cat 16, P 64, C 2, du 8, dS ring
-4, dV ring 4, zeros 2). H = 4: 135 KiB. D = V = 32 pads to W = 64: 215 KiB. H = 16 (375 KiB),
-D = V = 128 (339 KiB) and float32 inputs (427 KiB) do not fit: lowering says so ("exceeds
-available shared memory"); they run in interpret mode only. Registers: the 16 dV^T
-accumulators (W x 16 f32 each) take 128 per thread at W = 64, beside the score tiles: expect
-spills on hardware; the GPU window should time it before anything is tuned. Lowering the
-backward (16 keys unrolled) takes ~60 s on a 2-core CPU.
+H100): 230,456 bytes (225 KiB) of Hopper's 232,448 (Q/dY 64 KiB, K 16, V 32, S_cat 16, P 64,
+C/ds 2, du 8, dS per head 16, dV^T/dK^T ring 4). H = 4 fits. H = 16 (410,680 bytes), D = V =
+128 (357,432) and float32 inputs (457,784) do not: lowering says so ("exceeds available
+shared memory"); they run in interpret mode only. Registers: live across the key loop are
+16 dV^T accumulators (W x 16 f32: 8 registers per thread each at W = 64), H dK^T (8 each) and
+H dS tiles (8 each): 256 per thread before any working set, over Hopper's 255: expect spills
+on hardware. Remedies to measure first (not built): two consumer warpgroups splitting W for
+dV/dK (as attention_mgpu.py's backward splits its work), or bk = 8. Lowering the backward
+(16 keys unrolled) takes ~45 s on a 2-core CPU.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -74,8 +112,10 @@ BLOCK_K = 16   # one (8, 16) SMEM tile column per head in S_cat, as in the forwa
 
 
 def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_causal, eps,
-                   interpret):
-  """The kernel on padded inputs: dS (B, Kp, Qp, 16) and dV^T (B, Kp, W, 16), input dtype."""
+                   zero_skipped, interpret):
+  """The kernel on padded inputs: dS (B, H, Qp, Kp), dV^T (B, Kp, W, 16), dK^T (B, H, W, Kp).
+  Causal: the dS tiles no query sees are written as zeros only if `zero_skipped` (XLA's dQ
+  reads all of dS; the dQ kernel reads up to the diagonal only)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
 
@@ -86,12 +126,13 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
   num_q_tiles = q_padded // bq
   mask_batched = key_valid_BK.shape[0] > 1
   perm_KJH, _ = fwd._selection_constants(heads, bk, bk, dtype)  # pylint: disable=protected-access
-  wide = fwd._smem_transforms(plgpu, width, dtype)  # pylint: disable=protected-access
-  narrow = fwd._smem_transforms(plgpu, hp, dtype)  # pylint: disable=protected-access
+  # Every SMEM operand here has 16-element (32-byte) rows: a wgmma's two SMEM operands must
+  # share a swizzle, and dK's B (a per-head dS tile, bk = 16 columns) allows 32 bytes only.
+  narrow = fwd._smem_transforms(plgpu, 16, dtype)  # pylint: disable=protected-access
 
-  def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, scoped):
+  def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref, scoped):
     (qdy_smem, k_smem, v_smem, kval_smem, scat_smem, perm_smem, c_smem, du_smem, ds_smem,
-     dv_smem, zero_smem), (tile_bar, q_bar, dy_bar) = scoped
+     out_smem), (tile_bar, q_bar, dy_bar, q_again_bar) = scoped
     b = jax.lax.axis_index("batch")
     k0 = jax.lax.axis_index("k_tile") * bk
     bm = b if mask_batched else 0
@@ -101,25 +142,19 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
     plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk)], v_smem, tile_bar.at[1])
     plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem, tile_bar.at[2])
     plgpu.copy_gmem_to_smem(perm_ref, perm_smem, tile_bar.at[3])
-    zero_smem[...] = jnp.zeros((bq, hp), dtype)
-    plgpu.commit_smem()
     for i in range(4):
       plgpu.barrier_wait(tile_bar.at[i])
     key_valid = jax.lax.broadcast_in_dim(
         plgpu.load(kval_smem, layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
 
-    def store_ds(tile_ds, slot, k, q0):
-      plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous store has read it
-      if tile_ds is not None:
-        ds_smem[slot] = tile_ds.astype(dtype)
-        plgpu.commit_smem()
-      src = zero_smem if tile_ds is None else ds_smem.at[slot]
-      plgpu.copy_smem_to_gmem(src, ds_ref.at[b, k0 + k, pl.ds(q0, bq)])
+    if is_causal and zero_skipped:  # no query of tiles [0, first) sees these keys: dS = 0
+      for h in range(heads):
+        ds_smem[h] = jnp.zeros((bq, bk), dtype)
+      plgpu.commit_smem()
 
-    @pl.loop(0, first)
-    def _skipped_tile(qi):  # causal: no query of this tile sees these keys
-      for k in range(bk):
-        store_ds(None, k % 2, k, qi * bq)
+      @pl.loop(0, first)
+      def _skipped_tile(qi):
+        plgpu.copy_smem_to_gmem(ds_smem, ds_ref.at[b, :, pl.ds(qi * bq, bq), pl.ds(k0, bk)])
 
     def scores_tile(q0):
       plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, q_bar.at[0])
@@ -143,8 +178,9 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
       plgpu.copy_gmem_to_smem(dy_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, dy_bar.at[0])
       plgpu.barrier_wait(dy_bar.at[0])
 
-    def one_key(k, q0, dvt):
-      """dS of key k0 + k against this query tile (stored) and its dV^T (returned)."""
+    def one_key(k, dvt, ds_accs):
+      """Key k0 + k against this query tile: its dS scattered into the per-head accumulators
+      ds_accs (column k of each), its dV^T returned."""
       def permute(acc):
         plgpu.wgmma(acc, scat_smem, perm_smem.at[k])
         return acc[...]
@@ -186,65 +222,192 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
       along_c = jnp.sum(c * dc, axis=1) * (1.0 / heads)
       ds = (dc - c * jax.lax.broadcast_in_dim(along_c, (bq, hp), [0])) * \
           jax.lax.broadcast_in_dim(inv_rms * scale, (bq, hp), [0])
-      store_ds(ds, k % 2, k, q0)
+      # The inverse permutation, by the tensor cores again: ds (bq, 16 heads) times the 0/1
+      # block P[k][h*bk:(h+1)*bk]^T (16, bk), which is e_h e_k^T, adds ds[:, h] to column k
+      # of head h's dS tile. A from SMEM (C[k]'s buffer, free once `grads` has completed):
+      # interpret mode cannot take a wgmma's A from registers. The next key's first acc[...]
+      # read waits for these wgmmas before C[k+1] overwrites the buffer.
+      c_smem[...] = ds.astype(dtype)
+      plgpu.commit_smem()
+      for h, acc in enumerate(ds_accs):
+        plgpu.wgmma(acc, c_smem, perm_smem.at[k, pl.ds(h * bk, bk)].transpose((1, 0)))
       return dvt
 
-    def q_tile(qi, dvts):
+    def q_tile(qi, carry):
+      dvts, dkts = carry
       q0 = qi * bq
       scores_tile(q0)
-      return tuple(one_key(k, q0, dvt) for k, dvt in enumerate(dvts))
 
-    dvts = tuple(plgpu.layout_cast(jnp.zeros((width, hp), _F32), plgpu.Layout.WGMMA)
-                 for _ in range(bk))
-    dvts = jax.lax.fori_loop(first, num_q_tiles, q_tile, dvts)
-    for k, dvt in enumerate(dvts):
-      plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-      dv_smem[k % 2] = dvt.astype(dtype)
+      def keys(*ds_accs):
+        new_dvts = tuple(one_key(k, dvt, ds_accs) for k, dvt in enumerate(dvts))
+        return new_dvts, [acc[...] for acc in ds_accs]
+
+      dvts, ds_h = pl.run_scoped(keys, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
+      # The cotangent is consumed (loaded into registers key by key): Q again, for dK.
+      plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, q_again_bar.at[0])
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last dS store has read ds_smem
+      for h, ds in enumerate(ds_h):
+        ds_smem[h] = ds.astype(dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(dv_smem.at[k % 2], dvt_ref.at[b, k0 + k])
+      plgpu.copy_smem_to_gmem(ds_smem, ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(k0, bk)])
+      plgpu.barrier_wait(q_again_bar.at[0])
+
+      def key_grads(*accs):  # dK_h^T (W, bk) += Q_h^T (W, bq) @ dS_h (bq, bk)
+        for h, acc in enumerate(accs):
+          plgpu.wgmma(acc, qdy_smem.at[h].transpose((1, 0)), ds_smem.at[h])
+        return [acc[...] for acc in accs]
+
+      dk_steps = pl.run_scoped(key_grads, *[plgpu.ACC((width, bk), _F32) for _ in range(heads)])
+      return dvts, tuple(dkt + step for dkt, step in zip(dkts, dk_steps))
+
+    zeros = lambda: plgpu.layout_cast(jnp.zeros((width, bk), _F32), plgpu.Layout.WGMMA)
+    dvts, dkts = jax.lax.fori_loop(
+        first, num_q_tiles, q_tile,
+        (tuple(zeros() for _ in range(bk)), tuple(zeros() for _ in range(heads))))
+    stores = [(dvt, dvt_ref.at[b, k0 + k]) for k, dvt in enumerate(dvts)]
+    stores += [(dkt, dkt_ref.at[b, h, :, pl.ds(k0, bk)]) for h, dkt in enumerate(dkts)]
+    for i, (value, dst) in enumerate(stores):
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # this slot's previous store has read it
+      out_smem[i % 2] = value.astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem.at[i % 2], dst)
     plgpu.wait_smem_to_gmem(0)
 
-  def entry(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref):
+  def entry(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref):
     smem = (
-        plgpu.SMEM((heads, bq, width), dtype, transforms=wide),       # Q, then dY
-        plgpu.SMEM((heads, bk, width), dtype, transforms=wide),       # K
+        plgpu.SMEM((heads, bq, width), dtype, transforms=narrow),     # Q, then dY, then Q
+        plgpu.SMEM((heads, bk, width), dtype, transforms=narrow),     # K
         plgpu.SMEM((bk, hp, width), dtype, transforms=narrow),        # V, heads padded
         plgpu.SMEM((bk,), _F32),                                      # key validity
         plgpu.SMEM((bq, heads * bk), dtype, transforms=narrow),       # S_cat
         plgpu.SMEM((bk, heads * bk, hp), dtype, transforms=narrow),   # P
         plgpu.SMEM((bq, hp), dtype, transforms=narrow),               # C[k]
         plgpu.SMEM((bq, width), dtype, transforms=narrow),            # du
-        plgpu.SMEM((2, bq, hp), dtype),                               # dS ring
-        plgpu.SMEM((2, width, hp), dtype),                            # dV^T ring
-        plgpu.SMEM((bq, hp), dtype),                                  # zeros
+        plgpu.SMEM((heads, bq, bk), dtype, transforms=narrow),        # dS per head
+        plgpu.SMEM((2, width, hp), dtype),                            # dV^T / dK^T ring
     )
     barriers = (plgpu.Barrier(num_barriers=4), plgpu.Barrier(num_barriers=1),
-                plgpu.Barrier(num_barriers=1))
+                plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=1))
     pl.run_scoped(
         lambda *scoped: kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref,
-                               (scoped[:11], scoped[11:])),
+                               dkt_ref, (scoped[:10], scoped[10:])),
         *smem, *barriers)
 
   return plgpu.kernel(
       entry,
-      out_type=(jax.ShapeDtypeStruct((batch, k_padded, q_padded, hp), dtype),
-                jax.ShapeDtypeStruct((batch, k_padded, width, hp), dtype)),
+      out_type=(jax.ShapeDtypeStruct((batch, heads, q_padded, k_padded), dtype),
+                jax.ShapeDtypeStruct((batch, k_padded, width, hp), dtype),
+                jax.ShapeDtypeStruct((batch, heads, width, k_padded), dtype)),
       grid=(batch, k_padded // bk),
       grid_names=("batch", "k_tile"),
       interpret=interpret,
   )(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, perm_KJH)
 
 
+def _dq_kernel(ds_BHQK, k_BHKW, *, is_causal, interpret):
+  """dQ_h = dS_h K_h, query-stationary: a program per (batch, query tile, head) loops over key
+  tiles (causal: up to the diagonal) through a two-slot TMA ring; (B, H, Qp, W), dS's dtype.
+
+  One head per program keeps one (bq, W) float32 accumulator (32 registers per thread at
+  W = 64; all heads in one program would take 256). Key tiles of 64 where Kp allows (wgmma K
+  = 64, 128-byte swizzle), else 32 or 16."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+
+  batch, heads, q_padded, k_padded = ds_BHQK.shape
+  width = k_BHKW.shape[-1]
+  dtype = ds_BHQK.dtype
+  bq, bk = BLOCK_Q, next(n for n in (64, 32, 16) if k_padded % n == 0)
+  num_k_tiles = k_padded // bk
+  # Both operands take dS's swizzle (bk columns); K's W columns split into tiles of that width.
+  transforms = fwd._smem_transforms(plgpu, bk, dtype)  # pylint: disable=protected-access
+
+  def kernel(ds_ref, k_ref, dq_ref, scoped):
+    (ds_smem, k_smem, o_smem), (ds_bar, k_bar) = scoped
+    b = jax.lax.axis_index("batch")
+    h = jax.lax.axis_index("head")
+    q0 = jax.lax.axis_index("q_tile") * bq
+    if is_causal:  # the key-stationary kernel wrote every tile up to the diagonal, no further
+      steps = jnp.minimum(num_k_tiles, pl.cdiv(q0 + bq, jnp.int32(bk)))
+    else:
+      steps = jnp.int32(num_k_tiles)
+
+    def load_tile(step, slot):
+      plgpu.copy_gmem_to_smem(ds_ref.at[b, h, pl.ds(q0, bq), pl.ds(step * bk, bk)],
+                              ds_smem.at[slot], ds_bar.at[slot])
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(step * bk, bk)], k_smem.at[slot],
+                              k_bar.at[slot])
+
+    for step in range(min(2, num_k_tiles)):  # the two-slot ring's prologue
+      pl.when(step < steps)(functools.partial(load_tile, step, step))
+
+    def key_tile(step, dq):
+      slot = jax.lax.rem(step, 2)
+      plgpu.barrier_wait(ds_bar.at[slot])
+      plgpu.barrier_wait(k_bar.at[slot])
+
+      def matmul(acc):
+        plgpu.wgmma(acc, ds_smem.at[slot], k_smem.at[slot])
+        return acc[...]
+
+      dq = dq + pl.run_scoped(matmul, plgpu.ACC((bq, width), _F32))
+
+      @pl.when(step + 2 < steps)
+      def _prefetch():  # this slot is free again: the wgmma reading it has completed
+        load_tile(step + 2, slot)
+
+      return dq
+
+    dq = jax.lax.fori_loop(
+        0, steps, key_tile,
+        plgpu.layout_cast(jnp.zeros((bq, width), _F32), plgpu.Layout.WGMMA))
+    o_smem[...] = dq.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, dq_ref.at[b, h, pl.ds(q0, bq)])
+    plgpu.wait_smem_to_gmem(0)
+
+  def entry(ds_ref, k_ref, dq_ref):
+    smem = (plgpu.SMEM((2, bq, bk), dtype, transforms=transforms),
+            plgpu.SMEM((2, bk, width), dtype, transforms=transforms),
+            plgpu.SMEM((bq, width), dtype))
+    barriers = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2))
+    pl.run_scoped(lambda *scoped: kernel(ds_ref, k_ref, dq_ref, (scoped[:3], scoped[3:])),
+                  *smem, *barriers)
+
+  return plgpu.kernel(
+      entry,
+      out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, width), dtype),
+      grid=(batch, q_padded // bq, heads),
+      grid_names=("batch", "q_tile", "head"),
+      interpret=interpret,
+  )(ds_BHQK, k_BHKW)
+
+
+def _dq_xla(ds_BHQK, k_BHKW, *, is_causal, interpret):
+  """dQ_h = dS_h K_h as one XLA batched matmul over all of dS (causal: zeros included)."""
+  del is_causal, interpret
+  return jnp.einsum("bhqk,bhkw->bhqw", ds_BHQK, k_BHKW, preferred_element_type=_F32)
+
+
+# How dQ = dS K is computed from the dS the key-stationary kernel writes. "kernel" is the
+# default: causal, it reads dS up to the diagonal only and spares the key-stationary kernel
+# the zeros above it (half of dS's HBM traffic at long T); not causal, both read dS once.
+# "xla" is cuBLAS's matmul, the first version's path, kept until a GPU window times the two.
+DQ_PATHS = {"kernel": _dq_kernel, "xla": _dq_xla}
+DEFAULT_DQ = "kernel"
+
+
 def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, eps,
-             interpret):
-  """(dQ, dK, dV) of `mosaic_kernel.attention` from the inputs and the output's cotangent."""
+             interpret, dq=DEFAULT_DQ):
+  """(dQ, dK, dV) of `mosaic_kernel.attention` from the inputs and the output's cotangent;
+  `dq` names the entry of DQ_PATHS that computes dQ = dS K."""
   batch, q_len, heads, depth = query_BQHD.shape
   k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
   dtype = query_BQHD.dtype
   q_padded, k_padded = fwd._round_up(q_len, BLOCK_Q), fwd._round_up(k_len, BLOCK_K)  # pylint: disable=protected-access
-  # One width W for Q, K (D) and V, dY (V): Q's buffer holds dY later, and dV^T's wgmma
-  # takes W as its M (a multiple of 64).
-  width = max(fwd._round_up(depth, 128 // dtype.itemsize), fwd._round_up(v_dim, 64))  # pylint: disable=protected-access
+  # One width W for Q, K (D) and V, dY (V): Q's buffer holds dY between its two uses, and
+  # dV^T's and dK^T's wgmmas take W as their M (a multiple of 64).
+  width = max(fwd._round_up(depth, 64), fwd._round_up(v_dim, 64))  # pylint: disable=protected-access
   pad = lambda x, length: jnp.pad(
       x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
   q_BHQW = jnp.transpose(pad(query_BQHD, q_padded), (0, 2, 1, 3))
@@ -252,12 +415,14 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   dy_BHQW = jnp.transpose(pad(d_out_BQHV.astype(dtype), q_padded), (0, 2, 1, 3))
   v_BKHW = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len),
                                 (0, fwd.HEADS_PADDED - heads), (0, width - v_dim)))
-  ds_BKQH, dvt_BKWH = _backward_call(
+  ds_BHQK, dvt_BKWH, dkt_BHWK = _backward_call(
       q_BHQW, k_BHKW, v_BKHW, dy_BHQW,
       fwd._key_valid(mask, k_len, k_padded),  # pylint: disable=protected-access
-      scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, interpret=interpret)
-  ds_BKQH = ds_BKQH[:, :k_len, :q_len, :heads]
-  d_query = jnp.einsum("bkqh,bkhd->bqhd", ds_BKQH, key_BKHD, preferred_element_type=_F32)
-  d_key = jnp.einsum("bkqh,bqhd->bkhd", ds_BKQH, query_BQHD, preferred_element_type=_F32)
+      scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, zero_skipped=dq == "xla",
+      interpret=interpret)
+  # Padded keys and queries have dS = 0 (their scores are 0), so the padded K is exact here.
+  dq_BHQW = DQ_PATHS[dq](ds_BHQK, k_BHKW, is_causal=is_causal, interpret=interpret)
+  d_query = jnp.transpose(dq_BHQW[:, :, :q_len, :depth], (0, 2, 1, 3))
+  d_key = jnp.transpose(dkt_BHWK[:, :, :depth, :k_len], (0, 3, 1, 2))
   d_value = jnp.transpose(dvt_BKWH[:, :k_len, :v_dim, :heads], (0, 1, 3, 2))
-  return d_query.astype(dtype), d_key.astype(dtype), d_value
+  return d_query.astype(dtype), d_key, d_value

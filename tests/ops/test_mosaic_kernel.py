@@ -9,19 +9,22 @@ Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg (jax 0.11.2
 Interpretation is slow (every key of every tile is a dozen simulated wgmmas and SMEM
 accesses; the backward ~80 ms per key and query tile), so the cases are few and small: B=1,
 H=8, T=64 plain and T=128 causal with a padding mask (two query tiles, so the backward's
-skipped causal tiles are exercised), plus a batch of two with per-example masks at a length
-no tile divides. The lot takes ~3 minutes on a 2-core CPU.
+skipped causal tiles are exercised), a batch of two with per-example masks at a length no
+tile divides, and H=4 at T=72 (each key tile sums dK and dV over two query tiles, one mostly
+padding); the dQ kernel alone against a float64 matmul, with NaN where it must not read. The
+lot takes ~3-4 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
 mode the wgmmas are float32 matmuls (numpy), so the float32 kernels differ from the
 reference only by summation order; the permutation and broadcast wgmmas multiply by 0/1 and
-add no rounding. Gradients go through the custom VJP, i.e. the backward kernel and its two
-XLA matmuls, and are held to the same rule as the output.
+add no rounding. Gradients go through the custom VJP, i.e. the backward kernel (dK, dV on
+chip) and its XLA matmul (dQ), and are held to the same rule as the output.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hypernet_attention.ops import mosaic_kernel
@@ -62,9 +65,9 @@ def _reference_fn(mask, causal):
   return fn
 
 
-def _kernel_fn(mask, causal, blocks):
+def _kernel_fn(mask, causal, blocks, dq=None):
   return lambda q, k, v, bias: mosaic_kernel.attention(
-      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret())
+      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret(), dq=dq)
 
 
 def _padding_mask(valid_lengths, length):
@@ -72,16 +75,22 @@ def _padding_mask(valid_lengths, length):
   return (jnp.arange(length)[None, :] < jnp.asarray(valid_lengths)[:, None])[:, None, None, :]
 
 
-@pytest.mark.parametrize("batch,length,causal,valid,block_k", [
-    (1, 64, False, None, 16),
-    (1, 128, True, (100,), 32),
-    (2, 40, False, (40, 23), 16),  # 40 pads to 64 queries, 48 keys; one mask per example
+@pytest.mark.parametrize("batch,length,heads,causal,valid,block_k,dq", [
+    (1, 64, 8, False, None, 16, "kernel"),   # the dQ kernel's key tiles: 64
+    (1, 128, 8, True, (100,), 32, "kernel"),  # 64, stopping at the diagonal
+    # 40 pads to 64 queries, 48 keys (dQ key tiles of 16); one mask per example.
+    (2, 40, 8, False, (40, 23), 16, "kernel"),
+    # Every key tile sums dK and dV over two query tiles, the second half padding; the last
+    # key tile is half padding; H = 4 gives S_cat and the dS scatter another width.
+    (1, 72, 4, False, None, 16, "kernel"),
+    # XLA's dQ reads all of dS: the key tile at 64 writes zeros for query tile 0.
+    (1, 72, 4, True, None, 16, "xla"),
 ])
-def test_interpret_matches_reference(batch, length, causal, valid, block_k, capsys):
-  inputs = _inputs(batch, length)
+def test_interpret_matches_reference(batch, length, heads, causal, valid, block_k, dq, capsys):
+  inputs = _inputs(batch, length, heads=heads)
   mask = None if valid is None else _padding_mask(valid, length)
   blocks = mosaic_kernel.Blocks(block_q=64, block_k=block_k, block_v=16)
-  errors = compare(_kernel_fn(mask, causal, blocks), _reference_fn(mask, causal), inputs)
+  errors = compare(_kernel_fn(mask, causal, blocks, dq), _reference_fn(mask, causal), inputs)
   assert "RACE DETECTED" not in capsys.readouterr().out
   for name, (err, bound) in errors.items():
     assert err < bound, f"{name}: relative error {err:.3g} >= bound {bound:.3g}"
@@ -102,12 +111,33 @@ def test_ignoring_the_mask_would_fail():
     assert err > 100 * bound, (name, err, bound)
 
 
+@pytest.mark.parametrize("k_padded,causal", [(96, True), (80, False)])
+def test_dq_kernel_is_ds_times_k(k_padded, causal, capsys):
+  """The query-stationary dQ kernel alone, against a float64 matmul: key tiles of 32 (Kp = 96)
+  and 16 (Kp = 80). Causal, the dS tiles past each query tile's diagonal are NaN: the
+  key-stationary kernel leaves them unwritten, so reading one would show."""
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  keys = jax.random.split(jax.random.key(1), 2)
+  ds_BHQK = jax.random.normal(keys[0], (1, 2, 128, k_padded), jnp.float32)
+  k_BHKW = jax.random.normal(keys[1], (1, 2, k_padded, 64), jnp.float32)
+  q_pos, k_pos = jnp.arange(128)[:, None], jnp.arange(k_padded)[None, :]
+  read = k_pos < (q_pos // 64 + 1) * 64 if causal else jnp.ones((128, k_padded), bool)
+  dq_BHQW = mosaic_kernel_bwd.DQ_PATHS["kernel"](
+      jnp.where(read, ds_BHQK, jnp.nan), k_BHKW, is_causal=causal, interpret=_interpret())
+  assert "RACE DETECTED" not in capsys.readouterr().out
+  exact = np.einsum("bhqk,bhkw->bhqw", np.where(read, ds_BHQK, 0.0).astype(np.float64),
+                    np.asarray(k_BHKW, np.float64))
+  # One float32 dot of length Kp per entry: error ~ sqrt(Kp) * 2^-24 relative.
+  np.testing.assert_allclose(dq_BHQW, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
+
+
 @pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
 def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
   """Pallas -> Mosaic GPU lowering, layout inference and the SMEM budget run at lowering time,
   for an abstract H100 (compute capability 9.0); only PTX needs the GPU. H=8, D=V=64: the
-  forward takes ~214 KiB of SMEM, the backward 215 KiB. The backward (16 keys unrolled) takes
-  ~65 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has the same layouts)."""
+  forward takes ~214 KiB of SMEM, the backward 225 KiB and its dQ kernel 40. The backward (16
+  keys unrolled) takes ~45 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16 has
+  the same layouts)."""
   q = jax.ShapeDtypeStruct((1, 128, 8, 64), dtype)
   mesh = jax.sharding.AbstractMesh(
       (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
@@ -118,7 +148,8 @@ def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
         jnp.float32).sum(), argnums=(0, 1, 2))
   with jax.sharding.use_abstract_mesh(mesh):
     lowered = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
-  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + with_backward
+  # Forward; backward: the key-stationary kernel and the dQ kernel.
+  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + 2 * with_backward
 
 
 def test_refuses_what_it_does_not_compute():
@@ -127,6 +158,8 @@ def test_refuses_what_it_does_not_compute():
     mosaic_kernel.attention(q, q, q, normalization="softmax")
   with pytest.raises(ValueError, match="HYLA only"):
     mosaic_kernel.attention(q, q, q, mask=jnp.ones((1, 1, 64, 64), bool))
+  with pytest.raises(ValueError, match="dq='cudnn'; allowed: kernel, xla"):
+    mosaic_kernel.attention(q, q, q, dq="cudnn")
   with pytest.raises(ValueError, match="at most 16 heads"):
     mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
                             jnp.zeros((1, 64, 17, 32)))
