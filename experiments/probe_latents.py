@@ -9,6 +9,8 @@ A sweep root (runs and population members below it) writes ROOT/probe/ unless --
 is given. A population probes every member (POP/probe/<member>/, one result line each); one
 member: --workdir=POP --member=i, or --workdir=POP/<member name>.
 `--step` picks a checkpoint (default: the newest); `--step=0` probes the initialization.
+Fuzzy logic probes one fixed query point for every problem, as the authors' code does;
+`--query=random` draws it per problem (then the self-code varies with the query point).
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """
 
@@ -26,6 +28,9 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where to write (default: 
 _NUM_PROBLEMS = flags.DEFINE_integer("num_problems", 1024, "Problems per split.")
 _FEATURES = flags.DEFINE_string("features", "all", "SRAVEN: 'all' features or 'last' (the "
                                 "authors' setting).")
+_QUERY = flags.DEFINE_string("query", "fixed", "Fuzzy logic: 'fixed' (one query point for "
+                             "every problem, the authors' setting) or 'random' (a fresh "
+                             "query point per problem).")
 _MEMBER = flags.DEFINE_integer("member", None, "A population's member to probe (its outputs go "
                                 "to the member's directory); a member's directory works too.")
 _PERMUTATIONS = flags.DEFINE_integer("permutations", 100, "Permutations of the decoder null.")
@@ -35,7 +40,7 @@ def main(argv):
   del argv
   try:
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
-                                  permutations=_PERMUTATIONS.value)
+                                  permutations=_PERMUTATIONS.value, query=_QUERY.value)
     workdirs = _WORKDIR.value
     if _MEMBER.value is not None:
       workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]

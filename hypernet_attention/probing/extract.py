@@ -25,7 +25,18 @@ record names its setting, `registry.Experiment.probe`):
   fuzzy_logic  splits `test` (training tasks, fresh samples) and `ood` (held-out
                combinations of known terms); the query token (the last) attending to
                itself, per layer: H entries. Labels = which known terms the task contains
-               (multi-label); unit = task; one stratum.
+               (multi-label); unit = task; one stratum. `query='fixed'` (default, the
+               authors' `valid_fixed_query` / `test_fixed_query` loaders that their
+               latent callback reads): every problem's query point x_q is one fixed point
+               (`fixed_query_point`), only the context varies; `query='random'`: x_q drawn
+               per problem like the context. The query token's self-code in layer 0 is a
+               function of that token alone under HYLA and linear attention (its y is
+               zeroed; RMSHead normalizes across the heads of one pair, linear attention
+               not at all), so with random queries it varies with x_q and carries no task,
+               and in later layers x_q's variation swamps the context's
+               (experiments/results/probing.md, "Fig. 2B at paper scale").
+SRAVEN's query tokens (the answer panel's zero tokens) are the same in every problem: its
+only query choice is 'fixed'.
 """
 
 from __future__ import annotations
@@ -48,7 +59,9 @@ from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import sraven as sraven_lib
 
 FEATURE_CHOICES = ("all", "last")
+QUERY_CHOICES = ("fixed", "random")
 PROBE_SEED = 1234  # Problems probed: a fixed key, independent of the run's training seed.
+FIXED_QUERY_STREAM = 999  # fold_in of PROBE_SEED that draws the fixed fuzzy-logic query
 
 
 def sraven_pairs(num_features: int, grid_size: int, features) -> tuple[np.ndarray, np.ndarray]:
@@ -114,7 +127,10 @@ class SRavenSetting:
   """Rule decoding on unpermuted SRAVEN problems (module docstring)."""
   splits = ("test_unpermuted", "ood_unpermuted")
 
-  def __init__(self, task: sraven_lib.SRaven, features: str = "all"):
+  def __init__(self, task: sraven_lib.SRaven, features: str = "all", query: str = "fixed"):
+    if query != "fixed":
+      raise ValueError(f"query={query!r} for sraven; allowed: 'fixed' (its query tokens are "
+                       "the answer panel's zeros in every problem)")
     self.task = task
     K = task.num_features
     self.features = np.arange(K) if features == "all" else np.array([K - 1])
@@ -128,6 +144,9 @@ class SRavenSetting:
     self._task_id = {tuple(c): i for i, c in enumerate(combos)}
     self.class_names = np.array(sraven_lib.RULE_NAMES)
     self.code_axes = f"head x key (keys: the G-1={key_FJ.shape[1]} panels before the answer)"
+
+  def batch(self, key: jax.Array, size: int, split: str) -> dict[str, jax.Array]:
+    return self.task.sample(key, size, split)
 
   def samples(self, batch, codes_BLHP) -> dict[str, np.ndarray]:
     """One sample per (problem, probed feature)."""
@@ -152,10 +171,11 @@ class FuzzyLogicSetting:
   """Term decoding from the query token's code of attending to itself (module docstring)."""
   splits = ("test", "ood")
 
-  def __init__(self, task, features: str = "all"):
+  def __init__(self, task, features: str = "all", query: str = "fixed"):
     del features  # one query token per sequence
     self.task = task
-    self.name = "fuzzy_logic/query_self"
+    self.query = query
+    self.name = f"fuzzy_logic/query_self/query={query}"
     last = task.num_examples - 1
     self.query_P, self.key_P = np.array([last]), np.array([last])
     self.pairs_per_sample = 1
@@ -167,6 +187,15 @@ class FuzzyLogicSetting:
     self._bit_weights = 2 ** np.arange(task.num_variables - 1, -1, -1)
     self.class_names = np.array([self._term_name(t) for t in range(self.num_known)])
     self.code_axes = "head (query token attending to itself)"
+
+  def batch(self, key: jax.Array, size: int, split: str) -> dict[str, jax.Array]:
+    """`task.sample`'s batch; with the fixed query, x_q := `fixed_query_point` and the
+    targets re-evaluated (the tokens hide the query's y, so every query token is equal)."""
+    batch = self.task.sample(key, size, split)
+    if self.query == "random":
+      return batch
+    x_BNL = batch["x"].at[:, -1].set(fixed_query_point(self.task.num_variables))
+    return dict(batch, x=x_BNL, y=self.task.evaluate(batch["terms"], x_BNL))
 
   def _term_name(self, term: int) -> str:
     bits = self.task.terms_table[term]
@@ -183,6 +212,14 @@ class FuzzyLogicSetting:
                 target_N=np.asarray(batch["y"])[:, -1].astype(np.float32))
 
 
+def fixed_query_point(num_variables: int) -> jax.Array:
+  """The one query point of `query='fixed'`: U[0,1]^L from a fixed key (as the authors
+  draw theirs once per run), the same for both splits and for the step-0 parameters; its
+  stream is apart from the problems' (keyed by split index, then batch index)."""
+  return jax.random.uniform(jax.random.fold_in(jax.random.key(PROBE_SEED), FIXED_QUERY_STREAM),
+                            (num_variables,))
+
+
 def probed_experiments() -> list[str]:
   """The experiments whose record names a probe setting."""
   return [name for name, e in registry.EXPERIMENTS.items() if e.probe is not None]
@@ -197,11 +234,13 @@ def setting_class(experiment: str):
   return registry.load(record.probe)
 
 
-def make_setting(experiment: str, task, features: str = "all"):
+def make_setting(experiment: str, task, features: str = "all", query: str = "fixed"):
   cls = setting_class(experiment)
   if features not in FEATURE_CHOICES:
     raise ValueError(f"features={features!r}; allowed: {FEATURE_CHOICES}")
-  return cls(task, features)
+  if query not in QUERY_CHOICES:
+    raise ValueError(f"query={query!r}; allowed: {QUERY_CHOICES}")
+  return cls(task, features, query)
 
 
 @functools.lru_cache(maxsize=8)
@@ -228,14 +267,13 @@ def code_collector(model, query_P: tuple[int, ...], key_P: tuple[int, ...]):
 
 
 def extract_codes(run: Any, num_problems: int, batch_size: int = 256, features: str = "all",
-                  progress: bool = True, seed: int = PROBE_SEED) -> Codes:
+                  progress: bool = True, seed: int = PROBE_SEED, query: str = "fixed") -> Codes:
   """Probed codes of `run` (a `restore.RestoredRun`) on `num_problems` per split."""
   if num_problems < 1:
     raise ValueError(f"num_problems={num_problems}; allowed: a positive integer")
-  setting = make_setting(run.config.experiment, run.objective.task, features)
+  setting = make_setting(run.config.experiment, run.objective.task, features, query)
   collect = code_collector(run.model, tuple(setting.query_P.tolist()),
                            tuple(setting.key_P.tolist()))
-  task = run.objective.task
   sizes = [min(batch_size, num_problems - s) for s in range(0, num_problems, batch_size)]
   parts = []
   bar = tqdm.tqdm(total=num_problems * len(setting.splits), unit="problem", disable=not progress,
@@ -243,7 +281,7 @@ def extract_codes(run: Any, num_problems: int, batch_size: int = 256, features: 
   for split_index, split in enumerate(setting.splits):
     for i, size in enumerate(sizes):
       key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), split_index), i)
-      batch = task.sample(key, size, split)
+      batch = setting.batch(key, size, split)
       _, codes_BLHP = collect(run.params, run.objective.encode(batch)[0])
       sample = setting.samples(batch, np.asarray(codes_BLHP, np.float32))
       sample["split_N"] = np.full(len(sample["task_N"]), split_index, np.int32)

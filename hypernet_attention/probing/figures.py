@@ -88,6 +88,14 @@ def embeddings(codes, path: str, max_points: int = 600, seed: int = 0) -> None:
   cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
   for l, title in enumerate(layers):
     x = codes.codes_NLC[keep, l]
+    if np.ptp(x, axis=0).max() == 0:
+      # One code for every sample (layer 0's self-code at a fixed fuzzy-logic query under
+      # HYLA or linear attention): nothing to embed, and t-SNE segfaults on it.
+      for row, method in enumerate(("PCA", "t-SNE")):
+        axes[row, l].text(0.5, 0.5, "constant code", ha="center", va="center")
+        axes[row, l].set_title(f"{method}, {title}", fontsize=9)
+        axes[row, l].set_xticks([]), axes[row, l].set_yticks([])
+      continue
     x = (x - x.mean(0)) / np.maximum(x.std(0), 1e-12)
     pca = decomposition.PCA(2, random_state=seed).fit_transform(x)
     tsne = manifold.TSNE(2, perplexity=min(30, len(keep) - 1), init="pca", max_iter=500,

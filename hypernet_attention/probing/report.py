@@ -35,6 +35,7 @@ class ProbeOptions:
   num_problems: int = 1024  # per split
   batch_size: int = 256
   features: str = "all"  # SRAVEN: 'all' features or the authors' 'last'
+  query: str = "fixed"  # fuzzy logic: the authors' one fixed query point, or 'random'
   permutations: int = 100  # decoder permutation null
   mantel_permutations: int = 999
   weight_problems: int = 256
@@ -50,6 +51,8 @@ class ProbeOptions:
         raise ValueError(f"{name}={getattr(self, name)}; allowed: an integer >= 0")
     if self.features not in extract.FEATURE_CHOICES:
       raise ValueError(f"features={self.features!r}; allowed: {extract.FEATURE_CHOICES}")
+    if self.query not in extract.QUERY_CHOICES:
+      raise ValueError(f"query={self.query!r}; allowed: {extract.QUERY_CHOICES}")
 
 
 def feature_sets(codes: extract.Codes) -> dict[str, np.ndarray]:
@@ -150,7 +153,7 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
   start = time.time()
   epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
   kwargs = dict(num_problems=options.num_problems, batch_size=options.batch_size,
-                features=options.features, progress=options.progress)
+                features=options.features, progress=options.progress, query=options.query)
   codes = extract.extract_codes(run, **kwargs)
   codes.save(extract.codes_path(out_dir, codes.step))
   if run.step == 0:
@@ -158,7 +161,8 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
   else:
     codes0 = extract.extract_codes(run0, **kwargs)
     codes0.save(extract.codes_path(out_dir, 0))
-  gen = weights_lib.generated_weights(run, options.weight_problems, options.features)
+  gen = weights_lib.generated_weights(run, options.weight_problems, options.features,
+                                     query=options.query)
   # The probes are small: more BLAS/OpenMP threads only contend (t-SNE ran 15x slower
   # with them on a loaded 2-core machine).
   with threadpoolctl.threadpool_limits(1):

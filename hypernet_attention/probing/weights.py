@@ -88,11 +88,12 @@ def batch_size(batch) -> int:
 
 
 def generated_weights(run: Any, num_problems: int = 256, features: str = "all",
-                      seed: int = extract.PROBE_SEED) -> list[GeneratedWeights]:
+                      seed: int = extract.PROBE_SEED, query: str = "fixed"
+                      ) -> list[GeneratedWeights]:
   """Per layer and matrix: how the classes' mean generated value networks relate."""
-  setting = extract.make_setting(run.config.experiment, run.objective.task, features)
+  setting = extract.make_setting(run.config.experiment, run.objective.task, features, query)
   split = setting.splits[1]
-  batch = run.objective.task.sample(jax.random.key(seed), num_problems, split)
+  batch = setting.batch(jax.random.key(seed), num_problems, split)
   inputs = run.objective.encode(batch)[0]
   num_pairs = len(setting.query_P)
   member_NR = class_membership(setting, batch, num_pairs)

@@ -81,7 +81,7 @@ def test_extracted_codes_are_the_hypernetwork_latent_codes(runs, experiment):
   run = restore.restore_params(runs[experiment])
   codes = extract.extract_codes(run, num_problems=8, progress=False)
   setting = extract.make_setting(experiment, run.objective.task)
-  batch = run.objective.task.sample(
+  batch = setting.batch(
       jax.random.fold_in(jax.random.fold_in(jax.random.key(extract.PROBE_SEED), 0), 0), 8,
       setting.splits[0])
   calls = weights.attention_calls(run.model, run.params, run.objective.encode(batch)[0])
@@ -97,6 +97,38 @@ def test_extracted_codes_are_the_hypernetwork_latent_codes(runs, experiment):
         0.0, n, np.float32)
   # In-distribution and held-out problems never share a task.
   assert not set(codes.split(0).task_N) & set(codes.split(1).task_N)
+
+
+def test_fuzzy_fixed_query_is_one_point_and_reaches_the_model(runs):
+  """The authors' fixed query: one x_q in every problem of both splits, targets evaluated
+  there, the context still drawn per problem; HYLA's layer-0 self-code is then one code
+  (a function of the query token alone), and with random queries it is not."""
+  run = restore.restore_params(runs["fuzzy_logic"])
+  task = run.objective.task
+  point = np.asarray(extract.fixed_query_point(task.num_variables))
+  assert point.shape == (task.num_variables,) and np.all((point >= 0) & (point < 1))
+  setting = extract.make_setting("fuzzy_logic", task)
+  for split_index, split in enumerate(setting.splits):
+    batch = setting.batch(jax.random.key(split_index), 16, split)
+    x = np.asarray(batch["x"])
+    np.testing.assert_array_equal(x[:, -1], np.broadcast_to(point, x[:, -1].shape))
+    assert np.ptp(x[:, :-1], axis=0).min() > 0  # the context varies per problem
+    # Zadeh semantics at the query point, written out independently of `evaluate`.
+    terms = np.asarray(batch["terms"])
+    literals = np.where(terms == 1, point, 1.0 - point)  # (B, K, L)
+    np.testing.assert_allclose(np.asarray(batch["y"])[:, -1], literals.min(-1).max(-1))
+    tokens = np.asarray(run.objective.encode(batch)[0])
+    assert np.ptp(tokens[:, -1], axis=0).max() == 0  # every query token is the same
+  assert run.config.model.attention == "hyla"
+  fixed = extract.extract_codes(run, num_problems=16, progress=False)
+  rand = extract.extract_codes(run, num_problems=16, progress=False, query="random")
+  assert fixed.setting.endswith("query=fixed") and rand.setting.endswith("query=random")
+  assert np.ptp(fixed.codes_NLC[:, 0], axis=0).max() == 0
+  assert np.ptp(rand.codes_NLC[:, 0], axis=0).max() > 0
+  assert np.ptp(fixed.codes_NLC[:, -1], axis=0).max() > 0  # later layers read the context
+  with pytest.raises(ValueError, match="query='random' for sraven; allowed: 'fixed'"):
+    extract.make_setting("sraven", restore.restore_params(runs["sraven"]).objective.task,
+                         query="random")
 
 
 # ----------------------------------------------------------------------- statistics
@@ -267,6 +299,7 @@ def test_bad_input_library_errors(runs, tmp_path):
   assert not os.path.exists(os.path.join(runs["sraven"], "probe"))
   for bad, message in ((dict(num_problems=0), "num_problems=0"),
                        (dict(features="first"), "features='first'; allowed"),
+                       (dict(query="mean"), "query='mean'; allowed"),
                        (dict(permutations=-1), "permutations=-1")):
     with pytest.raises(ValueError, match=message):
       report.ProbeOptions(**bad)
