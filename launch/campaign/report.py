@@ -284,7 +284,11 @@ def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") ->
            "and permutation p < 0.05. Selectivity: real minus control task (Hewitt & Liang) "
            "on a sample-level split. Topographic rho: code distance vs meaning distance "
            "over held-out tasks (Mantel p). Ridge R^2: the authors' logged metric (training "
-           "tasks, halves of a batch). The paper publishes no numbers for these figures.\n",
+           "tasks, halves of a batch). Fuzzy logic's codes are read at one query point shared "
+           "by every task, as the authors' latent callback reads them (`probe_latents "
+           "--query=fixed`): layer 0's self-code then is one constant, since under HYLA it "
+           "depends on the query token alone. The paper publishes no numbers for these "
+           "figures.\n",
            "| cell | member | step | layer | score | step 0 | chance | perm. p | decodes | "
            "selectivity | topographic rho (p) | ridge R^2 |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -294,7 +298,8 @@ def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") ->
         trained = d["trained"]
         sel = (d.get("selectivity") or {}).get("selectivity")
         topo = (d.get("topographic") or {}).get("held-out tasks") or {}
-        rho = (f"{topo['rho']:.3f} ({topo['p_value']:.3g})" if "rho" in topo else "-")
+        rho = (f"{topo['rho']:.3f} ({topo['p_value']:.3g})"
+               if topo.get("rho") is not None else "-")  # None: a constant code
         lines.append(
             f"| {r['cell']} | {m['name']} | {m['step']:,} | {layer} | "
             f"{_num(_decode_score(trained))} | "

@@ -442,3 +442,19 @@ def test_probe_estimate_learns_from_finished_probe_cells():
            "wall_s": 900.0}]
   est = plan.estimate(cell, "cpu", done)
   assert est.minutes == pytest.approx(3.0) and est.source == "measured: 2 cell(s) on cpu"
+
+
+def test_decoding_table_shows_a_constant_code_as_undefined():
+  """A layer whose code is one constant (fuzzy layer 0 at a fixed query) has no topographic
+  rho: the table says '-' rather than failing the whole report."""
+  chance = {"always_positive": 0.28}
+  block = {"macro_f1": 0.0, "chance": chance, "p_value": 1.0}
+  record = {"kind": "probe", "cell": "c_x", "experiment": cells_lib.FUZZY, "model": "hyla",
+            "device": {"kind": "cpu"}, "jax_version": "0",
+            "members": [{"name": "hyla", "step": 10, "feature_sets": {"layer 0": {
+                "trained": block, "step0": block, "selectivity": {"selectivity": 0.0},
+                "topographic": {"held-out tasks": {"rho": None, "p_value": None}}}}}]}
+  (row,) = [line for line in report.decoding_text({"c_x": record}).splitlines()
+            if line.startswith("| c_x")]
+  assert row.split(" | ")[3:5] == ["layer 0", "0.000"] and " | no | " in row
+  assert row.split(" | ")[-2] == "-"
