@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from hypernet_attention import partitioning
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
@@ -52,37 +53,10 @@ Initializer = Callable[..., jax.Array]
 # head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
 VALUE_NETWORKS = (*reference.VALUE_NETWORKS, "nonlinear_value")
 POSITIONS = ("none", "t5", "rope")
-
-
-class AttentionPreset(NamedTuple):
-  """One row of Table A1 (its label: `launch/sweeps/common.py`): how scores become the
-  latent code, and what it configures."""
-  normalization: str  # reference.NORMALIZATIONS
-  value_network: str  # VALUE_NETWORKS
-  activation: str  # reference.ACTIVATIONS; 'identity' for linear value networks
-
-
-PRESETS: dict[str, AttentionPreset] = {
-    "softmax": AttentionPreset("softmax", "linear", "identity"),
-    "linear": AttentionPreset("linear", "linear", "identity"),
-    "hyla": AttentionPreset("rms_head", "mlp", "relu"),
-    "linear_rmshead": AttentionPreset("rms_head", "linear", "identity"),
-    # Table A1's "Linear attention + RMSHead + nonlinear value". The authors' repository
-    # (smonsays/hypernetwork-attention) has no configuration for this row: its sequence
-    # mixers are softmax/linear attention, linear attention + RMSHead, HYLA (+/- RMSHead,
-    # +/- nonlinearity), softmax + HYLA, and a 'swiglu_hypatt' whose target network the
-    # attention module does not define. We read the row as the natural control for HYLA:
-    # keep the value network linear *in the latent code* but make the values nonlinear,
-    # y_q = sum_h W_h^out sum_k a_hqk phi(W_h^v x_k). In hypernetwork terms only the
-    # read-out layer is generated; the hidden layer phi(W_h^v x) is fixed per head. So
-    # the nonlinearity alone, without a generated hidden layer, is what it ablates.
-    "linear_rmshead_nonlinear_value": AttentionPreset("rms_head", "nonlinear_value", "relu"),
-    "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu"),
-    "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
-    "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
-    "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
-    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
-}
+# Table A1's rows, declared as plain data in `presets.py` (the launching machine checks
+# names against them without JAX).
+AttentionPreset = presets.AttentionPreset
+PRESETS = presets.PRESETS
 
 
 def resolve_preset(name: str, activation: Optional[str] = None) -> AttentionPreset:

@@ -9,7 +9,12 @@ outputs land in `<job workdir>/<point name>/` and `launch.collect` finds them by
 
 The default cap comes from a memory estimate (`default_max_members`): members whose
 train state and activations fit in a budget (default 16 GiB, a fraction of one
-accelerator), at most `MAX_MEMBERS`.
+accelerator), at most `MAX_MEMBERS`. Only this estimate needs JAX: it builds the model
+abstractly (`build.setup`, `jax.eval_shape`) to count its parameters and read the task's
+token count, which depend on the task's encoding (input width, sequence length, output
+width: `objectives.synthetic_overrides`), so a closed form here would repeat every task's
+encoding. On a launching machine without JAX give the cap (`--members_per_job=N`) or
+`--single_runs`; without either, grouping refuses in one line.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import run_files
 
@@ -81,12 +87,18 @@ def point_config(point: Mapping[str, Any], experiment: str):
 def member_bytes(config) -> float:
   """Estimated device bytes of one member: parameters, gradients and two Adam moments
   (float32), and the activations of one training step (batch x tokens x width per layer,
-  ~24 float32 tensors of that size kept for the backward pass, attention scores on top)."""
-  # pylint: disable=g-import-not-at-top
-  import jax
+  ~24 float32 tensors of that size kept for the backward pass, attention scores on top).
+  Imports JAX and the training stack on first use (the module docstring says why)."""
+  try:
+    # pylint: disable=g-import-not-at-top
+    import jax
 
-  from hypernet_attention.train import build
-  # pylint: enable=g-import-not-at-top
+    from hypernet_attention.train import build
+    # pylint: enable=g-import-not-at-top
+  except ImportError as e:
+    raise errors.BadInput(
+        f"sizing population jobs by memory builds the model, which needs JAX ({e}); "
+        "allowed: a cap, --members_per_job=N, or --single_runs") from None
   s = build.setup(config, jax.devices()[:1])
   num_params = sum(x.size for x in jax.tree.leaves(s.abstract_state.params))
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],

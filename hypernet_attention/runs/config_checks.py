@@ -9,8 +9,9 @@ memory. Checks that need the devices (mesh, batch divisibility) stay with the me
 (`sharding.py`, `data.py`). A population's members are checked here too, each as the
 single run it is (`check_population`, run by `validate`).
 
-JAX is not imported here (the attention presets and SRAVEN's estimate load it on first
-use), so a launching machine without JAX can run `validate`.
+JAX is not imported here (the attention presets are plain data in `presets.py`; only
+SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
+launching machine without JAX can run `validate` and `check_preset`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from hypernet_attention import presets
 from hypernet_attention.errors import BadInput
 from hypernet_attention.runs import registry
 from hypernet_attention.runs.run_files import MEMBER_KEYS
@@ -138,10 +140,10 @@ def check_schedule(config: ml_collections.ConfigDict) -> None:
 
 
 def check_preset(name: str) -> str:
-  """Raises `BadInput` unless `name` is an attention preset of `hypernet_attention.attention`."""
-  from hypernet_attention import attention  # pylint: disable=g-import-not-at-top
-  if name not in attention.PRESETS:
-    raise BadInput(f"unknown attention preset {name!r}; allowed: {sorted(attention.PRESETS)}")
+  """Raises `BadInput` unless `name` is an attention preset (`presets.PRESETS`, the rows
+  `attention.py` builds)."""
+  if name not in presets.PRESETS:
+    raise BadInput(f"unknown attention preset {name!r}; allowed: {sorted(presets.PRESETS)}")
   return name
 
 

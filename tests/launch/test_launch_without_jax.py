@@ -4,9 +4,12 @@ cluster), and the packages import each other in one direction.
 Every module of `hypernet_attention.runs` and of `launch/` is imported in a subprocess whose
 `import jax` (flax, optax, orbax) fails (`sys.modules[name] = None`); none of them may be
 loaded, `launch/` may reach no package of `hypernet_attention` but `runs` (and the
-dependency-free `errors`), and no file may be loaded under two module names. The JAX-free file
-helpers answer "is this run finished" for a single run and a population there. A static
-walk of the module-level imports finds no cycle among the project's modules.
+dependency-free `errors` and `presets`), and no file may be loaded under two module names.
+The JAX-free file helpers answer "is this run finished" for a single run and a population
+there, the launching machine's config check (`runs/preflight.py`, attention preset included)
+runs there, and grouping a sweep into populations works with a cap and refuses in one line
+without one (its memory estimate builds the model: `launch/grouping.py`). A static walk of
+the module-level imports finds no cycle among the project's modules.
 """
 
 import ast
@@ -39,6 +42,34 @@ print(json.dumps({
     "twice": sorted({f for f in files if files.count(f) > 1}),
     "finished": [run_files.is_finished(d) for d in sys.argv[1:]]}))
 """ % (BLOCKED,)
+# The modules of `hypernet_attention` outside `runs` that the run layer may load.
+JAX_FREE = ("hypernet_attention", "hypernet_attention.errors", "hypernet_attention.presets")
+
+CHECKS = """
+import contextlib, io, json, sys
+for name in %r:
+  sys.modules[name] = None
+from hypernet_attention import errors
+from hypernet_attention.runs import preflight
+from launch import jobs
+out = {}
+for args in (("sraven", "size=smoke"), ("fuzzy_logic", "model=softmax,size=smoke"),
+             ("c4_lm", "model=linear,size=smoke"), ("sraven", "model=nope"),
+             ("sraven", "size=smoke", "--config.model.attention=nope")):
+  stdout, stderr = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    code = preflight.main([*args[:2], sys.argv[1], *args[2:]])
+  out[" ".join(args)] = [code, stdout.getvalue() + stderr.getvalue()]
+points = [{"config": "model=hyla,size=smoke", "seed": seed} for seed in range(3)]
+out["capped"] = [len(p.get("population.members", ())) for p in jobs.populations(
+    points, "sraven", max_members=2)]
+try:
+  jobs.populations(points, "sraven")
+except errors.BadInput as e:
+  out["uncapped"] = str(e)
+out["loaded"] = sorted(n for n, m in sys.modules.items() if m is not None)
+print(json.dumps(out))
+""" % (BLOCKED,)
 
 
 def _write(path, data):
@@ -68,10 +99,32 @@ def test_runs_and_launch_import_without_jax(tmp_path):
   assert "launch.sweeps.fig4_sraven_scaling" in out["imported"]
   assert not [n for n in out["loaded"] if n.split(".")[0] in BLOCKED]
   ours = [n for n in out["loaded"] if n.split(".")[0] == "hypernet_attention"]
-  assert not [n for n in ours if n not in ("hypernet_attention", "hypernet_attention.errors")
+  assert not [n for n in ours if n not in JAX_FREE
               and not n.startswith("hypernet_attention.runs")], ours
   assert out["twice"] == []
   assert out["finished"] == [True, True, False]
+
+
+def test_preflight_and_grouping_run_without_jax(tmp_path):
+  result = subprocess.run([sys.executable, "-c", CHECKS, str(tmp_path / "run")],
+                          env=tl.subprocess_env(), capture_output=True, text=True,
+                          cwd=tl.REPO, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  assert out["sraven size=smoke"] == [0, "experiments/sraven_scaling.py "
+                                         "experiments/configs/sraven.py\n"]
+  assert out["fuzzy_logic model=softmax,size=smoke"][0] == 0
+  assert out["c4_lm model=linear,size=smoke"][0] == 0
+  for bad in ("sraven model=nope", "sraven size=smoke --config.model.attention=nope"):
+    code, printed = out[bad]
+    assert code == 2 and "preflight: error:" in printed, (bad, printed)
+    assert "unknown attention preset 'nope'; allowed: [" in printed and "'hyla'" in printed
+  assert out["capped"] == [0, 2]  # Three seeds under a cap of 2: one alone, a population of 2.
+  assert "--members_per_job=N" in out["uncapped"] and "JAX" in out["uncapped"]
+  assert not [n for n in out["loaded"] if n.split(".")[0] in BLOCKED]
+  ours = [n for n in out["loaded"] if n.split(".")[0] == "hypernet_attention"]
+  assert not [n for n in ours if n not in JAX_FREE
+              and not n.startswith("hypernet_attention.runs")], ours
 
 
 def _module_imports(path: str, module: str, known: set[str]) -> set[str]:

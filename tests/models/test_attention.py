@@ -9,6 +9,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import positions
+from hypernet_attention.ops import reference
 
 B, T, E, H = 2, 6, 8, 2
 
@@ -44,6 +45,15 @@ def test_presets_cover_table_a1():
   assert attention.PRESETS["linear_rmshead_nonlinear_value"] == (
       "rms_head", "nonlinear_value", "relu")
   assert attention.resolve_preset("hyla", "silu").activation == "silu"
+
+
+def test_presets_name_what_the_ops_compute():
+  # `presets.py` is plain data without JAX: each row must name entries the ops define.
+  for name, preset in attention.PRESETS.items():
+    assert preset.normalization in reference.NORMALIZATIONS, name
+    assert preset.value_network in attention.VALUE_NETWORKS, name
+    assert preset.activation in reference.ACTIVATIONS, name
+    assert attention.resolve_preset(name) == preset
 
 
 def test_flax_weights_reproduce_flax_output():

@@ -1,0 +1,44 @@
+"""The attention presets as plain data: one row of the paper's Table A1 per name.
+
+`attention.py` builds its modules from these rows, and the launching machine checks a
+config's `model.attention` against the same names (`runs/config_checks.check_preset`)
+without importing JAX, so the names are declared once. The fields name entries of the ops'
+registries (`ops/reference.py`: NORMALIZATIONS, VALUE_NETWORKS, ACTIVATIONS, and
+`attention.VALUE_NETWORKS`' 'nonlinear_value'); `tests/models/test_attention.py` checks
+that every row names entries that exist. No dependencies, like `errors.py`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class AttentionPreset(NamedTuple):
+  """One row of Table A1 (its label: `launch/sweeps/common.py`): how scores become the
+  latent code, and what it configures."""
+  normalization: str  # reference.NORMALIZATIONS
+  value_network: str  # attention.VALUE_NETWORKS
+  activation: str  # reference.ACTIVATIONS; 'identity' for linear value networks
+
+
+PRESETS: dict[str, AttentionPreset] = {
+    "softmax": AttentionPreset("softmax", "linear", "identity"),
+    "linear": AttentionPreset("linear", "linear", "identity"),
+    "hyla": AttentionPreset("rms_head", "mlp", "relu"),
+    "linear_rmshead": AttentionPreset("rms_head", "linear", "identity"),
+    # Table A1's "Linear attention + RMSHead + nonlinear value". The authors' repository
+    # (smonsays/hypernetwork-attention) has no configuration for this row: its sequence
+    # mixers are softmax/linear attention, linear attention + RMSHead, HYLA (+/- RMSHead,
+    # +/- nonlinearity), softmax + HYLA, and a 'swiglu_hypatt' whose target network the
+    # attention module does not define. We read the row as the natural control for HYLA:
+    # keep the value network linear *in the latent code* but make the values nonlinear,
+    # y_q = sum_h W_h^out sum_k a_hqk phi(W_h^v x_k). In hypernetwork terms only the
+    # read-out layer is generated; the hidden layer phi(W_h^v x) is fixed per head. So
+    # the nonlinearity alone, without a generated hidden layer, is what it ablates.
+    "linear_rmshead_nonlinear_value": AttentionPreset("rms_head", "nonlinear_value", "relu"),
+    "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu"),
+    "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
+    "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
+    "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
+    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
+}
