@@ -262,9 +262,7 @@ def _verdict(d: dict[str, Any]) -> str:
   bars = [_chance_max(trained), _decode_score(d["step0"])]
   if score is None or any(b is None for b in bars):
     return "-"
-  p = trained.get("p_value")
-  if isinstance(p, dict):
-    p = p.get("accuracy", next(iter(p.values()), None))
+  p = _headline(trained.get("p_value"))
   above = score > max(bars) and p is not None and p < 0.05
   return "**decodes**" if above else "no"
 
@@ -357,10 +355,13 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   return path
 
 
+def _headline(x):
+  """Of per-metric values (SRAVEN's p-values), the accuracy's; a plain value as it is."""
+  return x.get("accuracy", next(iter(x.values()), None)) if isinstance(x, dict) else x
+
+
 def _num(x) -> str:
-  """A score as text; of per-metric values (SRAVEN's p-values) the accuracy's."""
-  if isinstance(x, dict):
-    x = x.get("accuracy", next(iter(x.values()), None))
+  x = _headline(x)
   return "-" if x is None else f"{x:.3f}"
 
 
