@@ -3,12 +3,17 @@ of random words, a vocabulary trained on it, and a mocked TFDS c4/en."""
 
 import json
 import os
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from hypernet_attention.tasks import c4
+
+import train_testlib as tl
 
 
 def documents(seed: int, count: int) -> list[str]:
@@ -81,3 +86,32 @@ def write_c4_array_record(root, num_examples: int) -> str:
            "content-length": str(len(text)), "content-type": "text/plain"}))
     writer.close()
   return str(root)
+
+
+def run_two_processes(corpus: dict, out_dir, *pipeline: str) -> dict:
+  """Runs tests/e2e/c4_process_helper.py as processes 0 and 1 of one run on the smoke
+  corpus (workdir `out_dir`/wd; each writes its batches_<i>.npy there); returns process 0's
+  summary. `pipeline`: the helper's optional PIPELINE argument."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  helper = os.path.join(tl.TESTS, "e2e", "c4_process_helper.py")
+  logs = [open(os.path.join(out_dir, f"log{i}.txt"), "w") for i in (0, 1)]
+  procs = [subprocess.Popen(
+      [sys.executable, helper, str(port), str(i), os.path.dirname(corpus["train"]),
+       os.path.join(out_dir, "wd"), str(out_dir), *pipeline], env=tl.subprocess_env(),
+      stdout=logs[i], stderr=subprocess.STDOUT) for i in (0, 1)]
+  try:
+    for proc in procs:
+      proc.wait(timeout=420)
+  finally:
+    for proc, log in zip(procs, logs):
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+      log.close()
+  for i, proc in enumerate(procs):
+    with open(os.path.join(out_dir, f"log{i}.txt")) as f:
+      assert proc.returncode == 0, f.read()[-3000:]
+  with open(os.path.join(out_dir, "summary.json")) as f:
+    return json.load(f)

@@ -9,7 +9,6 @@ run batch for batch; and it reads TFDS c4/en from ArrayRecord through `tfds.data
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -160,27 +159,7 @@ def test_trains_resumes_exactly_and_reads_c4_without_tensorflow(corpus, tmp_path
 @pytest.mark.slow
 @tl.multiprocess_slot()
 def test_two_processes_read_their_own_shards(corpus, tmp_path):
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c4_process_helper.py")
-  logs = [open(tmp_path / f"log{i}.txt", "w") for i in (0, 1)]
-  procs = [subprocess.Popen(
-      [sys.executable, helper, str(port), str(i), os.path.dirname(corpus["train"]),
-       str(tmp_path / "wd"), str(tmp_path), "grain"], env=tl.subprocess_env(),
-      stdout=logs[i], stderr=subprocess.STDOUT) for i in (0, 1)]
-  try:
-    for proc in procs:
-      proc.wait(timeout=420)
-  finally:
-    for proc, log in zip(procs, logs):
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      log.close()
-  for i, proc in enumerate(procs):
-    assert proc.returncode == 0, (tmp_path / f"log{i}.txt").read_text()[-3000:]
-  summary = json.loads((tmp_path / "summary.json").read_text())
+  summary = c4_testlib.run_two_processes(corpus, tmp_path, "grain")
   assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)
   task = c4_grain.build_task(_task_config(corpus))
   for i in (0, 1):

@@ -8,7 +8,6 @@ helper's errors, and the benchmark's FLOP formula.
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -121,29 +120,7 @@ def test_flops_per_token_of_the_50m_model_is_the_stated_formula():
 @pytest.mark.slow
 @tl.multiprocess_slot()
 def test_two_processes_read_their_own_shards(corpus, tmp_path):
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "c4_process_helper.py")
-  corpus_dir = os.path.dirname(corpus["train"])
-  logs = [open(tmp_path / f"log{i}.txt", "w") for i in (0, 1)]
-  procs = [subprocess.Popen(
-      [sys.executable, helper, str(port), str(i), corpus_dir, str(tmp_path / "wd"),
-       str(tmp_path)], env=tl.subprocess_env(), stdout=logs[i], stderr=subprocess.STDOUT)
-           for i in (0, 1)]
-  try:
-    for proc in procs:
-      proc.wait(timeout=420)
-  finally:
-    for proc, log in zip(procs, logs):
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      log.close()
-  for i, proc in enumerate(procs):
-    assert proc.returncode == 0, (tmp_path / f"log{i}.txt").read_text()[-3000:]
-  with open(tmp_path / "summary.json") as f:
-    summary = json.load(f)
+  summary = c4_testlib.run_two_processes(corpus, tmp_path)
   assert (summary["num_processes"], summary["num_devices"], summary["step"]) == (2, 4, 8)
   task = c4.build_task(_config(corpus).task)
   for i in (0, 1):
