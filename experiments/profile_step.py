@@ -1,4 +1,4 @@
-r"""Where one model's train step spends its time, per JAX op (CPU), from a profiler trace.
+r"""Where one model's train step spends its time, per JAX op (CPU, GPU), from a profiler trace.
 
   python experiments/profile_step.py --experiment=sraven --size=paper --model=hyla
   python experiments/profile_step.py --model=hyla@model.implementation=reference --top=40

@@ -23,7 +23,7 @@ seconds=${1:?usage: device_window.sh SECONDS CELLS [MAX_CONCURRENT]}
 cells=${2:?usage: device_window.sh SECONDS CELLS [MAX_CONCURRENT]}
 concurrent=${3:-1}  # 1: processes on one GPU time-slice it
 out=${OUT:-/tmp/device_window_out}
-root=${ROOT:-workdirs/campaign}  # ROOT, RESULTS, SET: as --root, --results_dir, --set
+root=${ROOT:-workdirs/campaign}  # ROOT, RESULTS, SET, REDO: as --root, --results_dir, --set, --redo
 results=${RESULTS:-experiments/results/paper_scale}
 case $seconds in ''|*[!0-9]*) echo "SECONDS=$seconds; allowed: a whole number of seconds"; exit 2;; esac
 # Honoured exactly: the cells get SIGTERM at SECONDS and up to 40 s to checkpoint (then
@@ -53,7 +53,7 @@ before=$(listing)
 touch "$out/.window_start"
 timeout -s TERM -k 40 "$seconds" python3 -m launch.campaign --budget_minutes=600 \
   --set="${SET:-paper}" --root="$root" --results_dir="$results" --cells="$cells" \
-  --max_concurrent="$concurrent" --stop_margin_s=0 2>&1 | tee "$out/campaign.out"
+  --max_concurrent="$concurrent" --stop_margin_s=0 ${REDO:+--redo="$REDO"} 2>&1 | tee "$out/campaign.out"
 
 # What this window added or changed under the results folder: finished cells' files, and
 # cut-off cells' progress and resume state (`launch/campaign/partial.py`).

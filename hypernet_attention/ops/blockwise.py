@@ -41,6 +41,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import tiling
@@ -81,8 +82,27 @@ def _per_pair(spec, x, y, cfg):
   XLA:GPU only avoids it when the dot itself outputs bf16. GPUs (cuBLAS, Triton) and TPUs
   accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds the result.
   """
+  if cfg.pair_products == "broadcast":
+    return _per_pair_broadcast(spec, x, y, cfg)
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
                     preferred_element_type=cfg.pair_dtype)
+
+
+# Where the second operand's per-head rows sit in the per-pair tensor (B, H, bq, bk, V).
+_BROADCAST_AXIS = {"bhqk,bhkv->bqkv": 2, "bhqk,bhqv->bqkv": 3}
+
+
+def _per_pair_broadcast(spec, a_BHqk, w_BHxV, cfg):
+  """`_per_pair` as sum_h a[b, h, q, k] w[b, h, k or q, v]: products in `compute_dtype`
+  summed over the H heads, rounded once to `pair_dtype`. The (B, H, bq, bk, V) product
+  exists only inside the reduction's fusion (XLA fuses an element-wise producer into its
+  reduce), and the result is written query-major, as the read-out's contraction over keys
+  takes it: no transpose of a per-pair tensor, and no matmul whose contraction is H = 8."""
+  if spec not in _BROADCAST_AXIS:
+    raise ValueError(f"no broadcast form for {spec!r}; has: {', '.join(_BROADCAST_AXIS)}")
+  a = a_BHqk.astype(cfg.compute_dtype)[..., None]
+  w = jnp.expand_dims(w_BHxV.astype(cfg.compute_dtype), _BROADCAST_AXIS[spec])
+  return jnp.sum(a * w, axis=1).astype(cfg.pair_dtype)
 
 
 def tile_scores(q_BHqD, k_BHkD, bias_tile, cfg):
@@ -407,12 +427,26 @@ def attention(
     block_k: int = DEFAULT_BLOCK_K,
     dropout_rate: float = 0.0,
     dropout_seed: Optional[jax.Array] = None,
+    pair_products: str = "dot",
 ) -> jax.Array:
-  """Same contract as `reference.attention` (plus `is_causal`, tile sizes); no deep_mlp."""
+  """Same contract as `reference.attention` (plus `is_causal`, tile sizes and how the
+  per-pair tensors are formed, `tiling.TileConfig.pair_products`); no deep_mlp.
+
+  `pair_products="dot"` everywhere until a GPU window times "broadcast" against it (the
+  attention benchmark's column `hyla_blockwise_broadcast`): on the H100 window of 2026-11-26
+  the C4 50M HYLA step spent 35% of its GPU time in XLA's GEMM fusions (these contractions
+  over H = 8 among them) and 29% in transposes."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
-      dtype=query_BQHD.dtype, dropout_rate=dropout_rate)
+      dtype=query_BQHD.dtype, dropout_rate=dropout_rate, pair_products=pair_products)
+  if (pair_products == "broadcast" and cfg.pair_dtype != cfg.compute_dtype
+      and jax.default_backend() == "cpu"):
+    # Its bf16 read-out dots fall outside XLA:CPU's YNNPACK fusions, and XLA:CPU has no other
+    # bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk", jax 0.10.2 and 0.12).
+    raise errors.BadInput(f"pair_products='broadcast' with {cfg.pair_dtype.name} inputs does "
+                          "not run on XLA:CPU; allowed there: pair_products='dot', or float32 "
+                          "inputs")
   return tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
                          dropout_seed=dropout_seed)

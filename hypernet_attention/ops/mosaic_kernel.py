@@ -180,15 +180,21 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def _forward_call(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
+def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
                   interpret):
-  """The pallas kernel on padded inputs: (B, H, Qp, Vp) in the input dtype."""
+  """The pallas kernel on padded inputs, V as (B, Vp / bv, Kp, 16, bv): (B, Vp / bv, H, Qp,
+  bv) in the input dtype. The value slice is a leading axis of V and of the output so that
+  each tile is a TMA copy of at most 5 strided dimensions (Mosaic's limit): a tile sliced
+  from (B, Kp, 16, Vp) or (B, H, Qp, Vp) is 6 once tiled whenever B > 1 (b, the tile's rows,
+  their 8-row tiles, the slice's 16-column tile, 8, 16), which the H100 window of 2026-11-26
+  hit ("Async copies only support striding up to 5 dimensions"; B = 1 drops the unit batch
+  axis, so B = 1 lowering did not see it)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
 
   batch, heads, q_padded, depth = q_BHQD.shape
   k_padded = k_BHKD.shape[2]
-  v_padded = v_BKHV.shape[-1]
+  v_padded = v_BJKHV.shape[1] * v_BJKHV.shape[-1]
   dtype = q_BHQD.dtype
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   num_k_tiles = k_padded // bk
@@ -211,8 +217,8 @@ def _forward_call(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, *, scale, is_causal, eps
     def load_tile(step, slot):
       k0 = step * bk
       plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem.at[slot], k_bar.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk), :, pl.ds(vj * bv, bv)],
-                              v_smem.at[slot], v_bar.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, vj, pl.ds(k0, bk)], v_smem.at[slot],
+                              v_bar.at[slot])
       plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem.at[slot],
                               kval_bar.at[slot])
 
@@ -282,7 +288,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, *, scale, is_causal, eps
     for h, y in enumerate(ys):
       o_smem[h] = y.astype(dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, :, pl.ds(q0, bq), pl.ds(vj * bv, bv)])
+    plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, vj, :, pl.ds(q0, bq)])
     plgpu.wait_smem_to_gmem(0)
 
   def entry(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref):
@@ -312,11 +318,11 @@ def _forward_call(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, *, scale, is_causal, eps
 
   return plgpu.kernel(
       entry,
-      out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, v_padded), dtype),
+      out_type=jax.ShapeDtypeStruct((batch, v_padded // bv, heads, q_padded, bv), dtype),
       grid=(batch, q_padded // bq, v_padded // bv),
       grid_names=("batch", "q_tile", "v_slice"),
       interpret=interpret,
-  )(q_BHQD, k_BHKD, v_BKHV, key_valid_BK, perm_KJH, bcast_HHV)
+  )(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, perm_KJH, bcast_HHV)
 
 
 def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret):
@@ -333,11 +339,14 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, d_padded), (0, 2, 1, 3))
   v_BKHV = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len), (0, HEADS_PADDED - heads),
                                 (0, v_padded - v_dim)))
-  out_BHQV = _forward_call(
-      q_BHQD, k_BHKD, v_BKHV, _key_valid(mask, k_len, k_padded),
+  v_BJKHV = jnp.transpose(v_BKHV.reshape(batch, k_padded, HEADS_PADDED, v_padded // bv, bv),
+                          (0, 3, 1, 2, 4))
+  out_BJHQV = _forward_call(
+      q_BHQD, k_BHKD, v_BJKHV, _key_valid(mask, k_len, k_padded),
       scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,
       interpret=interpret)
-  return jnp.transpose(out_BHQV[:, :, :q_len, :v_dim], (0, 2, 1, 3))
+  out_BQHV = jnp.transpose(out_BJHQV, (0, 3, 2, 1, 4)).reshape(batch, q_padded, heads, v_padded)
+  return out_BQHV[:, :q_len, :, :v_dim]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))

@@ -132,18 +132,24 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
 
   def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref, scoped):
     (qdy_smem, k_smem, v_smem, kval_smem, scat_smem, perm_smem, c_smem, du_smem, ds_smem,
-     out_smem), (tile_bar, q_bar, dy_bar, q_again_bar) = scoped
+     out_smem), (tile_bar, k_bar, v_bar, q_bar, dy_bar, q_again_bar) = scoped
     b = jax.lax.axis_index("batch")
     k0 = jax.lax.axis_index("k_tile") * bk
     bm = b if mask_batched else 0
     first = k0 // bq if is_causal else 0
 
-    plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem, tile_bar.at[0])
-    plgpu.copy_gmem_to_smem(v_ref.at[b, pl.ds(k0, bk)], v_smem, tile_bar.at[1])
-    plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem, tile_bar.at[2])
-    plgpu.copy_gmem_to_smem(perm_ref, perm_smem, tile_bar.at[3])
-    for i in range(4):
-      plgpu.barrier_wait(tile_bar.at[i])
+    def per_head_load(src_ref, q0, barrier):
+      for h in range(heads):
+        plgpu.copy_gmem_to_smem(src_ref.at[b, h, pl.ds(q0, bq)], qdy_smem.at[h], barrier)
+
+    for h in range(heads):
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, pl.ds(k0, bk)], k_smem.at[h], k_bar)
+    for k in range(bk):
+      plgpu.copy_gmem_to_smem(v_ref.at[b, k0 + k], v_smem.at[k], v_bar)
+    plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem, tile_bar.at[0])
+    plgpu.copy_gmem_to_smem(perm_ref, perm_smem, tile_bar.at[1])
+    for barrier in (k_bar, v_bar, tile_bar.at[0], tile_bar.at[1]):
+      plgpu.barrier_wait(barrier)
     key_valid = jax.lax.broadcast_in_dim(
         plgpu.load(kval_smem, layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
 
@@ -154,11 +160,13 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
 
       @pl.loop(0, first)
       def _skipped_tile(qi):
-        plgpu.copy_smem_to_gmem(ds_smem, ds_ref.at[b, :, pl.ds(qi * bq, bq), pl.ds(k0, bk)])
+        for h in range(heads):
+          plgpu.copy_smem_to_gmem(ds_smem.at[h],
+                                  ds_ref.at[b, h, pl.ds(qi * bq, bq), pl.ds(k0, bk)])
 
     def scores_tile(q0):
-      plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, q_bar.at[0])
-      plgpu.barrier_wait(q_bar.at[0])
+      per_head_load(q_ref, q0, q_bar)
+      plgpu.barrier_wait(q_bar)
 
       def scores(*accs):
         for h, acc in enumerate(accs):
@@ -175,8 +183,8 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
         scat_smem[:, pl.ds(h * bk, bk)] = (s * (scale * valid)).astype(dtype)
       plgpu.commit_smem()
       # Q is consumed (the score wgmmas completed): the cotangent takes its buffer.
-      plgpu.copy_gmem_to_smem(dy_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, dy_bar.at[0])
-      plgpu.barrier_wait(dy_bar.at[0])
+      per_head_load(dy_ref, q0, dy_bar)
+      plgpu.barrier_wait(dy_bar)
 
     def one_key(k, dvt, ds_accs):
       """Key k0 + k against this query tile: its dS scattered into the per-head accumulators
@@ -244,13 +252,14 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
 
       dvts, ds_h = pl.run_scoped(keys, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
       # The cotangent is consumed (loaded into registers key by key): Q again, for dK.
-      plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], qdy_smem, q_again_bar.at[0])
+      per_head_load(q_ref, q0, q_again_bar)
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last dS store has read ds_smem
       for h, ds in enumerate(ds_h):
         ds_smem[h] = ds.astype(dtype)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(ds_smem, ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(k0, bk)])
-      plgpu.barrier_wait(q_again_bar.at[0])
+      for h in range(heads):
+        plgpu.copy_smem_to_gmem(ds_smem.at[h], ds_ref.at[b, h, pl.ds(q0, bq), pl.ds(k0, bk)])
+      plgpu.barrier_wait(q_again_bar)
 
       def key_grads(*accs):  # dK_h^T (W, bk) += Q_h^T (W, bq) @ dS_h (bq, bk)
         for h, acc in enumerate(accs):
@@ -286,8 +295,15 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
         plgpu.SMEM((heads, bq, bk), dtype, transforms=narrow),        # dS per head
         plgpu.SMEM((2, width, hp), dtype),                            # dV^T / dK^T ring
     )
-    barriers = (plgpu.Barrier(num_barriers=4), plgpu.Barrier(num_barriers=1),
-                plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=1))
+    # One arrival per copy: a tile of (heads or keys, rows, W) goes as one TMA copy per head
+    # or key. As one copy it is 6 strided dimensions once tiled by the 32-byte swizzle (the
+    # batch index, heads, 8-row tiles, W's four 16-column tiles, 8, 16) and Mosaic allows 5:
+    # the H100 window of 2026-11-26 failed so at B = 4 ("Async copies only support striding
+    # up to 5 dimensions"); a unit batch axis is dropped, so B = 1 lowered. dS is stored per
+    # head for the same reason.
+    barriers = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_arrivals=heads),
+                plgpu.Barrier(num_arrivals=bk), plgpu.Barrier(num_arrivals=heads),
+                plgpu.Barrier(num_arrivals=heads), plgpu.Barrier(num_arrivals=heads))
     pl.run_scoped(
         lambda *scoped: kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref,
                                dkt_ref, (scoped[:10], scoped[10:])),

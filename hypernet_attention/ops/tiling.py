@@ -21,6 +21,8 @@ import numpy as np
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
+PAIR_PRODUCTS = ("dot", "broadcast")
+
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
@@ -43,6 +45,12 @@ class TileConfig:
   pair_dtype_name: str = "float32"
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
+  # How blockwise forms the per-pair tensors that sum over heads (u = sum_h a_h v_h and its
+  # cotangent's twin): "dot", one einsum (a batched matmul with a contraction of H, whose
+  # output XLA lays out key-major and transposes for the query-major read-out), or
+  # "broadcast", one multiply-reduce over the H heads that XLA fuses into a single kernel
+  # writing the query-major layout directly. `blockwise.attention` says which runs where.
+  pair_products: str = "dot"
 
   @property
   def compute_dtype(self):
@@ -84,11 +92,13 @@ def balanced_block(length: int, block: int) -> int:
 def make_config(
     q_len, k_len, depth, *, computes: reference.Computes, normalization, value_network,
     activation, eps, is_causal, block_q, block_k, balance=True, dtype=jnp.float32,
-    dropout_rate=0.0,
+    dropout_rate=0.0, pair_products="dot",
 ) -> TileConfig:
   """Validates the choices against what the kernel `computes`; `balance=False` keeps the
   tile sizes exactly as given."""
   computes.check(normalization, value_network)
+  if pair_products not in PAIR_PRODUCTS:
+    raise ValueError(f"pair_products={pair_products!r}; allowed: {', '.join(PAIR_PRODUCTS)}")
   reference.get_activation(activation)
   dropout.check_rate(dropout_rate)
   compute_dtype = jnp.dtype(jnp.promote_types(dtype, jnp.float32))
@@ -101,7 +111,7 @@ def make_config(
       block_k=balanced_block(k_len, block_k) if balance else block_k,
       compute_dtype_name=compute_dtype.name,
       pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
-      dropout_rate=float(dropout_rate),
+      dropout_rate=float(dropout_rate), pair_products=pair_products,
   )
 
 

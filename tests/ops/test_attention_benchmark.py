@@ -151,14 +151,14 @@ def test_implementations_are_read_from_dispatch_at_call_time(monkeypatch):
 
 def test_parity_passes_blockwise_and_catches_a_planted_bug(monkeypatch):
   kw = dict(batch=2, heads=2, head_dim=8)
-  good = parity.check(24, "float32", ["blockwise"], **kw)[0]
+  good = next(parity.check(24, "float32", ["blockwise"], **kw))
   assert good["status"] == "pass", good
   real = parity._implementation
   # The bug: the causal mask dropped (keys after the query leak in).
   monkeypatch.setattr(parity, "_implementation", lambda name: (
       lambda q, k, v: dispatch.attention(q, k, v, is_causal=False, implementation=name,
                                          **parity.HYLA)))
-  bad = parity.check(24, "float32", ["blockwise"], **kw)[0]
+  bad = next(parity.check(24, "float32", ["blockwise"], **kw))
   assert bad["status"] == "fail" and bad["out_err"] > 10 * bad["out_bound"], bad
   monkeypatch.setattr(parity, "_implementation", real)
   rows = parity.run([24, 16], "bfloat16", names=["blockwise"], log=lambda line: None, **kw)

@@ -85,17 +85,22 @@ def test_blockwise_matches_reference(normalization, value_network, activation, c
   assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs)
 
 
-@pytest.mark.parametrize("normalization,value_network,activation", TILED)
+@pytest.mark.parametrize("normalization,value_network,activation,pair_products",
+                         [(*v, "dot") for v in TILED]
+                         + [(*v, "broadcast") for v in TILED if v[1] == "mlp"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_blockwise_float64_matches_reference(normalization, value_network, activation, case):
+def test_blockwise_float64_matches_reference(normalization, value_network, activation,
+                                             pair_products, case):
   """The tiling logic in float64, where rounding cannot hide a small bug: the float64 bound is
-  the float32 rule's worst case with u64 (kappa estimated from the float32 reference's error)."""
+  the float32 rule's worst case with u64 (kappa estimated from the float32 reference's error).
+  Both forms of the per-pair products (`pair_products`; only the MLP value network has them)."""
   q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
   inputs = make_inputs(10, q_len=q_len, k_len=k_len, bias_shape=bias_shape,
                        mask_shape=mask_shape)
   kw = dict(normalization=normalization, value_network=value_network, activation=activation)
   fn = lambda q, k, v, b: blockwise.attention(
-      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=8, block_k=5, **kw)
+      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=8, block_k=5,
+      pair_products=pair_products, **kw)
   ref_fn = reference_fn(inputs[4], causal, **kw)
   q, k, v, bias, _, cot = inputs
   got = float64_value_and_grads(fn, q, k, v, bias, cot)
@@ -158,7 +163,8 @@ def test_blockwise_bias_shapes_and_activations(case, activation):
     ("blockwise", "rms_head"), ("blockwise", "softmax"), ("pallas", "rms_head")])
 def test_bfloat16(implementation, normalization):
   """bf16 inputs, float32 accumulation: close to the reference on the same inputs. Blockwise
-  keeps its per-pair tensors in bf16 (`assert_close_narrow`); Pallas keeps them in float32."""
+  keeps its per-pair tensors in bf16 (`assert_close_narrow`); Pallas keeps them in float32.
+  (Blockwise's broadcast form in bf16: tests/ops/test_ops_gpu.py; XLA:CPU refuses it.)"""
   inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
                        dtype=jnp.bfloat16)
   kw = dict(normalization=normalization, value_network="mlp", activation="relu")
@@ -169,6 +175,15 @@ def test_bfloat16(implementation, normalization):
   assert out.dtype == jnp.bfloat16
   check = assert_close_narrow if implementation == "blockwise" else assert_close
   check(fn, reference_fn(None, True, **kw), inputs)
+
+
+def test_blockwise_refuses_what_it_cannot_form_in_one_line():
+  q = jnp.zeros((1, 8, 2, 4))
+  with pytest.raises(ValueError, match=r"pair_products='matmul'; allowed: dot, broadcast"):
+    blockwise.attention(q, q, q, pair_products="matmul")
+  if jax.default_backend() == "cpu":
+    with pytest.raises(ValueError, match=r"bfloat16 inputs does not run on XLA:CPU; allowed"):
+      blockwise.attention(q.astype(jnp.bfloat16), q, q, pair_products="broadcast")
 
 
 def test_fully_masked_rows_are_zero():

@@ -12,10 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import pallas_kernel
 
 from numerics import assert_close
+from numerics import assert_close_narrow
 from numerics import compare
 from test_ops import CASES
 from test_ops import VARIANTS
@@ -66,6 +68,20 @@ def test_bfloat16_default_tiles(normalization, value_network, activation):
   out = jax.jit(_pallas(inputs[4], True, **kw))(*inputs[:4])
   assert out.dtype == jnp.bfloat16
   assert_close(_pallas(inputs[4], True, **kw), reference_fn(inputs[4], True, **kw), inputs)
+
+
+@pytest.mark.parametrize("pair_products", ["dot", "broadcast"])
+def test_blockwise_bfloat16_both_pair_forms(pair_products):
+  """Blockwise in bf16 on the GPU, with each form of its per-pair products (XLA:CPU cannot
+  run the broadcast form in bf16); per-pair tensors in bf16, hence the narrow rule."""
+  inputs = make_inputs(22, batch=2, q_len=157, k_len=157, heads=4, depth=32, v_dim=16,
+                       bias_shape=(1, 4, 157, 157), dtype=jnp.bfloat16)
+  inputs = inputs[:3] + (inputs[3].astype(jnp.bfloat16),) + inputs[4:]
+  kw = dict(normalization="rms_head", value_network="mlp", activation="relu")
+  fn = lambda q, k, v, b: blockwise.attention(q, k, v, bias=b, is_causal=True, block_q=64,
+                                              block_k=64, pair_products=pair_products, **kw)
+  assert jax.jit(fn)(*inputs[:4]).dtype == jnp.bfloat16
+  assert_close_narrow(fn, reference_fn(None, True, **kw), inputs)
 
 
 @pytest.mark.parametrize("activation", ["gelu", "silu", "tanh"])

@@ -27,6 +27,30 @@ def test_instruction_ops_maps_names_shapes_and_layers():
   assert ops["dot.10"] == ("f32[8]", ops["dot.7"][1])
 
 
+def test_gpu_kernels_are_named_by_their_fusion_and_only_the_device_counts():
+  """A GPU trace (shaped as the H100 window's of 2026-11-26): kernels spell `dot.7` as
+  `dot_7`; the host's events of the same names are not counted again; a cuBLAS kernel no
+  instruction names is its own row, so the rows add up to the device's time."""
+  ops = profiling.instruction_ops(HLO)
+  meta = lambda pid, name: dict(ph="M", pid=pid, name="process_name", args=dict(name=name))
+  kernel = lambda pid, name, dur: dict(ph="X", pid=pid, tid=1, name=name, dur=dur)
+  events = [meta(1, "/device:GPU:0"), meta(7, "/host:CPU"),
+            kernel(1, "dot_7", 300.0), kernel(1, "dot_7", 100.0), kernel(1, "ynn_fusion_33", 50.0),
+            kernel(1, "nvjet_sm90_tst_128x160", 150.0), kernel(7, "dot_7", 9000.0),
+            kernel(7, "python3", 1e6)]
+  rows = profiling.op_times(events, ops, steps=2)
+  by_op = {r.op: r.ms_per_step for r in rows}
+  assert by_op == {"FWD/layers_L/attention/bqhd,bkhd->bhqk/dot_general": 0.2,
+                   "(kernel nvjet_sm90_tst_128x160)": 0.075,
+                   "BWD/layers_L/attention/relative_position/hn,qkn->hqk/dot_general": 0.025}
+  assert [r.op for r in rows][0].startswith("FWD/")  # Largest first.
+  # Without a device process (XLA:CPU) every event counts, and names no instruction has
+  # (the host's own events) are left out.
+  cpu = [kernel(7, "dot.7", 400.0), kernel(7, "python3", 1e6)]
+  assert [(r.op, r.ms_per_step) for r in profiling.op_times(cpu, ops, steps=2)] == [
+      ("FWD/layers_L/attention/bqhd,bkhd->bhqk/dot_general", 0.2)]
+
+
 def test_profile_of_a_real_step_has_attention_forward_and_backward(tmp_path):
   config = registry.get("fuzzy_logic").get_config("model=hyla,size=smoke")
   profile = profiling.profile_train_step(config, steps=3, trace_dir=str(tmp_path))
