@@ -19,8 +19,8 @@ started), so a slow stage costs only its own budget:
                dispatch implementation, found at run time), >= 20 calls per measurement in
                one jitted loop, a per-cell time budget, refusals before allocation
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
-  c4_b64       the C4 50M train step, softmax vs HYLA, batch 64, random tokens
-               (`experiments/benchmark_training.py --synthetic_tokens`)
+  c4_b64       the C4 50M train step, softmax vs HYLA (blockwise, and its broadcast form),
+               batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax, if time is left
@@ -187,7 +187,8 @@ def _c4(batch: int, min_s: float) -> Stage:
   def argv(w: Window, limit: float) -> list[str]:
     del limit
     return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
-                   f"--size={w.sizes.c4_size}", "--synthetic_tokens", "--models=softmax,hyla",
+                   f"--size={w.sizes.c4_size}", "--synthetic_tokens",
+                   "--models=softmax,hyla,hyla@model.implementation=blockwise_broadcast",
                    f"--steps={w.sizes.steps}", f"--repeats={w.sizes.repeats}",
                    f"--config_overrides=batch_size={batch}")
   def refused(w: Window, rc: int, tail: list[str]) -> None:

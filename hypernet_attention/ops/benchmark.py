@@ -28,9 +28,7 @@ linear (linear attention, reference einsums), hyla_<name> for every implementati
 `dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
 here without an edit), hyla_mosaic_xla_dq (the Mosaic kernel with dQ = dS K as one XLA matmul
 instead of its query-stationary dQ kernel: which is faster is to be measured, not assumed),
-hyla_blockwise_broadcast (blockwise with `pair_products="broadcast"`, at dispatch's tile
-sizes: its per-pair tensors as one multiply-reduce over heads instead of a matmul, also to be
-measured), and rmshead_linear_pallas (Table A1's "linear attention + RMSHead": HYLA's
+and rmshead_linear_pallas (Table A1's "linear attention + RMSHead": HYLA's
 normalization with a linear value network). `softmax` is also accepted: the path a model
 takes (`dispatch`'s choice: cuDNN on GPU where it applies).
 """
@@ -50,7 +48,6 @@ from jax import lax
 import jax.numpy as jnp
 
 from hypernet_attention import errors
-from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
 
@@ -67,8 +64,7 @@ _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
 def implementations() -> tuple[str, ...]:
   """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
   hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
-  return (*BASELINES, "linear", *hyla, "hyla_blockwise_broadcast", "hyla_mosaic_xla_dq",
-          "rmshead_linear_pallas")
+  return (*BASELINES, "linear", *hyla, "hyla_mosaic_xla_dq", "rmshead_linear_pallas")
 
 
 def allowed_names() -> tuple[str, ...]:
@@ -147,12 +143,6 @@ def attention_fn(name: str, causal: bool) -> Callable:
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
         implementation="pallas")
-  if name == "hyla_blockwise_broadcast":
-    def blockwise_broadcast(q, k, v):
-      block_q, block_k = dispatch.tile_sizes(q.shape[1], k.shape[1])
-      return blockwise.attention(q, k, v, is_causal=causal, block_q=block_q, block_k=block_k,
-                                 pair_products="broadcast", **_HYLA)
-    return blockwise_broadcast
   if name == "hyla_mosaic_xla_dq":
     def mosaic_xla_dq(q, k, v):
       mosaic_kernel.check_device(q.dtype)  # One line off Hopper, as dispatch does.

@@ -432,10 +432,11 @@ def attention(
   """Same contract as `reference.attention` (plus `is_causal`, tile sizes and how the
   per-pair tensors are formed, `tiling.TileConfig.pair_products`); no deep_mlp.
 
-  `pair_products="dot"` everywhere until a GPU window times "broadcast" against it (the
-  attention benchmark's column `hyla_blockwise_broadcast`): on the H100 window of 2026-11-26
-  the C4 50M HYLA step spent 35% of its GPU time in XLA's GEMM fusions (these contractions
-  over H = 8 among them) and 29% in transposes."""
+  `dispatch` runs "broadcast" only by name (`implementation="blockwise_broadcast"`, so the
+  attention benchmark's column `hyla_blockwise_broadcast` and the GPU window time it) until
+  a GPU window measures it faster than "dot": on the H100 window of 2026-11-26 the C4 50M
+  HYLA step spent 35% of its GPU time in XLA's GEMM fusions (these contractions over H = 8
+  among them) and 29% in transposes."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,

@@ -12,6 +12,9 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              so `auto` never picks it (see `choose_implementation`).
   mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
              until measured on hardware (`EXPLICIT_PATHS`).
+  blockwise_broadcast  blockwise with its per-pair products as one multiply-reduce over
+             heads instead of a matmul (`tiling.TileConfig.pair_products`), by name only
+             until a GPU window measures it against blockwise.
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -49,7 +52,13 @@ FAST_PATHS: dict[str, reference.Computes] = {
 # in Pallas Mosaic GPU), correct in interpret mode but not yet timed on hardware, so `auto`
 # does not take it; it refuses other devices and float32 in one line. `auto` should take it
 # on Hopper once the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
-EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
+# And blockwise with its per-pair products formed as one multiply-reduce over heads
+# (`tiling.TileConfig.pair_products`), which the H100 window of 2026-11-26's profile argues
+# for on GPUs (transposes and GEMMs with a contraction of H = 8 took 64% of the C4 step) and
+# which is 1.4x slower than blockwise on this CPU: `auto` takes it where a window measures
+# it faster.
+EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES,
+                                                 "blockwise_broadcast": blockwise.COMPUTES}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
@@ -214,9 +223,11 @@ def attention(
     return reference.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
                                value_weight_HVV=value_weight_HVV,
                                dropout_seed=dropout_seed, **kwargs)
-  if implementation == "blockwise":
+  if implementation in ("blockwise", "blockwise_broadcast"):
     block_q, block_k = tile_sizes(q_len, k_len)
-    kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
+    kernel = functools.partial(
+        blockwise.attention, block_q=block_q, block_k=block_k,
+        pair_products="broadcast" if implementation == "blockwise_broadcast" else "dot")
   elif implementation == "pallas":
     kernel = pallas_kernel.attention
   elif implementation == "mosaic":

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from hypernet_attention import errors
-from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import reference
 
@@ -38,7 +37,6 @@ def hyla_implementations() -> tuple[str, ...]:
   the Triton kernel last: its compiles take the longest (the H100 window of 2026-11-26 spent
   its whole 75 s parity stage before one row), so the others are checked first."""
   names = [n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference")]
-  names.append("blockwise_broadcast")  # Not a dispatch path yet: the window decides.
   return tuple(sorted(names, key=lambda n: n == "pallas"))
 
 
@@ -49,12 +47,6 @@ def _reference(q, k, v):
 
 
 def _implementation(name: str) -> Callable:
-  if name == "blockwise_broadcast":  # Blockwise's other form of its per-pair products.
-    def broadcast(q, k, v):
-      block_q, block_k = dispatch.tile_sizes(q.shape[1], k.shape[1])
-      return blockwise.attention(q, k, v, is_causal=True, block_q=block_q, block_k=block_k,
-                                 pair_products="broadcast", **HYLA)
-    return broadcast
   return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
                                             **HYLA)
 

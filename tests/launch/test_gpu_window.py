@@ -60,6 +60,8 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   # The C4 step of both models at the first batch; the second batch refused in one line.
   steps = by_kind["c4_step"]
   assert {r["model"] for r in steps if "steps_per_s" in r} == {"softmax", "hyla"}
+  assert [r.get("label") for r in steps if "steps_per_s" in r][-1] == (
+      "hyla@model.implementation=blockwise_broadcast")
   refused = [r for r in steps if r.get("status") == "refused"]
   assert len(refused) == 1 and "does not fit" in refused[0]["message"]
   assert [r["members"] for r in by_kind["population"]] == [1, 2]
