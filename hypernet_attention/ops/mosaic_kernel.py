@@ -38,6 +38,11 @@ by lowering for CUDA on a machine without a GPU; `tests/ops/test_mosaic_kernel.p
     tensor cores, about 9x the value network's own multiply-adds; the cheaper read-out (warp
     shuffles of c_h's columns on the CUDA cores, the issue's first choice) has no Pallas-level
     expression found here. Measure before optimizing (the GPU window).
+  - could not: a TMA copy of more than 5 strided dimensions, counted after the swizzle's
+    tiling and with unit dimensions dropped, so a tile sliced along a middle axis of a
+    (B, ...) array fails at B > 1 only; this failed on the H100 window of 2026-11-26, and
+    the lowering test now uses a batch of two. Hence the value slice as a leading axis of
+    V (B, Vp / bv, Kp, 16, bv) and of the output, and the backward's per-head copies.
 
 Precision: scores, code, u, the read-out accumulate in float32; the operands of every wgmma
 are the input dtype (bf16/f16 on hardware; float32 inputs become TF32 on hardware, exact

@@ -326,6 +326,9 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   if not layers or not runs:
     return None
   width = 0.8 / len(runs)
+  # Several seeds of one model (fuzzy logic's cells *_seed0, *_seed1, ...): named in the legend.
+  seeded = tuple(f"_seed{s}" for s in range(10)) if len(
+      {r["model"] for r in probes}) < len(probes) else ()
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(layers), 3.8))
   chance = None
   for i, (r, m) in enumerate(runs):
@@ -334,7 +337,8 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
     trained = [_decode_score(sets[l]["trained"]) if l in sets else np.nan for l in layers]
     step0 = [_decode_score(sets[l]["step0"]) if l in sets else np.nan for l in layers]
     ax.bar(xs, np.asarray(trained, float), width * 0.9,
-           label=r["model"] + (f" {m['name']}" if len(r["members"]) > 1 else ""),
+           label=r["model"] + (f" {m['name']}" if len(r["members"]) > 1 else "")
+           + (f" {r['cell'].rsplit('_', 1)[-1]}" if r["cell"].endswith(seeded) else ""),
            color=COLORS.get(plan.model_family(r["model"])), alpha=0.85)
     ax.scatter(xs, np.asarray(step0, float), marker="_", color="black", s=200, zorder=3,
                label="untrained (step 0)" if i == 0 else None)
@@ -422,8 +426,10 @@ def plan_text(cell_set, records, device_kind: str, root: str,
       note = f"resumes at step {here.done_steps:,}; " + note
     if c.source and not any(run_files.is_finished(d) for d in (
         os.path.join(root, c.source), records_lib.kept_params_dir(results_dir, c.source))):
+      # A source that finished before parameters were kept runs again to keep them.
+      rerun = (f"; rerun it with `--redo={c.source}`" if c.source in records else "")
       note, here = (f"blocked: needs {c.source}'s kept parameters "
-                    f"({records_lib.kept_params_dir(results_dir, c.source)})"), None
+                    f"({records_lib.kept_params_dir(results_dir, c.source)}){rerun}"), None
     if here and budget_minutes:
       fits = used + here.minutes <= budget_minutes
       used += here.minutes if fits else 0

@@ -148,6 +148,21 @@ def test_claims_exclude_a_live_runner_and_take_over_a_dead_one(tmp_path):
   assert not claim.exists()
 
 
+def test_a_probe_of_a_run_finished_without_parameters_is_told_how_to_get_them(tmp_path):
+  """Fig. 2B's later seeds decode runs that finished before parameters were kept: the plan
+  names the rerun; a source that never ran is only 'blocked'."""
+  cell_set = [c for c in cells_lib.CELLS if c.name in (
+      "c_fuzzy_decoding_hyla_seed1", "c_sraven_decoding_linear")]
+  assert len(cell_set) == 2
+  records = {"a_fuzzy_hyla_seed1": _record("a_fuzzy_hyla_seed1", "hyla", [(1, 0.9)])}
+  text = report.plan_text(cell_set, records, "cpu", str(tmp_path / "root"), None,
+                          results_dir=str(tmp_path / "results"))
+  lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("c_")}
+  assert "rerun it with `--redo=a_fuzzy_hyla_seed1`" in lines["c_fuzzy_decoding_hyla_seed1"]
+  assert "blocked: needs b_sraven_linear's" in lines["c_sraven_decoding_linear"]
+  assert "--redo" not in lines["c_sraven_decoding_linear"]
+
+
 def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path):
   cell = cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]
   reference = plan.estimate(cell, "cpu", [])
