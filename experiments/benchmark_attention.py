@@ -134,8 +134,8 @@ def main():
                       head_dim=args.head_dim, names=checked,
                       on_row=_appender(args.jsonl, "parity"))
     # "unsupported": a kernel that refused this device or dtype (e.g. mosaic off Hopper);
-    # "error": one that does not compile here, recorded and left out of nothing (its timing
-    # rows say "error" too). Only a wrong answer ("fail") stops the window.
+    # "error": one that does not compile here, recorded (its timing rows say "error" too).
+    # Only a wrong answer ("fail") stops the window.
     if any(r["status"] == "fail" for r in rows):
       print("parity failed: nothing timed.")
       raise SystemExit(PARITY_FAILED_EXIT_CODE)

@@ -103,8 +103,8 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
         got = value_and_grads(_implementation(name), *inputs)
       except Exception as err:  # pylint: disable=broad-except
         # A kernel that refuses this device or dtype in one line (BadInput: e.g. `mosaic`
-        # off Hopper) is not wrong: "unsupported", and the check goes on. One that does not
-        # compile here fails the check like a wrong one, named.
+        # off Hopper) is not wrong: "unsupported". One that does not compile here is an
+        # "error" row, named; either way the check goes on (only "fail" stops `run`).
         refused = isinstance(err, errors.BadInput)
         yield {**row, "status": "unsupported" if refused else "error",
                "message": f"{type(err).__name__}: {str(err).strip()[:300]}"}

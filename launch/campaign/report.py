@@ -313,6 +313,12 @@ def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") ->
   return text
 
 
+def _seed_of(cell: str) -> Optional[str]:
+  """'seed1' of a cell named ..._seed1, else None."""
+  last = cell.rsplit("_", 1)[-1]
+  return last if last.startswith("seed") else None
+
+
 def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   """Held-out decoding score by layer, one bar per model (trained), the untrained code as a
   black tick and the best chance level as a dashed line: the layout of the paper's Fig. 2B."""
@@ -326,9 +332,8 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   if not layers or not runs:
     return None
   width = 0.8 / len(runs)
-  # Several seeds of one model (fuzzy logic's cells *_seed0, *_seed1, ...): named in the legend.
-  seeded = tuple(f"_seed{s}" for s in range(10)) if len(
-      {r["model"] for r in probes}) < len(probes) else ()
+  # Several cells of one model (fuzzy logic's *_seed0, *_seed1, ...): their seeds in the legend.
+  shared_model = len({r["model"] for r in probes}) < len(probes)
   fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(layers), 3.8))
   chance = None
   for i, (r, m) in enumerate(runs):
@@ -338,7 +343,7 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
     step0 = [_decode_score(sets[l]["step0"]) if l in sets else np.nan for l in layers]
     ax.bar(xs, np.asarray(trained, float), width * 0.9,
            label=r["model"] + (f" {m['name']}" if len(r["members"]) > 1 else "")
-           + (f" {r['cell'].rsplit('_', 1)[-1]}" if r["cell"].endswith(seeded) else ""),
+           + (f" {_seed_of(r['cell'])}" if shared_model and _seed_of(r["cell"]) else ""),
            color=COLORS.get(plan.model_family(r["model"])), alpha=0.85)
     ax.scatter(xs, np.asarray(step0, float), marker="_", color="black", s=200, zorder=3,
                label="untrained (step 0)" if i == 0 else None)
