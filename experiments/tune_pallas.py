@@ -1,33 +1,89 @@
-r"""Tile sizes and Triton launch parameters of the Pallas kernels, timed against cuDNN.
+r"""Tile configurations of the Pallas HYLA kernels (Mosaic GPU and Triton), timed beside cuDNN.
 
   python experiments/tune_pallas.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
-      --configs=mlp:16x16:4:2,mlp:32x32:8:2,linear:64x64:4:1 --out=/tmp/tune.jsonl
+      --configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla --out=/tmp/tune.jsonl
+  python experiments/tune_pallas.py --configs=mlp:16x16:4:2,linear:64x64:4:1  # Triton
+  python experiments/tune_pallas.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
-Times (median of --repeats after compilation, bf16, causal) the forward and forward+backward
-of `pallas_kernel.attention` for every --configs entry
-`value_network:block_qxblock_k:num_warps:num_stages`, beside softmax attention through cuDNN
-flash attention and HYLA's blockwise JAX kernel; writes one JSON line per configuration to
---out as it finishes and prints a sorted table at the end. A configuration that Triton cannot
-compile (registers, shared memory) is listed as failed, not fatal. Needs a GPU.
+--configs entries, each timed forward and forward+backward (causal):
+  mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with Blocks(BQ, BK, BV) and the backward's
+                         dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla)
+  VN:BQxBK:WARPS:STAGES  the Triton kernel (`pallas_kernel.attention`), value network VN
+                         (mlp | linear), tiles BQ x BK, launch parameters WARPS and STAGES
+Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
+blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
+(`ops/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
+call), median of --repeats, and is printed and appended to --out as one JSON line as soon as
+it exists; a table sorted by configuration ends the run. A configuration the kernel refuses
+(tiles over Hopper's shared memory, Mosaic's swizzles) or that does not compile is a row
+with its one-line reason (status refused, error, or unsupported where this jax cannot
+interpret Mosaic), not the end of the sweep.
+
+The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, Blocks(64,
+16, 16) is the only one that fits (block_v=32: 256,128 bytes of SMEM, block_q=128: 319,616,
+block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_kernel.check_tiles`), so its sweep is
+the backward's dQ path. Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11).
 """
 
 import argparse
 import json
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
 
 from hypernet_attention.ops import benchmark
 from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import pallas_kernel
 
 
-def _time(fn, args, repeats):
+def parse_config(entry: str) -> dict:
+  """One --configs entry as a row's identity; ValueError in one line if malformed."""
+  parts = entry.split(":")
+  try:
+    if parts[0] == "mosaic" and len(parts) == 3:
+      bq, bk, bv = (int(x) for x in parts[1].split("x"))
+      return dict(name="mosaic", block_q=bq, block_k=bk, block_v=bv, dq=parts[2])
+    if parts[0] in ("mlp", "linear") and len(parts) == 4:
+      bq, bk = (int(x) for x in parts[1].split("x"))
+      return dict(name=f"pallas_{parts[0]}", block_q=bq, block_k=bk, warps=int(parts[2]),
+                  stages=int(parts[3]))
+  except ValueError:
+    pass
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
+                   "mosaic:64x16x16:kernel) or VN:BQxBK:WARPS:STAGES (e.g. mlp:16x16:4:2)")
+
+
+def kernel_fn(config: dict, interpret: bool):
+  """(q, k, v) -> causal HYLA output through the configured kernel."""
+  if config["name"] == "mosaic":
+    params = None
+    if interpret:
+      if mosaic_kernel.available():
+        raise NotImplementedError(mosaic_kernel.available())
+      from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+      params = plgpu.InterpretGPUParams()
+    blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
+    return lambda q, k, v: mosaic_kernel.attention(
+        q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
+  launch = pallas_kernel.Launch(num_warps=config["warps"], num_stages=config["stages"])
+  return lambda q, k, v: pallas_kernel.attention(
+      q, k, v, is_causal=True, normalization="rms_head",
+      value_network=config["name"].removeprefix("pallas_"), block_q=config["block_q"],
+      block_k=config["block_k"], launch=launch, interpret=interpret)
+
+
+def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
+  """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
   loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
-  fwd = jax.jit(fn).lower(*args).compile()
-  fwd_bwd = jax.jit(jax.grad(loss, (0, 1, 2))).lower(*args).compile()
-  return (1e3 * benchmark.median_time(fwd, args, repeats),
-          1e3 * benchmark.median_time(fwd_bwd, args, repeats))
+  out = []
+  for f in (fn, jax.grad(loss, (0, 1, 2))):
+    compiled = benchmark.call_loop(f, calls).lower(*args).compile()
+    samples = benchmark.time_loop(compiled, args, calls, repeats, budget_s=float("inf"))
+    out.append(statistics.median(samples["samples_ms"]))
+  return out[0], out[1]
 
 
 def main():
@@ -36,60 +92,75 @@ def main():
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--configs", default="mlp:16x16:4:2,mlp:32x32:4:2,linear:64x64:4:1")
-  parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
-                      help="also time blockwise HYLA (cuDNN softmax is always timed)")
-  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+  parser.add_argument("--configs", default="mosaic:64x16x16:kernel,mosaic:64x16x16:xla")
+  parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=False,
+                      help="also time blockwise HYLA (softmax is always timed)")
+  parser.add_argument("--calls", type=int, default=20, help="calls per jitted loop")
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--interpret", action="store_true",
+                      help="run the kernels in Pallas interpret mode (CPU; tiny sizes only)")
   parser.add_argument("--out", default="", help="JSON lines, one per row, as they finish")
   args = parser.parse_args()
-  if jax.default_backend() != "gpu":
-    raise SystemExit(f"tune_pallas needs a GPU; JAX's backend is {jax.default_backend()}.")
+  try:
+    configs = [parse_config(c) for c in args.configs.split(",") if c]
+  except ValueError as err:
+    parser.error(str(err))
+  for flag in ("seq_len", "batch", "heads", "head_dim", "calls", "repeats"):
+    if getattr(args, flag) < 1:
+      parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
+  if jax.default_backend() != "gpu" and not args.interpret:
+    parser.error(f"JAX's backend is {jax.default_backend()}: the kernels need a GPU; allowed "
+                 "off a GPU: --interpret (tiny sizes)")
   shape = (args.batch, args.seq_len, args.heads, args.head_dim)
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
-  qkv = tuple(jax.random.normal(k, shape, jnp.bfloat16) for k in keys)
+  qkv = tuple(jax.random.normal(k, shape, jnp.dtype(args.dtype)) for k in keys)
+  meta = dict(seq_len=args.seq_len, batch=args.batch, heads=args.heads,
+              head_dim=args.head_dim, dtype=args.dtype, causal=True,
+              device=jax.devices()[0].device_kind, interpret=args.interpret)
   rows = []
 
-  def record(name, fn, **extra):
+  def record(config, make_fn):
+    start = time.perf_counter()
     try:
-      fwd, fwd_bwd = _time(fn, qkv, args.repeats)
-      row = dict(name=name, fwd_ms=fwd, fwd_bwd_ms=fwd_bwd, status="ok", **extra)
+      fwd, fwd_bwd = time_ms(make_fn(), qkv, args.calls, args.repeats)
+      row = dict(config, fwd_ms=fwd, fwd_bwd_ms=fwd_bwd, status="ok")
     except Exception as err:  # pylint: disable=broad-except
-      row = dict(name=name, status=f"failed: {type(err).__name__}: {str(err)[:120]}", **extra)
+      first = (str(err).strip().splitlines() or [""])[0][:200]
+      status = ("refused" if isinstance(err, ValueError) else
+                "unsupported" if isinstance(err, NotImplementedError) else "error")
+      row = dict(config, status=status, message=f"{type(err).__name__}: {first}")
+    row.update(meta, seconds=round(time.perf_counter() - start, 1))
     rows.append(row)
     print(json.dumps(row), flush=True)
     if args.out:
       with open(args.out, "a") as f:
         f.write(json.dumps(row) + "\n")
 
-  record("cudnn_softmax", lambda q, k, v: dispatch.attention(
+  record(dict(name="softmax"), lambda: lambda q, k, v: dispatch.attention(
       q, k, v, is_causal=True, normalization="softmax", value_network="linear"))
-  configs = [c.split(":") for c in args.configs.split(",") if c]
   if args.baselines:
-    for vn in dict.fromkeys(c[0] for c in configs):
-      record(f"blockwise_{vn}", lambda q, k, v, vn=vn: dispatch.attention(
-          q, k, v, is_causal=True, normalization="rms_head", value_network=vn,
-          implementation="blockwise"))
-  for vn, blocks, warps, stages in configs:
-    bq, bk = (int(x) for x in blocks.split("x"))
-    launch = pallas_kernel.Launch(num_warps=int(warps), num_stages=int(stages))
-    record(f"pallas_{vn}", lambda q, k, v, vn=vn, bq=bq, bk=bk, launch=launch:
-           pallas_kernel.attention(q, k, v, is_causal=True, normalization="rms_head",
-                                   value_network=vn, block_q=bq, block_k=bk,
-                                   launch=launch, interpret=False),
-           block_q=bq, block_k=bk, warps=int(warps), stages=int(stages))
+    record(dict(name="blockwise"), lambda: lambda q, k, v: dispatch.attention(
+        q, k, v, is_causal=True, normalization="rms_head", value_network="mlp",
+        implementation="blockwise"))
+  for config in configs:
+    record(config, lambda config=config: kernel_fn(config, args.interpret))
   base = rows[0].get("fwd_bwd_ms")
-  print(f"\nT={args.seq_len} B={args.batch} H={args.heads} d={args.head_dim} bf16 causal; "
-        f"x = fwd+bwd time over cuDNN softmax's")
-  print("| kernel | bq | bk | warps | stages | fwd ms | fwd+bwd ms | x cuDNN |")
-  print("|---|---|---|---|---|---|---|---|")
-  for r in sorted(rows, key=lambda r: (r["name"], r.get("fwd_bwd_ms", 1e9))):
+  print(f"\nT={args.seq_len} B={args.batch} H={args.heads} d={args.head_dim} {args.dtype} "
+        f"causal on {meta['device']}; x = fwd+bwd time over softmax's")
+  print("| kernel | tiles | dq / warps:stages | fwd ms | fwd+bwd ms | x softmax |")
+  print("|---|---|---|---|---|---|")
+  for r in rows:
+    tiles = "x".join(str(r[k]) for k in ("block_q", "block_k", "block_v") if k in r) or "-"
+    how = r.get("dq") or (f"{r['warps']}:{r['stages']}" if "warps" in r else "-")
     if r["status"] != "ok":
-      print(f"| {r['name']} | {r.get('block_q', '-')} | {r.get('block_k', '-')} | "
-            f"{r.get('warps', '-')} | {r.get('stages', '-')} | {r['status'][:60]} | | |")
+      print(f"| {r['name']} | {tiles} | {how} | {r['status']}: {r['message'][:70]} | | |")
       continue
-    print(f"| {r['name']} | {r.get('block_q', '-')} | {r.get('block_k', '-')} | "
-          f"{r.get('warps', '-')} | {r.get('stages', '-')} | {r['fwd_ms']:.2f} | "
-          f"{r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_ms'] / base:.2f} |")
+    ratio = f"{r['fwd_bwd_ms'] / base:.2f}" if base else "-"
+    print(f"| {r['name']} | {tiles} | {how} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
+          f"{ratio} |")
+  done = sum(r["status"] == "ok" for r in rows)
+  print(f"tune_pallas: {done} of {len(rows)} rows timed", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,15 @@ started), so a slow stage costs only its own budget:
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax, if time is left
+  mosaic_tiles the fused Mosaic kernel's configurations at T=4k beside cuDNN
+               (`experiments/tune_pallas.py`: its backward's dQ paths, the one tile shape
+               that fits at H=8 in bf16); skipped when this window's parity found the kernel
+               wrong or not compiling. Last, so that it runs when time is left, or alone in a
+               second call: `--stages=mosaic_tiles` (issue 42)
 
 Output in --out (at most 5 files, as the device tool returns them): gpu_window.jsonl (one
 JSON object per line, appended and flushed as each result exists: kind = window, env,
-parity, attention, c4_step, population, trace, stage, window_end), gpu_window.log (every
+parity, attention, c4_step, population, trace, tune, stage, window_end), gpu_window.log (every
 stage's output), attention/results.json and attention/attention_benchmark.png, and
 c4_hyla_trace.tar.gz. Exit status: 0, or 1 if parity failed or a stage failed.
 
@@ -69,6 +74,7 @@ class Sizes:
   steps: int
   repeats: int
   population: tuple[str, ...]  # --experiment, --size, --members.
+  tune: tuple[str, ...]  # experiments/tune_pallas.py flags.
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
   left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
@@ -80,6 +86,8 @@ GPU = Sizes(
                "--max_temp_gb=40", "--cell_budget_s=8"),
     c4_size="50m", c4_batches=(64, 256), steps=5, repeats=2,
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
+    tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
+          "--calls=20", "--repeats=3", "--configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -89,6 +97,8 @@ DRY_RUN = Sizes(
                "--max_temp_gb=1", "--cell_budget_s=10", "--pallas_interpret"),
     c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
+    tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
+          "--dtype=float32", "--calls=1", "--repeats=1", "--configs=mosaic:64x16x16:kernel"),
     scale=3.0, deadline_s=600, left_out=("population_softmax",))
 
 
@@ -126,6 +136,8 @@ class Stage:
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
+  # Why not to run it, judged from this window's rows when its turn comes (None: run it).
+  skip_if: Callable[[Window], Optional[str]] = lambda w: None
 
 
 ENV_PROBE = """
@@ -206,6 +218,23 @@ def _population(model: str, budget_s: float) -> Stage:
   return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30)
 
 
+def _mosaic_failed(w: Window) -> Optional[str]:
+  """Why timing the Mosaic kernel's configurations is pointless in this window: its parity
+  rows say wrong or not compiling. A refusal of this device or dtype ("unsupported": float32,
+  or a CPU dry run) is not a failure, and without parity rows the stage runs."""
+  path = os.path.join(w.out, JSONL)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  bad = [r for r in rows if r.get("kind") == "parity" and r.get("implementation") == "mosaic"
+         and r.get("status") in ("fail", "error")]
+  if bad:
+    return (f"mosaic's parity in this window: {bad[0]['status']} at T={bad[0].get('seq_len')} "
+            f"{bad[0].get('dtype')}")
+  return None
+
+
 def _trace_dir(w: Window) -> str:
   return os.path.join(w.out, "trace_tmp")
 
@@ -256,6 +285,10 @@ def stages(sizes: Sizes) -> list[Stage]:
                    f"--model=hyla@batch_size={w.sizes.c4_batches[0]}", "--steps=2", "--top=15",
                    f"--trace_dir={_trace_dir(w)}")
 
+  def tune(w: Window, limit: float) -> list[str]:
+    del limit
+    return _python("experiments/tune_pallas.py", *w.sizes.tune)
+
   env_probe = lambda w, limit: _python("-c", ENV_PROBE)
   return [
       Stage("env", 20, env_probe, _json_line("env"), min_s=10),
@@ -266,11 +299,16 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("trace", 40, trace, finish=_pack_trace, min_s=30),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),
+      Stage("mosaic_tiles", 90, tune, _json_line("tune"), min_s=40, skip_if=_mosaic_failed),
   ]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:
   """Runs one stage under its budget clipped by the deadline; records its end as a row."""
+  why_not = stage.skip_if(w)
+  if why_not:
+    w.record("stage", stage=stage.name, status="skipped", seconds=0, message=why_not)
+    return "skipped"
   limit = min(stage.budget_s * w.sizes.scale, w.left())
   if limit < stage.min_s * w.sizes.scale:
     w.record("stage", stage=stage.name, status="skipped", seconds=0,

@@ -50,8 +50,15 @@ float32 in interpret mode). The code is rounded to the input dtype once (S_cat);
 0/1, so the permutation and broadcast add no rounding.
 
 Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, K ring
-32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: ~214 KiB of
-Hopper's 227. Float32 inputs need twice that: run them in interpret mode only (tests).
+32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: 219,264 bytes
+of buffers (`forward_smem`), ~214 KiB of Hopper's 227. Float32 inputs need twice that: run
+them in interpret mode only (tests). That makes the defaults the only tiles at the paper's
+H=8, D=V=64 in bf16: bv=32 needs 256,128 bytes, bq=128 319,616, bk=32 481,280 (P grows as
+bk^2), and bk=8 or bv=8 give 16-byte rows, which no Mosaic swizzle takes. Compiled, such
+tiles are refused in one line before lowering (`check_tiles`; its sum is within 1 KiB below
+Mosaic's own count, tested by lowering). What would buy bv=32 (half the recomputed scores
+and permutations): P as 8 row-shifted copies of one (H*bk + bk + 8, 16) matrix, sliced at
+8-row offsets (38 KiB instead of 64; not built, it needs a GPU to pay off).
 
 Backward: `attention` is a `jax.custom_vjp` whose residuals are the inputs only; its backward
 is `mosaic_kernel_bwd.py`: key-stationary programs that recompute S, C, u, z, accumulate dK and
@@ -181,6 +188,70 @@ def _smem_transforms(plgpu, minor: int, dtype):
           plgpu.SwizzleTransform(swizzle))
 
 
+# Hopper's shared memory per thread block (227 KiB): what Mosaic's lowering checks a kernel
+# against ("exceeds available shared memory: smem_bytes=... > max_smem_bytes=232448").
+HOPPER_SMEM_BYTES = 232_448
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+  """One SMEM buffer of a kernel: its shape, dtype and, for a wgmma operand, the minor
+  dimension its tiling and swizzle are made for (None: plain)."""
+  name: str
+  shape: tuple[int, ...]
+  dtype: jnp.dtype
+  swizzled_minor: Optional[int] = None
+
+  @property
+  def nbytes(self) -> int:
+    return math.prod(self.shape) * jnp.dtype(self.dtype).itemsize
+
+
+def forward_smem(blocks: Blocks, heads: int, depth: int, dtype) -> tuple[Buffer, ...]:
+  """The forward kernel's SMEM buffers, in the order the kernel takes them (depth: D padded
+  to a 128-byte row). The kernel allocates exactly these; `check_tiles` budgets them."""
+  bq, bk, bv, hp = blocks.block_q, blocks.block_k, blocks.block_v, HEADS_PADDED
+  return (
+      Buffer("Q", (heads, bq, depth), dtype, depth),
+      Buffer("K ring", (2, heads, bk, depth), dtype, depth),
+      Buffer("V ring", (2, bk, hp, bv), dtype, bv),
+      Buffer("key validity ring", (2, bk), _F32),
+      Buffer("S_cat", (bq, heads * bk), dtype, bk),
+      Buffer("C[k]", (bq, hp), dtype, hp),
+      Buffer("P", (bk, heads * bk, hp), dtype, hp),
+      Buffer("B", (heads, hp, bv), dtype, bv),
+      Buffer("output", (heads, bq, bv), dtype),
+  )
+
+
+def _allocate(plgpu, buffers):
+  return tuple(plgpu.SMEM(b.shape, b.dtype, transforms=() if b.swizzled_minor is None
+                          else _smem_transforms(plgpu, b.swizzled_minor, b.dtype))
+               for b in buffers)
+
+
+def check_tiles(buffers, what: str) -> None:
+  """BadInput in one line, before lowering, for tiles compiled Mosaic cannot take: a swizzled
+  operand whose rows are under 32 bytes (Mosaic's smallest swizzle; e.g. block_k = 8 in
+  bf16) and buffers over Hopper's shared memory. The sum is a lower bound of what Mosaic
+  allocates (it adds barriers and alignment: ~1-3 KiB), so nothing that fits is refused.
+  Interpret mode has neither limit (its float32 tests use tiles that would not fit)."""
+  for b in buffers:
+    row_bytes = None if b.swizzled_minor is None else (
+        b.swizzled_minor * jnp.dtype(b.dtype).itemsize)
+    if row_bytes is not None and (min(128, row_bytes) not in (32, 64, 128)
+                                  or row_bytes % min(128, row_bytes)):
+      raise BadInput(f"{what}: SMEM buffer {b.name} {b.shape} has {row_bytes}-byte rows; "
+                     "allowed: 32, 64 or a multiple of 128 (Mosaic's swizzles), e.g. "
+                     "block_k and block_v of 16, 32 or a multiple of 64 for 16-bit inputs")
+  total = sum(b.nbytes for b in buffers)
+  if total > HOPPER_SMEM_BYTES:
+    largest = ", ".join(f"{b.name} {b.nbytes // 1024} KiB" for b in
+                        sorted(buffers, key=lambda b: -b.nbytes)[:3])
+    raise BadInput(f"{what}: needs at least {total:,} bytes of shared memory ({largest}, "
+                   f"...); allowed: at most {HOPPER_SMEM_BYTES:,} (Hopper, 227 KiB)")
+
+
 def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
@@ -297,22 +368,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
     plgpu.wait_smem_to_gmem(0)
 
   def entry(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref):
-    smem = (
-        plgpu.SMEM((heads, bq, depth), dtype, transforms=_smem_transforms(plgpu, depth, dtype)),
-        plgpu.SMEM((2, heads, bk, depth), dtype,
-                   transforms=_smem_transforms(plgpu, depth, dtype)),
-        plgpu.SMEM((2, bk, HEADS_PADDED, bv), dtype,
-                   transforms=_smem_transforms(plgpu, bv, dtype)),
-        plgpu.SMEM((2, bk), _F32),
-        plgpu.SMEM((bq, heads * bk), dtype, transforms=_smem_transforms(plgpu, bk, dtype)),
-        plgpu.SMEM((bq, HEADS_PADDED), dtype,
-                   transforms=_smem_transforms(plgpu, HEADS_PADDED, dtype)),
-        plgpu.SMEM((bk, heads * bk, HEADS_PADDED), dtype,
-                   transforms=_smem_transforms(plgpu, HEADS_PADDED, dtype)),
-        plgpu.SMEM((heads, HEADS_PADDED, bv), dtype,
-                   transforms=_smem_transforms(plgpu, bv, dtype)),
-        plgpu.SMEM((heads, bq, bv), dtype),
-    )
+    smem = _allocate(plgpu, forward_smem(blocks, heads, depth, dtype))
     barriers = (plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=2))
@@ -425,5 +481,9 @@ def attention(
   if blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v % 8:
     raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
                    f"block_k, block_v of 8 (wgmma M and N).")
+  if not interpret:  # compiled (None or False); interpret mode has no such limits
+    d_padded = _round_up(query_BQHD.shape[3], 128 // query_BQHD.dtype.itemsize)
+    check_tiles(forward_smem(blocks, heads, d_padded, query_BQHD.dtype),
+                f"mosaic_kernel forward, blocks={blocks}, {heads} heads, {query_BQHD.dtype}")
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
                     interpret, dq)

@@ -111,6 +111,25 @@ BLOCK_Q = 64   # wgmma M
 BLOCK_K = 16   # one (8, 16) SMEM tile column per head in S_cat, as in the forward
 
 
+def backward_smem(heads: int, width: int, dtype) -> tuple:
+  """The key-stationary kernel's SMEM buffers, in the order it takes them. Every swizzled
+  one has 16-element (32-byte) rows: a wgmma's two SMEM operands must share a swizzle, and
+  dK's B (one head's dS tile, bk = 16 bf16 columns) allows 32 bytes only."""
+  bq, bk, hp, buf = BLOCK_Q, BLOCK_K, fwd.HEADS_PADDED, fwd.Buffer
+  return (
+      buf("Q, then dY, then Q", (heads, bq, width), dtype, 16),
+      buf("K", (heads, bk, width), dtype, 16),
+      buf("V, heads padded", (bk, hp, width), dtype, 16),
+      buf("key validity", (bk,), _F32),
+      buf("S_cat", (bq, heads * bk), dtype, 16),
+      buf("P", (bk, heads * bk, hp), dtype, 16),
+      buf("C[k]", (bq, hp), dtype, 16),
+      buf("du", (bq, width), dtype, 16),
+      buf("dS per head", (heads, bq, bk), dtype, 16),
+      buf("dV^T / dK^T ring", (2, width, hp), dtype),
+  )
+
+
 def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_causal, eps,
                    zero_skipped, interpret):
   """The kernel on padded inputs: dS (B, H, Qp, Kp), dV^T (B, Kp, W, 16), dK^T (B, H, W, Kp).
@@ -126,9 +145,6 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
   num_q_tiles = q_padded // bq
   mask_batched = key_valid_BK.shape[0] > 1
   perm_KJH, _ = fwd._selection_constants(heads, bk, bk, dtype)  # pylint: disable=protected-access
-  # Every SMEM operand here has 16-element (32-byte) rows: a wgmma's two SMEM operands must
-  # share a swizzle, and dK's B (a per-head dS tile, bk = 16 columns) allows 32 bytes only.
-  narrow = fwd._smem_transforms(plgpu, 16, dtype)  # pylint: disable=protected-access
 
   def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref, scoped):
     (qdy_smem, k_smem, v_smem, kval_smem, scat_smem, perm_smem, c_smem, du_smem, ds_smem,
@@ -283,18 +299,7 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
     plgpu.wait_smem_to_gmem(0)
 
   def entry(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref):
-    smem = (
-        plgpu.SMEM((heads, bq, width), dtype, transforms=narrow),     # Q, then dY, then Q
-        plgpu.SMEM((heads, bk, width), dtype, transforms=narrow),     # K
-        plgpu.SMEM((bk, hp, width), dtype, transforms=narrow),        # V, heads padded
-        plgpu.SMEM((bk,), _F32),                                      # key validity
-        plgpu.SMEM((bq, heads * bk), dtype, transforms=narrow),       # S_cat
-        plgpu.SMEM((bk, heads * bk, hp), dtype, transforms=narrow),   # P
-        plgpu.SMEM((bq, hp), dtype, transforms=narrow),               # C[k]
-        plgpu.SMEM((bq, width), dtype, transforms=narrow),            # du
-        plgpu.SMEM((heads, bq, bk), dtype, transforms=narrow),        # dS per head
-        plgpu.SMEM((2, width, hp), dtype),                            # dV^T / dK^T ring
-    )
+    smem = fwd._allocate(plgpu, backward_smem(heads, width, dtype))  # pylint: disable=protected-access
     # One arrival per copy: a tile of (heads or keys, rows, W) goes as one TMA copy per head
     # or key. As one copy it is 6 strided dimensions once tiled by the 32-byte swizzle (the
     # batch index, heads, 8-row tiles, W's four 16-column tiles, 8, 16) and Mosaic allows 5:
@@ -431,6 +436,9 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   dy_BHQW = jnp.transpose(pad(d_out_BQHV.astype(dtype), q_padded), (0, 2, 1, 3))
   v_BKHW = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len),
                                 (0, fwd.HEADS_PADDED - heads), (0, width - v_dim)))
+  if not interpret:  # compiled (None or False); interpret mode has no such limits
+    fwd.check_tiles(backward_smem(heads, width, dtype),
+                    f"mosaic_kernel backward, {heads} heads, width {width}, {dtype}")
   ds_BHQK, dvt_BKWH, dkt_BHWK = _backward_call(
       q_BHQW, k_BHKW, v_BKHW, dy_BHQW,
       fwd._key_valid(mask, k_len, k_padded),  # pylint: disable=protected-access

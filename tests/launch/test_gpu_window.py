@@ -11,8 +11,8 @@ import pytest
 
 import train_testlib as tl
 
-KINDS = ("window", "env", "parity", "attention", "c4_step", "population", "trace", "stage",
-         "window_end")
+KINDS = ("window", "env", "parity", "attention", "c4_step", "population", "trace", "tune",
+         "stage", "window_end")
 
 
 def _numbers(row):
@@ -65,6 +65,14 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   refused = [r for r in steps if r.get("status") == "refused"]
   assert len(refused) == 1 and "does not fit" in refused[0]["message"]
   assert [r["members"] for r in by_kind["population"]] == [1, 2]
+  # The Mosaic configurations beside softmax: timed in interpret mode where this jax has
+  # Mosaic's interpreter, else a row that says why not (jax < 0.11), never a missing row.
+  tune = {r["name"]: r for r in by_kind["tune"]}
+  assert tune["softmax"]["status"] == "ok" and tune["softmax"]["fwd_bwd_ms"] > 0
+  assert tune["mosaic"]["dq"] == "kernel" and tune["mosaic"]["interpret"]
+  assert (tune["mosaic"]["status"] == "ok" and tune["mosaic"]["fwd_bwd_ms"] > 0
+          or tune["mosaic"]["status"] == "unsupported" and "< 0.11" in tune["mosaic"]["message"]
+          ), tune["mosaic"]
   trace = by_kind["trace"][0]
   assert trace["file"] and (out / trace["file"]).stat().st_size == trace["bytes"]
   assert sorted(os.listdir(out)) == ["attention", "c4_hyla_trace.tar.gz", "gpu_window.jsonl",
@@ -92,3 +100,23 @@ def test_a_failed_parity_ends_the_window_before_timing(tmp_path, monkeypatch):
   assert [r.get("stage") for r in rows if r["kind"] == "stage"] == ["env", "parity"]
   assert rows[1] == {"kind": "env", "device_kind": "x"}
   assert rows[-1]["kind"] == "window_end" and "nothing timed" in rows[-1]["message"]
+
+
+def test_mosaic_tiles_skipped_when_this_windows_parity_failed_it(tmp_path):
+  """The sweep of the fused kernel waits on its parity in the same window: an "error" or
+  "fail" row skips it (recorded, with the reason); "unsupported" (float32, a CPU) does not."""
+  from launch import gpu_window  # pylint: disable=g-import-not-at-top
+  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
+  stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == "mosaic_tiles")
+  assert stage.skip_if(window) is None  # No rows yet (a second call of its own).
+  window.record("parity", implementation="mosaic", seq_len=256, dtype="float32",
+                status="unsupported")
+  window.record("parity", implementation="blockwise", seq_len=256, dtype="bfloat16",
+                status="error")
+  assert stage.skip_if(window) is None
+  window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
+                status="error", message="does not compile")
+  assert gpu_window.run_stage(window, stage, dict(os.environ)) == "skipped"
+  last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
+  assert last == {"kind": "stage", "stage": "mosaic_tiles", "status": "skipped", "seconds": 0,
+                  "message": "mosaic's parity in this window: error at T=256 bfloat16"}

@@ -166,3 +166,54 @@ def test_refuses_what_it_does_not_compute():
     mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
                             jnp.zeros((1, 64, 17, 32)))
   assert mosaic_kernel.supports("rms_head", "mlp", "relu", mask=jnp.ones((2, 1, 1, 64), bool))
+
+
+@pytest.mark.parametrize("blocks,heads,depth,dtype,says", [
+    # 8 bf16 keys are 16-byte rows of S_cat: Mosaic swizzles 32, 64 or 128 bytes only.
+    (mosaic_kernel.Blocks(64, 8, 16), 8, 64, jnp.bfloat16, "S_cat .* 16-byte rows"),
+    (mosaic_kernel.Blocks(64, 16, 32), 8, 64, jnp.bfloat16, "at least 256,128 bytes"),
+    (mosaic_kernel.Blocks(128, 16, 16), 8, 64, jnp.bfloat16, "at least 319,616 bytes"),
+    (mosaic_kernel.DEFAULT_BLOCKS, 8, 64, jnp.float32, "shared memory"),
+])
+def test_compiled_refuses_tiles_that_do_not_fit(blocks, heads, depth, dtype, says):
+  """Compiled (interpret=None), tiles Mosaic cannot take are one BadInput line before any
+  lowering; the same tiles still run in interpret mode (the tests above use block_k=32)."""
+  q = jnp.zeros((1, 64, heads, depth), dtype)
+  with pytest.raises(ValueError, match=says) as refusal:
+    mosaic_kernel.attention(q, q, q, blocks=blocks)
+  assert "\n" not in str(refusal.value)
+
+
+def test_the_default_tiles_fit_forward_and_backward():
+  """What the GPU window runs passes the check (H=8, D=V=64, bf16); H=16 does not fit the
+  backward (its P and S_cat grow with H), as lowering says (410,680 bytes)."""
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  mosaic_kernel.check_tiles(
+      mosaic_kernel.forward_smem(mosaic_kernel.DEFAULT_BLOCKS, 8, 64, jnp.bfloat16), "fwd")
+  mosaic_kernel.check_tiles(mosaic_kernel_bwd.backward_smem(8, 64, jnp.bfloat16), "bwd")
+  with pytest.raises(ValueError, match="at least 407,616 bytes"):
+    mosaic_kernel.check_tiles(mosaic_kernel_bwd.backward_smem(16, 64, jnp.bfloat16), "bwd")
+
+
+@pytest.mark.parametrize("blocks", [mosaic_kernel.Blocks(64, 16, 32),
+                                    mosaic_kernel.Blocks(128, 16, 16)])
+def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, monkeypatch):
+  """The check's sum against Mosaic's own count: lowering the forward for an abstract H100
+  with the check switched off fails with "smem_bytes=N > max_smem_bytes=232448"; the sum must
+  not exceed N (else it could refuse tiles that fit) and be within 4 KiB of it (barriers and
+  alignment), and the limit must be Mosaic's."""
+  import re  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(mosaic_kernel, "check_tiles", lambda buffers, what: None)
+  q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
+  mesh = jax.sharding.AbstractMesh(
+      (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
+          device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
+  with jax.sharding.use_abstract_mesh(mesh), pytest.raises(Exception) as failure:
+    jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
+  found = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(failure.value))
+  assert found, str(failure.value)[:300]
+  mosaics, limit = int(found.group(1)), int(found.group(2))
+  ours = sum(b.nbytes for b in mosaic_kernel.forward_smem(blocks, 8, 64, jnp.bfloat16))
+  assert ours <= mosaics <= ours + 4096
+  assert limit == mosaic_kernel.HOPPER_SMEM_BYTES

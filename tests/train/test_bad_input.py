@@ -257,6 +257,12 @@ CLI_CASES = {
     "benchmark_attention_zero_length": (
         [os.path.join("experiments", "benchmark_attention.py"), "--seq_lens=0"],
         "--seq_lens='0'; allowed: comma-separated positive integers", 2),
+    "tune_pallas_malformed_config": (
+        [os.path.join("experiments", "tune_pallas.py"), "--configs=mosaic:64x16"],
+        "--configs entry 'mosaic:64x16'; allowed: mosaic:BQxBKxBV:DQ", 2),
+    "tune_pallas_off_a_gpu": (
+        [os.path.join("experiments", "tune_pallas.py")],
+        "the kernels need a GPU; allowed off a GPU: --interpret", 2),
     "task_stats_zero_problems": ([os.path.join("experiments", "task_stats.py"),
                                   "--num_problems=0"], "--num_problems=0; allowed", 2),
     # Populations, grouping, collect and gs:// (issue 25).
