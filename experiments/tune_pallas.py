@@ -1,4 +1,4 @@
-r"""Tile configurations of the Pallas HYLA kernels (Mosaic GPU and Triton), timed beside cuDNN.
+r"""Tile configurations of HYLA's GPU kernels (Mosaic, Triton, blockwise), timed beside cuDNN.
 
   python experiments/tune_pallas.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
       --configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla --out=/tmp/tune.jsonl
@@ -10,6 +10,8 @@ r"""Tile configurations of the Pallas HYLA kernels (Mosaic GPU and Triton), time
                          dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla)
   VN:BQxBK:WARPS:STAGES  the Triton kernel (`pallas_kernel.attention`), value network VN
                          (mlp | linear), tiles BQ x BK, launch parameters WARPS and STAGES
+  blockwise:BQxBK:FORM   XLA's blockwise HYLA with tiles BQ x BK, per-pair products FORM
+                         (dot | broadcast; `tiling.TileConfig.pair_products`)
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
 (`ops/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
@@ -22,7 +24,10 @@ interpret Mosaic), not the end of the sweep.
 The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, Blocks(64,
 16, 16) is the only one that fits (block_v=32: 256,128 bytes of SMEM, block_q=128: 319,616,
 block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_kernel.check_tiles`), so its sweep is
-the backward's dQ path. Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11).
+the backward's dQ path. Blockwise's tiles matter for another reason: compiled for an H100
+(`experiments/gpu_program.py`), its T=4096 forward+backward launches 14,795 kernels at
+128 x 128 and 2,866 at 256 x 256 in the broadcast form. Needs a GPU, or --interpret (tiny
+sizes; Mosaic needs jax >= 0.11).
 """
 
 import argparse
@@ -34,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention.ops import benchmark
+from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import pallas_kernel
@@ -46,6 +52,9 @@ def parse_config(entry: str) -> dict:
     if parts[0] == "mosaic" and len(parts) == 3:
       bq, bk, bv = (int(x) for x in parts[1].split("x"))
       return dict(name="mosaic", block_q=bq, block_k=bk, block_v=bv, dq=parts[2])
+    if parts[0] == "blockwise" and len(parts) == 3 and parts[2] in ("dot", "broadcast"):
+      bq, bk = (int(x) for x in parts[1].split("x"))
+      return dict(name="blockwise", block_q=bq, block_k=bk, pair_products=parts[2])
     if parts[0] in ("mlp", "linear") and len(parts) == 4:
       bq, bk = (int(x) for x in parts[1].split("x"))
       return dict(name=f"pallas_{parts[0]}", block_q=bq, block_k=bk, warps=int(parts[2]),
@@ -53,11 +62,16 @@ def parse_config(entry: str) -> dict:
   except ValueError:
     pass
   raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
-                   "mosaic:64x16x16:kernel) or VN:BQxBK:WARPS:STAGES (e.g. mlp:16x16:4:2)")
+                   "mosaic:64x16x16:kernel), blockwise:BQxBK:dot|broadcast or "
+                   "VN:BQxBK:WARPS:STAGES (e.g. mlp:16x16:4:2)")
 
 
 def kernel_fn(config: dict, interpret: bool):
   """(q, k, v) -> causal HYLA output through the configured kernel."""
+  if config["name"] == "blockwise":
+    return lambda q, k, v: blockwise.attention(
+        q, k, v, is_causal=True, block_q=config["block_q"], block_k=config["block_k"],
+        pair_products=config["pair_products"])
   if config["name"] == "mosaic":
     params = None
     if interpret:
@@ -148,11 +162,12 @@ def main():
   base = rows[0].get("fwd_bwd_ms")
   print(f"\nT={args.seq_len} B={args.batch} H={args.heads} d={args.head_dim} {args.dtype} "
         f"causal on {meta['device']}; x = fwd+bwd time over softmax's")
-  print("| kernel | tiles | dq / warps:stages | fwd ms | fwd+bwd ms | x softmax |")
+  print("| kernel | tiles | dq / form / warps:stages | fwd ms | fwd+bwd ms | x softmax |")
   print("|---|---|---|---|---|---|")
   for r in rows:
     tiles = "x".join(str(r[k]) for k in ("block_q", "block_k", "block_v") if k in r) or "-"
-    how = r.get("dq") or (f"{r['warps']}:{r['stages']}" if "warps" in r else "-")
+    how = r.get("dq") or r.get("pair_products") or (
+        f"{r['warps']}:{r['stages']}" if "warps" in r else "-")
     if r["status"] != "ok":
       print(f"| {r['name']} | {tiles} | {how} | {r['status']}: {r['message'][:70]} | | |")
       continue

@@ -21,14 +21,14 @@ started), so a slow stage costs only its own budget:
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
   c4_b64       the C4 50M train step, softmax vs HYLA (blockwise, and its broadcast form),
                batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)
+  tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_pallas.py`):
+               blockwise at 128 and 256 in both per-pair forms (compiled for an H100 without
+               one, 256 x 256 launches 5x fewer kernels), and the Mosaic kernel's two dQ paths
+               (its one tile shape that fits at H=8 in bf16), left out when this window's
+               parity found Mosaic wrong or not compiling (issues 41, 42)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax, if time is left
-  mosaic_tiles the fused Mosaic kernel's configurations at T=4k beside cuDNN
-               (`experiments/tune_pallas.py`: its backward's dQ paths, the one tile shape
-               that fits at H=8 in bf16); skipped when this window's parity found the kernel
-               wrong or not compiling. Last, so that it runs when time is left, or alone in a
-               second call: `--stages=mosaic_tiles` (issue 42)
 
 Output in --out (at most 5 files, as the device tool returns them): gpu_window.jsonl (one
 JSON object per line, appended and flushed as each result exists: kind = window, env,
@@ -74,7 +74,8 @@ class Sizes:
   steps: int
   repeats: int
   population: tuple[str, ...]  # --experiment, --size, --members.
-  tune: tuple[str, ...]  # experiments/tune_pallas.py flags.
+  tune: tuple[str, ...]  # experiments/tune_pallas.py flags, and its --configs:
+  tune_configs: tuple[str, ...]
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
   left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
@@ -87,7 +88,10 @@ GPU = Sizes(
     c4_size="50m", c4_batches=(64, 256), steps=5, repeats=2,
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
-          "--calls=20", "--repeats=3", "--configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla"),
+          "--calls=20", "--repeats=3"),
+    tune_configs=("blockwise:128x128:dot", "blockwise:128x128:broadcast",
+                  "blockwise:256x256:dot", "blockwise:256x256:broadcast",
+                  "mosaic:64x16x16:kernel", "mosaic:64x16x16:xla"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -98,7 +102,8 @@ DRY_RUN = Sizes(
     c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
-          "--dtype=float32", "--calls=1", "--repeats=1", "--configs=mosaic:64x16x16:kernel"),
+          "--dtype=float32", "--calls=1", "--repeats=1"),
+    tune_configs=("blockwise:32x32:broadcast", "mosaic:64x16x16:kernel"),
     scale=3.0, deadline_s=600, left_out=("population_softmax",))
 
 
@@ -136,8 +141,6 @@ class Stage:
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
-  # Why not to run it, judged from this window's rows when its turn comes (None: run it).
-  skip_if: Callable[[Window], Optional[str]] = lambda w: None
 
 
 ENV_PROBE = """
@@ -221,7 +224,8 @@ def _population(model: str, budget_s: float) -> Stage:
 def _mosaic_failed(w: Window) -> Optional[str]:
   """Why timing the Mosaic kernel's configurations is pointless in this window: its parity
   rows say wrong or not compiling. A refusal of this device or dtype ("unsupported": float32,
-  or a CPU dry run) is not a failure, and without parity rows the stage runs."""
+  or a CPU dry run) is not a failure, and without parity rows (`--stages=tiles` alone) it
+  is timed."""
   path = os.path.join(w.out, JSONL)
   if not os.path.exists(path):
     return None
@@ -285,9 +289,14 @@ def stages(sizes: Sizes) -> list[Stage]:
                    f"--model=hyla@batch_size={w.sizes.c4_batches[0]}", "--steps=2", "--top=15",
                    f"--trace_dir={_trace_dir(w)}")
 
-  def tune(w: Window, limit: float) -> list[str]:
+  def tiles(w: Window, limit: float) -> list[str]:
     del limit
-    return _python("experiments/tune_pallas.py", *w.sizes.tune)
+    configs = list(w.sizes.tune_configs)
+    why_not = _mosaic_failed(w)
+    if why_not:  # Timing a kernel that is wrong or does not compile only costs time.
+      configs = [c for c in configs if not c.startswith("mosaic:")]
+      w.record("tune", name="mosaic", status="skipped", message=why_not)
+    return _python("experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
   env_probe = lambda w, limit: _python("-c", ENV_PROBE)
   return [
@@ -296,19 +305,15 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("attention", 150, attention, min_s=40),
       _population("hyla", 110),
       _c4(sizes.c4_batches[0], min_s=30),
+      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
       Stage("trace", 40, trace, finish=_pack_trace, min_s=30),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),
-      Stage("mosaic_tiles", 90, tune, _json_line("tune"), min_s=40, skip_if=_mosaic_failed),
   ]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:
   """Runs one stage under its budget clipped by the deadline; records its end as a row."""
-  why_not = stage.skip_if(w)
-  if why_not:
-    w.record("stage", stage=stage.name, status="skipped", seconds=0, message=why_not)
-    return "skipped"
   limit = min(stage.budget_s * w.sizes.scale, w.left())
   if limit < stage.min_s * w.sizes.scale:
     w.record("stage", stage=stage.name, status="skipped", seconds=0,

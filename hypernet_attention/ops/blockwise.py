@@ -41,7 +41,6 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from hypernet_attention import errors
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import tiling
@@ -69,7 +68,11 @@ def tile_mask(q_start, k_start, mask_tile, cfg: tiling.TileConfig):
 
 
 def _contract(spec, x, y, cfg):
-  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`."""
+  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`. In the
+  "broadcast" form, one whose operand is a (B, bq, bk, V) per-pair tensor is a multiply-reduce
+  (`_broadcast_einsum`): no matmul that needs that tensor key-major."""
+  if cfg.pair_products == "broadcast" and "qkv" in spec:
+    return _broadcast_einsum(spec, x, y, cfg.compute_dtype)
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
                     preferred_element_type=cfg.compute_dtype)
 
@@ -83,26 +86,36 @@ def _per_pair(spec, x, y, cfg):
   accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds the result.
   """
   if cfg.pair_products == "broadcast":
-    return _per_pair_broadcast(spec, x, y, cfg)
+    return _broadcast_einsum(spec, x, y, cfg.compute_dtype).astype(cfg.pair_dtype)
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
                     preferred_element_type=cfg.pair_dtype)
 
 
-# Where the second operand's per-head rows sit in the per-pair tensor (B, H, bq, bk, V).
-_BROADCAST_AXIS = {"bhqk,bhkv->bqkv": 2, "bhqk,bhqv->bqkv": 3}
+_AXES = "bhqkv"  # Every tile operand's axes are a subsequence of these, in this order.
 
 
-def _per_pair_broadcast(spec, a_BHqk, w_BHxV, cfg):
-  """`_per_pair` as sum_h a[b, h, q, k] w[b, h, k or q, v]: products in `compute_dtype`
-  summed over the H heads, rounded once to `pair_dtype`. The (B, H, bq, bk, V) product
-  exists only inside the reduction's fusion (XLA fuses an element-wise producer into its
-  reduce), and the result is written query-major, as the read-out's contraction over keys
-  takes it: no transpose of a per-pair tensor, and no matmul whose contraction is H = 8."""
-  if spec not in _BROADCAST_AXIS:
-    raise ValueError(f"no broadcast form for {spec!r}; has: {', '.join(_BROADCAST_AXIS)}")
-  a = a_BHqk.astype(cfg.compute_dtype)[..., None]
-  w = jnp.expand_dims(w_BHxV.astype(cfg.compute_dtype), _BROADCAST_AXIS[spec])
-  return jnp.sum(a * w, axis=1).astype(cfg.pair_dtype)
+def _broadcast_einsum(spec, x, y, dtype):
+  """`jnp.einsum(spec, x, y)` as one multiply-reduce in `dtype`: each operand broadcast to
+  (B, H, bq, bk, V) by inserting its missing axes (no transpose: its axes are already in
+  `_AXES` order), multiplied, summed over the axes the result lacks.
+
+  Why (pair_products="broadcast"): the per-pair tensors u, dz, du (B, bq, bk, V) meet
+  contractions batched over queries (the read-out, da through z) and over keys (u itself,
+  da through v, dv). As matmuls they need the tensor query-major for the first and
+  key-major for the second, and XLA:GPU transposes an 8 MiB tile between them (the H100
+  trace of 2026-11-26: transpose kernels 29% of HYLA's C4 step). As reductions each reads
+  the tensor in the layout it was written; the (B, H, bq, bk, V) product exists only inside
+  the reduction's fusion (XLA fuses element-wise producers into a reduce). The cost: these
+  products run on the vector units (2 H V FLOPs per pair each) instead of tensor cores,
+  whose contraction over H = 8 was memory-bound anyway."""
+  inputs, out = spec.split("->")
+  specs = inputs.split(",")
+  if any(s != "".join(a for a in _AXES if a in s) for s in (*specs, out)):
+    raise ValueError(f"no broadcast form for {spec!r}: axes must follow {_AXES!r}")
+  full = [jnp.expand_dims(t.astype(dtype), [i for i, a in enumerate(_AXES) if a not in s])
+          for s, t in zip(specs, (x, y))]
+  summed = tuple(i for i, a in enumerate(_AXES) if a not in out)
+  return jnp.sum(full[0] * full[1], axis=summed)
 
 
 def tile_scores(q_BHqD, k_BHkD, bias_tile, cfg):
@@ -436,18 +449,13 @@ def attention(
   attention benchmark's column `hyla_blockwise_broadcast` and the GPU window time it) until
   a GPU window measures it faster than "dot": on the H100 window of 2026-11-26 the C4 50M
   HYLA step spent 35% of its GPU time in XLA's GEMM fusions (these contractions over H = 8
-  among them) and 29% in transposes."""
+  among them) and 29% in transposes. Compiled for an H100 without one
+  (`experiments/gpu_program.py`), "broadcast" has no transpose of a per-pair tensor left,
+  "dot" two per tile in the backward and one in the forward."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
       dtype=query_BQHD.dtype, dropout_rate=dropout_rate, pair_products=pair_products)
-  if (pair_products == "broadcast" and cfg.pair_dtype != cfg.compute_dtype
-      and jax.default_backend() == "cpu"):
-    # Its bf16 read-out dots fall outside XLA:CPU's YNNPACK fusions, and XLA:CPU has no other
-    # bf16 x bf16 -> f32 dot ("Unsupported element type for DotThunk", jax 0.10.2 and 0.12).
-    raise errors.BadInput(f"pair_products='broadcast' with {cfg.pair_dtype.name} inputs does "
-                          "not run on XLA:CPU; allowed there: pair_products='dot', or float32 "
-                          "inputs")
   return tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
                          dropout_seed=dropout_seed)

@@ -127,17 +127,19 @@ class Trainer:
     return state, metrics_lib.ChunkMetrics(jax.tree.map(lambda *xs: jnp.stack(xs), *per_step),
                                            metrics_lib.merge_all(collections))
 
-  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
+  def compile_chunk(self, state, length: int,
+                    compiler_options: Optional[dict] = None) -> jax.stages.Compiled:
     """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
     ahead of time; the jitted call with those shapes then reuses it (`memory.py`). A host
-    source compiles its one-step function for a batch of `example`'s shapes."""
+    source compiles its one-step function for a batch of `example`'s shapes.
+    `compiler_options`: XLA's, e.g. for a compile-only GPU (`ops/gpu_program.py`)."""
     with jax.set_mesh(self.mesh):
       if self.source.on_device:
-        return self._train_chunk_jit.lower(state, length).compile()
+        return self._train_chunk_jit.lower(state, length).compile(compiler_options)
       example = self.source.example(self.config.batch_size)
       batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                            example, data.global_shardings(example, self.mesh))
-      return self._host_step_jit.lower(state, batch).compile()
+      return self._host_step_jit.lower(state, batch).compile(compiler_options)
 
   def compiled_chunk_text(self, state, length: int) -> str:
     """Optimized HLO text of the scanned `length`-step chunk (on-device data sources)."""

@@ -69,6 +69,8 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   # Mosaic's interpreter, else a row that says why not (jax < 0.11), never a missing row.
   tune = {r["name"]: r for r in by_kind["tune"]}
   assert tune["softmax"]["status"] == "ok" and tune["softmax"]["fwd_bwd_ms"] > 0
+  assert tune["blockwise"]["status"] == "ok" and tune["blockwise"]["pair_products"] == (
+      "broadcast")
   assert tune["mosaic"]["dq"] == "kernel" and tune["mosaic"]["interpret"]
   assert (tune["mosaic"]["status"] == "ok" and tune["mosaic"]["fwd_bwd_ms"] > 0
           or tune["mosaic"]["status"] == "unsupported" and "< 0.11" in tune["mosaic"]["message"]
@@ -102,21 +104,23 @@ def test_a_failed_parity_ends_the_window_before_timing(tmp_path, monkeypatch):
   assert rows[-1]["kind"] == "window_end" and "nothing timed" in rows[-1]["message"]
 
 
-def test_mosaic_tiles_skipped_when_this_windows_parity_failed_it(tmp_path):
-  """The sweep of the fused kernel waits on its parity in the same window: an "error" or
-  "fail" row skips it (recorded, with the reason); "unsupported" (float32, a CPU) does not."""
+def test_tiles_leave_mosaic_out_when_this_windows_parity_failed_it(tmp_path):
+  """The tile sweep times Mosaic only if its parity in the same window did not fail: an
+  "error" or "fail" row drops its configurations (recorded, with the reason); "unsupported"
+  (float32, a CPU) and another kernel's error do not."""
   from launch import gpu_window  # pylint: disable=g-import-not-at-top
   window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
-  stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == "mosaic_tiles")
-  assert stage.skip_if(window) is None  # No rows yet (a second call of its own).
+  stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == "tiles")
+  configs = lambda: next(a for a in stage.argv(window, 100) if a.startswith("--configs="))
+  assert "mosaic:64x16x16:xla" in configs()  # No parity rows yet (`--stages=tiles` alone).
   window.record("parity", implementation="mosaic", seq_len=256, dtype="float32",
                 status="unsupported")
   window.record("parity", implementation="blockwise", seq_len=256, dtype="bfloat16",
                 status="error")
-  assert stage.skip_if(window) is None
+  assert "mosaic:" in configs()
   window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert gpu_window.run_stage(window, stage, dict(os.environ)) == "skipped"
+  assert "mosaic:" not in configs() and "blockwise:256x256:broadcast" in configs()
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
-  assert last == {"kind": "stage", "stage": "mosaic_tiles", "status": "skipped", "seconds": 0,
+  assert last == {"kind": "tune", "name": "mosaic", "status": "skipped",
                   "message": "mosaic's parity in this window: error at T=256 bfloat16"}

@@ -160,20 +160,22 @@ def test_blockwise_bias_shapes_and_activations(case, activation):
 
 
 @pytest.mark.parametrize("implementation,normalization", [
-    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("pallas", "rms_head")])
+    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("blockwise_broadcast", "rms_head"),
+    ("pallas", "rms_head")])
 def test_bfloat16(implementation, normalization):
   """bf16 inputs, float32 accumulation: close to the reference on the same inputs. Blockwise
-  keeps its per-pair tensors in bf16 (`assert_close_narrow`); Pallas keeps them in float32.
-  (Blockwise's broadcast form in bf16: tests/ops/test_ops_gpu.py; XLA:CPU refuses it.)"""
+  keeps its per-pair tensors in bf16 (`assert_close_narrow`), in either form; Pallas keeps
+  them in float32."""
   inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
                        dtype=jnp.bfloat16)
   kw = dict(normalization=normalization, value_network="mlp", activation="relu")
-  module = blockwise if implementation == "blockwise" else pallas_kernel
+  form = {"pair_products": "broadcast"} if implementation == "blockwise_broadcast" else {}
+  module = pallas_kernel if implementation == "pallas" else blockwise
   fn = lambda q, k, v, b: module.attention(
-      q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw)
+      q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw, **form)
   out = jax.jit(fn)(*inputs[:4])
   assert out.dtype == jnp.bfloat16
-  check = assert_close_narrow if implementation == "blockwise" else assert_close
+  check = assert_close if implementation == "pallas" else assert_close_narrow
   check(fn, reference_fn(None, True, **kw), inputs)
 
 
@@ -181,9 +183,6 @@ def test_blockwise_refuses_what_it_cannot_form_in_one_line():
   q = jnp.zeros((1, 8, 2, 4))
   with pytest.raises(ValueError, match=r"pair_products='matmul'; allowed: dot, broadcast"):
     blockwise.attention(q, q, q, pair_products="matmul")
-  if jax.default_backend() == "cpu":
-    with pytest.raises(ValueError, match=r"bfloat16 inputs does not run on XLA:CPU; allowed"):
-      blockwise.attention(q.astype(jnp.bfloat16), q, q, pair_products="broadcast")
 
 
 def test_fully_masked_rows_are_zero():
