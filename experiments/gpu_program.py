@@ -4,9 +4,11 @@ r"""What XLA:GPU makes of HYLA's programs, compiled for an H100 on a machine wit
       --implementations=blockwise,blockwise_broadcast --seq_lens=1024,4096
   python experiments/gpu_program.py --program=c4_step \
       --models=hyla,hyla@model.implementation=blockwise_broadcast --batch_size=64
+  python experiments/gpu_program.py --program=population --models=hyla,softmax --members=1,3,24
 
 Per program (attention: forward and forward+backward, B=4 H=8 d=64 causal bf16 by default;
-c4_step: one C4 50M train step on random tokens, the step `benchmark_training.py` times):
+c4_step: one C4 50M train step on random tokens, the step `benchmark_training.py` times;
+population: one SRAVEN paper-size train step of 1, 3, ... seeds trained as one population):
 the kernels one call launches, the bytes they write (a proxy for HBM traffic, not a time),
 and how many of them only move data between layouts (transposes, copies), with the kernel
 families that write the most. One JSON line per program to --out as it is compiled;
@@ -57,9 +59,33 @@ def c4_step_text(spec, batch_size, gpu):
   return compiled.as_text()
 
 
+def population_text(spec, members, gpu):
+  """The optimized HLO of one SRAVEN paper-size train step of `members` seeds as one
+  population (1: the single run), attention preset `spec`."""
+  from hypernet_attention.train import benchmark  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import build  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import population  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  config = benchmark.population_config(benchmark.model_config("sraven", spec, "paper"), members)
+  devices = [gpu_program.device(gpu)]
+  with target.compiling_for("gpu"):
+    if members == 1:
+      single = build.setup(config, devices=devices)
+      trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
+                                    single.mesh, single.shardings)
+      state = single.restore_target()
+    else:
+      setup = population.setup(config, devices=devices)
+      trainer = population.PopulationTrainer(setup)
+      state = setup.restore_target()
+    compiled = trainer.compile_chunk(state, 1, gpu_program.COMPILER_OPTIONS)
+  return compiled.as_text()
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--program", default="attention", choices=("attention", "c4_step"))
+  parser.add_argument("--program", default="attention",
+                      choices=("attention", "c4_step", "population"))
   parser.add_argument("--gpu", default="h100", choices=tuple(gpu_program.TARGETS))
   parser.add_argument("--implementations", default="blockwise,blockwise_broadcast")
   parser.add_argument("--seq_lens", default="1024,4096")
@@ -69,6 +95,7 @@ def main():
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
   parser.add_argument("--models", default="hyla,hyla@model.implementation=blockwise_broadcast")
   parser.add_argument("--batch_size", type=int, default=64, help="c4_step's batch")
+  parser.add_argument("--members", default="1,3,24", help="population: member counts")
   parser.add_argument("--top", type=int, default=4, help="kernel families listed per program")
   parser.add_argument("--out", default="", help="JSON lines, one per program")
   parser.add_argument("--hlo_dir", default="", help="keep each program's optimized HLO here")
@@ -82,6 +109,12 @@ def main():
       raise ValueError
   except ValueError:
     parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
+  try:
+    members = [int(m) for m in args.members.split(",")]
+    if min(members) < 1:
+      raise ValueError
+  except ValueError:
+    parser.error(f"--members={args.members!r}; allowed: comma-separated positive integers")
   for flag in ("batch", "heads", "head_dim", "batch_size"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
@@ -94,10 +127,14 @@ def main():
   if args.program == "attention":
     programs = ((label, lambda fn=fn, xs=xs: gpu_program.compile_text(fn, *xs, name=args.gpu))
                 for label, fn, xs in attention_programs(args))
-  else:
+  elif args.program == "c4_step":
     programs = ((f"c4_step {spec} batch {args.batch_size}",
                  lambda spec=spec: c4_step_text(spec, args.batch_size, args.gpu))
                 for spec in args.models.split(","))
+  else:
+    programs = ((f"sraven paper {spec} members {m}",
+                 lambda spec=spec, m=m: population_text(spec, m, args.gpu))
+                for spec in args.models.split(",") for m in members)
   print(f"compiled for {device.device_kind} without one (XLA deviceless; autotuning off, "
         "GEMMs through cuBLAS)")
   print("| program | kernels | GB written | layout moves | GB they write | most written |")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -158,8 +158,8 @@ class PopulationTrainer:
     self.mesh = s.mesh
     self.trainer = trainer_lib.Trainer(
         self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-    member_sharding = stack_sharding(sharding.replicated(self.mesh))
-    self.members = jax.device_put(member_arrays(p), member_sharding)
+    self._member_arrays = member_arrays(p)
+    self._member_sharding = stack_sharding(sharding.replicated(self.mesh))
     self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None
 
   def _member(self, arrays):
@@ -200,10 +200,21 @@ class PopulationTrainer:
     with jax.set_mesh(self.mesh):
       return self._chunk_jit(state, self.members, length)
 
-  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
+  @functools.cached_property
+  def members(self):
+    """The members' keys on the devices, put there on first use: compiling needs only
+    their shapes (`compile_chunk`), so a compile-only device never receives them."""
+    return jax.device_put(self._member_arrays, self._member_sharding)
+
+  def compile_chunk(self, state, length: int,
+                    compiler_options: Optional[dict] = None) -> jax.stages.Compiled:
     """`Trainer.compile_chunk` for every member at once."""
     with jax.set_mesh(self.mesh):
-      return self._chunk_jit.lower(state, self.members, length).compile()
+      members = jax.tree.map(
+          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+          self._member_arrays, jax.tree.map(lambda _: self._member_sharding,
+                                            self._member_arrays))
+      return self._chunk_jit.lower(state, members, length).compile(compiler_options)
 
   def init_state(self):
     """Every member's fresh state, as `build.init_state` makes the single run's."""
