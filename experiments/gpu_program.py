@@ -13,7 +13,8 @@ the kernels one call launches, the bytes they write (a proxy for HBM traffic, no
 and how many of them only move data between layouts (transposes, copies), with the kernel
 families that write the most. One JSON line per program to --out as it is compiled;
 --hlo_dir keeps each optimized HLO. How and with which caveats: `ops/gpu_program.py`.
-Needs jax's CUDA plugin (no GPU): pip install "jax[cuda13]".
+Needs jax's CUDA plugin, not a GPU: pip install jax-cuda13-plugin==V jax-cuda13-pjrt==V
+(V: the installed jax's version).
 """
 
 import argparse

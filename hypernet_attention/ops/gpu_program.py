@@ -16,7 +16,9 @@ ops take the choices a GPU would (tile sizes, paths).
 copies), times the trip count of the loops around it, with the bytes it writes. Bytes
 written is a proxy for HBM traffic, not a time: a GPU window times (`launch/gpu_window.py`).
 
-Needs jax's CUDA plugin, no GPU and no driver: `pip install "jax[cuda13]"` (or cuda12).
+Needs jax's CUDA plugin, no GPU, driver or CUDA libraries: `pip install jax-cuda13-plugin==V
+jax-cuda13-pjrt==V` with V = jax's version (~140 MB; the `jax[cuda13]` extra would add the
+CUDA wheels, GBs, which compiling does not need).
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 """
 TARGETS = {"h100": H100}
 COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0, "xla_gpu_enable_triton_gemm": False}
-_INSTALL = ('jax\'s CUDA plugin (pip install "jax[cuda13]" or "jax[cuda12]"; no GPU or '
-            "driver needed)")
+_INSTALL = (f"jax's CUDA plugin (pip install jax-cuda13-plugin=={jax.__version__} "
+            f"jax-cuda13-pjrt=={jax.__version__}; no GPU or driver needed)")
 
 
 def device(name: str = "h100") -> jax.Device:
