@@ -32,6 +32,7 @@ sizes; Mosaic needs jax >= 0.11).
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -131,7 +132,8 @@ def main():
   qkv = tuple(jax.random.normal(k, shape, jnp.dtype(args.dtype)) for k in keys)
   meta = dict(seq_len=args.seq_len, batch=args.batch, heads=args.heads,
               head_dim=args.head_dim, dtype=args.dtype, causal=True,
-              device=jax.devices()[0].device_kind, interpret=args.interpret)
+              device=jax.devices()[0].device_kind, interpret=args.interpret,
+              xla_flags=os.environ.get("XLA_FLAGS", ""))
   rows = []
 
   def record(config, make_fn):

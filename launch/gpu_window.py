@@ -26,6 +26,9 @@ started), so a slow stage costs only its own budget:
                one, 256 x 256 launches 5x fewer kernels), and the Mosaic kernel's two dQ paths
                (its one tile shape that fits at H=8 in bf16), left out when this window's
                parity found Mosaic wrong or not compiling (issues 41, 42)
+  tiles_graphs blockwise's broadcast form again with XLA's command buffers (CUDA graphs)
+               extended to while loops (`COMMAND_BUFFERS`): at T=4096 blockwise launches
+               ~15k kernels per call, so launch overhead may be most of its time
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax, if time is left
@@ -141,6 +144,12 @@ class Stage:
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
+
+
+# XLA:GPU's command buffer kinds with WHILE and CONDITIONAL added (jax 0.11's XLA records
+# fusions and library calls, not loops, by default): a scanned blockwise whose loop body is
+# one CUDA graph launch instead of ~20 kernel launches per tile pair.
+COMMAND_BUFFERS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
 
 ENV_PROBE = """
@@ -298,6 +307,14 @@ def stages(sizes: Sizes) -> list[Stage]:
       w.record("tune", name="mosaic", status="skipped", message=why_not)
     return _python("experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
+  def tiles_graphs(w: Window, limit: float) -> list[str]:
+    del limit
+    flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""),
+                                 f"--xla_gpu_enable_command_buffer={COMMAND_BUFFERS}") if f)
+    configs = [c for c in w.sizes.tune_configs if c.endswith(":broadcast")]
+    return ["env", f"XLA_FLAGS={flags}", *_python(
+        "experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")]
+
   env_probe = lambda w, limit: _python("-c", ENV_PROBE)
   return [
       Stage("env", 20, env_probe, _json_line("env"), min_s=10),
@@ -306,6 +323,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       _population("hyla", 110),
       _c4(sizes.c4_batches[0], min_s=30),
       Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
+      Stage("tiles_graphs", 60, tiles_graphs, _json_line("tune"), min_s=30),
       Stage("trace", 40, trace, finish=_pack_trace, min_s=30),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),
