@@ -45,11 +45,12 @@ class TileConfig:
   pair_dtype_name: str = "float32"
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
-  # How blockwise forms the per-pair tensors that sum over heads (u = sum_h a_h v_h and its
-  # cotangent's twin): "dot", one einsum (a batched matmul with a contraction of H, whose
-  # output XLA lays out key-major and transposes for the query-major read-out), or
-  # "broadcast", one multiply-reduce over the H heads that XLA fuses into a single kernel
-  # writing the query-major layout directly. `blockwise.attention` says which runs where.
+  # How blockwise forms the contractions that make or read a per-pair tensor (B, bq, bk, V)
+  # (u = sum_h a_h v_h, its cotangent's twin, the read-out, da, dv): "dot", einsums (batched
+  # matmuls, some batched over queries and some over keys, between which XLA transposes the
+  # tensor), or "broadcast", each one multiply-reduce fused into one kernel that reads the
+  # tensor in the layout it was written (`blockwise._broadcast_einsum`). `blockwise.attention`
+  # says which runs where.
   pair_products: str = "dot"
 
   @property
