@@ -107,8 +107,8 @@ def shape_bytes(text: str) -> int:
              for dtype, dims in _SHAPE.findall(text))
 
 
-def _computations(hlo: str) -> tuple[str, dict[str, list[tuple[str, str, str, str]]]]:
-  """(entry name, {computation: [(name, result type, opcode, rest of line)], root first})."""
+def _computations(hlo: str) -> tuple[str, dict[str, list[tuple[str, str, str, str, bool]]]]:
+  """(entry name, {computation: [(name, result type, opcode, rest of line, is root)]})."""
   entry, current, comps = None, None, {}
   for line in hlo.splitlines():
     header = _HEADER.match(line)
@@ -120,9 +120,8 @@ def _computations(hlo: str) -> tuple[str, dict[str, list[tuple[str, str, str, st
       current = None
     elif current is not None:
       found = _INSTRUCTION.match(line.strip())
-      if found:  # The root goes first: `_written` reads it.
-        at = 0 if line.strip().startswith("ROOT ") else len(comps[current])
-        comps[current].insert(at, found.groups())
+      if found:
+        comps[current].append((*found.groups(), line.strip().startswith("ROOT ")))
   if entry is None:
     raise ValueError("no ENTRY computation: not an HLO module's text")
   return entry, comps
@@ -140,7 +139,7 @@ def kernels(hlo: str) -> list[Kernel]:
   runs = {entry: 1}
   order = [entry]
   for comp in order:  # Grows as loop bodies and branches are found.
-    for _, _, opcode, rest in comps[comp]:
+    for _, _, opcode, rest, _ in comps[comp]:
       if opcode == "while":
         trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', rest)
         inner = runs[comp] * (int(trips.group(1)) if trips else 1)
@@ -157,7 +156,7 @@ def kernels(hlo: str) -> list[Kernel]:
           order.append(body)
   out = []
   for comp in order:
-    for name, result, opcode, rest in comps[comp]:
+    for name, result, opcode, rest, _ in comps[comp]:
       if opcode in _NOT_KERNELS:
         continue
       fused = comps.get(next(iter(_called(rest, "calls")), ""), [])
@@ -169,16 +168,16 @@ def kernels(hlo: str) -> list[Kernel]:
           bytes_written=shape_bytes(_SHAPE.search(result).group(0)) if custom and (
               "cublas" in custom.group(1)) else _written(result, fused),
           transposes=opcode in ("transpose", "copy") or any(
-              op in ("transpose", "copy") for _, _, op, _ in fused)))
+              op in ("transpose", "copy") for _, _, op, _, _ in fused)))
   return out
 
 
 def _written(result: str, fused) -> int:
   """A fusion whose root updates a slice in place writes the update, not the buffer."""
-  root = fused[0] if fused else None
+  root = next((i for i in fused if i[4]), None)
   if root is not None and root[2] == "dynamic-update-slice":
     update = re.findall(r"%([\w.\-]+)", root[3])[1]
-    types = {n: r for n, r, _, _ in fused}
+    types = {n: r for n, r, _, _, _ in fused}
     if update in types:
       return shape_bytes(types[update])
   return shape_bytes(result)
