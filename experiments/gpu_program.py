@@ -5,6 +5,8 @@ r"""What XLA:GPU makes of HYLA's programs, compiled for an H100 on a machine wit
   python experiments/gpu_program.py --program=c4_step \
       --models=hyla,hyla@model.implementation=blockwise_broadcast --batch_size=64
   python experiments/gpu_program.py --program=population --models=hyla,softmax --members=1,3,24
+  python experiments/gpu_program.py --implementations=blockwise_broadcast --seq_lens=4096 \
+      --gpu_tiles=256x256
 
 Per program (attention: forward and forward+backward, B=4 H=8 d=64 causal bf16 by default;
 c4_step: one C4 50M train step on random tokens, the step `benchmark_training.py` times;
@@ -97,6 +99,9 @@ def main():
   parser.add_argument("--models", default="hyla,hyla@model.implementation=blockwise_broadcast")
   parser.add_argument("--batch_size", type=int, default=64, help="c4_step's batch")
   parser.add_argument("--members", default="1,3,24", help="population: member counts")
+  parser.add_argument("--gpu_tiles", default="",
+                      help="blockwise's largest GPU tiles BQxBK instead of dispatch.BLOCKS's "
+                      "(e.g. 256x256), for every program of this run")
   parser.add_argument("--top", type=int, default=4, help="kernel families listed per program")
   parser.add_argument("--out", default="", help="JSON lines, one per program")
   parser.add_argument("--hlo_dir", default="", help="keep each program's optimized HLO here")
@@ -119,6 +124,14 @@ def main():
   for flag in ("batch", "heads", "head_dim", "batch_size"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
+  if args.gpu_tiles:
+    try:
+      tiles = tuple(int(n) for n in args.gpu_tiles.split("x"))
+      if len(tiles) != 2 or min(tiles) < 1:
+        raise ValueError
+    except ValueError:
+      parser.error(f"--gpu_tiles={args.gpu_tiles!r}; allowed: BQxBK, e.g. 256x256")
+    dispatch.BLOCKS["gpu"] = tiles  # This process only: what a GPU would take at these tiles.
   try:
     device = gpu_program.device(args.gpu)
   except BadInput as e:
