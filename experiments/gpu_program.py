@@ -46,43 +46,27 @@ def attention_programs(args):
       yield f"{name} T={seq_len} fwd+bwd", jax.grad(loss, (0, 1, 2)), (x, x, x)
 
 
-def c4_step_text(spec, batch_size, gpu):
-  """The optimized HLO of one C4 50M train step (random tokens) of attention preset `spec`."""
+def step_text(config, gpu):
+  """The optimized HLO of one train step of `config` (a run or a population), compiled for
+  GPU `gpu`."""
   from hypernet_attention.train import benchmark  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import build  # pylint: disable=g-import-not-at-top
+  with target.compiling_for("gpu"):
+    trainer, state, *_ = benchmark.trainer_for(config, devices=[gpu_program.device(gpu)])
+    return trainer.compile_chunk(state, 1, gpu_program.COMPILER_OPTIONS).as_text()
+
+
+def c4_config(spec, batch_size):
+  """The C4 50M config `benchmark_training.py --synthetic_tokens` times, preset `spec`."""
+  from hypernet_attention.train import benchmark  # pylint: disable=g-import-not-at-top
   from hypernet_attention.train import objectives  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  config = benchmark.model_config(
+  return benchmark.model_config(
       "c4_lm", spec, "50m", f"task.name={objectives.SYNTHETIC_LM},batch_size={batch_size}")
-  with target.compiling_for("gpu"):
-    single = build.setup(config, devices=[gpu_program.device(gpu)])
-    trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
-                                  single.mesh, single.shardings)
-    compiled = trainer.compile_chunk(single.restore_target(), 1, gpu_program.COMPILER_OPTIONS)
-  return compiled.as_text()
 
 
-def population_text(spec, members, gpu):
-  """The optimized HLO of one SRAVEN paper-size train step of `members` seeds as one
-  population (1: the single run), attention preset `spec`."""
+def population_config(spec, members):
+  """SRAVEN paper size, `members` seeds as one population (1: the single run)."""
   from hypernet_attention.train import benchmark  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import build  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import population  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  config = benchmark.population_config(benchmark.model_config("sraven", spec, "paper"), members)
-  devices = [gpu_program.device(gpu)]
-  with target.compiling_for("gpu"):
-    if members == 1:
-      single = build.setup(config, devices=devices)
-      trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
-                                    single.mesh, single.shardings)
-      state = single.restore_target()
-    else:
-      setup = population.setup(config, devices=devices)
-      trainer = population.PopulationTrainer(setup)
-      state = setup.restore_target()
-    compiled = trainer.compile_chunk(state, 1, gpu_program.COMPILER_OPTIONS)
-  return compiled.as_text()
+  return benchmark.population_config(benchmark.model_config("sraven", spec, "paper"), members)
 
 
 def main():
@@ -143,11 +127,11 @@ def main():
                 for label, fn, xs in attention_programs(args))
   elif args.program == "c4_step":
     programs = ((f"c4_step {spec} batch {args.batch_size}",
-                 lambda spec=spec: c4_step_text(spec, args.batch_size, args.gpu))
+                 lambda spec=spec: step_text(c4_config(spec, args.batch_size), args.gpu))
                 for spec in args.models.split(","))
   else:
     programs = ((f"sraven paper {spec} members {m}",
-                 lambda spec=spec, m=m: population_text(spec, m, args.gpu))
+                 lambda spec=spec, m=m: step_text(population_config(spec, m), args.gpu))
                 for spec in args.models.split(",") for m in members)
   print(f"compiled for {device.device_kind} without one (XLA deviceless; autotuning off, "
         "GEMMs through cuBLAS)")

@@ -16,7 +16,7 @@ Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --basel
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
 (`ops/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
 call), median of --repeats, and is printed and appended to --out as one JSON line as soon as
-it exists; a table sorted by configuration ends the run. A configuration the kernel refuses
+it exists; a table of the rows, in the order timed, ends the run. A configuration the kernel refuses
 (tiles over Hopper's shared memory, Mosaic's swizzles) or that does not compile is a row
 with its one-line reason (status refused, error, or unsupported where this jax cannot
 interpret Mosaic), not the end of the sweep.
@@ -44,6 +44,10 @@ from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import pallas_kernel
+
+
+class Unsupported(Exception):
+  """This jax cannot run the configuration here (Mosaic's interpreter needs jax >= 0.11)."""
 
 
 def parse_config(entry: str) -> dict:
@@ -76,8 +80,9 @@ def kernel_fn(config: dict, interpret: bool):
   if config["name"] == "mosaic":
     params = None
     if interpret:
-      if mosaic_kernel.available():
-        raise NotImplementedError(mosaic_kernel.available())
+      why_not = mosaic_kernel.available()
+      if why_not:
+        raise Unsupported(why_not)
       from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
       params = plgpu.InterpretGPUParams()
     blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
@@ -144,7 +149,7 @@ def main():
     except Exception as err:  # pylint: disable=broad-except
       first = (str(err).strip().splitlines() or [""])[0][:200]
       status = ("refused" if isinstance(err, ValueError) else
-                "unsupported" if isinstance(err, NotImplementedError) else "error")
+                "unsupported" if isinstance(err, Unsupported) else "error")
       row = dict(config, status=status, message=f"{type(err).__name__}: {first}")
     row.update(meta, seconds=round(time.perf_counter() - start, 1))
     rows.append(row)

@@ -202,18 +202,6 @@ def call_loop(fn: Callable, calls: int) -> Callable:
   return jax.jit(looped)
 
 
-def median_time(fn, args, repeats: int) -> float:
-  """Seconds per call of `fn` dispatched once per call: for calls of many milliseconds
-  (`experiments/tune_pallas.py`); shorter ones are timed through `call_loop`."""
-  jax.block_until_ready(fn(*args))  # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """What a cell may use. `device_bytes`/`device`: the memory all of one cell's arrays share

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import re
 from typing import Any, Callable
@@ -55,8 +56,9 @@ _INSTALL = (f"jax's CUDA plugin (pip install jax-cuda13-plugin=={jax.__version__
             f"jax-cuda13-pjrt=={jax.__version__}; no GPU or driver needed)")
 
 
+@functools.cache
 def device(name: str = "h100") -> jax.Device:
-  """A compile-only device of TARGETS[name], or BadInput in one line."""
+  """A compile-only device of TARGETS[name] (one per process), or BadInput in one line."""
   if name not in TARGETS:
     raise BadInput(f"GPU target {name!r}; allowed: {', '.join(TARGETS)}")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top

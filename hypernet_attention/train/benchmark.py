@@ -139,6 +139,22 @@ def population_config(config: ml_collections.ConfigDict,
   return config
 
 
+def trainer_for(config: ml_collections.ConfigDict, devices=None):
+  """(trainer, its abstract state, the single run's setup, members, a function building the
+  real state) of a run or a population config, on `devices` (default: jax's). Nothing is
+  allocated: `plan` checks memory first, `ops/gpu_program.py` compiles for a device this
+  process does not have."""
+  if run_files.is_population(config):
+    p = population.setup(config, devices)
+    trainer = population.PopulationTrainer(p)
+    return trainer, p.restore_target(), p.single, p.size, trainer.init_state
+  single = build.setup(config, devices)
+  trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
+                                single.mesh, single.shardings)
+  return (trainer, single.restore_target(), single, 1,
+          lambda: build.init_state(config, single.init_fn, single.shardings))
+
+
 def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   """`config`'s trainer with its `steps`-step chunk compiled for the abstract state and the
   memory check passed, or `errors.BadInput` in one line; no array of the state is built.
@@ -149,16 +165,7 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   later reuses the executable compiled here.
   """
   start = time.perf_counter()
-  if run_files.is_population(config):
-    p = population.setup(config)
-    trainer = population.PopulationTrainer(p)
-    single, target, members, init = p.single, p.restore_target(), p.size, trainer.init_state
-  else:
-    single = build.setup(config)
-    trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
-                                  single.mesh, single.shardings)
-    target, members = single.restore_target(), 1
-    init = lambda: build.init_state(config, single.init_fn, single.shardings)
+  trainer, target, single, members, init = trainer_for(config)
   compiled = trainer.compile_chunk(target, steps)
   fit = memory.check_fits(compiled, list(single.mesh.devices.flat), config.batch_size,
                           members)

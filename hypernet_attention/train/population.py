@@ -210,10 +210,8 @@ class PopulationTrainer:
                     compiler_options: Optional[dict] = None) -> jax.stages.Compiled:
     """`Trainer.compile_chunk` for every member at once."""
     with jax.set_mesh(self.mesh):
-      members = jax.tree.map(
-          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-          self._member_arrays, jax.tree.map(lambda _: self._member_sharding,
-                                            self._member_arrays))
+      members = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype, sharding=self._member_sharding), self._member_arrays)
       return self._chunk_jit.lower(state, members, length).compile(compiler_options)
 
   def init_state(self):
