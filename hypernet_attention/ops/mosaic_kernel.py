@@ -256,6 +256,12 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def _depth_padded(depth: int, dtype) -> int:
+  """D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row: the
+  width the forward lays Q and K out in, and so what `check_tiles` budgets."""
+  return _round_up(depth, 128 // jnp.dtype(dtype).itemsize)
+
+
 def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
                   interpret):
   """The pallas kernel on padded inputs, V as (B, Vp / bv, Kp, 16, bv): (B, Vp / bv, H, Qp,
@@ -392,8 +398,7 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   q_padded, k_padded, v_padded = _round_up(q_len, bq), _round_up(k_len, bk), _round_up(v_dim, bv)
-  # D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row.
-  d_padded = _round_up(depth, 128 // query_BQHD.dtype.itemsize)
+  d_padded = _depth_padded(depth, query_BQHD.dtype)
   pad = lambda x, length, width: jnp.pad(
       x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, d_padded), (0, 2, 1, 3))
@@ -482,7 +487,7 @@ def attention(
     raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
                    f"block_k, block_v of 8 (wgmma M and N).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
-    d_padded = _round_up(query_BQHD.shape[3], 128 // query_BQHD.dtype.itemsize)
+    d_padded = _depth_padded(query_BQHD.shape[3], query_BQHD.dtype)
     check_tiles(forward_smem(blocks, heads, d_padded, query_BQHD.dtype),
                 f"mosaic_kernel forward, blocks={blocks}, {heads} heads, {query_BQHD.dtype}")
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
