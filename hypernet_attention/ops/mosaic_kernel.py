@@ -50,10 +50,10 @@ float32 in interpret mode). The code is rounded to the input dtype once (S_cat);
 0/1, so the permutation and broadcast add no rounding.
 
 Shared memory at bq=64, bk=16, bv=16, H=8, D=64, bf16 (the defaults): Q 64 KiB, K ring
-32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: 219,264 bytes
+32 KiB, V ring 16 KiB, S_cat 16 KiB, P 64 KiB, B 4 KiB, C 2 KiB, output 16 KiB: 219,392 bytes
 of buffers (`forward_smem`), ~214 KiB of Hopper's 227. Float32 inputs need twice that: run
 them in interpret mode only (tests). That makes the defaults the only tiles at the paper's
-H=8, D=V=64 in bf16: bv=32 needs 256,128 bytes, bq=128 319,616, bk=32 481,280 (P grows as
+H=8, D=V=64 in bf16: bv=32 needs 256,256 bytes, bq=128 319,744, bk=32 481,536 (P grows as
 bk^2), and bk=8 or bv=8 give 16-byte rows, which no Mosaic swizzle takes. Compiled, such
 tiles are refused in one line before lowering (`check_tiles`; its sum is within 1 KiB below
 Mosaic's own count, tested by lowering). What would buy bv=32 (half the recomputed scores
@@ -207,6 +207,18 @@ class Buffer:
     return math.prod(self.shape) * jnp.dtype(self.dtype).itemsize
 
 
+# A TMA copy's SMEM address must be 128-byte aligned (PTX `cp.async.bulk.tensor`): each slot
+# of a ring written by TMA spans a multiple of 128 bytes, though only its first bk are used.
+# The first version's 64-byte slots put slot 1 off by 64: CUDA_ERROR_MISALIGNED_ADDRESS on
+# every size of the H100 window of 2026-11-27 (measure/hopper_rules.py checks this on a CPU).
+TMA_SMEM_ALIGNMENT = 128
+
+
+def _key_valid_slot(block_k: int) -> int:
+  """Floats in one slot of the key-validity ring: block_k, rounded up to 128 bytes."""
+  return _round_up(block_k, TMA_SMEM_ALIGNMENT // jnp.dtype(_F32).itemsize)
+
+
 def forward_smem(blocks: Blocks, heads: int, depth: int, dtype) -> tuple[Buffer, ...]:
   """The forward kernel's SMEM buffers, in the order the kernel takes them (depth: D padded
   to a 128-byte row). The kernel allocates exactly these; `check_tiles` budgets them."""
@@ -215,7 +227,7 @@ def forward_smem(blocks: Blocks, heads: int, depth: int, dtype) -> tuple[Buffer,
       Buffer("Q", (heads, bq, depth), dtype, depth),
       Buffer("K ring", (2, heads, bk, depth), dtype, depth),
       Buffer("V ring", (2, bk, hp, bv), dtype, bv),
-      Buffer("key validity ring", (2, bk), _F32),
+      Buffer("key validity ring", (2, _key_valid_slot(bk)), _F32),
       Buffer("S_cat", (bq, heads * bk), dtype, bk),
       Buffer("C[k]", (bq, hp), dtype, hp),
       Buffer("P", (bk, heads * bk, hp), dtype, hp),
@@ -301,8 +313,8 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
       plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem.at[slot], k_bar.at[slot])
       plgpu.copy_gmem_to_smem(v_ref.at[b, vj, pl.ds(k0, bk)], v_smem.at[slot],
                               v_bar.at[slot])
-      plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem.at[slot],
-                              kval_bar.at[slot])
+      plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)],
+                              kval_smem.at[slot, pl.ds(0, bk)], kval_bar.at[slot])
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
     plgpu.copy_gmem_to_smem(perm_ref, perm_smem, const_bar.at[0])
@@ -325,7 +337,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
 
       s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
       valid = jax.lax.broadcast_in_dim(
-          plgpu.load(kval_smem.at[slot], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
+          plgpu.load(kval_smem.at[slot, pl.ds(0, bk)], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
       if is_causal:
         rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
         cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)

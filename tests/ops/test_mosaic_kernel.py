@@ -132,26 +132,47 @@ def test_dq_kernel_is_ds_times_k(k_padded, causal, capsys):
 
 
 @pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
-def test_lowers_for_hopper_without_a_gpu(dtype, with_backward):
+def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
   """Pallas -> Mosaic GPU lowering, layout inference, TMA descriptors and the SMEM budget run
   at lowering time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU.
   H=8, D=V=64: the forward takes ~214 KiB of SMEM, the backward 225 KiB and its dQ kernel 40.
   A batch of two: with one, Mosaic drops the unit batch axis from every TMA copy, and copies
   of 6 strided dimensions (over its limit of 5) lowered here and failed on the H100 window of
-  2026-11-26 at B=4. The backward (16 keys unrolled) takes ~40 s to lower on a 2-core CPU, so
-  it is lowered once, in bf16 (f16 has the same layouts)."""
+  2026-11-26 at B=4. While it lowers, every TMA copy, TMA descriptor and wgmma operand is
+  checked against Hopper's alignment and size rules (`measure/hopper_rules.py`): what
+  lowering and interpret mode accept but the H100 faulted on (2026-11-27). The backward (16
+  keys unrolled) takes ~40 s to lower on a 2-core CPU, so it is lowered once, in bf16 (f16
+  has the same layouts)."""
+  from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), dtype)
-  mesh = jax.sharding.AbstractMesh(
-      (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
-          device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
   fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)
   if with_backward:
     fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
         jnp.float32).sum(), argnums=(0, 1, 2))
-  with jax.sharding.use_abstract_mesh(mesh):
-    lowered = jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
-  # Forward; backward: the key-stationary kernel and the dQ kernel.
-  assert lowered.as_text().count("custom_call @mosaic_gpu") == 1 + 2 * with_backward
+  uses = hopper_rules.uses(fn, q, q, q)
+  assert [hopper_rules.describe(u) for u in uses if not u.ok] == []
+  # Forward: Q, P, B, and K, V, key validity (two prologue slots and the prefetch); the
+  # output. The backward adds its kernels' copies: each is checked, none skipped.
+  kinds = {u.what for u in uses}
+  assert {"TMA load", "TMA store", "TMA descriptor", "wgmma A", "wgmma B"} <= kinds
+  assert sum(u.what == "TMA load" for u in uses) >= (12 if not with_backward else 40)
+
+
+def test_the_memory_rules_catch_a_planted_misaligned_slot(monkeypatch):
+  """The fault of the H100 window of 2026-11-27, planted back: a key-validity ring of
+  64-byte slots (block_k = 16 floats), so slot 1's TMA destination is 64 bytes off the 128
+  that `cp.async.bulk.tensor` needs. Lowering and interpret mode accept it; the check names
+  it, once per copy into the ring's dynamically indexed slot (the prologue's slot 1 and the
+  prefetch's)."""
+  from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(mosaic_kernel, "_key_valid_slot", lambda block_k: block_k)
+  q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
+  bad = hopper_rules.violations(
+      lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True), q, q, q)
+  assert len(bad) == 2, [hopper_rules.describe(u) for u in bad]
+  for use in bad:
+    assert use.what == "TMA load" and "16xf32" in use.smem_type
+    assert "alignment 64 bytes, needs 128" in hopper_rules.describe(use)
 
 
 def test_refuses_what_it_does_not_compute():
@@ -171,8 +192,8 @@ def test_refuses_what_it_does_not_compute():
 @pytest.mark.parametrize("blocks,heads,depth,dtype,says", [
     # 8 bf16 keys are 16-byte rows of S_cat: Mosaic swizzles 32, 64 or 128 bytes only.
     (mosaic_kernel.Blocks(64, 8, 16), 8, 64, jnp.bfloat16, "S_cat .* 16-byte rows"),
-    (mosaic_kernel.Blocks(64, 16, 32), 8, 64, jnp.bfloat16, "at least 256,128 bytes"),
-    (mosaic_kernel.Blocks(128, 16, 16), 8, 64, jnp.bfloat16, "at least 319,616 bytes"),
+    (mosaic_kernel.Blocks(64, 16, 32), 8, 64, jnp.bfloat16, "at least 256,256 bytes"),
+    (mosaic_kernel.Blocks(128, 16, 16), 8, 64, jnp.bfloat16, "at least 319,744 bytes"),
     (mosaic_kernel.DEFAULT_BLOCKS, 8, 64, jnp.float32, "shared memory"),
 ])
 def test_compiled_refuses_tiles_that_do_not_fit(blocks, heads, depth, dtype, says):
@@ -205,11 +226,9 @@ def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, monkeypatch):
   import re  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(mosaic_kernel, "check_tiles", lambda buffers, what: None)
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
-  mesh = jax.sharding.AbstractMesh(
-      (1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
-          device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
+  from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
-  with jax.sharding.use_abstract_mesh(mesh), pytest.raises(Exception) as failure:
+  with jax.sharding.use_abstract_mesh(hopper_rules.abstract_h100_mesh()), pytest.raises(Exception) as failure:
     jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
   found = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(failure.value))
   assert found, str(failure.value)[:300]

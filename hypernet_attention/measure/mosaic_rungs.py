@@ -1,0 +1,134 @@
+"""The Mosaic kernels one at a time, each in its own process: the first minute of a GPU window.
+
+  compute-sanitizer --tool memcheck python -m hypernet_attention.measure.mosaic_rungs forward
+  python -m hypernet_attention.measure.mosaic_rungs parity --seq_lens=128,256,1000
+
+Why: a kernel that faults on the GPU (`CUDA_ERROR_MISALIGNED_ADDRESS`) kills the process's
+CUDA context, and every later call in that process fails with it, so a kernel not yet seen
+to run in this window runs alone, smallest shape first, under `compute-sanitizer`, which
+names the faulting instruction and address. The ladder, bottom up:
+  forward       the forward kernel (`mosaic_kernel._forward`): TMA loads and store, scores,
+                RMSHead code, value network, read-out
+  backward      + the key-stationary backward kernel, dQ by one XLA matmul (dq="xla")
+  dq            + the query-stationary dQ kernel (dq="kernel", the default)
+  parity        values and gradients in bfloat16 against the float64 reference at each T
+                (`ops/parity.check`, the GPU window's bound), once the rungs have passed
+Each rung prints one JSON line (rung, shape, status, max |error| against the float32
+reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
+and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
+On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window's dry run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+RUNGS = ("forward", "backward", "dq", "parity")
+# A sanity bound for the rungs (bf16 inputs and operands against the float32 reference,
+# relative to the largest entry); the parity rung holds the real, derived bound.
+RUNG_TOLERANCE = 0.05
+
+
+def _kernel_and_reference(rung: str, interpret):
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.ops import reference  # pylint: disable=g-import-not-at-top
+
+  def kernel(q, k, v):
+    return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
+                                   dq="xla" if rung == "backward" else "kernel")
+
+  def ref(q, k, v):
+    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    return reference.attention(q, k, v, mask=mask, normalization="rms_head",
+                               value_network="mlp", activation="relu")
+
+  if rung == "forward":
+    return jax.jit(kernel), jax.jit(ref)
+  grads = lambda fn: jax.jit(jax.grad(lambda q, k, v, cot: (fn(q, k, v).astype(
+      jnp.float32) * cot).sum(), argnums=(0, 1, 2)))
+  return grads(kernel), grads(ref)
+
+
+def _interpret_or_reason():
+  """(interpret params or None for compiled, None) or (None, why this machine cannot)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  if device.platform == "gpu":
+    if not str(getattr(device, "compute_capability", "")).startswith("9"):
+      return None, f"{device.device_kind} is not a Hopper GPU"
+    return None, None
+  why_not = mosaic_kernel.available()
+  if why_not:
+    return None, why_not
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  return plgpu.InterpretGPUParams(), None
+
+
+def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  row = dict(rung=rung, batch=batch, seq_len=seq_len, heads=heads, head_dim=head_dim,
+             dtype="bfloat16", causal=True, device=jax.devices()[0].device_kind)
+  interpret, why_not = _interpret_or_reason()
+  if why_not:
+    return {**row, "status": "unsupported", "message": why_not}
+  row["mode"] = "compiled" if interpret is None else "interpret"
+  keys = jax.random.split(jax.random.PRNGKey(seq_len), 4)
+  q, k, v, cot = (jax.random.normal(key, (batch, seq_len, heads, head_dim), jnp.float32)
+                  for key in keys)
+  kernel, ref = _kernel_and_reference(rung, interpret)
+  args = (q, k, v) if rung == "forward" else (q, k, v, cot)
+  start = time.monotonic()
+  got = jax.block_until_ready(kernel(*(a.astype(jnp.bfloat16) for a in args[:3]), *args[3:]))
+  row["seconds"] = round(time.monotonic() - start, 2)  # compile and one call
+  rounded = [a.astype(jnp.bfloat16).astype(jnp.float32) for a in args[:3]]
+  exact = ref(*rounded, *args[3:])
+  errors = [float(np.max(np.abs(np.float32(g) - np.float32(e))) / np.max(np.abs(e)))
+            for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(exact))]
+  row["max_rel_err"] = max(errors)
+  finite = all(bool(np.isfinite(np.float32(g)).all()) for g in jax.tree.leaves(got))
+  row["status"] = "pass" if finite and row["max_rel_err"] < RUNG_TOLERANCE else "fail"
+  return row
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("rung", choices=RUNGS)
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--seq_len", type=int, default=128, help="the rungs' T")
+  parser.add_argument("--seq_lens", default="128,256,1000", help="parity's T")
+  parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--head_dim", type=int, default=64)
+  args = parser.parse_args(argv)
+  for name in ("batch", "seq_len", "heads", "head_dim"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
+  try:
+    seq_lens = [int(t) for t in args.seq_lens.split(",")]
+  except ValueError:
+    parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
+  if args.rung != "parity":
+    row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim)
+    print(json.dumps(row), flush=True)
+    return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
+  from hypernet_attention.ops import parity  # pylint: disable=g-import-not-at-top
+  statuses = []
+  for seq_len in seq_lens:
+    for row in parity.check(seq_len, "bfloat16", ("mosaic",), batch=args.batch,
+                            heads=args.heads, head_dim=args.head_dim):
+      print(json.dumps(row), flush=True)
+      statuses.append(row["status"])
+      if row["status"] != "pass":
+        return 2 if row["status"] == "unsupported" else 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
