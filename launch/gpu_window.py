@@ -4,38 +4,44 @@ r"""One GPU window, one command: what issue 41 measures on a device, each result
   python -m launch.gpu_window --out=DIR           # the same, where the packages are
   python -m launch.gpu_window --out=DIR --dry_run # the whole sequence at tiny sizes, on CPU
 
-Stages, in order of value; each is a subprocess with its own time limit, clipped by the
-overall --deadline_s (a stage without its minimum time left is recorded as skipped, never
-started), so a slow stage costs only its own budget:
+Stages, in order; each is a subprocess with its own time limit, clipped by the overall
+--deadline_s (a stage without its minimum time left is recorded as skipped, never started),
+so a slow stage costs only its own budget. The default window is issue 52's: the fused HYLA
+kernel correct on the GPU, then timed:
   env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
                the sources that ran
-  parity       values and gradients of every HYLA implementation in `ops/dispatch` against
-               the float64 reference at T=256 and T=1000 (`experiments/benchmark_attention.py
-               --parity_only`), each row kept as it is measured; a wrong answer ends the
-               window before anything is timed, a kernel that does not compile is recorded
-               ("error") and timed as such, and running out of time ends only this stage
+  rung_forward, rung_backward, rung_dq
+               the Mosaic kernels one at a time (forward; + the key-stationary backward; +
+               the dQ kernel), each alone in its own process at B=1, T=128, under
+               compute-sanitizer's memcheck (`hypernet_attention/measure/mosaic_rungs.py`):
+               a kernel that faults kills its process's CUDA context, and memcheck names the
+               faulting access; a failure ends the window
+  mosaic_parity  bf16 values and gradients against the float64 reference at T=128, 256,
+               1000 (`ops/parity.check`), alone; a wrong answer ends the window
+  mosaic_time_4096, mosaic_time_1024
+               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of Mosaic's two dQ paths beside
+               cuDNN and blockwise 256 x 256 in one process (`experiments/tune_pallas.py`),
+               Mosaic left out unless its parity passed in this window
+Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
+  parity       every HYLA implementation against the float64 reference at T=256 and 1000
+               (`experiments/benchmark_attention.py --parity_only`), float32 first
   attention    forward and forward+backward at T=1k/4k/16k for every implementation
-               (`ops/benchmark.py`: cuDNN and XLA softmax, linear, HYLA through each
-               dispatch implementation, found at run time), >= 20 calls per measurement in
-               one jitted loop, a per-cell time budget, refusals before allocation
+               (`ops/benchmark.py`), >= 20 calls per measurement in one jitted loop
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
-  c4_b64       the C4 50M train step, softmax vs HYLA (blockwise, and its broadcast form),
+  c4_b64       the C4 50M train step, softmax vs HYLA (auto, and blockwise's broadcast form),
                batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)
   tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_pallas.py`):
-               blockwise at 128 and 256 in both per-pair forms (compiled for an H100 without
-               one, 256 x 256 launches 5x fewer kernels), and the Mosaic kernel's two dQ paths
-               (its one tile shape that fits at H=8 in bf16), left out when this window's
-               parity found Mosaic wrong or not compiling (issues 41, 42)
+               blockwise at 128 and 256 in both per-pair forms and Mosaic's two dQ paths
+               (left out unless Mosaic's parity passed in this window)
   tiles_graphs blockwise's broadcast form again with XLA's command buffers (CUDA graphs)
-               extended to while loops (`COMMAND_BUFFERS`): at T=4096 blockwise launches
-               ~15k kernels per call, so launch overhead may be most of its time
+               extended to while loops (`COMMAND_BUFFERS`)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
-  population_softmax  the population gain of softmax, if time is left
+  population_softmax  the population gain of softmax
 
 Output in --out (at most 5 files, as the device tool returns them): gpu_window.jsonl (one
 JSON object per line, appended and flushed as each result exists: kind = window, env,
-parity, attention, c4_step, population, trace, tune, stage, window_end), gpu_window.log (every
+rung, parity, attention, c4_step, population, trace, tune, stage, window_end), gpu_window.log (every
 stage's output), attention/results.json and attention/attention_benchmark.png, and
 c4_hyla_trace.tar.gz. Exit status: 0, or 1 if parity failed or a stage failed.
 
@@ -82,6 +88,11 @@ class Sizes:
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
   left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
+  # The Mosaic ladder (`hypernet_attention/measure/mosaic_rungs.py`): B,T,H,D of each rung,
+  # parity's lengths, and the tile sweep's lengths.
+  rung_shape: tuple[int, int, int, int] = (1, 128, 8, 64)
+  mosaic_parity_lens: str = "128,256,1000"
+  mosaic_time_lens: tuple[int, ...] = (4096, 1024)
 
 
 GPU = Sizes(
@@ -107,7 +118,8 @@ DRY_RUN = Sizes(
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
     tune_configs=("blockwise:32x32:broadcast", "mosaic:64x16x16:kernel"),
-    scale=3.0, deadline_s=600, left_out=("population_softmax",))
+    scale=3.0, deadline_s=600, left_out=("population_softmax",), rung_shape=(1, 64, 2, 16),
+    mosaic_parity_lens="64", mosaic_time_lens=(64,))
 
 
 @dataclasses.dataclass
@@ -144,6 +156,8 @@ class Stage:
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
+  # Run when --stages is not given; the others only when named (or --stages=all).
+  default: bool = True
 
 
 # XLA:GPU's command buffer kinds with WHILE and CONDITIONAL added (jax 0.11's XLA records
@@ -219,7 +233,8 @@ def _c4(batch: int, min_s: float) -> Stage:
     if rc == 2:  # Does not fit (or bad input): the answer for this batch.
       w.record("c4_step", batch_size=batch, status="refused", message=_error_line(tail))
 
-  return Stage(f"c4_b{batch}", 60, argv, _json_line("c4_step"), refused, min_s=min_s)
+  return Stage(f"c4_b{batch}", 80, argv, _json_line("c4_step"), refused, min_s=min_s,
+               default=False)
 
 
 def _population(model: str, budget_s: float) -> Stage:
@@ -227,25 +242,54 @@ def _population(model: str, budget_s: float) -> Stage:
     del limit
     return _python("experiments/benchmark_training.py", *w.sizes.population,
                    f"--models={model}", f"--repeats={w.sizes.repeats}")
-  return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30)
+  return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30,
+               default=False)
 
 
-def _mosaic_failed(w: Window) -> Optional[str]:
-  """Why timing the Mosaic kernel's configurations is pointless in this window: its parity
-  rows say wrong or not compiling. A refusal of this device or dtype ("unsupported": float32,
-  or a CPU dry run) is not a failure, and without parity rows (`--stages=tiles` alone) it
-  is timed."""
+def _mosaic_not_passed(w: Window) -> Optional[str]:
+  """Why the Mosaic kernel may not share a process with other measurements yet: a kernel
+  that faults kills the process's CUDA context (the H100 window of 2026-11-27), so it is
+  timed beside others only after its bfloat16 parity passed in this same window (the
+  rungs and `mosaic_parity` run it alone, in their own processes)."""
   path = os.path.join(w.out, JSONL)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  bad = [r for r in rows if r.get("kind") == "parity" and r.get("implementation") == "mosaic"
-         and r.get("status") in ("fail", "error")]
+  rows = []
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+  parity = [r for r in rows if r.get("kind") == "parity" and r.get("implementation") ==
+            "mosaic" and r.get("dtype") == "bfloat16"]
+  bad = [r for r in parity if r.get("status") != "pass"]
   if bad:
     return (f"mosaic's parity in this window: {bad[0]['status']} at T={bad[0].get('seq_len')} "
             f"{bad[0].get('dtype')}")
+  if not parity:
+    return "mosaic has not passed bfloat16 parity in this window"
   return None
+
+
+def _sanitizer() -> list[str]:
+  """compute-sanitizer's memcheck (on the GPU image, beside CUDA), exit 1 on any error; []
+  where it is absent (the CPU dry run)."""
+  found = shutil.which("compute-sanitizer") or next(iter(sorted(glob.glob(
+      "/usr/local/cuda*/bin/compute-sanitizer"))), None)
+  return [found, "--tool", "memcheck", "--error-exitcode", "1", "--print-limit", "20"] if (
+      found) else []
+
+
+def _rung(rung: str, budget_s: float) -> Stage:
+  """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a
+  fault, a memcheck error, wrong numbers) ends the window: nothing after it is timed."""
+  def argv(w: Window, limit: float) -> list[str]:
+    del limit
+    batch, seq_len, heads, head_dim = w.sizes.rung_shape
+    # Autotuning would launch hundreds of XLA kernels under the sanitizer; no preallocation
+    # keeps memcheck's shadow memory small.
+    return ["env", "XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_FLAGS=--xla_gpu_autotune_level=0",
+            *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
+                                    f"--batch={batch}", f"--seq_len={seq_len}",
+                                    f"--heads={heads}", f"--head_dim={head_dim}")]
+  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20,
+               stops_window=True)
 
 
 def _trace_dir(w: Window) -> str:
@@ -301,7 +345,7 @@ def stages(sizes: Sizes) -> list[Stage]:
   def tiles(w: Window, limit: float) -> list[str]:
     del limit
     configs = list(w.sizes.tune_configs)
-    why_not = _mosaic_failed(w)
+    why_not = _mosaic_not_passed(w)
     if why_not:  # Timing a kernel that is wrong or does not compile only costs time.
       configs = [c for c in configs if not c.startswith("mosaic:")]
       w.record("tune", name="mosaic", status="skipped", message=why_not)
@@ -315,16 +359,51 @@ def stages(sizes: Sizes) -> list[Stage]:
     return ["env", f"XLA_FLAGS={flags}", *_python(
         "experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")]
 
+  def mosaic_parity(w: Window, limit: float) -> list[str]:
+    del limit
+    batch, _, heads, head_dim = w.sizes.rung_shape
+    return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
+                   f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
+                   f"--heads={heads}", f"--head_dim={head_dim}")
+
+  def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
+    def argv(w: Window, limit: float) -> list[str]:
+      del limit
+      configs = ["mosaic:64x16x16:kernel", "mosaic:64x16x16:xla", "blockwise:256x256:dot"]
+      why_not = _mosaic_not_passed(w)
+      if why_not:  # Never beside cuDNN and XLA in one process before it passed here.
+        configs = configs[2:]
+        w.record("tune", name="mosaic", seq_len=seq_len, status="skipped", message=why_not)
+      tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
+      if w.dry_run:
+        configs = [c.replace("256x256", "32x32") for c in configs]
+      return _python("experiments/tune_pallas.py", *tune, f"--seq_len={seq_len}",
+                     f"--configs={','.join(configs)}")
+    return argv
+
   env_probe = lambda w, limit: _python("-c", ENV_PROBE)
+  # The default window (issue 52): the Mosaic ladder, alone and under memcheck, then its
+  # bf16 parity, then its time beside cuDNN and blockwise; ~4-5 minutes of an H100's 8.
+  # Budgets: the rungs lower the kernels (the backward ~40 s on a 2-core CPU) and compile
+  # under the sanitizer. The rest runs when named (--stages=NAME or --stages=all): what
+  # the H100 window of 2026-11-27 measured there stands (its shared README) and does not
+  # change until the kernel does.
   return [
       Stage("env", 20, env_probe, _json_line("env"), min_s=10),
-      Stage("parity", 120, parity, min_s=30, stops_window=True),
-      Stage("attention", 150, attention, min_s=40),
+      _rung("forward", 75),
+      _rung("backward", 90),
+      _rung("dq", 90),
+      Stage("mosaic_parity", 120, mosaic_parity, _json_line("parity"), min_s=40,
+            stops_window=True),
+      *(Stage(f"mosaic_time_{t}", 75, mosaic_time(t), _json_line("tune"), min_s=40)
+        for t in sizes.mosaic_time_lens),
+      Stage("parity", 120, parity, min_s=30, stops_window=True, default=False),
+      Stage("attention", 150, attention, min_s=40, default=False),
       _population("hyla", 110),
       _c4(sizes.c4_batches[0], min_s=30),
-      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
-      Stage("tiles_graphs", 60, tiles_graphs, _json_line("tune"), min_s=30),
-      Stage("trace", 40, trace, finish=_pack_trace, min_s=30),
+      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40, default=False),
+      Stage("tiles_graphs", 60, tiles_graphs, _json_line("tune"), min_s=30, default=False),
+      Stage("trace", 40, trace, finish=_pack_trace, min_s=30, default=False),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),
   ]
@@ -421,14 +500,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                       help=f"no stage runs after this (default {GPU.deadline_s:.0f} s, dry "
                       f"run {DRY_RUN.deadline_s:.0f} s)")
   parser.add_argument("--commit", default=None, help="the commit being run (else git's)")
-  parser.add_argument("--stages", default="", help="comma-separated subset (default: all)")
+  parser.add_argument("--stages", default="", help="comma-separated names, or all (default: "
+                      "the Mosaic ladder, parity and times)")
   args = parser.parse_args(argv)
   sizes = DRY_RUN if args.dry_run else GPU
   deadline_s = sizes.deadline_s if args.deadline_s is None else args.deadline_s
   if not deadline_s > 0:
     parser.error(f"--deadline_s={deadline_s}; allowed: a positive number of seconds")
   names = [s.name for s in stages(sizes)]
-  chosen = [n for n in args.stages.split(",") if n] or names
+  chosen = ([n for n in args.stages.split(",") if n] if args.stages != "all" else names) or [
+      s.name for s in stages(sizes) if s.default]
   if set(chosen) - set(names):
     parser.error(f"--stages: unknown {sorted(set(chosen) - set(names))}; allowed: "
                  f"{','.join(names)}")

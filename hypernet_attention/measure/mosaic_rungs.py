@@ -90,8 +90,9 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> 
   row["seconds"] = round(time.monotonic() - start, 2)  # compile and one call
   rounded = [a.astype(jnp.bfloat16).astype(jnp.float32) for a in args[:3]]
   exact = ref(*rounded, *args[3:])
-  errors = [float(np.max(np.abs(np.float32(g) - np.float32(e))) / np.max(np.abs(e)))
+  errors = [float(np.linalg.norm(np.float32(g) - np.float32(e)) / np.linalg.norm(e))
             for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(exact))]
+  row["rel_errs"] = [round(e, 5) for e in errors]  # out, or dq, dk, dv
   row["max_rel_err"] = max(errors)
   finite = all(bool(np.isfinite(np.float32(g)).all()) for g in jax.tree.leaves(got))
   row["status"] = "pass" if finite and row["max_rel_err"] < RUNG_TOLERANCE else "fail"
