@@ -17,16 +17,15 @@ task.vocabulary empty there trains one into the workdir the same way.)
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import console
 from hypernet_attention.runs import run_files
-from hypernet_attention.tasks import c4
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),
-    "Language-modeling config file and its argument.", lock_config=True)
+_CONFIG = cli.define_config(
+    os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:size=50m"),
+    "Language-modeling config file and its argument.")
 _OUTPUT = flags.DEFINE_string("output", None, "Path of the .model file to write.")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --output if it exists.")
 
@@ -35,6 +34,8 @@ def main(argv):
   del argv
   config_checks.validate(_CONFIG.value)
   output = run_files.output_path(_OUTPUT.value, "--output", overwrite=_OVERWRITE.value)
+  console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
+  from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
   task = _CONFIG.value.task
   print(f"training a {task.vocab_size}-piece vocabulary on the first "
         f"{task.vocab_documents} {task.name} training documents ...", flush=True)

@@ -1,9 +1,11 @@
 """What every training entry point shares around `absl.app.run`: short errors, exit codes.
 
   cli.run(main)   instead of app.run(main)
+  cli.define_config(default, help)   instead of config_flags.DEFINE_config_file(...)
 
 - Bad flags and bad input (unknown or mistyped flags, a config argument or
-  `--config.<key>=` override that does not exist or does not parse, any
+  `--config.<key>=` override that does not exist (the nearest key named) or does not
+  parse, on the default config or on `--config=`'s, any
   `errors.BadInput` the library raises before work starts) print one line,
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
@@ -28,9 +30,10 @@ from typing import Callable, NoReturn
 from absl import app
 from absl import flags
 from absl import logging
-import ml_collections
+from ml_collections import config_flags
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 
 # The training library's exceptions, looked up only where it was imported (so that tools
@@ -88,9 +91,8 @@ def _missing_get_config(spec: str | None, error: BaseException) -> str | None:
           "*.py)")
 
 
-def _load_config(argv: list[str]):
-  """The config that `--config=FILE[:ARG]` (or the flag's default) names, or None."""
-  spec = _config_spec(argv)
+def _load_config(spec: str | None):
+  """The config that `FILE[:ARG]` names, or None."""
   if spec is None:
     return None
   path, _, arg = spec.partition(":")
@@ -103,23 +105,30 @@ def _load_config(argv: list[str]):
     return None  # The config file's own error is reported instead.
 
 
-def _unknown_override(argv: list[str]) -> str | None:
-  """The first `--config.<key>=` flag whose key the config does not have."""
-  config = _load_config(argv)
+def _unknown_override(argv: list[str], spec: str | None) -> str | None:
+  """The line for the first `--config.<key>=` flag whose key the config `spec` names does
+  not have (`config_checks.unknown_key`: the nearest key, or those allowed)."""
+  config = _load_config(spec)
   if config is None:
     return None
   for arg in argv[1:]:
-    if not arg.startswith("--config."):
-      continue
-    path = arg[len("--config."):].split("=", 1)[0]
-    node = config
-    for name in path.split("."):
-      if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-        allowed = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        return (f"--config.{path}: {name!r} is not a config key"
-                + (f"; allowed here: {allowed}" if allowed else " (its parent is a value)"))
-      node = node[name]
+    if arg.startswith("--config."):
+      key = arg[len("--config."):].split("=", 1)[0]
+      if (problem := config_checks.unknown_key(config, key)) is not None:
+        return f"{arg}: {problem}"
   return None
+
+
+def define_config(default: str | None, help_string: str):
+  """`config_flags.DEFINE_config_file("config", default, ..., lock_config=True)`, whose bad
+  `--config.<key>=` overrides are refused in one line (exit 2) wherever the config comes
+  from. With a default and no `--config=` on the command line, ml_collections loads the
+  default and applies the overrides here, when the flag is defined (an unknown key raised
+  an AttributeError traceback at import); with `--config=`, `run` parses them."""
+  try:
+    return config_flags.DEFINE_config_file("config", default, help_string, lock_config=True)
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(_unknown_override(sys.argv, default) or _last_line(e))
 
 
 def _last_line(error: BaseException) -> str:
@@ -152,7 +161,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     # A config file's own error (syntax, missing file, get_config) arrives wrapped in any
     # exception type with its traceback: keep the last line.
-    if (override := _unknown_override(argv)) is not None:
+    if (override := _unknown_override(argv, _config_spec(argv))) is not None:
       _fail(override)
     _fail(_missing_get_config(_config_spec(argv), e) or _last_line(e))
   _load_config_flags()

@@ -16,6 +16,7 @@ launching machine without JAX can run `validate` and `check_preset`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from typing import Any, Mapping, Sequence
@@ -162,16 +163,36 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check_population(config)
 
 
+def unknown_key(config: ml_collections.ConfigDict, key: str) -> str | None:
+  """Why the dotted `key` (as in `--config.<key>=`) is not a field of `config`, naming the
+  nearest key where it strays (or, with none near, the keys allowed there); None if it is."""
+  parts = key.split(".")
+  node = config
+  for i, name in enumerate(parts):
+    where = ".".join(parts[:i])
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f"unknown config key {key!r}: {where!r} is a value, not a group of keys"
+    if name not in node:
+      near = difflib.get_close_matches(name, list(node.keys()), n=1)
+      if near:
+        return f"unknown config key {key!r}; did you mean {'.'.join(parts[:i] + near)!r}?"
+      return (f"unknown config key {key!r}; allowed{f' in {where!r}' if where else ''}: "
+              f"{sorted(node.keys())}")
+    node = node[name]
+  return None
+
+
 def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
   """`config.<key> = value` for a dotted `key` (e.g. 'model.activation'), as
   `--config.<key>=` would set it: an unknown key is a ValueError, never a new field, and
   a string given for a number or bool field is converted to that field's type."""
+  if (problem := unknown_key(config, key)) is not None:
+    raise ValueError(problem)
   *parents, leaf = key.split(".")
-  node = config
-  for name in parents + [leaf]:
-    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
-      raise ValueError(f"unknown config key {key!r}")
-    parent, node = node, node[name]
+  parent = config
+  for name in parents:
+    parent = parent[name]
+  node = parent[leaf]
   if isinstance(value, str) and isinstance(node, (bool, int, float)):
     value = _typed(key, value, type(node))
   parent[leaf] = value

@@ -91,6 +91,19 @@ def is_remote(p: epath.PathLike) -> bool:
   return "://" in os.fspath(p)
 
 
+def shown(p: epath.PathLike) -> str:
+  """`p` as the console prints it: relative to the current directory where it lies below
+  it (as --workdir usually does), else as it is (absolute, a bucket path)."""
+  text = os.fspath(p)
+  if is_remote(text):
+    return text
+  try:
+    relative = os.path.relpath(text)
+  except OSError:  # The current directory was removed: a log line must not end the run.
+    return text
+  return text if relative == ".." or relative.startswith(".." + os.sep) else relative
+
+
 # A bucket path: gs://<bucket>/<object path>, with GCS's bucket naming rules (lowercase
 # letters, digits, '-', '_', '.'; starting and ending with a letter or digit) and no empty,
 # '.' or '..' part (an object store keeps them literally: `gs://b/x/../y` is no `gs://b/y`).

@@ -232,7 +232,8 @@ class Checkpointer:
         # "Event loop is closed" (an ignored exception): harmless, the step is moved aside.
         self._unreadable(step, e)
         continue
-      logging.info("Restored checkpoint at step %d from %s", step, self.directory)
+      logging.info("Restored checkpoint at step %d from %s", step,
+                   run_files.shown(self.directory))
       return state
     return None
 

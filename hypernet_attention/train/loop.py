@@ -197,7 +197,8 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
     if ckpt.save(step, state, force=force, data_iterator=program.data_iterator):
       last_saved = step
       program.saved(step, start_step)
-      logging.info("saving checkpoint at step %s -> %s", f"{step:,}", ckpt.directory)
+      logging.info("saving checkpoint at step %s -> %s", f"{step:,}",
+                   run_files.shown(ckpt.directory))
 
   def stop(step: int, state) -> None:
     """The preemption path: save at `step`, wait for it, nothing else (no log, no eval)."""
@@ -269,10 +270,10 @@ class SingleRun:
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.setup.restore_target(), data_iterator=self.data_iterator)
     if state is None:
-      logging.info("New run in %s", self.workdir)
+      logging.info("New run in %s", run_files.shown(self.workdir))
       state = build.init_state(self.config, self.setup.init_fn, self.setup.shardings)
     else:
-      logging.info("Resuming %s from step %d of %d", self.workdir,
+      logging.info("Resuming %s from step %d of %d", run_files.shown(self.workdir),
                    int(jax.device_get(state.step)), self.config.num_train_steps)
     return state, int(jax.device_get(state.step))
 
@@ -280,8 +281,8 @@ class SingleRun:
     if not run_files.is_finished(self.workdir):
       return None
     summary = run_files.read_summary(self.workdir)
-    logging.info("%s already holds a finished run (step %d); nothing to do", self.workdir,
-                 summary["step"])
+    logging.info("%s already holds a finished run (step %d); nothing to do",
+                 run_files.shown(self.workdir), summary["step"])
     return {**summary, "state": state}
 
   def open(self, step: int, state) -> None:
@@ -368,8 +369,8 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
                   else ", close to chance: train longer or larger"))
   return (f"Result: {', '.join(parts)}{meaning}; after {summary['step']:,} steps in "
           f"{console.duration(summary['wall_time_s'])}. Summary: "
-          f"{run_files.path(workdir) / run_files.SUMMARY}; TensorBoard: tensorboard "
-          f"--logdir {workdir}")
+          f"{run_files.shown(run_files.path(workdir) / run_files.SUMMARY)}; TensorBoard: "
+          f"tensorboard --logdir {run_files.shown(workdir)}")
 
 
 @contextlib.contextmanager

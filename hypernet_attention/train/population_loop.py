@@ -70,12 +70,13 @@ class PopulationRun:
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.p.restore_target())
     if state is None:
-      logging.info("New population of %d members in %s", self.p.size, self.workdir)
+      logging.info("New population of %d members in %s", self.p.size,
+                   run_files.shown(self.workdir))
       return self.trainer.init_state(), 0
     step = int(ckpt.latest_step())
     self._read_frozen()
-    logging.info("Resuming population %s from step %d of %d", self.workdir, step,
-                 self.config.num_train_steps)
+    logging.info("Resuming population %s from step %d of %d", run_files.shown(self.workdir),
+                 step, self.config.num_train_steps)
     return state, step
 
   def _read_frozen(self):
@@ -96,8 +97,8 @@ class PopulationRun:
       done = run_files.is_finished(self.workdir)
     if not done:
       return None
-    logging.info("%s already holds a finished population (step %d)", self.workdir,
-                 self.config.num_train_steps)
+    logging.info("%s already holds a finished population (step %d)",
+                 run_files.shown(self.workdir), self.config.num_train_steps)
     if self.rewrite_summary:
       self._write_population_summary(self.config.num_train_steps, self.config.num_train_steps)
     return {"members": [run_files.read_summary(d) for d in self.dirs], "state": state}
@@ -175,7 +176,7 @@ class PopulationRun:
       self._write_population_summary(step, start_step)
       logging.info("Population of %d members done after %s steps in %s: %s", self.p.size,
                    f"{step:,}", console.duration(time.time() - self.start_time),
-                   ", ".join(self.dirs))
+                   ", ".join(map(run_files.shown, self.dirs)))
     return {"members": summaries, "state": state}
 
   def _summaries(self, step: int, start_step: int) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from absl import logging
 import jax
 
 from hypernet_attention import errors
+from hypernet_attention.runs import cli
 from hypernet_attention.runs import registry
 
 flags.DEFINE_bool("multi_process", False,
@@ -143,9 +144,7 @@ def fresh_workdir(name: str, root: str = "workdirs") -> str:
 def define_run_flags(config_flag: Optional[str]):
   """The `--config` (locked, as `config_flag` by default) and `--workdir` flags every
   training entry point has; returns their holders."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  config = config_flags.DEFINE_config_file(
-      "config", config_flag, "Experiment config file and its argument.", lock_config=True)
+  config = cli.define_config(config_flag, "Experiment config file and its argument.")
   workdir = flags.DEFINE_string("workdir", None, "Output directory (default: a fresh one "
                                 "under ./workdirs/).")
   return config, workdir

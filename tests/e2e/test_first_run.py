@@ -61,22 +61,28 @@ def test_chance_is_what_uniform_guessing_scores_under_the_accuracy_metric(num_fe
 
 def test_the_entry_point_with_no_config_flag_trains_demo_and_explains_its_result(tmp_path):
   """The README's main job, shrunk to 8 steps by flags: the default config is size=demo and
-  the final line names ceiling, chance and what the held-out split means."""
+  the final line names ceiling, chance and what the held-out split means. Paths print
+  relative to where the user stands, as --workdir was given."""
   workdir = tmp_path / "first_run"
   overrides = {"num_train_steps": 8, "steps_per_loop": 4, "log_every_steps": 4,
                "eval_every_steps": 8, "checkpoint_every_steps": 8, "eval.num_problems": 32,
                "eval.batch_size": 16, "eval.ceiling_problems": 32,
                "optimizer.warmup_steps": 2}
   command = [sys.executable, os.path.join(tl.REPO, "experiments", "sraven_scaling.py"),
-             f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-  out = subprocess.run(command, env=tl.subprocess_env(), capture_output=True, text=True,
-                       timeout=300, check=True)
+             "--workdir=first_run"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+  out = subprocess.run(command, env=tl.subprocess_env(), cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, check=True)
   with open(workdir / "config.json") as f:
     assert json.load(f)["task"]["num_features"] == 2
   with open(workdir / "summary.json") as f:
     summary = json.load(f)
   assert summary["ood/accuracy_chance"] == pytest.approx(1 / 64)
-  line = next(l for l in (out.stdout + out.stderr).splitlines() if "Result:" in l)
+  log = out.stdout + out.stderr
+  line = next(l for l in log.splitlines() if "Result:" in l)
   assert "chance 0.0156" in line and "ceiling" in line
+  assert ("Summary: first_run/summary.json; TensorBoard: tensorboard --logdir first_run"
+          in line), line
+  assert "New run in first_run" in log and "-> first_run/checkpoints" in log, log
+  assert str(tmp_path) not in log, log
   times = summary["ood/accuracy"] * 64
   assert f"{times:.0f}x chance on rule combinations held out of training" in line

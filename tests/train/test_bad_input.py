@@ -174,7 +174,8 @@ CLI_CASES = {
     "unknown_flag": (SRAVEN + ["--worksdir=x"], "Unknown command line flag 'worksdir'", 2),
     "wrong_type": (SRAVEN + ["--config.batch_size=abc"], "--config.batch_size=abc", 2),
     "unknown_config_key": (SRAVEN + ["--config.model.nope=1"],
-                           "--config.model.nope: 'nope' is not a config key; allowed here:", 2),
+                           "--config.model.nope=1: unknown config key 'model.nope'; allowed in "
+                           "'model': ['activation', 'attention',", 2),
     "bad_config_argument": (
         [os.path.join("experiments", "fuzzy_logic.py"),
          "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=huge"],
@@ -395,6 +396,42 @@ def test_collect_names_the_unreadable_file_it_skipped(tmp_path):
   result, tmp = _run_cli_case("collect_truncated_summary", tmp_path)
   assert (f"warning: skipping {tmp}/truncated_root/run: {tmp}/truncated_root/run/summary.json "
           "is not readable JSON") in result.stderr, result.stderr
+
+
+# Issue 56: a mistyped key is refused in one line naming the nearest key whether the config
+# is the entry point's default or given by --config=. With the default, ml_collections
+# applies the overrides when the flag is defined, at import (an AttributeError traceback,
+# exit 1, before `cli.define_config`).
+TYPOS = {
+    # name: (argv after python, the override)
+    "sraven_default": (["experiments/sraven_scaling.py", "--workdir={tmp}/wd"],
+                       "--config.seeed=1"),
+    "sraven_given": ([SRAVEN[0], "--workdir={tmp}/wd", "--config=experiments/configs/sraven.py"],
+                     "--config.seeed=1"),
+    "fuzzy_logic_default": (["experiments/fuzzy_logic.py", "--workdir={tmp}/wd"],
+                            "--config.model.attentio=hyla"),
+    "c4_lm_default": (["experiments/c4_lm.py", "--workdir={tmp}/wd"], "--config.seeed=1"),
+    "train_vocabulary_default": (["experiments/train_vocabulary.py", "--output={tmp}/v.model"],
+                                 "--config.task.vocab_sise=8"),
+}
+SUGGESTIONS = {"--config.seeed=1": "unknown config key 'seeed'; did you mean 'seed'?",
+               "--config.model.attentio=hyla": "unknown config key 'model.attentio'; did you "
+                                               "mean 'model.attention'?",
+               "--config.task.vocab_sise=8": "unknown config key 'task.vocab_sise'; did you "
+                                             "mean 'task.vocab_size'?"}
+
+
+@pytest.mark.parametrize("case", sorted(TYPOS))
+def test_unknown_config_key_is_one_line_naming_the_nearest(case, tmp_path):
+  argv, override = TYPOS[case]
+  argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+  result = subprocess.run([sys.executable, *argv, override], env=tl.subprocess_env(),
+                          cwd=tl.REPO, capture_output=True, text=True, timeout=300)
+  program = os.path.basename(argv[0])
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.splitlines() == [
+      f"{program}: error: {override}: {SUGGESTIONS[override]}"], result.stderr[-2000:]
+  assert os.listdir(tmp_path) == [], "a refused command wrote a file"
 
 
 # Populations (issue 25, point 1): every member is checked as the single run it is, before
