@@ -39,6 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention import partitioning
 from hypernet_attention import positions
 from hypernet_attention import presets
@@ -52,7 +53,7 @@ Initializer = Callable[..., jax.Array]
 # 'nonlinear_value' is the one value network the ops do not know: phi is applied to each
 # head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
 VALUE_NETWORKS = (*reference.VALUE_NETWORKS, "nonlinear_value")
-POSITIONS = ("none", "t5", "rope")
+POSITIONS = presets.POSITIONS
 # Table A1's rows, declared as plain data in `presets.py` (the launching machine checks
 # names against them without JAX).
 AttentionPreset = presets.AttentionPreset
@@ -64,8 +65,7 @@ def resolve_preset(name: str, activation: Optional[str] = None) -> AttentionPres
 
   The override is validated but has no effect on linear value networks (they have no phi).
   """
-  if name not in PRESETS:
-    raise ValueError(f"Unknown attention preset {name!r}; allowed: {', '.join(PRESETS)}.")
+  errors.check_choice("attention preset", name, PRESETS)
   preset = PRESETS[name]
   if activation is None:
     return preset
@@ -388,8 +388,7 @@ class MultiHeadAttention(nn.Module):
       position does it).
     """
     preset = self.preset
-    if self.position not in POSITIONS:
-      raise ValueError(f"Unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}.")
+    errors.check_choice("position", self.position, POSITIONS)
     dropout.check_rate(self.dropout_rate)
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v

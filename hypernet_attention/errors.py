@@ -1,5 +1,7 @@
 """The project's one input-error type, importable from tasks, models and the training code
-alike (no dependencies, so no import cycles)."""
+alike (no dependencies, so no import cycles), and the one refusal of an unknown name."""
+
+from typing import Iterable
 
 
 class BadInput(ValueError):
@@ -7,3 +9,12 @@ class BadInput(ValueError):
 
   Entry points print its message as one line and exit with status 2 (`runs/cli.py`).
   """
+
+
+def check_choice(name: str, value, allowed: Iterable) -> None:
+  """BadInput in one line unless `value` is one of `allowed` (a registry's names): the end
+  of every branch on a name, so that a name nobody wrote code for is never computed as
+  another."""
+  allowed = tuple(allowed)
+  if value not in allowed:
+    raise BadInput(f"Unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}.")

@@ -12,9 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import presets
+
 Dtype = Any
 
-FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
+FEED_FORWARDS = presets.FEED_FORWARDS  # Declared without JAX, for the launching machine.
 
 
 def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):

@@ -33,10 +33,15 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention import attention as attention_lib
+from hypernet_attention import errors
 from hypernet_attention import positions
 from hypernet_attention.ops import reference
 
 Params = Any
+# The value networks (`attention.VALUE_NETWORKS`) written below as hypernetworks; one added
+# to the ops' registry is computed by the attention modules and refused here, in one line,
+# until its generated weights are written down.
+VALUE_NETWORKS = ("linear", "mlp", "deep_mlp", "nonlinear_value")
 
 
 def _position_bias(module, params, q_len, k_len):
@@ -60,12 +65,16 @@ def latent_code(
     bias: Optional[jax.Array] = None,
     is_causal: bool = False,
 ) -> jax.Array:
-  """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs."""
+  """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs.
+
+  The normalization is the ops' entry (`reference.NORMALIZATIONS`), the code the module
+  sows: each normalization is written once, and an unknown name is refused there.
+  """
   params = nn.meta.unbox(params)
+  errors.check_choice("position", module.position, attention_lib.POSITIONS)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   chex.assert_rank([inputs_q, inputs_kv], 3)
   chex.assert_equal_shape_prefix([inputs_q, inputs_kv], 1)
-  preset = module.preset
   q_BQHD = jnp.einsum("bqe,ehd->bqhd", inputs_q, params["query"]["kernel"])
   k_BKHD = jnp.einsum("bke,ehd->bkhd", inputs_kv, params["key"]["kernel"])
   if module.use_bias:
@@ -83,20 +92,9 @@ def latent_code(
     causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
     mask = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
-  visible_BHQK = (jnp.ones(scores_BHQK.shape, bool) if mask is None
-                  else jnp.broadcast_to(mask.astype(bool), scores_BHQK.shape))
-  if preset.normalization == "softmax":
-    # Shift by the max over *visible* keys; a row with none visible gets code 0.
-    peak = jnp.max(jnp.where(visible_BHQK, scores_BHQK, -jnp.inf), axis=-1, keepdims=True)
-    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
-    weights = jnp.where(visible_BHQK, jnp.exp(scores_BHQK - peak), 0.0)
-    total = weights.sum(-1, keepdims=True)
-    return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
-  scores_BHQK = jnp.where(visible_BHQK, scores_BHQK, 0.0)
-  if preset.normalization == "linear":
-    return scores_BHQK
-  rms = jnp.sqrt(jnp.mean(scores_BHQK**2, axis=1, keepdims=True) + module.eps)
-  return scores_BHQK / rms
+  return reference.normalize_scores(
+      scores_BHQK, None if mask is None else mask.astype(bool), module.preset.normalization,
+      module.eps)
 
 
 def _value_layer_HVA(params, use_bias):
@@ -106,6 +104,13 @@ def _value_layer_HVA(params, use_bias):
              else jnp.zeros(kernel_EHV.shape[1:], kernel_EHV.dtype))
   return jnp.concatenate(
       [jnp.transpose(kernel_EHV, (1, 2, 0)), bias_HV[..., None]], axis=-1)
+
+
+def _value_network(module: attention_lib.MultiHeadAttention) -> str:
+  network = module.preset.value_network
+  errors.check_choice("value_network (in the explicit hypernetwork form)", network,
+                      VALUE_NETWORKS)
+  return network
 
 
 def generate_value_network(
@@ -126,7 +131,7 @@ def generate_value_network(
   chex.assert_axis_dimension(code_BHQK, 1, module.num_heads)
   value_HVA = _value_layer_HVA(params, module.use_bias)
   out_HOV = jnp.transpose(params["out"]["kernel"], (0, 2, 1))
-  network = module.preset.value_network
+  network = _value_network(module)
   if network == "linear":
     per_head_HOA = jnp.einsum("hov,hva->hoa", out_HOV, value_HVA)
     return {"W": jnp.einsum("bhqk,hoa->bqkoa", code_BHQK, per_head_HOA)}
@@ -158,7 +163,7 @@ def apply_value_network(
   phi = reference.get_activation(module.preset.activation)
   x_BKA = jnp.concatenate([inputs_kv, jnp.ones(inputs_kv.shape[:-1] + (1,),
                                                inputs_kv.dtype)], axis=-1)
-  network = module.preset.value_network
+  network = _value_network(module)
   if network == "linear":
     out_BQO = jnp.einsum("bqkoa,bka->bqo", weights["W"], x_BKA)
   elif network == "nonlinear_value":

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention import attention as linen_attention
+from hypernet_attention import errors
 from hypernet_attention import positions
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
@@ -90,9 +91,7 @@ class MultiHeadAttention(nnx.Module):
       keep_rngs: bool = True,
   ):
     self.preset = linen_attention.resolve_preset(attention, activation)
-    if position not in linen_attention.POSITIONS:
-      raise ValueError(f"Unknown position {position!r}; allowed: "
-                       f"{', '.join(linen_attention.POSITIONS)}.")
+    errors.check_choice("position", position, linen_attention.POSITIONS)
     qkv_features = qkv_features or in_features
     v_features = v_features or qkv_features
     head_qk, head_v = linen_attention.head_widths(num_heads, qkv_features, v_features)

@@ -5,12 +5,18 @@ config's `model.attention` against the same names (`runs/config_checks.check_pre
 without importing JAX, so the names are declared once. The fields name entries of the ops'
 registries (`ops/reference.py`: NORMALIZATIONS, VALUE_NETWORKS, ACTIVATIONS, and
 `attention.VALUE_NETWORKS`' 'nonlinear_value'); `tests/models/test_attention.py` checks
-that every row names entries that exist. No dependencies, like `errors.py`.
+that every row names entries that exist. The model's other named choices (positions, feed-
+forward layers, attention implementations) are declared here for the same reason, and
+`check_model_names` is the one check of them: the model (`transformer.TransformerConfig`)
+and the launching machine (`runs/preflight.py`) both call it. No dependencies but
+`errors.py`.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from hypernet_attention import errors
 
 
 class AttentionPreset(NamedTuple):
@@ -42,3 +48,22 @@ PRESETS: dict[str, AttentionPreset] = {
     "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
     "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
 }
+
+# The positions of `attention.py`, the feed-forward layers of `feed_forward.py` and the
+# implementations of `ops.dispatch` (IMPLEMENTATIONS there; `tests/models/test_attention.py`
+# checks that these three tuples are those modules' own).
+POSITIONS = ("none", "t5", "rope")
+FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
+IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "pallas", "mosaic",
+                   "blockwise_broadcast")
+MODEL_NAMES = {"feed_forward": FEED_FORWARDS, "position": POSITIONS,
+               "implementation": IMPLEMENTATIONS}
+
+
+def check_model_names(model: Any, prefix: str = "") -> None:
+  """`errors.BadInput` in one line for the first field of `MODEL_NAMES` that `model` (a
+  `TransformerConfig`, or a config's `model` group: anything with these attributes) sets to
+  a name not allowed; `prefix` names the group in the message ('config.model.')."""
+  for field, allowed in MODEL_NAMES.items():
+    if hasattr(model, field):
+      errors.check_choice(prefix + field, getattr(model, field), allowed)

@@ -23,16 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from hypernet_attention import attention as attention_lib
+from hypernet_attention import errors
 from hypernet_attention import feed_forward
-from hypernet_attention.ops import dispatch
+from hypernet_attention import presets
 
 Dtype = Any
 INPUT_KINDS = ("dense", "embed")
-
-
-def _check(name, value, allowed):
-  if value not in allowed:
-    raise ValueError(f"Unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +68,8 @@ class TransformerConfig:
   def __post_init__(self):
     attention_lib.resolve_preset(self.attention, self.activation)
     attention_lib.head_widths(self.num_heads, self.qk_dim, self.v_dim)
-    _check("feed_forward", self.feed_forward, feed_forward.FEED_FORWARDS)
-    _check("input_kind", self.input_kind, INPUT_KINDS)
-    _check("position", self.position, attention_lib.POSITIONS)
-    _check("implementation", self.implementation, dispatch.IMPLEMENTATIONS)
+    presets.check_model_names(self)  # As the launching machine checks a config's model.
+    errors.check_choice("input_kind", self.input_kind, INPUT_KINDS)
     if self.input_kind == "embed" and not self.vocab_size:
       raise ValueError(f"input_kind='embed' needs vocab_size; got {self.vocab_size!r}.")
     if self.tied_embedding and self.input_kind != "embed":

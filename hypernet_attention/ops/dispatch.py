@@ -27,6 +27,7 @@ it), while an explicit fast implementation refuses anything else in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -58,8 +59,11 @@ FAST_PATHS: dict[str, reference.Computes] = {
 # for on GPUs (transposes and GEMMs with a contraction of H = 8 took 64% of the C4 step) and
 # which is 1.4x slower than blockwise on this CPU: `auto` takes it where a window measures
 # it faster.
-EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES,
-                                                 "blockwise_broadcast": blockwise.COMPUTES}
+EXPLICIT_PATHS: dict[str, reference.Computes] = {
+    "mosaic": mosaic_kernel.COMPUTES,
+    # Blockwise's record under its own name, which its refusals name.
+    "blockwise_broadcast": dataclasses.replace(blockwise.COMPUTES,
+                                               implementation="blockwise_broadcast")}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),

@@ -43,9 +43,7 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 RMS_HEAD_EPS = 1e-6
 
 
-def _check_choice(name: str, value: str, allowed) -> None:
-  if value not in allowed:
-    raise ValueError(f"Unknown {name} {value!r}; allowed: {', '.join(allowed)}.")
+_check_choice = errors.check_choice  # Every name below is refused here when unknown.
 
 
 def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:

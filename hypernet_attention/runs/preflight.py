@@ -5,10 +5,11 @@ r"""Checks a run's config on the launching machine, before anything is copied or
 
 Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
 would, and runs every check that needs no accelerator and no data: the config's values
-(`config_checks.validate`: values, intervals, schedule), the attention preset, the workdir
-path. Prints `script config_file` (the entry point and config file, relative to the
-repository root, as `registry` does) and exits 0, or prints one line
-`preflight: error: ...` and exits 2.
+(`config_checks.validate`: values, intervals, schedule), the attention preset, the model's
+other names (`presets.check_model_names`, the model's own check: implementation,
+feed_forward, position), the workdir path. Prints `script config_file` (the entry point and
+config file, relative to the repository root, as `registry` does) and exits 0, or prints
+one line `preflight: error: ...` and exits 2.
 `launch/tpu_pod.sh` and `launch/slurm.sh` call it before copying, installing or submitting.
 Checks that depend on the hosts (mesh and batch divisibility, memory) run again there.
 """
@@ -22,6 +23,7 @@ from typing import Sequence
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
@@ -70,6 +72,7 @@ def check(experiment: str, config_arg: str, workdir: str,
   config_checks.validate(config)
   run_files.workdir_path(workdir)
   config_checks.check_preset(config.model.attention)
+  presets.check_model_names(config.model, "config.model.")
   return registry.get(experiment)
 
 

@@ -45,6 +45,10 @@ print(json.dumps({
 # The modules of `hypernet_attention` outside `runs` that the run layer may load.
 JAX_FREE = ("hypernet_attention", "hypernet_attention.errors", "hypernet_attention.presets")
 
+# Typos in the model's other names, refused as the training host's model refuses them.
+TYPOS = {"implementation=blockwize": "implementation 'blockwize'; allowed: auto, reference",
+         "feed_forward=swiglo": "feed_forward 'swiglo'; allowed: gelu_mlp, swiglu, moe.",
+         "position=alibi": "position 'alibi'; allowed: none, t5, rope."}
 CHECKS = """
 import contextlib, io, json, sys
 for name in %r:
@@ -55,7 +59,8 @@ from launch import jobs
 out = {}
 for args in (("sraven", "size=smoke"), ("fuzzy_logic", "model=softmax,size=smoke"),
              ("c4_lm", "model=linear,size=smoke"), ("sraven", "model=nope"),
-             ("sraven", "size=smoke", "--config.model.attention=nope")):
+             ("sraven", "size=smoke", "--config.model.attention=nope"),
+             *(("sraven", "size=smoke", f"--config.model.{typo}") for typo in %r)):
   stdout, stderr = io.StringIO(), io.StringIO()
   with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
     code = preflight.main([*args[:2], sys.argv[1], *args[2:]])
@@ -69,7 +74,7 @@ except errors.BadInput as e:
   out["uncapped"] = str(e)
 out["loaded"] = sorted(n for n, m in sys.modules.items() if m is not None)
 print(json.dumps(out))
-""" % (BLOCKED,)
+""" % (BLOCKED, TYPOS)
 
 
 def _write(path, data):
@@ -119,6 +124,10 @@ def test_preflight_and_grouping_run_without_jax(tmp_path):
     code, printed = out[bad]
     assert code == 2 and "preflight: error:" in printed, (bad, printed)
     assert "unknown attention preset 'nope'; allowed: [" in printed and "'hyla'" in printed
+  for typo, message in TYPOS.items():
+    code, printed = out[f"sraven size=smoke --config.model.{typo}"]
+    assert code == 2 and printed.count("\n") == 1, (typo, printed)
+    assert f"preflight: error: Unknown config.model.{message}" in printed, (typo, printed)
   assert out["capped"] == [0, 2]  # Three seeds under a cap of 2: one alone, a population of 2.
   assert "--members_per_job=N" in out["uncapped"] and "JAX" in out["uncapped"]
   assert not [n for n in out["loaded"] if n.split(".")[0] in BLOCKED]

@@ -1,0 +1,211 @@
+"""A name added to the ops' reference alone is computed as the reference says or refused in
+one line, by every public entry; none computes something else.
+
+The reference (`ops/reference.py`) is the spec of every normalization, value network and
+activation (the paper's Eqs. 2-7). Here a normalization (a_hqk = sigmoid(s_hqk)) and a value
+network (y_qh = phi(sum_k a_hqk v_kh)) are registered there and nowhere else, with an
+attention preset naming each: `ops.dispatch`, the Linen and NNX modules, the explicit
+hypernetwork form and probing's reader of generated weights then give the reference's
+numbers, or an `errors.BadInput` of one line naming the name. (The hypernetwork form once
+computed RMSHead for any normalization it did not know.)
+"""
+
+import types
+
+from flax import nnx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypernet_attention import attention
+from hypernet_attention import errors
+from hypernet_attention import hypernetwork
+from hypernet_attention import nnx_attention
+from hypernet_attention import presets
+from hypernet_attention import transformer
+from hypernet_attention.ops import dispatch
+from hypernet_attention.ops import reference
+from hypernet_attention.probing import weights
+from hypernet_attention.train import build
+from hypernet_attention.train import objectives
+
+import train_testlib as tl
+
+B, T, E, H, D = 2, 5, 8, 2, 3
+NORMALIZATION, VALUE_NETWORK = "sigmoid_scores", "squashed_linear"
+
+
+def _sigmoid_scores(scores_BHQK, mask, eps):
+  del eps
+  code = jax.nn.sigmoid(scores_BHQK)
+  return code if mask is None else jnp.where(mask, code, 0.0)
+
+
+def _squashed_linear(code_BHQK, value_BKHV, phi, value_weight_HVV):
+  del value_weight_HVV
+  return phi(jnp.einsum("bhqk,bkhv->bqhv", code_BHQK, value_BKHV))
+
+
+@pytest.fixture
+def new_names(monkeypatch):
+  """The two names in the reference's registries, and a preset for each ('new_norm': HYLA
+  with the new normalization; 'new_value': RMSHead with the new value network)."""
+  monkeypatch.setitem(reference.NORMALIZATIONS, NORMALIZATION, _sigmoid_scores)
+  monkeypatch.setitem(reference.VALUE_NETWORKS, VALUE_NETWORK, _squashed_linear)
+  monkeypatch.setitem(presets.PRESETS, "new_norm",
+                      presets.AttentionPreset(NORMALIZATION, "mlp", "relu"))
+  monkeypatch.setitem(presets.PRESETS, "new_value",
+                      presets.AttentionPreset("rms_head", VALUE_NETWORK, "tanh"))
+
+
+def _refused(call, *names):
+  """`call()` raises BadInput: one line, naming each of `names` and what is allowed."""
+  with pytest.raises(errors.BadInput) as refusal:
+    call()
+  message = str(refusal.value)
+  assert "\n" not in message and ("allowed" in message or "it computes" in message), message
+  for name in names:
+    assert repr(name) in message, message
+
+
+def _operands(seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(keys[0], (B, T, H, D)), jax.random.normal(keys[1], (B, T, H, D)),
+          jax.random.normal(keys[2], (B, T, H, D)))
+
+
+def _spec(query, key, value, normalization, value_network, activation):
+  """The registered functions applied by hand: scores, code, value network."""
+  scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(query.shape[-1])
+  code = reference.NORMALIZATIONS[normalization](scores, None, reference.RMS_HEAD_EPS)
+  return reference.VALUE_NETWORKS[value_network](
+      code, value, reference.ACTIVATIONS[activation], None)
+
+
+@pytest.mark.parametrize("normalization,value_network", [(NORMALIZATION, "mlp"),
+                                                         ("rms_head", VALUE_NETWORK)])
+def test_dispatch_computes_the_reference_or_refuses(new_names, normalization, value_network):
+  del new_names
+  query, key, value = _operands()
+  call = lambda implementation: dispatch.attention(
+      query, key, value, normalization=normalization, value_network=value_network,
+      activation="relu", implementation=implementation)
+  expected = _spec(query, key, value, normalization, value_network, "relu")
+  for implementation in ("auto", "reference"):
+    np.testing.assert_allclose(call(implementation), expected, rtol=1e-5, atol=1e-6)
+  new = normalization if normalization == NORMALIZATION else value_network
+  for implementation in (*dispatch.FAST_PATHS, *dispatch.EXPLICIT_PATHS):
+    _refused(lambda i=implementation: call(i), implementation, new)
+
+
+def _linen(preset, **kw):
+  return attention.MultiHeadAttention(num_heads=H, attention=preset, qk_features=H * D,
+                                      v_features=H * D, **kw)
+
+
+def _linen_params(module, x):
+  return nn.meta.unbox(module.init(jax.random.key(1), x)["params"])
+
+
+def _inputs():
+  return jax.random.normal(jax.random.key(2), (B, T, E))
+
+
+def test_modules_and_hypernetwork_compute_a_new_normalization(new_names):
+  """Linen (fast and materialized), NNX and the explicit hypernetwork form: one function."""
+  del new_names
+  module, x = _linen("new_norm"), _inputs()
+  params = _linen_params(module, x)
+  out, state = module.apply({"params": params}, x, mutable=["intermediates"])
+  (code,) = state["intermediates"]["latent_code"]
+  q = jnp.einsum("bte,ehd->bthd", x, params["query"]["kernel"]) + params["query"]["bias"]
+  k = jnp.einsum("bte,ehd->bthd", x, params["key"]["kernel"]) + params["key"]["bias"]
+  np.testing.assert_allclose(code, jax.nn.sigmoid(jnp.einsum("bqhd,bkhd->bhqk", q, k)
+                                                  / np.sqrt(D)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(module.apply({"params": params}, x), out, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(hypernetwork.hypernetwork_attention(module, params, x), out,
+                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(hypernetwork.latent_code(module, params, x), code,
+                             rtol=1e-5, atol=1e-6)
+  ours = nnx_attention.MultiHeadAttention(H, E, H * D, attention="new_norm", rngs=nnx.Rngs(0))
+  nnx_attention.load_params(ours, params)
+  np.testing.assert_allclose(ours(x), out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["new_norm", "new_value"])
+def test_modules_refuse_a_fast_path_that_does_not_compute_the_name(new_names, preset):
+  del new_names
+  x = _inputs()
+  new = NORMALIZATION if preset == "new_norm" else VALUE_NETWORK
+  params = _linen_params(_linen(preset), x)  # `init` materializes: the reference.
+  module = _linen(preset, implementation="blockwise")
+  _refused(lambda: module.apply({"params": params}, x), "blockwise", new)
+  ours = nnx_attention.MultiHeadAttention(H, E, H * D, attention=preset,
+                                          implementation="blockwise", rngs=nnx.Rngs(0))
+  _refused(lambda: ours(x), "blockwise", new)
+
+
+def test_hypernetwork_form_refuses_a_new_value_network(new_names):
+  """The modules compute it (the reference); its generated weights are not written, so the
+  explicit form and everything reading weights through it refuse."""
+  del new_names
+  module, x = _linen("new_value"), _inputs()
+  params = _linen_params(module, x)
+  out = module.apply({"params": params}, x)
+  code = hypernetwork.latent_code(module, params, x)
+  value = jnp.einsum("bte,ehv->bthv", x, params["value"]["kernel"]) + params["value"]["bias"]
+  y_BQHV = jnp.tanh(jnp.einsum("bhqk,bkhv->bqhv", code, value))
+  expected = jnp.einsum("bqhv,hvo->bqo", y_BQHV, params["out"]["kernel"]) + params["out"]["bias"]
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+  _refused(lambda: hypernetwork.hypernetwork_attention(module, params, x), VALUE_NETWORK)
+  _refused(lambda: hypernetwork.generate_value_network(module, params, code), VALUE_NETWORK)
+  _refused(lambda: hypernetwork.pair_weights(module, params, x, jnp.array([1]),
+                                             jnp.array([0])), VALUE_NETWORK)
+
+
+def test_probing_weight_reader_refuses_a_new_value_network(new_names):
+  del new_names
+  config = tl.smoke("fuzzy_logic")
+  objective = objectives.build(config)
+  model_config = build.transformer_config(
+      {k: v for k, v in config.model.items() if v is not None} | {"attention": "new_value"},
+      **objective.model_overrides)
+  model = transformer.Transformer(model_config)
+  inputs = objective.encode(objective.task.sample(jax.random.key(0), 2, "test"))[0]
+  params = nn.meta.unbox(model.init(jax.random.key(0), inputs)["params"])
+  run = types.SimpleNamespace(config=config, objective=objective, model=model, params=params)
+  _refused(lambda: weights.generated_weights(run, num_problems=4), VALUE_NETWORK)
+
+
+def test_unknown_names_are_refused_in_one_line():
+  """Names in no registry: each entry refuses them before computing anything."""
+  query, key, value = _operands()
+  for kwargs, name in ((dict(normalization="rms_heads"), "rms_heads"),
+                       (dict(value_network="mlpp"), "mlpp"),
+                       (dict(activation="rellu"), "rellu"),
+                       (dict(implementation="blockwize"), "blockwize")):
+    _refused(lambda kw=kwargs: dispatch.attention(query, key, value, **kw), name)
+  x = _inputs()
+  _refused(lambda: _linen("hyla", position="alibi").init(jax.random.key(0), x), "alibi")
+  _refused(lambda: _linen("hyla2").init(jax.random.key(0), x), "hyla2")
+  module = _linen("hyla")
+  params = _linen_params(module, x)
+  _refused(lambda: hypernetwork.latent_code(module.clone(position="alibi"), params, x),
+           "alibi")
+  _refused(lambda: nnx_attention.MultiHeadAttention(H, E, position="alibi",
+                                                    rngs=nnx.Rngs(0)), "alibi")
+
+
+def test_blockwise_broadcast_names_itself_when_it_refuses():
+  query, key, value = _operands()
+  _refused(lambda: dispatch.attention(query, key, value, value_network="deep_mlp",
+                                      implementation="blockwise_broadcast"),
+           "blockwise_broadcast", "deep_mlp")
+
+
+def test_declared_model_names_are_the_modules_own():
+  """`presets.py` declares the names the launching machine checks without JAX."""
+  assert presets.IMPLEMENTATIONS == dispatch.IMPLEMENTATIONS
+  assert presets.POSITIONS == attention.POSITIONS
