@@ -26,15 +26,21 @@ out=${OUT:-/tmp/device_window_out}
 root=${ROOT:-workdirs/campaign}  # ROOT, RESULTS, SET, REDO: as --root, --results_dir, --set, --redo
 results=${RESULTS:-experiments/results/paper_scale}
 case $seconds in ''|*[!0-9]*) echo "SECONDS=$seconds; allowed: a whole number of seconds"; exit 2;; esac
-# Honoured exactly: the cells get SIGTERM at SECONDS and up to 40 s to checkpoint (then
-# SIGKILL), so the command ends within SECONDS + ~60 s. Fewer than 120 s cannot start a cell
-# and stop it cleanly; 0 would mean "no limit" to timeout(1), i.e. no SIGTERM, no saved state.
+# Honoured exactly: the runner and its cells get SIGTERM at SECONDS and up to kill_grace
+# seconds (then SIGKILL) to finish a publish in flight, let the cells checkpoint (the runner
+# waits up to its Options.stop_wait_s, 90 s, for them) and pack their resume states, so the
+# command ends within SECONDS + ~170 s. kill_grace must exceed the runner's wait plus the
+# packing (tests/launch/test_campaign_stops.py reads both). Fewer than 120 s cannot start a
+# cell and stop it cleanly; 0 would mean "no limit" to timeout(1): no SIGTERM, no saved state.
+kill_grace=150
 if (( 10#$seconds < 120 || 10#$seconds > 36000 )); then
-  echo "SECONDS=$seconds; allowed: 120 to 36000 (the window ends within SECONDS + 60 s)"; exit 2
+  echo "SECONDS=$seconds; allowed: 120 to 36000 (the window ends within SECONDS + 170 s)"; exit 2
 fi
 case $concurrent in ''|*[!0-9]*|0) echo "MAX_CONCURRENT=$concurrent; allowed: an integer >= 1"; exit 2;; esac
+for dir in "$out" "$root"; do
+  mkdir -p "$dir" 2> /dev/null || { echo "OUT or ROOT=$dir cannot be a folder (a file is in the way); allowed: a folder path"; exit 2; }
+done
 ls .whl/*.whl > /dev/null 2>&1 || { echo ".whl/ holds no wheels; allowed: carry .whl (see the header)"; exit 2; }
-mkdir -p "$out" "$root"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -51,7 +57,7 @@ listing() {  # The results folder's cell and partial files, each with its modifi
 }
 before=$(listing)
 touch "$out/.window_start"
-timeout -s TERM -k 40 "$seconds" python3 -m launch.campaign --budget_minutes=600 \
+timeout -s TERM -k "$kill_grace" "$seconds" python3 -m launch.campaign --budget_minutes=600 \
   --set="${SET:-paper}" --root="$root" --results_dir="$results" --cells="$cells" \
   --max_concurrent="$concurrent" --stop_margin_s=0 ${REDO:+--redo="$REDO"} 2>&1 | tee "$out/campaign.out"
 

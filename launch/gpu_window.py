@@ -515,7 +515,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                  f"{','.join(names)}")
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     parser.error(f"--out={args.out!r} is a file; allowed: a folder")
-  os.makedirs(args.out, exist_ok=True)
+  try:
+    os.makedirs(args.out, exist_ok=True)
+  except OSError as e:  # Below a file (or not writable): named before anything runs.
+    parser.error(f"--out={args.out!r} cannot be made ({e.strerror}: a file in its path?); "
+                 "allowed: a folder path")
   w = Window(args.out, sizes, time.monotonic() + deadline_s, args.dry_run)
   env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
          "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}

@@ -27,6 +27,7 @@ from absl import flags
 
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import partial
 from launch.campaign import records
@@ -45,8 +46,9 @@ def _define_flags() -> None:
   flags.DEFINE_string("root", os.path.join("workdirs", "campaign"), "Workdirs, one per cell, "
                       "and progress.txt.")
   flags.DEFINE_string("results_dir", records.DEFAULT_DIR, "Cell files (commit them).")
-  flags.DEFINE_list("redo", [], "Cells to rerun although their file exists (the file is "
-                    "replaced only when the rerun finishes).")
+  flags.DEFINE_list("redo", [], "Cells to rerun although their file exists: a finished "
+                    "workdir is moved aside and the cell trains afresh (the file is replaced "
+                    "only when the rerun finishes).")
   flags.DEFINE_bool("dry_run", False, "Print the plan with estimates; run nothing.")
   flags.DEFINE_bool("report", False, "Write the report from the cell files; run nothing.")
   flags.DEFINE_string("report_path", report.DEFAULT_PATH, "Where --report writes (figures go "
@@ -90,13 +92,17 @@ def _check_flags(cells) -> None:
                           "allowed: names of cells --cells selects")
   if not flags.FLAGS.root.strip():
     raise errors.BadInput("--root=''; allowed: a directory path")
-  if os.path.exists(flags.FLAGS.root) and not os.path.isdir(flags.FLAGS.root):
-    raise errors.BadInput(f"--root={flags.FLAGS.root!r} is a file; allowed: a directory "
-                          "(created if missing)")
-  if flags.FLAGS.report and (os.path.isdir(flags.FLAGS.report_path)
-                             or not flags.FLAGS.report_path.endswith(".md")):
-    raise errors.BadInput(f"--report_path={flags.FLAGS.report_path!r}; allowed: a Markdown "
-                          "file path ending in .md (its figures go beside it)")
+  # A folder to be (a file there, or above it, is named; created if missing).
+  run_files.check_output_dir(flags.FLAGS.root, "--root")
+  if flags.FLAGS.report:
+    path = flags.FLAGS.report_path
+    if os.path.isdir(path) or not path.endswith(".md"):
+      raise errors.BadInput(f"--report_path={path!r}; allowed: a Markdown file path ending "
+                            "in .md (its figures go beside it)")
+    blocker = run_files.file_in_the_way(os.path.dirname(os.path.abspath(path)))
+    if blocker is not None:
+      raise errors.BadInput(f"--report_path={path!r} is below the file {str(blocker)!r}; "
+                            "allowed: a path in a folder (new or existing)")
 
 
 def _on_sigterm(signum, frame):

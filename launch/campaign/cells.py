@@ -17,8 +17,11 @@ import dataclasses
 import itertools
 from typing import Any, Optional
 
+from hypernet_attention.runs import preflight
 from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from launch import grouping
+from launch import jobs
 from launch import sweeps
 from launch.sweeps import common
 from launch.sweeps import fig4_sraven_scaling
@@ -81,6 +84,8 @@ DEFAULT_SETTING = {
 AUTHORS_SPLIT_KEY = "task.split_draw"
 SYNTHETIC_TOKENS = (("synthetic_tokens", True),)  # benchmark_training.py's switch.
 GRIDS = {FUZZY: common.FUZZY_GRID, SRAVEN: common.SRAVEN_GRID}
+# The evaluation splits whose final metric every train member reports (Table A1's columns).
+SPLITS = {FUZZY: ("ood", "test", "unseen_terms"), SRAVEN: ("ood", "test")}
 NUM_STEPS = {FUZZY: 50_000, SRAVEN: 156_250}
 SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
          "optimizer.warmup_steps": "warmup", "seed": "seed"}
@@ -118,6 +123,28 @@ class Cell:
     """The population job as a sweep point (`launch.jobs` turns it into flags)."""
     return {"config": self.config, **dict(self.overrides),
             grouping.MEMBERS_KEY: self.members, grouping.NAMES_KEY: self.member_names}
+
+
+def recorded_config(cell: Cell) -> dict[str, Any]:
+  """The config.json a run of train cell `cell` records: its config file's `get_config`
+  with the overrides and members of its command line, parsed as the entry point parses
+  them (`runs/preflight.py`, no JAX)."""
+  args = jobs.flags_list(jobs.job_args(cell.point(), cell.experiment, workdir=""))
+  overrides = [a for a in args if a.startswith("--config.")]
+  return run_files.config_to_json(preflight.load(cell.experiment, cell.config, overrides))
+
+
+def run_differences(cell: Cell, recorded: Any) -> list[str]:
+  """Where a run's recorded config (its workdir's or resume state's config.json) differs
+  from what `cell` trains, every field compared as a resume compares them (the learning
+  rate, the task's data, the model's code paths alike; only `run_files.RESUME_FREE_KEYS`
+  and switches added since at their off value may differ), first field first, each as
+  "key: recorded -> the cell's"; [] if it is the cell's run."""
+  if not isinstance(recorded, dict):
+    return [f"{run_files.CONFIG}: {recorded!r} -> an object"]
+  # The trainer's own resume rule, so that what is published is what would resume.
+  return run_files._config_differences(  # pylint: disable=protected-access
+      recorded, recorded_config(cell))
 
 
 def member_name(member: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
 from launch.campaign import plan
+from launch.campaign import schema
 
 DIR = "partial"
 MAX_STATE_BYTES = 16 * 2**20
@@ -106,19 +107,6 @@ def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
   return f"progress and resume state (step {record['step']:,}) in {state_path}"
 
 
-def _differences(cell: cells_lib.Cell, config: dict[str, Any]) -> list[str]:
-  """What a saved run's `config.json` says that `cell`'s definition does not (experiment,
-  model, members, steps, overrides); [] if it is the cell's run."""
-  flat = run_files.flatten(config)
-  wanted = {"experiment": cell.experiment, "model.attention": cell.model or None,
-            "population.member_names": list(cell.member_names), "num_train_steps":
-            cell.num_steps, **dict(cell.overrides)}
-  return [f"{k} {flat.get(k, '<missing>')!r} (the cell's: {v!r})" for k, v in wanted.items()
-          if v is not None and flat.get(k, "<missing>") != v
-          and not (isinstance(v, float) and isinstance(flat.get(k), (int, float))
-                   and abs(flat[k] - v) <= 1e-12 * max(abs(v), 1.0))]
-
-
 def check_state(cell: cells_lib.Cell, state_path: str) -> tarfile.TarFile:
   """`state_path` opened, once it is shown to be `cell`'s own resume state: a readable
   tar.gz whose every path lies under `<cell>/` and whose `config.json` is the cell's run.
@@ -143,10 +131,11 @@ def check_state(cell: cells_lib.Cell, state_path: str) -> tarfile.TarFile:
             UnicodeDecodeError, json.JSONDecodeError) as e:
       raise errors.BadInput(f"resume state {state_path} has no readable "
                             f"{cell.name}/{run_files.CONFIG} ({e}); {delete}") from None
-    different = _differences(cell, config) if isinstance(config, dict) else ["not a config"]
+    different = cells_lib.run_differences(cell, config)
     if different:
-      raise errors.BadInput(f"resume state {state_path} is not {cell.name}'s run: "
-                            f"{'; '.join(different[:3])}; {delete}")
+      raise errors.BadInput(f"resume state {state_path} is not {cell.name}'s run: its "
+                            f"{run_files.CONFIG} differs in {different[0]} (recorded -> the "
+                            f"cell's); {delete}")
   except BaseException:
     tar.close()
     raise
@@ -190,26 +179,16 @@ def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
   return out
 
 
-PROGRESS_FIELDS = {"cell": str, "step": int, "num_steps": int, "members": list}
-
-
 def read(path: str) -> dict[str, Any]:
-  """One progress record; BadInput naming the file if it is not one (corrupt, truncated,
-  a field missing or of the wrong type), so --dry_run and --report say which file."""
-  fix = "restore it from git (`git checkout -- <file>`) or delete it (the cell then starts afresh)"
+  """One progress record; BadInput naming the file and its first bad field if it is not
+  one (corrupt, truncated, a field missing, of the wrong type or out of range: the
+  checks of `schema.progress_file`), so --dry_run and --report say which file."""
   try:
     with open(path) as f:
       record = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise errors.BadInput(f"progress file {path!r} is unreadable ({e}); {fix}") from None
-  wrong = [k for k, kind in PROGRESS_FIELDS.items()
-           if not isinstance(record, dict) or not isinstance(record.get(k), kind)
-           or isinstance(record.get(k), bool)]
-  if wrong:
-    raise errors.BadInput(f"progress file {path!r}: field(s) {wrong} missing or not "
-                          f"{[PROGRESS_FIELDS[k].__name__ for k in wrong]}; {fix}")
-  expected = os.path.basename(path)[:-len(".json")]
-  if record["cell"] != expected:
-    raise errors.BadInput(f"progress file {path!r} holds cell {record['cell']!r}; allowed: "
-                          f"a file named after its cell ({record['cell']}.json); {fix}")
+    raise errors.BadInput(f"progress file {path!r} is unreadable ({e}); restore it from git "
+                          "(`git checkout -- <file>`) or delete it (the cell then starts "
+                          "afresh)") from None
+  schema.progress_file(record, path, SCHEMA)
   return record

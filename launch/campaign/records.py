@@ -22,13 +22,12 @@ import tempfile
 from typing import Any, Optional
 
 from hypernet_attention import errors
+from launch.campaign import schema
 
 SCHEMA = 1
 DEFAULT_DIR = os.path.join("experiments", "results", "paper_scale")
 MAX_BYTES = 1_000_000  # Nothing heavy goes into the repository.
 PARAMS = "params"  # <results_dir>/params/<cell>/: a train cell's final parameters, <= 16 MiB.
-REQUIRED = ("schema", "cell", "stage", "kind", "experiment", "device", "jax_version",
-            "commit", "wall_s")
 
 
 def path_of(results_dir: str, cell: str) -> str:
@@ -55,37 +54,16 @@ def check_writable(results_dir: str) -> None:
 
 
 def read(path: str) -> dict[str, Any]:
-  """One cell file; BadInput naming it if it is not a cell file this version can read."""
+  """One cell file; BadInput naming it and its first bad field if it is not a cell file
+  this version can read (`schema.cell_file`: types, ranges, its cell's definition)."""
   try:
     with open(path) as f:
       record = json.load(f)
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
     raise errors.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
                           "(`git checkout -- <file>`) or delete it to rerun the cell") from None
-  missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
-  if missing:
-    raise errors.BadInput(f"cell file {path!r} lacks {missing}; restore it from git or "
-                          "delete it to rerun the cell")
-  numbers = [f"wall_s={record['wall_s']!r}"] if not _is_number(record["wall_s"]) else []
-  numbers += [f"{m.get('name')}: {k}={v!r}" for m in record.get("members") or []
-              if isinstance(m, dict) for k, v in (m.get("final") or {}).items()
-              if not _is_number(v)]
-  if numbers:
-    raise errors.BadInput(f"cell file {path!r} has values that are not numbers ("
-                          f"{', '.join(numbers[:3])}); restore it from git or delete it to "
-                          "rerun the cell")
-  if record["schema"] != SCHEMA:
-    raise errors.BadInput(f"cell file {path!r} has schema {record['schema']!r}; allowed: "
-                          f"{SCHEMA}")
-  expected = os.path.splitext(os.path.basename(path))[0]
-  if record["cell"] != expected:
-    raise errors.BadInput(f"cell file {path!r} holds cell {record['cell']!r}; allowed: a "
-                          f"file named after its cell ({record['cell']}.json)")
+  schema.cell_file(record, path, SCHEMA)
   return record
-
-
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_all(results_dir: str) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,6 @@ from launch.sweeps import common
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
 TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS
                     if c.stage in cells_lib.TABLE_A1_STAGES)
-SPLITS = {cells_lib.FUZZY: ("ood", "test", "unseen_terms"), cells_lib.SRAVEN: ("ood", "test")}
 TITLES = {cells_lib.FUZZY: "Fuzzy logic (OOD R² x100)",
           cells_lib.SRAVEN: "SRAVEN (OOD accuracy x100)"}
 COLORS = {"softmax": "tab:blue", "linear": "tab:orange", "hyla": "tab:green"}
@@ -96,7 +95,7 @@ def table_a1(records, experiment: str) -> str:
   if not rows:
     return f"No finished cell of {experiment} yet.\n"
   grid_size = math.prod(len(v) for v in cells_lib.GRIDS[experiment].values())
-  split_cols = SPLITS[experiment]
+  split_cols = cells_lib.SPLITS[experiment]
   lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
            + " | OOD per seed | paper OOD | ours - paper (p) |",
            "|---" * (6 + len(split_cols)) + "|"]
@@ -296,7 +295,7 @@ def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") ->
         trained = d["trained"]
         sel = (d.get("selectivity") or {}).get("selectivity")
         topo = (d.get("topographic") or {}).get("held-out tasks") or {}
-        rho = (f"{topo['rho']:.3f} ({topo['p_value']:.3g})"
+        rho = (f"{topo['rho']:.3f} ({_num(topo.get('p_value'), '.3g')})"
                if topo.get("rho") is not None else "-")  # None: a constant code
         lines.append(
             f"| {r['cell']} | {m['name']} | {m['step']:,} | {layer} | "
@@ -369,9 +368,9 @@ def _headline(x):
   return x.get("accuracy", next(iter(x.values()), None)) if isinstance(x, dict) else x
 
 
-def _num(x) -> str:
+def _num(x, spec: str = ".3f") -> str:
   x = _headline(x)
-  return "-" if x is None else f"{x:.3f}"
+  return "-" if x is None else format(x, spec)
 
 
 def _chance(chance) -> str:

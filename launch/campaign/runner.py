@@ -5,14 +5,21 @@ Cells start in priority order while a slot is free and their estimate fits in th
 run outlives the budget anyway gets SIGTERM `stop_margin_s` before the end: the training
 process checkpoints and exits 75; its progress and (if small) its resume state are saved
 beside the cell files (`partial.py`), so a rerun on any machine resumes it.
-SIGTERM or Ctrl-C to the runner does the same to its children.
+SIGTERM or Ctrl-C to the runner does the same to its children; while the runner collects a
+cell that exited (publishes it, or saves its resume state) it holds those signals until it
+is done, so a finished cell always ends as its cell file and a stopped one as its state.
+A cell's result comes only from its own run: a workdir (or resume state) whose recorded
+config differs from the cell's in any field is moved aside (never deleted, never published),
+and so is a finished one that --redo retrains.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
 for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -36,6 +43,11 @@ from launch.campaign import records
 PROGRESS = "progress.txt"
 LOG = "campaign.log"
 STEP_RE = re.compile(r"step ([\d,]+)/([\d,]+)")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Tests only: a file path; at the publish point the runner creates it and waits until it is
+# deleted (at most `PAUSE_LIMIT_S`), so that a test can send a real signal exactly there.
+PAUSE_ENV = "HYPERNET_ATTENTION_CAMPAIGN_PUBLISH_PAUSE"
+PAUSE_LIMIT_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +60,8 @@ class Options:
   stop_margin_s: float = 120.0  # SIGTERM a running cell this long before the budget ends.
   poll_s: float = 5.0
   # How long a stopped cell may take to checkpoint and exit before it is killed: the
-  # trainer's own bound is its preemption grace (30 s by default) plus a save.
+  # trainer's own bound is its preemption grace (30 s by default) plus a save. Whoever stops
+  # the runner must allow it longer (launch/device_window.sh's kill grace).
   stop_wait_s: float = 90.0
   python: str = sys.executable
 
@@ -102,12 +115,78 @@ def _flags(overrides) -> list[str]:
   return [f"--{flag}" if value is True else f"--{flag}={value}" for flag, value in overrides]
 
 
+def foreign(cell: cells_lib.Cell, directory: str) -> Optional[str]:
+  """Why `directory` does not hold train cell `cell`'s own run (the first field in which
+  the config.json it records differs from the cell's: `cells.run_differences`), or None:
+  it does, or it holds no config yet (a run that had not started)."""
+  try:
+    recorded = run_files.read_config(directory)
+    finished = run_files.is_finished(directory)
+  except ValueError as e:  # An unreadable config.json or population_summary.json.
+    return str(e)
+  if recorded is None:
+    return f"{directory} holds results but no {run_files.CONFIG}" if finished else None
+  different = cells_lib.run_differences(cell, recorded)
+  return (f"{directory} holds another run than {cell.name}'s: its {run_files.CONFIG} differs "
+          f"in {different[0]} (recorded -> the cell's)" if different else None)
+
+
+def set_aside(directory: str) -> str:
+  """Renames `directory` to a free `<directory>.aside-<UTC time>` beside it (a run is never
+  deleted); the new path."""
+  base = f"{directory}.aside-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+  target = next(t for t in (base + (f"-{n}" if n else "") for n in itertools.count())
+                if not os.path.exists(t))
+  os.rename(directory, target)
+  return target
+
+
+@contextlib.contextmanager
+def signals_held(on_signal: Callable[[], None] = lambda: None):
+  """Runs the block with SIGTERM and SIGINT held: each is noted (and `on_signal` called:
+  it may only send signals, as a handler must not log), then the first is delivered to
+  the handler that was in place, once the block has ended. Main thread only."""
+  caught = []
+
+  def note(signum, frame):
+    del frame
+    caught.append(signum)
+    on_signal()
+
+  previous = {s: signal.signal(s, note) for s in STOP_SIGNALS}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    if caught:
+      signal.raise_signal(caught[0])
+
+
+def _pause_for_tests() -> None:
+  flag = os.environ.get(PAUSE_ENV)
+  if not flag:
+    return
+  with open(flag, "w"):
+    pass
+  deadline = time.time() + PAUSE_LIMIT_S
+  while os.path.exists(flag) and time.time() < deadline:
+    time.sleep(0.1)
+
+
+def _source_dirs(cell: cells_lib.Cell, options: Options) -> tuple[str, str]:
+  """Where a probe cell's source run may be: its workdir here, its kept parameters."""
+  return (os.path.join(options.root, cell.source),
+          records.kept_params_dir(options.results_dir, cell.source))
+
+
 def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """A probe cell's source run: its finished workdir here, else its kept parameters (any
-  machine: they are committed beside the cell files); None if neither exists."""
-  for directory in (os.path.join(options.root, cell.source),
-                    records.kept_params_dir(options.results_dir, cell.source)):
-    if run_files.is_finished(directory):
+  machine: they are committed beside the cell files), each only if it is the source cell's
+  own run; None if neither is."""
+  source = cells_lib.BY_NAME[cell.source]
+  for directory in _source_dirs(cell, options):
+    if run_files.is_finished(directory) and foreign(source, directory) is None:
       return directory
   return None
 
@@ -115,9 +194,11 @@ def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
   if cell.kind == "probe" and source_dir(cell, options) is None:
-    kept = records.kept_params_dir(options.results_dir, cell.source)
+    workdir, kept = _source_dirs(cell, options)
+    others = [foreign(cells_lib.BY_NAME[cell.source], d) for d in (workdir, kept)
+              if os.path.isdir(d)]
     return (f"needs {cell.source}'s kept parameters ({kept}) or its finished workdir "
-            f"({os.path.join(options.root, cell.source)})")
+            f"({workdir})" + "".join(f"; {why}" for why in others if why))
   return None
 
 
@@ -177,9 +258,11 @@ class Campaign:
     argv = [self.options.python, "experiments/export_params.py",
             f"--workdir={self.workdir(cell)}", f"--output_dir={out}",
             f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
-    try:
+    try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
+      # waits for the publish (`signals_held`) instead of failing its export; it still dies
+      # with this runner (`run_local.child_env`).
       done = subprocess.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
-                            timeout=600, env=run_local.child_env(1))
+                            timeout=600, env=run_local.child_env(1), start_new_session=True)
     except subprocess.TimeoutExpired:
       return {"params": None, "params_note": "export_params.py timed out after 600 s"}
     if done.returncode != 0:
@@ -189,10 +272,19 @@ class Campaign:
       return {"params": None, "params_note": note}
     return {"params": os.path.relpath(out, self.options.results_dir)}
 
+  def _forward_stop(self) -> None:
+    """A stop that arrives while signals are held, sent on to the running cells at once
+    (in a signal handler: kill(2) only, no log)."""
+    for run in list(self.running.values()):
+      run.process.send_signal(signal.SIGTERM)
+
   def _publish(self, cell: cells_lib.Cell) -> None:
+    """Publishes `cell`'s finished workdir as its cell file, whole: a stop meanwhile waits
+    (the caller holds the signals)."""
     record = collect_cell.build(cell, self.workdir(cell), self.device)
     if cell.kind == "train":
       record.update(self._keep_params(cell))
+    _pause_for_tests()
     replace = cell.name in self.options.redo
     if records.publish(self.options.results_dir, record, replace=replace):
       self.records.append(record)
@@ -203,7 +295,8 @@ class Campaign:
       self._end(cell, "skipped", "another runner published it first; kept its file")
 
   def _try_start(self, cell: cells_lib.Cell) -> bool:
-    """Starts `cell` (True), or ends it as done / skipped (False, removed from the plan)."""
+    """Starts `cell` (True), or ends it as done / skipped / failed, or publishes a run that
+    finished before (False: removed from the plan)."""
     path = records.path_of(self.options.results_dir, cell.name)
     if os.path.exists(path) and cell.name not in self.options.redo:
       self._end(cell, "done")
@@ -212,9 +305,35 @@ class Campaign:
     if reason:
       self._end(cell, "skipped", reason)
       return False
+    with signals_held(self._forward_stop):  # Claimed, then published or started, whole.
+      held = records.claim(self.options.results_dir, cell.name)  # Before the workdir is used.
+      if held:
+        self._end(cell, "skipped", f"claimed by pid {held.get('pid')} on {held.get('host')}")
+        return False
+      started = False
+      try:
+        started = self._start(cell)
+      finally:
+        if not started:
+          records.release(self.options.results_dir, cell.name)
+      return started
+
+  def _clear_workdir(self, cell: cells_lib.Cell, workdir: str) -> None:
+    """Moves `workdir` aside (one line says where) when it holds another run than the
+    cell's, or a finished run that --redo retrains; the cell then starts afresh (or
+    resumes from its saved state)."""
+    why = foreign(cell, workdir) if os.path.isdir(workdir) else None
+    if why is None and cell.name in self.options.redo and run_files.is_finished(workdir):
+      why = f"--redo={cell.name} retrains the finished run in {workdir}"
+    if why:
+      self.log(f"{cell.name}: {why}; moved it to {set_aside(workdir)} (kept, not used)")
+
+  def _start(self, cell: cells_lib.Cell) -> bool:
+    """`_try_start` once the cell is claimed."""
     workdir = self.workdir(cell)
     resumed_from = None
     if cell.kind == "train":
+      self._clear_workdir(cell, workdir)
       try:
         resumed = partial.restore(cell, workdir, self.options.results_dir)
       except errors.BadInput as e:  # Another cell's state, or a damaged file: never run it.
@@ -225,21 +344,14 @@ class Campaign:
         self.log(f"{cell.name}: resumes at step {resumed:,} from the state an earlier "
                  f"window saved ({resumed_from})")
     finished = cell.kind == "train" and run_files.is_finished(workdir)
+    if finished:  # Trained before and its own run (a cut-off publish, a runner's crash).
+      self._publish(cell)
+      return False
     estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
     left = self.deadline - time.time() - self.options.stop_margin_s
-    if not finished and (estimate is None or estimate.minutes * 60 > left):
+    if estimate is None or estimate.minutes * 60 > left:
       need = plan.fmt_minutes(estimate.minutes if estimate else None)
       self._end(cell, "skipped", f"needs ~{need} min, {max(left, 0) / 60:.0f} left")
-      return False
-    held = records.claim(self.options.results_dir, cell.name)
-    if held:
-      self._end(cell, "skipped", f"claimed by pid {held.get('pid')} on {held.get('host')}")
-      return False
-    if finished:  # Trained before (a cut-off publish, or another runner's crash).
-      try:
-        self._publish(cell)
-      finally:
-        records.release(self.options.results_dir, cell.name)
       return False
     os.makedirs(workdir, exist_ok=True)
     argv = command(cell, workdir, self.options)
@@ -258,6 +370,12 @@ class Campaign:
     return True
 
   def _reap(self, run: _Running) -> None:
+    """Collects a cell that exited: its cell file, or its progress and resume state, whole
+    (a SIGTERM or Ctrl-C meanwhile waits until the claim is released)."""
+    with signals_held(self._forward_stop):
+      self._collect(run)
+
+  def _collect(self, run: _Running) -> None:
     cell, code = run.cell, run.process.returncode
     del self.running[cell.name]
     collect_cell.add_segment(self.workdir(cell), {

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from hypernet_attention import errors
+from hypernet_attention.runs import run_files
 from launch import jobs
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
@@ -82,6 +83,8 @@ def test_every_train_cell_s_flags_are_accepted_by_its_entry_point(monkeypatch):
     for key, value in cell.point().items():
       if key != "config":
         assert str(_get(config, key)) == str(value), (cell.name, key)
+    # What a run of the cell records is what the runner compares a workdir against.
+    assert cells_lib.run_differences(cell, run_files.config_to_json(config)) == [], cell.name
 
 
 def _get(config, dotted_key):
@@ -124,8 +127,9 @@ def test_publish_never_clobbers_and_redo_replaces(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ('{"schema": 1, "cell": "a_fuzzy_hyla_seed0"', "unreadable"),
-    ('{"schema": 1}', "lacks"),
-    ('[1, 2]', "lacks"),
+    ('{"schema": 1}', "field cell is missing; allowed: a string"),
+    ('[1, 2]', "holds \\[1, 2\\]; allowed: an object"),
+    ('{"schema": 2}', "schema 2; allowed: 1"),
 ])
 def test_a_corrupt_cell_file_is_named(tmp_path, content, message):
   (tmp_path / "a_fuzzy_hyla_seed0.json").write_text(content)

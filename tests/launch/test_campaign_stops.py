@@ -6,6 +6,7 @@ another device (issue "A window's work is never lost")."""
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import tarfile
 import time
 
 import pytest
+import test_campaign  # pylint: disable=g-bad-import-order
 
 # pylint: disable=protected-access
 from hypernet_attention import errors
@@ -28,12 +30,12 @@ HYLA = cells_lib.BY_NAME["smoke_fuzzy_hyla"]
 SOFTMAX = cells_lib.BY_NAME["smoke_fuzzy_softmax"]
 
 
-def _config_of(cell) -> dict:
-  """The config.json a run of `cell` writes, in the fields a resume state is checked on."""
-  return {"experiment": cell.experiment, "model": {"attention": cell.model},
-          "num_train_steps": cell.num_steps,
-          "population": {"member_names": list(cell.member_names),
-                         "members": [dict(m) for m in cell.members]}}
+def _config_of(cell, learning_rate=None) -> dict:
+  """The config.json a run of `cell` writes (at another learning rate, if given)."""
+  config = cells_lib.recorded_config(cell)
+  if learning_rate is not None:
+    config["optimizer"]["learning_rate"] = learning_rate
+  return config
 
 
 def _state(results, name: str, files: dict[str, bytes]) -> str:
@@ -48,8 +50,8 @@ def _state(results, name: str, files: dict[str, bytes]) -> str:
   return path
 
 
-def _state_of(results, cell, run_of=None) -> str:
-  config = json.dumps(_config_of(run_of or cell)).encode()
+def _state_of(results, cell, run_of=None, learning_rate=None) -> str:
+  config = json.dumps(_config_of(run_of or cell, learning_rate)).encode()
   return _state(results, cell.name, {f"{cell.name}/config.json": config,
                                      f"{cell.name}/checkpoints/4/state": b"x"})
 
@@ -61,24 +63,32 @@ def test_curves_of_a_run_without_scalars_are_empty_not_an_error(tmp_path):
 
 
 def test_a_cell_stopped_before_its_first_log_keeps_its_checkpoint(tmp_path):
-  """Stopped at step 350 with no scalars yet: its progress and resume state are saved."""
+  """Stopped at step 4 of 8 with no scalars yet: its progress and resume state are saved."""
   workdir = tmp_path / "root" / HYLA.name
-  (workdir / "checkpoints" / "350").mkdir(parents=True)
-  (workdir / "checkpoints" / "350" / "state").write_bytes(b"x" * 100)
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  (workdir / "checkpoints" / "4" / "state").write_bytes(b"x" * 100)
   (workdir / "config.json").write_text(json.dumps(_config_of(HYLA)))
   results = str(tmp_path / "results")
   said = partial.save(HYLA, str(workdir), results, CPU)
-  assert "step 350" in said
+  assert "step 4" in said
   progress = partial.read_all(results)[HYLA.name]
-  assert progress["step"] == 350 and all(m["curves"] == {} for m in progress["members"])
+  assert progress["step"] == 4 and all(m["curves"] == {} for m in progress["members"])
   assert os.path.exists(partial.paths(results, HYLA.name)[1])
 
 
-def test_a_resume_state_of_another_cell_is_refused_before_anything_is_unpacked(tmp_path):
+@pytest.mark.parametrize("run_of, learning_rate, field", [
+    (SOFTMAX, None, "model.attention: 'softmax' -> 'hyla'"),  # softmax's run, hyla's name
+    (HYLA, 0.5, "optimizer.learning_rate: 0.5 -> 0.001"),  # hyla's run at lr 0.5
+])
+def test_a_resume_state_of_another_run_is_refused_before_anything_is_unpacked(
+    tmp_path, run_of, learning_rate, field):
+  """Every field of its config.json is compared with the cell's, the first that differs
+  named: another cell's run, or the cell's own at another learning rate."""
   results = str(tmp_path / "results")
-  path = _state_of(results, HYLA, run_of=SOFTMAX)  # softmax's run under hyla's name
-  with pytest.raises(errors.BadInput, match=r"not smoke_fuzzy_hyla's run: model.attention "
-                     r"'softmax' \(the cell's: 'hyla'\).*delete it \(git rm .*tar.gz"):
+  path = _state_of(results, HYLA, run_of=run_of, learning_rate=learning_rate)
+  with pytest.raises(errors.BadInput, match=rf"not smoke_fuzzy_hyla's run: its config.json "
+                     rf"differs in {re.escape(field)} \(recorded -> the cell's\); delete it "
+                     r"\(git rm .*tar.gz"):
     partial.restore(HYLA, str(tmp_path / "root" / HYLA.name), results)
   assert not os.path.exists(tmp_path / "root" / HYLA.name)
   # Through the runner: the cell fails with that line; nothing runs, nothing is published.
@@ -146,6 +156,8 @@ def test_a_damaged_progress_file_is_named_by_dry_run_and_report(tmp_path, conten
     (["--budget_minutes=1", "--device_kind=NVIDIA H100 80GB HBM3"], "without --dry_run"),
     (["--budget_minutes=1", "--root={file}"], "is a file"),
     (["--report", "--report_path={dir}"], "allowed: a Markdown file path"),
+    (["--report", "--report_path={file}/r.md"], "is below the file"),
+    (["--dry_run", "--device_kind=cpu", "--root={file}/root"], "is below the file"),
 ])
 def test_flags_that_would_record_what_did_not_run_are_refused(tmp_path, flags, says):
   a_file = tmp_path / "a_file"
@@ -155,6 +167,7 @@ def test_flags_that_would_record_what_did_not_run_are_refused(tmp_path, flags, s
                         f"--results_dir={tmp_path / 'results'}", *flags],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
   assert out.returncode == 2 and says in out.stderr, out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr
   assert not os.path.exists(tmp_path / "results" / "smoke_fuzzy_hyla.json")
 
 
@@ -194,14 +207,90 @@ def test_two_sigterms_leave_no_trainer_behind_and_keep_the_state(tmp_path):
   assert os.path.exists(partial.paths(str(results), "smoke_sraven_hyla")[1]) == bool(step)
 
 
-def test_a_cell_file_whose_numbers_are_strings_is_named(tmp_path):
-  record = {"schema": records.SCHEMA, "cell": HYLA.name, "stage": "a", "kind": "train",
-            "experiment": "fuzzy_logic", "device": CPU, "jax_version": "x", "commit": "c",
-            "wall_s": 10.0, "members": [{"name": "seed0", "final": {"ood/r2": "0.9"}}]}
-  path = tmp_path / f"{HYLA.name}.json"
-  path.write_text(json.dumps(record))
-  with pytest.raises(errors.BadInput, match=r"ood/r2='0.9'.*restore it from git"):
-    records.read(str(path))
-  record["members"][0]["final"]["ood/r2"] = 0.9
-  path.write_text(json.dumps(record))
-  assert records.read(str(path))["members"][0]["final"]["ood/r2"] == 0.9
+# Hand edits of a cell file that --dry_run and --report once met as a TypeError or KeyError
+# deep in a table (or as an estimate of -166.7 minutes): (edit, what the one line says).
+CELL_FILE_EDITS = {
+    "number_as_string": (lambda r: r["members"][0]["final"].update({"ood/r2": "0.9"}),
+                         "field members[0].final['ood/r2'] is '0.9'; allowed: a finite number"),
+    "members_missing": (lambda r: r.pop("members"),
+                        "field members is missing; allowed: a list of at least 1"),
+    "curves_as_strings": (lambda r: r["members"][0].update(curves="[[0, 0.1]]"),
+                          "field members[0].curves is '[[0, 0.1]]'; allowed: an object"),
+    "another_experiment": (lambda r: r.update(experiment="sraven"),
+                           "field experiment is 'sraven'; allowed: 'fuzzy_logic' (cell "
+                           "a_fuzzy_hyla_seed0's definition)"),
+    "negative_rate": (lambda r: r.update(member_steps_per_s=-5.0),
+                      "field member_steps_per_s is -5.0; allowed: a finite number > 0 or null"),
+    "negative_wall": (lambda r: r.update(wall_s=-10_000.0),
+                      "field wall_s is -10000.0; allowed: a finite number >= 0"),
+    "learning_rate_as_string": (
+        lambda r: r["members"][0]["settings"].update({"optimizer.learning_rate": "1e-3"}),
+        "field members[0].settings.optimizer.learning_rate is '1e-3'; allowed: a finite "
+        "number > 0"),
+    "metric_missing": (lambda r: r["members"][0]["final"].pop("ood/r2"),
+                       "field members[0].final lacks 'ood/r2'; allowed: every member's "
+                       "ood/r2, test/r2, unseen_terms/r2"),
+    "another_members": (lambda r: r["members"][0].update(name="seed1"),
+                        "field members.name is ['seed1']; allowed: ['seed0']"),
+}
+
+
+def _edited_cell_file(results, edit: str) -> str:
+  """A cell file as the runner writes it (a_fuzzy_hyla_seed0), then edited by hand."""
+  record = test_campaign._record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)])
+  os.makedirs(results, exist_ok=True)
+  assert records.publish(str(results), record)
+  path = records.path_of(str(results), "a_fuzzy_hyla_seed0")
+  assert records.read(path) == record  # Unedited: it reads.
+  CELL_FILE_EDITS[edit][0](record)
+  with open(path, "w") as f:
+    json.dump(record, f)
+  return path
+
+
+@pytest.mark.parametrize("edit", sorted(CELL_FILE_EDITS))
+def test_a_hand_edited_cell_file_is_named_with_its_field(tmp_path, edit):
+  path = _edited_cell_file(tmp_path / "results", edit)
+  with pytest.raises(errors.BadInput) as e:
+    records.read_all(str(tmp_path / "results"))
+  message = str(e.value)
+  assert message.startswith(f"cell file {path!r}: {CELL_FILE_EDITS[edit][1]}"), message
+  assert "\n" not in message and message.endswith("delete it to rerun the cell")
+
+
+@pytest.mark.parametrize("edit", ["number_as_string", "members_missing", "negative_wall"])
+def test_dry_run_and_report_name_a_hand_edited_cell_file(tmp_path, edit):
+  path = _edited_cell_file(tmp_path / "results", edit)
+  for flags in (["--dry_run", "--device_kind=cpu"], ["--report"]):
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.campaign", f"--results_dir={tmp_path / 'results'}",
+         f"--report_path={tmp_path / 'r.md'}", f"--root={tmp_path / 'root'}", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert path in line and CELL_FILE_EDITS[edit][1] in line, line
+  assert not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda r: r.update(step=-400), "field step is -400; allowed: an integer >= 0"),
+    (lambda r: r.update(step=9), "field step is 9; allowed: 0 to num_steps (8)"),
+    (lambda r: r["members"][0].update(curves="x"), "field members[0].curves is 'x'"),
+    (lambda r: r.update(experiment="sraven"), "field experiment is 'sraven'; allowed: "
+     "'fuzzy_logic'"),
+    (lambda r: r["device"].pop("jax_version"), "field device.jax_version is missing"),
+])
+def test_a_hand_edited_progress_file_is_named_with_its_field(tmp_path, edit, says):
+  """A progress file as the runner writes it (a cut-off smoke cell), then edited."""
+  workdir = tmp_path / "root" / HYLA.name
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  results = str(tmp_path / "results")
+  partial.save(HYLA, str(workdir), results, CPU)
+  path = partial.paths(results, HYLA.name)[0]
+  record = partial.read(path)
+  edit(record)
+  with open(path, "w") as f:
+    json.dump(record, f)
+  with pytest.raises(errors.BadInput, match=f"^progress file {re.escape(repr(path))}: "
+                     f"{re.escape(says)}"):
+    partial.read_all(results)
