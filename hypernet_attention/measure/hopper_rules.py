@@ -222,8 +222,10 @@ def main(argv: Optional[list[str]] = None) -> int:
   """Checks HYLA's Mosaic kernels (forward, backward, dQ) at one shape; prints one line per
   broken rule and a summary line. Exit 1 on any violation."""
   import argparse  # pylint: disable=g-import-not-at-top
+
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("--shape", default="2,128,8,64", help="B,T,H,D (D = V)")

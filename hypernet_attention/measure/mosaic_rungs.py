@@ -35,6 +35,7 @@ RUNG_TOLERANCE = 0.05
 def _kernel_and_reference(rung: str, interpret):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import reference  # pylint: disable=g-import-not-at-top
 
@@ -57,6 +58,7 @@ def _kernel_and_reference(rung: str, interpret):
 def _interpret_or_reason():
   """(interpret params or None for compiled, None) or (None, why this machine cannot)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   if device.platform == "gpu":

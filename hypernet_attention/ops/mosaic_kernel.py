@@ -1,5 +1,12 @@
 """HYLA forward as one fused Pallas Mosaic GPU kernel for Hopper (issue 42, steps 1-3).
 
+Status (an H200, 2026-11-27, experiments/results/gpu_windows/2026-11-27_h200_kernel): runs
+correctly, forward and backward (compute-sanitizer memcheck: 0 errors; bf16 parity against
+the float64 reference passes at T=128, 256, 1000, at half the bound), once the key-validity
+ring's slots were aligned for TMA (`_key_valid_slot`). Not fast: at T=4096, B=4, H=8,
+D=V=64, causal, the forward equals XLA's blockwise (8.66 vs 8.63 ms) and fwd+bwd is 66.6 ms
+against blockwise's 27.5 and cuDNN softmax's 0.76, so `dispatch`'s `auto` does not take it.
+
 What it computes: `reference.attention` with normalization='rms_head', value_network='mlp',
 activation='relu' (HYLA, the paper's Eqs. 6-7), optionally causal and with a key-padding
 mask; nothing else (`supports` says so and `attention` refuses the rest).
@@ -87,12 +94,12 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hypernet_attention.errors import BadInput
+from hypernet_attention.ops import mosaic_kernel_bwd
+from hypernet_attention.ops import mosaic_smem
 from hypernet_attention.ops import reference
 
-HEADS_PADDED = 16  # wgmma K for 16-bit operands; also the padded head axis of V and C.
 _F32 = jnp.float32
 
 
@@ -157,121 +164,33 @@ def _key_mask_shape_ok(mask) -> bool:
   return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
 
 
-def _key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
-  """(Bm, Kp) float32: 1 where key k may be attended, 0 for masked and padded keys."""
-  if mask is None:
-    valid = jnp.ones((1, k_len), _F32)
-  else:
-    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
-    mask4 = mask.reshape(shape)
-    valid = jnp.broadcast_to(mask4[:, 0, 0, :], (shape[0], k_len)).astype(_F32)
-  return jnp.pad(valid, ((0, 0), (0, k_padded - k_len)))
-
-
-def _selection_constants(heads: int, block_k: int, block_v: int, dtype):
-  """P (bk, H*bk, 16): P[k, h*bk + k, h] = 1, so S_cat @ P[k] = C[k] (bq, 16) head-minor;
-  B (H, 16, bv): B[h, h, :] = 1, so C[k] @ B[h] broadcasts column h over bv columns."""
-  perm = np.zeros((block_k, heads * block_k, HEADS_PADDED), np.float32)
-  for k in range(block_k):
-    for h in range(heads):
-      perm[k, h * block_k + k, h] = 1.0
-  bcast = np.zeros((heads, HEADS_PADDED, block_v), np.float32)
-  for h in range(heads):
-    bcast[h, h, :] = 1.0
-  return jnp.asarray(perm, dtype), jnp.asarray(bcast, dtype)
-
-
-def _smem_transforms(plgpu, minor: int, dtype):
-  """Tiling and swizzle for a wgmma operand whose minor dimension is `minor` elements."""
-  swizzle = min(128, minor * jnp.dtype(dtype).itemsize)
-  return (plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-          plgpu.SwizzleTransform(swizzle))
-
-
-# Hopper's shared memory per thread block (227 KiB): what Mosaic's lowering checks a kernel
-# against ("exceeds available shared memory: smem_bytes=... > max_smem_bytes=232448").
-HOPPER_SMEM_BYTES = 232_448
-
-
-@dataclasses.dataclass(frozen=True)
-class Buffer:
-  """One SMEM buffer of a kernel: its shape, dtype and, for a wgmma operand, the minor
-  dimension its tiling and swizzle are made for (None: plain)."""
-  name: str
-  shape: tuple[int, ...]
-  dtype: jnp.dtype
-  swizzled_minor: Optional[int] = None
-
-  @property
-  def nbytes(self) -> int:
-    return math.prod(self.shape) * jnp.dtype(self.dtype).itemsize
-
-
-# A TMA copy's SMEM address must be 128-byte aligned (PTX `cp.async.bulk.tensor`): each slot
-# of a ring written by TMA spans a multiple of 128 bytes, though only its first bk are used.
-# The first version's 64-byte slots put slot 1 off by 64: CUDA_ERROR_MISALIGNED_ADDRESS on
-# every size of the H100 window of 2026-11-27 (measure/hopper_rules.py checks this on a CPU).
-TMA_SMEM_ALIGNMENT = 128
-
-
 def _key_valid_slot(block_k: int) -> int:
   """Floats in one slot of the key-validity ring: block_k, rounded up to 128 bytes."""
-  return _round_up(block_k, TMA_SMEM_ALIGNMENT // jnp.dtype(_F32).itemsize)
+  return mosaic_smem.round_up(block_k, mosaic_smem.TMA_SMEM_ALIGNMENT // 4)  # float32
 
 
-def forward_smem(blocks: Blocks, heads: int, depth: int, dtype) -> tuple[Buffer, ...]:
+def forward_smem(blocks: Blocks, heads: int, depth: int,
+                 dtype) -> tuple[mosaic_smem.Buffer, ...]:
   """The forward kernel's SMEM buffers, in the order the kernel takes them (depth: D padded
   to a 128-byte row). The kernel allocates exactly these; `check_tiles` budgets them."""
-  bq, bk, bv, hp = blocks.block_q, blocks.block_k, blocks.block_v, HEADS_PADDED
+  bq, bk, bv, hp = blocks.block_q, blocks.block_k, blocks.block_v, mosaic_smem.HEADS_PADDED
   return (
-      Buffer("Q", (heads, bq, depth), dtype, depth),
-      Buffer("K ring", (2, heads, bk, depth), dtype, depth),
-      Buffer("V ring", (2, bk, hp, bv), dtype, bv),
-      Buffer("key validity ring", (2, _key_valid_slot(bk)), _F32),
-      Buffer("S_cat", (bq, heads * bk), dtype, bk),
-      Buffer("C[k]", (bq, hp), dtype, hp),
-      Buffer("P", (bk, heads * bk, hp), dtype, hp),
-      Buffer("B", (heads, hp, bv), dtype, bv),
-      Buffer("output", (heads, bq, bv), dtype),
+      mosaic_smem.Buffer("Q", (heads, bq, depth), dtype, depth),
+      mosaic_smem.Buffer("K ring", (2, heads, bk, depth), dtype, depth),
+      mosaic_smem.Buffer("V ring", (2, bk, hp, bv), dtype, bv),
+      mosaic_smem.Buffer("key validity ring", (2, _key_valid_slot(bk)), _F32),
+      mosaic_smem.Buffer("S_cat", (bq, heads * bk), dtype, bk),
+      mosaic_smem.Buffer("C[k]", (bq, hp), dtype, hp),
+      mosaic_smem.Buffer("P", (bk, heads * bk, hp), dtype, hp),
+      mosaic_smem.Buffer("B", (heads, hp, bv), dtype, bv),
+      mosaic_smem.Buffer("output", (heads, bq, bv), dtype),
   )
-
-
-def _allocate(plgpu, buffers):
-  return tuple(plgpu.SMEM(b.shape, b.dtype, transforms=() if b.swizzled_minor is None
-                          else _smem_transforms(plgpu, b.swizzled_minor, b.dtype))
-               for b in buffers)
-
-
-def check_tiles(buffers, what: str) -> None:
-  """BadInput in one line, before lowering, for tiles compiled Mosaic cannot take: a swizzled
-  operand whose rows are under 32 bytes (Mosaic's smallest swizzle; e.g. block_k = 8 in
-  bf16) and buffers over Hopper's shared memory. The sum is a lower bound of what Mosaic
-  allocates (it adds barriers and alignment: ~1-3 KiB), so nothing that fits is refused.
-  Interpret mode has neither limit (its float32 tests use tiles that would not fit)."""
-  for b in buffers:
-    row_bytes = None if b.swizzled_minor is None else (
-        b.swizzled_minor * jnp.dtype(b.dtype).itemsize)
-    if row_bytes is not None and (min(128, row_bytes) not in (32, 64, 128)
-                                  or row_bytes % min(128, row_bytes)):
-      raise BadInput(f"{what}: SMEM buffer {b.name} {b.shape} has {row_bytes}-byte rows; "
-                     "allowed: 32, 64 or a multiple of 128 (Mosaic's swizzles), e.g. "
-                     "block_k and block_v of 16, 32 or a multiple of 64 for 16-bit inputs")
-  total = sum(b.nbytes for b in buffers)
-  if total > HOPPER_SMEM_BYTES:
-    largest = ", ".join(f"{b.name} {b.nbytes // 1024} KiB" for b in
-                        sorted(buffers, key=lambda b: -b.nbytes)[:3])
-    raise BadInput(f"{what}: needs at least {total:,} bytes of shared memory ({largest}, "
-                   f"...); allowed: at most {HOPPER_SMEM_BYTES:,} (Hopper, 227 KiB)")
-
-
-def _round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
 
 
 def _depth_padded(depth: int, dtype) -> int:
   """D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row: the
   width the forward lays Q and K out in, and so what `check_tiles` budgets."""
-  return _round_up(depth, 128 // jnp.dtype(dtype).itemsize)
+  return mosaic_smem.round_up(depth, 128 // jnp.dtype(dtype).itemsize)
 
 
 def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
@@ -290,10 +209,10 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
   k_padded = k_BHKD.shape[2]
   v_padded = v_BJKHV.shape[1] * v_BJKHV.shape[-1]
   dtype = q_BHQD.dtype
-  bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
+  bq, bk, bv, hp = blocks.block_q, blocks.block_k, blocks.block_v, mosaic_smem.HEADS_PADDED
   num_k_tiles = k_padded // bk
   mask_batched = key_valid_BK.shape[0] > 1
-  perm_KJH, bcast_HHV = _selection_constants(heads, bk, bv, dtype)
+  perm_KJH, bcast_HHV = mosaic_smem.selection_constants(heads, bk, bv, dtype)
 
   def kernel(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref, scoped):
     (q_smem, k_smem, v_smem, kval_smem, scat_smem, c_smem, perm_smem, bcast_smem,
@@ -336,8 +255,9 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
         return [acc[...] for acc in accs]
 
       s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
-      valid = jax.lax.broadcast_in_dim(
-          plgpu.load(kval_smem.at[slot, pl.ds(0, bk)], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
+      valid_K = plgpu.load(kval_smem.at[slot, pl.ds(0, bk)],
+                           layout=plgpu.Layout.WGMMA.reduce(0))
+      valid = jax.lax.broadcast_in_dim(valid_K, (bq, bk), [1])
       if is_causal:
         rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
         cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
@@ -354,7 +274,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
           plgpu.wgmma(acc, scat_smem, perm_smem.at[k])
           return acc[...]
 
-        c_smem[...] = pl.run_scoped(code, plgpu.ACC((bq, HEADS_PADDED), _F32)).astype(dtype)
+        c_smem[...] = pl.run_scoped(code, plgpu.ACC((bq, hp), _F32)).astype(dtype)
         plgpu.commit_smem()
 
         def value_net(u_acc, *e_accs):
@@ -386,7 +306,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
     plgpu.wait_smem_to_gmem(0)
 
   def entry(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref):
-    smem = _allocate(plgpu, forward_smem(blocks, heads, depth, dtype))
+    smem = mosaic_smem.allocate(plgpu, forward_smem(blocks, heads, depth, dtype))
     barriers = (plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=2))
@@ -409,18 +329,19 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   batch, q_len, heads, depth = query_BQHD.shape
   k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
-  q_padded, k_padded, v_padded = _round_up(q_len, bq), _round_up(k_len, bk), _round_up(v_dim, bv)
+  round_up, hp = mosaic_smem.round_up, mosaic_smem.HEADS_PADDED
+  q_padded, k_padded, v_padded = round_up(q_len, bq), round_up(k_len, bk), round_up(v_dim, bv)
   d_padded = _depth_padded(depth, query_BQHD.dtype)
   pad = lambda x, length, width: jnp.pad(
       x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, d_padded), (0, 2, 1, 3))
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, d_padded), (0, 2, 1, 3))
-  v_BKHV = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len), (0, HEADS_PADDED - heads),
+  v_BKHV = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len), (0, hp - heads),
                                 (0, v_padded - v_dim)))
-  v_BJKHV = jnp.transpose(v_BKHV.reshape(batch, k_padded, HEADS_PADDED, v_padded // bv, bv),
+  v_BJKHV = jnp.transpose(v_BKHV.reshape(batch, k_padded, hp, v_padded // bv, bv),
                           (0, 3, 1, 2, 4))
   out_BJHQV = _forward_call(
-      q_BHQD, k_BHKD, v_BJKHV, _key_valid(mask, k_len, k_padded),
+      q_BHQD, k_BHKD, v_BJKHV, mosaic_smem.key_valid(mask, k_len, k_padded),
       scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,
       interpret=interpret)
   out_BQHV = jnp.transpose(out_BJHQV, (0, 3, 2, 1, 4)).reshape(batch, q_padded, heads, v_padded)
@@ -442,8 +363,6 @@ def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret, d
 def _attention_bwd(is_causal, eps, blocks, interpret, dq, residuals, d_out):
   """The key-stationary backward kernel (mosaic_kernel_bwd.py), recomputed from the inputs."""
   del blocks  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
-  # Imported here: mosaic_kernel_bwd builds on this module's helpers.
-  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
   query, key, value, mask = residuals
   d_query, d_key, d_value = mosaic_kernel_bwd.backward(
       query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret, dq=dq)
@@ -488,10 +407,8 @@ def attention(
         f"{None if bias is None else bias.shape}, mask={None if mask is None else mask.shape},"
         f" dropout_rate={dropout_rate}.")
   heads = query_BQHD.shape[2]
-  if heads > HEADS_PADDED:
-    raise BadInput(f"mosaic_kernel takes at most {HEADS_PADDED} heads, got {heads}.")
-  # Imported here: mosaic_kernel_bwd builds on this module's helpers.
-  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  if heads > mosaic_smem.HEADS_PADDED:
+    raise BadInput(f"mosaic_kernel takes at most {mosaic_smem.HEADS_PADDED} heads, got {heads}.")
   dq = mosaic_kernel_bwd.DEFAULT_DQ if dq is None else dq
   if dq not in mosaic_kernel_bwd.DQ_PATHS:
     raise BadInput(f"mosaic_kernel dq={dq!r}; allowed: {', '.join(mosaic_kernel_bwd.DQ_PATHS)}.")
@@ -500,7 +417,7 @@ def attention(
                    f"block_k, block_v of 8 (wgmma M and N).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     d_padded = _depth_padded(query_BQHD.shape[3], query_BQHD.dtype)
-    check_tiles(forward_smem(blocks, heads, d_padded, query_BQHD.dtype),
+    mosaic_smem.check_tiles(forward_smem(blocks, heads, d_padded, query_BQHD.dtype),
                 f"mosaic_kernel forward, blocks={blocks}, {heads} heads, {query_BQHD.dtype}")
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
                     interpret, dq)

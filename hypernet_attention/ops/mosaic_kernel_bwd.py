@@ -104,7 +104,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hypernet_attention.ops import mosaic_kernel as fwd
+from hypernet_attention.ops import mosaic_smem
 
 _F32 = jnp.float32
 BLOCK_Q = 64   # wgmma M
@@ -115,7 +115,7 @@ def backward_smem(heads: int, width: int, dtype) -> tuple:
   """The key-stationary kernel's SMEM buffers, in the order it takes them. Every swizzled
   one has 16-element (32-byte) rows: a wgmma's two SMEM operands must share a swizzle, and
   dK's B (one head's dS tile, bk = 16 bf16 columns) allows 32 bytes only."""
-  bq, bk, hp, buf = BLOCK_Q, BLOCK_K, fwd.HEADS_PADDED, fwd.Buffer
+  bq, bk, hp, buf = BLOCK_Q, BLOCK_K, mosaic_smem.HEADS_PADDED, mosaic_smem.Buffer
   return (
       buf("Q, then dY, then Q", (heads, bq, width), dtype, 16),
       buf("K", (heads, bk, width), dtype, 16),
@@ -141,10 +141,10 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
   batch, heads, q_padded, width = q_BHQW.shape
   k_padded = k_BHKW.shape[2]
   dtype = q_BHQW.dtype
-  bq, bk, hp = BLOCK_Q, BLOCK_K, fwd.HEADS_PADDED
+  bq, bk, hp = BLOCK_Q, BLOCK_K, mosaic_smem.HEADS_PADDED
   num_q_tiles = q_padded // bq
   mask_batched = key_valid_BK.shape[0] > 1
-  perm_KJH, _ = fwd._selection_constants(heads, bk, bk, dtype)  # pylint: disable=protected-access
+  perm_KJH, _ = mosaic_smem.selection_constants(heads, bk, bk, dtype)
 
   def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref, scoped):
     (qdy_smem, k_smem, v_smem, kval_smem, scat_smem, perm_smem, c_smem, du_smem, ds_smem,
@@ -299,7 +299,7 @@ def _backward_call(q_BHQW, k_BHKW, v_BKHW, dy_BHQW, key_valid_BK, *, scale, is_c
     plgpu.wait_smem_to_gmem(0)
 
   def entry(q_ref, k_ref, v_ref, dy_ref, kval_ref, perm_ref, ds_ref, dvt_ref, dkt_ref):
-    smem = fwd._allocate(plgpu, backward_smem(heads, width, dtype))  # pylint: disable=protected-access
+    smem = mosaic_smem.allocate(plgpu, backward_smem(heads, width, dtype))
     # One arrival per copy: a tile of (heads or keys, rows, W) goes as one TMA copy per head
     # or key. As one copy it is 6 strided dimensions once tiled by the 32-byte swizzle (the
     # batch index, heads, 8-row tiles, W's four 16-column tiles, 8, 16) and Mosaic allows 5:
@@ -341,7 +341,7 @@ def _dq_kernel(ds_BHQK, k_BHKW, *, is_causal, interpret):
   bq, bk = BLOCK_Q, next(n for n in (64, 32, 16) if k_padded % n == 0)
   num_k_tiles = k_padded // bk
   # Both operands take dS's swizzle (bk columns); K's W columns split into tiles of that width.
-  transforms = fwd._smem_transforms(plgpu, bk, dtype)  # pylint: disable=protected-access
+  transforms = mosaic_smem.smem_transforms(plgpu, bk, dtype)
 
   def kernel(ds_ref, k_ref, dq_ref, scoped):
     (ds_smem, k_smem, o_smem), (ds_bar, k_bar) = scoped
@@ -425,23 +425,23 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   batch, q_len, heads, depth = query_BQHD.shape
   k_len, v_dim = key_BKHD.shape[1], value_BKHV.shape[-1]
   dtype = query_BQHD.dtype
-  q_padded, k_padded = fwd._round_up(q_len, BLOCK_Q), fwd._round_up(k_len, BLOCK_K)  # pylint: disable=protected-access
+  q_padded, k_padded = mosaic_smem.round_up(q_len, BLOCK_Q), mosaic_smem.round_up(k_len, BLOCK_K)
   # One width W for Q, K (D) and V, dY (V): Q's buffer holds dY between its two uses, and
   # dV^T's and dK^T's wgmmas take W as their M (a multiple of 64).
-  width = max(fwd._round_up(depth, 64), fwd._round_up(v_dim, 64))  # pylint: disable=protected-access
+  width = max(mosaic_smem.round_up(depth, 64), mosaic_smem.round_up(v_dim, 64))
   pad = lambda x, length: jnp.pad(
       x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
   q_BHQW = jnp.transpose(pad(query_BQHD, q_padded), (0, 2, 1, 3))
   k_BHKW = jnp.transpose(pad(key_BKHD, k_padded), (0, 2, 1, 3))
   dy_BHQW = jnp.transpose(pad(d_out_BQHV.astype(dtype), q_padded), (0, 2, 1, 3))
   v_BKHW = jnp.pad(value_BKHV, ((0, 0), (0, k_padded - k_len),
-                                (0, fwd.HEADS_PADDED - heads), (0, width - v_dim)))
+                                (0, mosaic_smem.HEADS_PADDED - heads), (0, width - v_dim)))
   if not interpret:  # compiled (None or False); interpret mode has no such limits
-    fwd.check_tiles(backward_smem(heads, width, dtype),
+    mosaic_smem.check_tiles(backward_smem(heads, width, dtype),
                     f"mosaic_kernel backward, {heads} heads, width {width}, {dtype}")
   ds_BHQK, dvt_BKWH, dkt_BHWK = _backward_call(
       q_BHQW, k_BHKW, v_BKHW, dy_BHQW,
-      fwd._key_valid(mask, k_len, k_padded),  # pylint: disable=protected-access
+      mosaic_smem.key_valid(mask, k_len, k_padded),
       scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, zero_skipped=dq == "xla",
       interpret=interpret)
   # Padded keys and queries have dS = 0 (their scores are 0), so the padded K is exact here.

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.ops import mosaic_smem
 from hypernet_attention.ops import reference
 
 from numerics import compare
@@ -209,11 +210,11 @@ def test_the_default_tiles_fit_forward_and_backward():
   """What the GPU window runs passes the check (H=8, D=V=64, bf16); H=16 does not fit the
   backward (its P and S_cat grow with H), as lowering says (410,680 bytes)."""
   from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
-  mosaic_kernel.check_tiles(
+  mosaic_smem.check_tiles(
       mosaic_kernel.forward_smem(mosaic_kernel.DEFAULT_BLOCKS, 8, 64, jnp.bfloat16), "fwd")
-  mosaic_kernel.check_tiles(mosaic_kernel_bwd.backward_smem(8, 64, jnp.bfloat16), "bwd")
+  mosaic_smem.check_tiles(mosaic_kernel_bwd.backward_smem(8, 64, jnp.bfloat16), "bwd")
   with pytest.raises(ValueError, match="at least 407,616 bytes"):
-    mosaic_kernel.check_tiles(mosaic_kernel_bwd.backward_smem(16, 64, jnp.bfloat16), "bwd")
+    mosaic_smem.check_tiles(mosaic_kernel_bwd.backward_smem(16, 64, jnp.bfloat16), "bwd")
 
 
 @pytest.mark.parametrize("blocks", [mosaic_kernel.Blocks(64, 16, 32),
@@ -224,15 +225,16 @@ def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, monkeypatch):
   not exceed N (else it could refuse tiles that fit) and be within 4 KiB of it (barriers and
   alignment), and the limit must be Mosaic's."""
   import re  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(mosaic_kernel, "check_tiles", lambda buffers, what: None)
+  monkeypatch.setattr(mosaic_smem, "check_tiles", lambda buffers, what: None)
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
-  with jax.sharding.use_abstract_mesh(hopper_rules.abstract_h100_mesh()), pytest.raises(Exception) as failure:
+  mesh = hopper_rules.abstract_h100_mesh()
+  with jax.sharding.use_abstract_mesh(mesh), pytest.raises(Exception) as failure:
     jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
   found = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(failure.value))
   assert found, str(failure.value)[:300]
   mosaics, limit = int(found.group(1)), int(found.group(2))
   ours = sum(b.nbytes for b in mosaic_kernel.forward_smem(blocks, 8, 64, jnp.bfloat16))
   assert ours <= mosaics <= ours + 4096
-  assert limit == mosaic_kernel.HOPPER_SMEM_BYTES
+  assert limit == mosaic_smem.HOPPER_SMEM_BYTES
