@@ -15,7 +15,7 @@ that file as soon as it is measured. A cell that cannot fit (abstract shapes, th
 compiled loop's memory analysis) is refused before any array is allocated.
 
 --parity_lens: first check values and gradients of every HYLA implementation against the
-float64 reference at those lengths (`ops/parity.py`); a failure exits with status 1 before
+float64 reference at those lengths (`measure/parity.py`); a failure exits with status 1 before
 anything is timed. The Pallas columns run only on GPU unless --pallas_interpret (slow; tiny
 shapes only).
 """
@@ -28,8 +28,8 @@ import time
 
 import jax
 
-from hypernet_attention.ops import benchmark
-from hypernet_attention.ops import parity
+from hypernet_attention.measure import benchmark
+from hypernet_attention.measure import parity
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import memory

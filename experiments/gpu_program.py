@@ -14,7 +14,7 @@ population: one SRAVEN paper-size train step of 1, 3, ... seeds trained as one p
 the kernels one call launches, the bytes they write (a proxy for HBM traffic, not a time),
 and how many of them only move data between layouts (transposes, copies), with the kernel
 families that write the most. One JSON line per program to --out as it is compiled;
---hlo_dir keeps each optimized HLO. How and with which caveats: `ops/gpu_program.py`.
+--hlo_dir keeps each optimized HLO. How and with which caveats: `measure/gpu_program.py`.
 Needs jax's CUDA plugin, not a GPU: pip install jax-cuda13-plugin==V jax-cuda13-pjrt==V
 (V: the installed jax's version).
 """
@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention.errors import BadInput
+from hypernet_attention.measure import gpu_program
 from hypernet_attention.ops import dispatch
-from hypernet_attention.ops import gpu_program
 from hypernet_attention.ops import target
 
 

@@ -39,7 +39,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from hypernet_attention.ops import benchmark
+from hypernet_attention.measure import benchmark
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel

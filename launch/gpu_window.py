@@ -26,7 +26,7 @@ Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   parity       every HYLA implementation against the float64 reference at T=256 and 1000
                (`experiments/benchmark_attention.py --parity_only`), float32 first
   attention    forward and forward+backward at T=1k/4k/16k for every implementation
-               (`ops/benchmark.py`), >= 20 calls per measurement in one jitted loop
+               (`measure/benchmark.py`), >= 20 calls per measurement in one jitted loop
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
   c4_b64       the C4 50M train step, softmax vs HYLA (auto, and blockwise's broadcast form),
                batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim)
     print(json.dumps(row), flush=True)
     return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
-  from hypernet_attention.ops import parity  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
   statuses = []
   for seq_len in seq_lens:
     for row in parity.check(seq_len, "bfloat16", ("mosaic",), batch=args.batch,

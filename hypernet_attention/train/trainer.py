@@ -132,7 +132,7 @@ class Trainer:
     """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
     ahead of time; the jitted call with those shapes then reuses it (`memory.py`). A host
     source compiles its one-step function for a batch of `example`'s shapes.
-    `compiler_options`: XLA's, e.g. for a compile-only GPU (`ops/gpu_program.py`)."""
+    `compiler_options`: XLA's, e.g. for a compile-only GPU (`measure/gpu_program.py`)."""
     with jax.set_mesh(self.mesh):
       if self.source.on_device:
         return self._train_chunk_jit.lower(state, length).compile(compiler_options)

@@ -1,4 +1,4 @@
-"""`ops/benchmark.py`'s timing loop, its refusals before allocation, and `ops/parity.py`.
+"""`measure/benchmark.py`'s timing loop, its refusals before allocation, and `measure/parity.py`.
 
 No timing is asserted: the loop is shown to run every call (a counter) and to keep the
 attention inside the loop (the compiled HLO), refusals are shown to allocate nothing.
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
-from hypernet_attention.ops import benchmark
+from hypernet_attention.measure import benchmark
+from hypernet_attention.measure import parity
 from hypernet_attention.ops import dispatch
-from hypernet_attention.ops import parity
 
 SMALL = dict(batch=1, heads=2, head_dim=8, causal=True, dtype="float32")
 

@@ -1,4 +1,4 @@
-"""`ops/gpu_program.py`: the kernels of a compiled GPU program, read from its HLO text.
+"""`measure/gpu_program.py`: the kernels of a compiled GPU program, read from its HLO text.
 
 The fixture (`compiled_gpu_module.hlo`, beside this file) is written in the form XLA:GPU
 prints a compiled module (fusions calling fused computations, a while loop with a known trip
@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from hypernet_attention.errors import BadInput
-from hypernet_attention.ops import gpu_program
+from hypernet_attention.measure import gpu_program
 
 HLO = (pathlib.Path(__file__).parent / "compiled_gpu_module.hlo").read_text()
 
