@@ -14,8 +14,9 @@ from hypernet_attention.runs import cli
 from hypernet_attention.train import export_params
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A finished run's directory.", required=True)
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "The folder to write (replaced).",
-                                  required=True)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "The folder to write: new, empty, or a previous export (replaced); "
+    "never the workdir, a folder in it or above it.", required=True)
 _MAX_MIB = flags.DEFINE_float("max_mib", None, "Refuse to keep more than this many MiB.")
 
 

@@ -22,7 +22,9 @@ Each fast path declares what it computes (`reference.Computes`, collected in `FA
 and this module checks every call against it: `auto` takes a fast path only for what it
 declares and runs the reference for the rest (`deep_mlp`, HYLA+, has no tiled kernel; a
 normalization or value network added to the reference runs there until a kernel declares
-it), while an explicit fast implementation refuses anything else in one line.
+it), while an explicit fast implementation refuses anything else in one line. Before that,
+every call's operands meet `reference.check_operands` (floating, keys as long as values, no
+empty sequence), whichever path runs them.
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ def attention(
   batch and heads, drawn by `dropout.py`'s hash of (seed, q, k): every implementation
   drops the same pairs, and the tiled ones recompute the mask per tile.
   """
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV)  # Every path, before any work.
   reference._check_choice("implementation", implementation, IMPLEMENTATIONS)
   reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
   reference._check_choice("value_network", value_network, reference.VALUE_NETWORKS)

@@ -260,6 +260,41 @@ class Computes:
             f"{self.value_networks} ('auto' or 'reference' compute every one).")
 
 
+# The operands' axes that must agree: (operand, axis, what, the operand it must match).
+_SAME_AXES = (("key", 0, "batch", "query"), ("value", 0, "batch", "query"),
+              ("key", 2, "heads", "query"), ("value", 2, "heads", "query"),
+              ("key", 3, "depth", "query"), ("value", 1, "length", "key"))
+
+
+def check_operands(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array) -> None:
+  """The contract's operands, on static shapes and dtypes only (free under jit): floating
+  (B, Q, H, D) queries, (B, K, H, D) keys and (B, K, H, V) values, Q and K at least 1.
+
+  `errors.BadInput` in one line naming the operand and what is allowed, before any work
+  (`dispatch` checks every call here). Otherwise the tiled paths would attend over the
+  shorter of keys and values, compute integers in their tiles' dtype, and fail inside on an
+  empty tile grid; and with no key, the normalization of Eq. 2 has nothing to normalize.
+  """
+  operands = {"query": query_BQHD, "key": key_BKHD, "value": value_BKHV}
+  for name, x in operands.items():
+    if x.ndim != 4:
+      raise errors.BadInput(f"{name} has shape {tuple(x.shape)}; allowed: rank 4, (batch, "
+                            "length, heads, width)")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      raise errors.BadInput(f"{name} has dtype {x.dtype}; allowed: a floating dtype "
+                            "(float32, bfloat16, float16, float64)")
+  for name, axis, what, like in _SAME_AXES:
+    size = operands[like].shape[axis]
+    if operands[name].shape[axis] != size:
+      raise errors.BadInput(f"{name} has {what} {operands[name].shape[axis]} (axis {axis}, "
+                            f"shape {tuple(operands[name].shape)}); allowed: {size}, the "
+                            f"{what} of {like}")
+  for name in ("query", "key"):
+    if not operands[name].shape[1]:
+      raise errors.BadInput(f"{name} has length 0 (shape {tuple(operands[name].shape)}); "
+                            "allowed: at least one position")
+
+
 def attention(
     query_BQHD: jax.Array,
     key_BKHD: jax.Array,

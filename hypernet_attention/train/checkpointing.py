@@ -82,10 +82,11 @@ class CheckpointWriteError(RuntimeError):
 
 
 @contextlib.contextmanager
-def _without_read_only_warning():
-  """Orbax warns "Given directory is read only" on every read-only open, which is what
-  probing and restoring ask for: drop that one WARNING, keep every other."""
-  drop = lambda record: not str(record.msg).startswith("Given directory is read only")
+def _without_warning(prefix: str):
+  """Drops Orbax's one WARNING that starts with `prefix`, keeps every other: "Given
+  directory is read only", on every read-only open, which is what probing and restoring ask
+  for; "Failed to get item metadata", which `restore_saved_params` raises as its error."""
+  drop = lambda record: not str(record.msg).startswith(prefix)
   logger = logging.get_absl_logger()
   logger.addFilter(drop)
   try:
@@ -110,7 +111,7 @@ class Checkpointer:
         max_to_keep=None if read_only else keep, create=not read_only, read_only=read_only,
         # A kill during a save leaves `<step>.orbax-checkpoint-tmp*`; remove it on start.
         cleanup_tmp_directories=not read_only, enable_async_checkpointing=use_async)
-    with _without_read_only_warning():
+    with _without_warning("Given directory is read only"):
       self.manager = ocp.CheckpointManager(
           self.directory, options=options,
           item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()}
@@ -298,8 +299,11 @@ def restore_saved_params(directory: epath.PathLike, abstract_params: Any) -> Any
   tree, shape or dtype that differs is a `CheckpointMismatchError` naming the first leaf."""
   checkpointer = ocp.StandardCheckpointer()
   try:
-    metadata = checkpointer.metadata(epath.Path(directory))
-    saved = getattr(metadata, "item_metadata", None) or getattr(metadata, "tree", metadata)
+    with _without_warning("Failed to get item metadata"):
+      metadata = checkpointer.metadata(epath.Path(directory))
+    saved = getattr(metadata, "item_metadata", metadata)
+    if saved is None:  # Orbax logged a warning and returned the step's metadata alone.
+      raise ValueError("no readable tree metadata (_METADATA, manifest.ocdbt or d/)")
     check_compatible(getattr(saved, "tree", saved), abstract_params,
                      f"the kept parameters in {directory}")
     return checkpointer.restore(epath.Path(directory), abstract_params)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import shutil
 from typing import Any, Optional
+import uuid
 
+from hypernet_attention import errors
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import restore
@@ -42,21 +44,81 @@ def _copy_records(src: str, dst: str) -> None:
       shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
 
 
-def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[str, Any]:
-  """Writes the final parameters of the finished run in `workdir` to `out_dir` (replacing
-  it only once the new folder is complete); returns its `final_params.json` record.
+def is_export(directory: str) -> bool:
+  """Whether `directory` is a folder this module wrote: its `final_params.json` record and
+  nothing but the entries `export` writes (the records, `final_params/`, the record's member
+  folders). Only such a folder may be replaced; a user's file beside them makes it not one."""
+  record = run_files.read_json(os.path.join(directory, run_files.FINAL_PARAMS_RECORD))
+  if (not isinstance(record, dict) or not {"step", "members", "bytes"} <= set(record)
+      or not isinstance(record["members"], list)):
+    return False
+  written = {*RECORDS, run_files.FINAL_PARAMS, run_files.FINAL_PARAMS_RECORD,
+             *map(str, record["members"])}
+  return (os.path.isdir(os.path.join(directory, run_files.FINAL_PARAMS))
+          and set(os.listdir(directory)) <= written)
 
-  Raises ValueError (nothing written) if the run is unfinished or the folder would exceed
-  `max_bytes`.
+
+def check_output_dir(workdir: str, out_dir: str) -> str:
+  """`out_dir` made absolute, or `BadInput` in one line when writing it could lose anything:
+  a file there or above it; the run's workdir, a folder inside it or one holding it (its
+  checkpoints); an existing folder that is neither empty nor a previous export."""
+  out = os.fspath(run_files.check_output_dir(out_dir, "--output_dir"))
+  real_out, real_workdir = os.path.realpath(out), os.path.realpath(workdir)
+  common = os.path.commonpath([real_out, real_workdir])
+  if common in (real_out, real_workdir):
+    where = ("is" if real_out == real_workdir else
+             "lies inside" if common == real_workdir else "holds")
+    raise errors.BadInput(f"--output_dir={out_dir!r} {where} the run's workdir {workdir!r}; "
+                          "allowed: a folder outside it that holds no part of it")
+  if os.path.isdir(out) and os.listdir(out) and not is_export(out):
+    raise errors.BadInput(f"--output_dir={out_dir!r} is a folder with files of its own, not "
+                          "one export_params wrote; allowed: a new or empty folder, or a "
+                          "previous export (replaced)")
+  return out
+
+
+def _new_sibling(out: str, what: str) -> str:
+  """A folder beside `out` that this call creates (a name no one else has: `os.mkdir`
+  refuses an existing one), so that removing it never removes anyone else's."""
+  sibling = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{what}-"
+                         f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  os.mkdir(sibling)
+  return sibling
+
+
+def _replace(tmp: str, out: str) -> None:
+  """Moves the finished folder `tmp` to `out`; a previous export there goes aside first and
+  is removed only once the new one is in place (back in place if the move fails)."""
+  if not os.path.isdir(out) or not os.listdir(out):
+    os.replace(tmp, out)  # New, or an empty folder: one rename.
+    return
+  old = _new_sibling(out, "old")
+  os.replace(out, old)  # Over the empty folder just made.
+  try:
+    os.replace(tmp, out)
+  except OSError:
+    os.replace(old, out)
+    raise
+  shutil.rmtree(old)
+
+
+def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[str, Any]:
+  """Writes the final parameters of the finished run in `workdir` to `out_dir`: a new or
+  empty folder, or a previous export, replaced only once the new folder is complete (in a
+  temporary sibling). Returns its `final_params.json` record.
+
+  Raises `BadInput` (nothing written) for an `out_dir` that `check_output_dir` refuses, an
+  unfinished run, or a folder that would exceed `max_bytes`.
   """
+  out_dir = check_output_dir(workdir, out_dir)
   if not run_files.is_finished(workdir):
-    raise ValueError(f"{workdir!r} is not a finished run (no summary.json); allowed: the "
-                     "workdir of a run that ended")
+    raise errors.BadInput(f"{workdir!r} is not a finished run (no summary.json); allowed: "
+                          "the workdir of a run that ended")
   config, step, params = restore.all_params(workdir)
   members = list(run_files.member_names(config)) if run_files.is_population(config) else []
-  parent = os.path.dirname(os.path.abspath(out_dir))
-  tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = _new_sibling(out_dir, "tmp")
   try:
     _copy_records(workdir, tmp)
     for name in members:
@@ -67,11 +129,9 @@ def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[
     run_files.write_json(os.path.join(tmp, run_files.FINAL_PARAMS_RECORD), record)
     size = folder_bytes(tmp)
     if max_bytes is not None and size > max_bytes:
-      raise ValueError(f"the final parameters of {workdir!r} take {size / 2**20:.1f} MiB, "
-                       f"over the {max_bytes / 2**20:.0f} MiB allowed; not kept")
-    if os.path.exists(out_dir):
-      shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+      raise errors.BadInput(f"the final parameters of {workdir!r} take {size / 2**20:.1f} "
+                            f"MiB, over the {max_bytes / 2**20:.0f} MiB allowed; not kept")
+    _replace(tmp, out_dir)
     return record
   finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # Ours; gone already when the export succeeded.

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from hypernet_attention import errors
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
@@ -112,8 +113,16 @@ def _kept_params(workdir: str, step: Optional[int], target: Any,
     return None
   kept = int(record["step"])
   if step is None or step == kept:
-    return kept, checkpointing.restore_saved_params(root / run_files.FINAL_PARAMS,
-                                                    target.params)
+    folder = root / run_files.FINAL_PARAMS
+    try:
+      return kept, checkpointing.restore_saved_params(folder, target.params)
+    except checkpointing.CheckpointMismatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (Orbax's, tensorstore's)
+      raise errors.BadInput(
+          f"the kept parameters in '{folder}' are unreadable (a file missing or truncated: "
+          f"{_first_line(e)}); allowed: export them again from the run's workdir "
+          "(experiments/export_params.py)") from None
   if step == 0:
     return 0, init()
   raise ValueError(f"{workdir!r} keeps only the final parameters, of step {kept}; allowed: "
@@ -144,13 +153,12 @@ def _params_at(workdir: str, step: Optional[int], target: Any,
       except checkpointing.CheckpointMismatchError:
         raise
       except Exception as e:  # pylint: disable=broad-except  (Orbax's, tensorstore's)
-        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
         others = [s for s in steps if s != step]
+        allowed = (f"--step={others[-1]} (finalized steps {others})" if others
+                   else "--step=0 (the initialization)")
         raise ValueError(
             f"checkpoint step {step} in '{ckpt_dir}' is unreadable (half-written or "
-            f"corrupt: {first}); allowed: " + (f"--step={others[-1]} (finalized steps "
-                                               f"{others})" if others else "--step=0 (the "
-                                               "initialization)")) from None
+            f"corrupt: {_first_line(e)}); allowed: {allowed}") from None
     if step == 0:
       return 0, init()
     raise ValueError(f"no checkpoint at step {step} in '{ckpt_dir}'"
@@ -160,6 +168,12 @@ def _params_at(workdir: str, step: Optional[int], target: Any,
   finally:
     if ckpt is not None:
       ckpt.close()
+
+
+def _first_line(e: Exception) -> str:
+  """What an unreadable checkpoint's error says first (tensorstore's run to 100+ lines)."""
+  first = (str(e).splitlines() or [type(e).__name__])[0]
+  return first.split(" See full TensorStore details")[0][:200]
 
 
 def _unfinished_note(steps: Sequence[int]) -> str:

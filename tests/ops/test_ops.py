@@ -503,3 +503,23 @@ def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
   if jax.devices()[0].platform == "cpu":
     with pytest.raises(errors.BadInput, match="needs a Hopper GPU"):
       dispatch.attention(q, q, q, implementation="mosaic")
+
+
+@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+def test_every_path_refuses_bad_operands_before_any_work(implementation):
+  """Keys and values of different lengths, integer or bool operands and empty sequences are
+  one BadInput line on every registered path, before a kernel (or Mosaic's device check) runs:
+  blockwise and Pallas had attended over the first 7 of 20 keys, and returned integers."""
+  q, k, v = (jnp.ones((1, n, 2, 4)) for n in (5, 20, 7))
+  cases = [
+      ((q, k, v), r"value has length 7 \(axis 1, shape \(1, 7, 2, 4\)\); allowed: 20, the "
+                  r"length of key"),
+      ((q.astype(jnp.int32), k, k), "query has dtype int32; allowed: a floating dtype"),
+      ((q, k, k.astype(bool)), "value has dtype bool; allowed: a floating dtype"),
+      ((q[:, :0], k, k), r"query has length 0 \(shape \(1, 0, 2, 4\)\); allowed: at least one"),
+      ((q, k[:, :0], k[:, :0]), r"key has length 0 .*allowed: at least one position"),
+  ]
+  for operands, message in cases:
+    with pytest.raises(errors.BadInput, match=message) as refused:
+      dispatch.attention(*operands, implementation=implementation)
+    assert "\n" not in str(refused.value)
