@@ -94,13 +94,14 @@ FACTORED_MAX_HEAD_DIM = 8
 # is one 36 x 36 tile, T=130 two of 65, not 128 + 2 padded to 256).
 #   cpu: 32 x 64 was fastest on a 2-core CPU at T=256-4096 (kernels.md): small tiles stay in
 #        cache, and a step of the static schedule costs little there.
-#   gpu: 128 x 128, the tiles of the H100/H200 measurements (kernels.md, issue 41). Larger
-#        tiles mean fewer schedule steps (each launches a dozen kernels) but a bigger bf16
-#        (B, bq, bk, V) hidden tensor (134 MB at C4's B=64, V=64, 128 x 128): 128 vs 256
-#        at T >= 4096 is for a GPU window to measure (`experiments/benchmark_attention.py`).
+#   gpu: 256 x 256, measured fastest (B=4, H=8, D=V=64, bf16, causal, fwd+bwd): on an H100
+#        31.7 ms vs 40.8 at 128 x 128 (T=4096) and 2.45 vs 2.90 (T=1024), 2026-11-27; on an
+#        H200 27.5 ms at T=4096 (experiments/results/gpu_windows/2026-11-27_h200_kernel).
+#        Fewer schedule steps (each launches a dozen kernels: 2,866 vs 14,795 per call at
+#        T=4096) for a 4x larger bf16 (B, bq, bk, V) hidden tensor (536 MB at C4's B=64).
 #   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
 # Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
-BLOCKS = {"cpu": (32, 64), "gpu": (128, 128), "tpu": (128, 128)}
+BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
 
 
 def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:

@@ -456,11 +456,13 @@ def test_add_bias_gradient_is_the_broadcast_sum(bias_shape):
 
 def test_tile_sizes_per_backend_and_length():
   assert dispatch.tile_sizes(4096, 4096, "cpu") == (32, 64)
-  assert dispatch.tile_sizes(4096, 4096, "gpu") == (128, 128)
+  assert dispatch.tile_sizes(4096, 4096, "gpu") == (256, 256)
   assert dispatch.tile_sizes(4096, 4096, "tpu") == (128, 128)
   # Short or uneven lengths: equal tiles, one tile for SRAVEN's T=36 on accelerators.
   assert dispatch.tile_sizes(36, 36, "gpu") == (36, 36)
-  assert dispatch.tile_sizes(130, 130, "gpu") == (65, 65)
+  assert dispatch.tile_sizes(130, 130, "gpu") == (130, 130)
+  assert dispatch.tile_sizes(300, 300, "gpu") == (150, 150)
+  assert dispatch.tile_sizes(130, 130, "tpu") == (65, 65)
 
 
 def _loops(jaxpr, found=None):
