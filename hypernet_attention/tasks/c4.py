@@ -27,7 +27,7 @@ Shape letters: B batch (per process), T tokens per row.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import chex
 import ml_collections
@@ -37,7 +37,6 @@ import tensorflow as tf
 
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
-from hypernet_attention.train import data
 
 # Shared with the Grain path (`tasks/lm_text.py`), under the names this module always had.
 TASKS, SPLITS, TEXT_SUFFIXES = lm_text.TASKS, lm_text.SPLITS, lm_text.TEXT_SUFFIXES
@@ -323,9 +322,12 @@ def task_vocabulary(task: seqio.Task) -> seqio.SentencePieceVocabulary:
   return task.output_features["targets"].vocabulary
 
 
-def host_source(task: seqio.Task, sequence_length: int) -> data.HostSource:
-  """`batches` of a registered seqio Task as a host source (train: shuffled from the
-  seed, endless; eval: the split's first rows, unshuffled, repeated if it is short)."""
+def readers(task: seqio.Task, sequence_length: int) -> tuple[Callable[..., Any], ...]:
+  """`batches` of a registered seqio Task as the two readers of a host source
+  (`train/data.HostSource`, which `objectives.c4_lm` builds from them): train(seed,
+  batch_size, process_index, process_count), shuffled from the seed, endless, and
+  evaluate(split, batch_size, num_batches, process_index, process_count), the split's
+  first rows, unshuffled, repeated if it is short."""
 
   def train(seed, batch_size, process_index, process_count):
     shard = seqio.ShardInfo(process_index, process_count)
@@ -338,4 +340,4 @@ def host_source(task: seqio.Task, sequence_length: int) -> data.HostSource:
                       shard_info=seqio.ShardInfo(process_index, process_count))
     return dataset.take(num_batches).as_numpy_iterator()
 
-  return data.HostSource(train, evaluate, SPLITS, data.token_rows_example(sequence_length))
+  return train, evaluate

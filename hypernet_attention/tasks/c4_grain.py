@@ -20,7 +20,7 @@ boundary (seqio starts each epoch on a new row), which only the unshuffled evalu
 split shorter than `eval.num_problems` rows would show.
 
 The training iterator is Grain's `DatasetIterator`: its position is saved with each Orbax
-checkpoint by Grain's own handler (`data.GrainIteratorHandler`), so a resume is exact.
+checkpoint by Grain's own handler (`train/data.GrainIteratorHandler`), so a resume is exact.
 
 Shape letters: B batch (per process), T tokens per row.
 """
@@ -32,7 +32,7 @@ import glob
 import itertools
 import json
 import os
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from etils import epath
 import fsspec
@@ -43,7 +43,6 @@ import sentencepiece as spm
 
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
-from hypernet_attention.train import data
 
 TASKS, SPLITS = lm_text.TASKS, lm_text.SPLITS
 token_byte_lengths = lm_text.token_byte_lengths
@@ -279,9 +278,11 @@ def _evaluate_batches(dataset: grain.IterDataset, num_batches: int
     iterator.close()  # Stops its reader threads now, not when it is collected.
 
 
-def host_source(task: Task, sequence_length: int) -> data.HostSource:
-  """`batches` of `task` as a host source (train: shuffled from the seed, endless, a Grain
-  iterator that Grain's handler checkpoints; eval: the split's first rows, unshuffled)."""
+def readers(task: Task, sequence_length: int) -> tuple[Callable[..., Any], ...]:
+  """`batches` of `task` as the two readers of a host source (`train/data.HostSource`,
+  which `objectives.c4_lm` builds from them): train, shuffled from the seed, endless, a
+  Grain iterator that Grain's handler checkpoints; evaluate, the split's first rows,
+  unshuffled. Their arguments are `HostSource.train`'s and `HostSource.evaluate`'s."""
 
   def train(seed, batch_size, process_index, process_count) -> Any:
     return iter(batches(task, split="train", sequence_length=sequence_length,
@@ -294,4 +295,4 @@ def host_source(task: Task, sequence_length: int) -> data.HostSource:
         shuffle=False, shard=grain.sharding.ShardOptions(process_index, process_count)),
         num_batches)
 
-  return data.HostSource(train, evaluate, SPLITS, data.token_rows_example(sequence_length))
+  return train, evaluate

@@ -175,8 +175,8 @@ def fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
 def lm_pipeline(task_config):
   """The module of `config.task.pipeline`'s data path (`lm_text.PIPELINES`): `tasks/c4.py`
   (seqio, TensorFlow: loaded quietly first) or `tasks/c4_grain.py` (Grain, no TensorFlow).
-  Both have `prepare_config`, `load_vocabulary`, `build_task`, `task_vocabulary` and
-  `host_source`."""
+  Both have `prepare_config`, `load_vocabulary`, `build_task`, `task_vocabulary`, `SPLITS`
+  and `readers` (a host source's train and evaluate readers; neither imports train/)."""
   from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
   name = lm_text.check_pipeline(task_config)
   if name == "seqio":
@@ -220,7 +220,9 @@ def c4_lm(config: ml_collections.ConfigDict) -> Objective:
     vocabulary = pipeline.task_vocabulary(task)
     vocab_size = vocabulary.vocab_size
     bytes_V = jnp.asarray(pipeline.token_byte_lengths(vocabulary))
-    source = pipeline.host_source(task, config.task.sequence_length)
+    length = config.task.sequence_length
+    source = data.HostSource(*pipeline.readers(task, length), pipeline.SPLITS,
+                             data.token_rows_example(length))
 
   def metrics_fn(logits_BTV, batch):
     targets_BT, weights_BT = batch["targets"], batch["weights"].astype(jnp.float32)
