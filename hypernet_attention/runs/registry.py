@@ -34,6 +34,8 @@ INSTALLED_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 # older per-task scripts are aliases of it that keep their default config.
 ENTRY_POINT = "experiments/train.py"
 LOOP = "hypernet_attention.train.loop:train_and_evaluate"
+# The objective of every on-device task, built from the record's `task` class.
+ON_DEVICE = "hypernet_attention.train.objectives:on_device"
 
 # "package.module:attribute", imported on first use, or the object itself.
 Ref = Union[str, Callable[..., Any], type]
@@ -56,7 +58,12 @@ class Experiment:
   config_file: str  # `get_config(arg)` module, relative to the repository root.
   # summary.json reports it per split (`test/<metric>`, `ood/<metric>`); tables show x100.
   metric: str
-  objective: Ref  # config -> `objectives.Objective` (task, data source, loss, metrics).
+  # config -> `objectives.Objective` (task, data source, loss, metrics); the default builds
+  # it from `task`.
+  objective: Ref = ON_DEVICE
+  # The task class (`tasks/<name>.py`, the task protocol in experiments/reference.md),
+  # built from `config.task`; None for a host pipeline, whose objective reads the config.
+  task: Ref | None = None
   # Batches generated inside the jitted step (`data.OnDeviceSource`), else a host pipeline
   # (`data.HostSource`, read per process and checkpointed with the state).
   on_device: bool = True
@@ -112,22 +119,22 @@ def register(experiment: Experiment) -> Experiment:
   return experiment
 
 
-_OBJECTIVES = "hypernet_attention.train.objectives"
 _PROBES = "hypernet_attention.probing.extract"
 register(Experiment(
     "sraven", "experiments/configs/sraven.py", metric="accuracy",
-    objective=f"{_OBJECTIVES}:sraven", population=True, memory=f"{_OBJECTIVES}:sraven_memory",
-    probe=f"{_PROBES}:SRavenSetting",
+    task="hypernet_attention.tasks.sraven:SRaven", population=True,
+    memory="hypernet_attention.tasks.sraven:config_memory", probe=f"{_PROBES}:SRavenSetting",
     campaign_config="model={model},size=paper,width={width},depth={depth}",
     default_config="model=hyla,size=demo", script="experiments/sraven_scaling.py"))
 register(Experiment(
     "fuzzy_logic", "experiments/configs/fuzzy_logic.py", metric="r2",
-    objective=f"{_OBJECTIVES}:fuzzy_logic", population=True, probe=f"{_PROBES}:FuzzyLogicSetting",
-    campaign_config="model={model},size=paper", default_config="model=hyla,size=local",
-    script="experiments/fuzzy_logic.py"))
+    task="hypernet_attention.tasks.fuzzy_logic:FuzzyLogic", population=True,
+    probe=f"{_PROBES}:FuzzyLogicSetting", campaign_config="model={model},size=paper",
+    default_config="model=hyla,size=local", script="experiments/fuzzy_logic.py"))
 register(Experiment(
-    "c4_lm", "experiments/configs/c4_lm.py", metric="loss", objective=f"{_OBJECTIVES}:c4_lm",
-    on_device=False, default_config="model=hyla,size=local", script="experiments/c4_lm.py",
+    "c4_lm", "experiments/configs/c4_lm.py", metric="loss",
+    objective="hypernet_attention.train.objectives:c4_lm", on_device=False,
+    default_config="model=hyla,size=local", script="experiments/c4_lm.py",
     train="hypernet_attention.train.lm:train"))
 
 

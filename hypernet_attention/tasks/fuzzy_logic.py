@@ -146,6 +146,17 @@ class FuzzyLogic:
     tokens_BNT = jnp.concatenate([batch['x'], y_BN[..., None]], -1).at[:, -1, -1].set(0.0)
     return tokens_BNT.astype(jnp.float32), y_BN[:, -1].astype(jnp.float32)
 
+  output_dim = 1  # One regression output per token; `metrics` reads the query's.
+
+  def metrics(self, outputs_BT1: jax.Array, batch: dict[str, jax.Array]
+              ) -> dict[str, jax.Array]:
+    """Per-sequence (B,) squared error `loss` and `r2` of the prediction at the query."""
+    _, target_B = self.encode(batch)
+    chex.assert_shape(outputs_BT1, (*target_B.shape, None, 1))
+    pred_B = outputs_BT1[:, -1, 0].astype(jnp.float32)
+    return {'loss': jnp.square(pred_B - target_B),
+            'r2': self.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
+
   def r2_per_sequence(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
     """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence).
 

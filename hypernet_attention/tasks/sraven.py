@@ -39,6 +39,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from hypernet_attention.tasks import heldout
 
@@ -92,6 +93,14 @@ def memory_estimate(num_features: int, num_values: int = 8, grid_size: int = 3,
     total += readings * (2 * (112 + 8 * K) + 2 * 8 * K)  # Two arrays of K per reading.
     total += ceiling_batch * readings * K * (F + 4)  # possible_BPKF (bool) + truth_BPK.
   return total
+
+
+def config_memory(config) -> int:
+  """`memory_estimate` of a run's config (its record's `memory`), before building the
+  tables: the split tables, plus the ceilings' readings when `eval.ceiling_problems` > 0."""
+  return memory_estimate(
+      config.task.num_features, config.task.num_values, config.task.get('grid_size', 3),
+      ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)
 
 
 class SRaven:
@@ -225,6 +234,32 @@ class SRaven:
     tokens_BTF = jnp.concatenate([context_BTF, query_BKF], 1)
     chex.assert_shape(tokens_BTF, (B, G * G * K, self.num_values))
     return tokens_BTF, panels_BPK[:, -1].astype(jnp.int32)
+
+  @property
+  def output_dim(self) -> int:
+    """Outputs per token: logits over the F values."""
+    return self.num_values
+
+  @property
+  def chance_accuracy(self) -> float:
+    """A uniform guess gets all K features of the answer panel right with probability
+    F**-K (accuracy counts a panel right only if every feature is)."""
+    return float(self.num_values) ** -self.num_features
+
+  def metrics(self, logits_BTF: jax.Array, batch: dict[str, jax.Array]
+              ) -> dict[str, jax.Array]:
+    """Per-problem (B,) metrics of the logits at the K query tokens: cross-entropy
+    `loss`, `accuracy` (every feature right) and `accuracy_feature<k>`."""
+    _, targets_BK = self.encode(batch)
+    num_k = targets_BK.shape[1]
+    chex.assert_shape(logits_BTF, (targets_BK.shape[0], None, self.num_values))
+    logits_BKF = logits_BTF[:, -num_k:].astype(jnp.float32)
+    ce_BK = optax.softmax_cross_entropy_with_integer_labels(logits_BKF, targets_BK)
+    correct_BK = jnp.argmax(logits_BKF, -1) == targets_BK
+    out = {'loss': ce_BK.mean(-1), 'accuracy': correct_BK.all(-1).astype(jnp.float32)}
+    for k in range(num_k):
+      out[f'accuracy_feature{k}'] = correct_BK[:, k].astype(jnp.float32)
+    return out
 
   # -------------------------------------------------------------- ambiguity
   @functools.cached_property

@@ -4,12 +4,13 @@
 Metrics are returned per example (shape (B,)) so that evaluation can sum them over many
 batches and divide once; training logs their batch means. Everything task-specific sits in
 an `Objective` (data source, encoding, model fields the task fixes, derived and per-run
-metrics), so the loop has no task branches. The builders of SRAVEN, fuzzy logic and C4 live
-here; a new task's builder may live beside its task (`make_task` and `synthetic_overrides`
-are its helpers), since the record names it by path.
+metrics), so the loop has no task branches. This module is the one home of objective
+builders, built from what `tasks/` exposes (tasks/ imports nothing from train/): `on_device`
+for every on-device task (the record's `task` class: its `encode`, per-example `metrics` and
+`output_dim`), `c4_lm` for the host pipelines (their readers). A new on-device task needs no
+builder: its record names its class.
 
-Shape letters: B batch, T tokens, K query features (SRAVEN), F values per feature,
-V vocabulary.
+Shape letters: B batch, T tokens, V vocabulary.
 """
 
 from __future__ import annotations
@@ -113,63 +114,32 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
                                 write=jax.process_index() == 0)
 
 
-def sraven(config: ml_collections.ConfigDict) -> Objective:
-  from hypernet_attention.tasks import sraven as sraven_lib  # pylint: disable=g-import-not-at-top
-  task = make_task(sraven_lib.SRaven, config)
+def on_device(config: ml_collections.ConfigDict) -> Objective:
+  """The objective of an on-device task: the record's `task` class built from
+  `config.task`, its `encode`, `metrics` and `output_dim` (the task protocol,
+  experiments/reference.md), and the record's main metric. A task with
+  `accuracy_ceiling` reports each eval split's ceiling once per run, one with
+  `chance_accuracy` the chance level."""
+  experiment = registry.get(config.experiment)
+  if experiment.task is None:
+    raise ValueError(f"experiment {experiment.name!r} names no task class; the on-device "
+                     "objective needs one (`Experiment.task`)")
+  task = make_task(registry.load(experiment.task), config)
   source = data.OnDeviceSource(task)
-
-  def metrics_fn(logits_BTF, batch):
-    _, targets_BK = task.encode(batch)
-    num_k = targets_BK.shape[1]
-    chex.assert_shape(logits_BTF, (targets_BK.shape[0], None, task.num_values))
-    logits_BKF = logits_BTF[:, -num_k:].astype(jnp.float32)
-    ce_BK = optax.softmax_cross_entropy_with_integer_labels(logits_BKF, targets_BK)
-    correct_BK = jnp.argmax(logits_BKF, -1) == targets_BK
-    out = {"loss": ce_BK.mean(-1), "accuracy": correct_BK.all(-1).astype(jnp.float32)}
-    for k in range(num_k):
-      out[f"accuracy_feature{k}"] = correct_BK[:, k].astype(jnp.float32)
-    return out
-
   return Objective(
-      source, task.encode, metrics_fn, "accuracy",
+      source, task.encode, task.metrics, experiment.metric,
       synthetic_overrides(config, source, task.encode, input_kind="dense",
-                          output_dim=task.num_values),
-      run_metrics=functools.partial(_sraven_run_metrics, task), task=task)
+                          output_dim=task.output_dim),
+      run_metrics=functools.partial(_task_run_metrics, task), task=task)
 
 
-def _sraven_run_metrics(task, config, workdir: str) -> dict[str, float]:
-  """Accuracy ceilings and chance: a uniform guess gets all K features of the answer panel
-  right with probability F**-K (accuracy counts a panel right only if every feature is)."""
-  chance = float(task.num_values) ** -task.num_features
-  return {**_accuracy_ceilings(task, config, workdir),
-          **{f"{split}/accuracy_chance": chance for split in config.eval.splits}}
-
-
-def sraven_memory(config: ml_collections.ConfigDict) -> int:
-  """Bytes SRAVEN's tables need on the host, from the config alone (before building them):
-  its split tables, plus the accuracy ceilings' K!**(G-1) readings when they are estimated."""
-  from hypernet_attention.tasks import sraven as sraven_lib  # pylint: disable=g-import-not-at-top
-  return sraven_lib.memory_estimate(
-      config.task.num_features, config.task.num_values, config.task.get("grid_size", 3),
-      ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)
-
-
-def fuzzy_logic(config: ml_collections.ConfigDict) -> Objective:
-  # pylint: disable-next=g-import-not-at-top
-  from hypernet_attention.tasks import fuzzy_logic as fuzzy_lib
-  task = make_task(fuzzy_lib.FuzzyLogic, config)
-  source = data.OnDeviceSource(task)
-
-  def metrics_fn(outputs_BT1, batch):
-    _, target_B = task.encode(batch)
-    chex.assert_shape(outputs_BT1, (*target_B.shape, None, 1))
-    pred_B = outputs_BT1[:, -1, 0].astype(jnp.float32)
-    return {"loss": jnp.square(pred_B - target_B),
-            "r2": task.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
-
-  return Objective(source, task.encode, metrics_fn, "r2",
-                   synthetic_overrides(config, source, task.encode, input_kind="dense",
-                                       output_dim=1), task=task)
+def _task_run_metrics(task, config, workdir: str) -> dict[str, float]:
+  """Accuracy ceilings (where the task estimates them) and chance (where it states it)."""
+  out = _accuracy_ceilings(task, config, workdir) if hasattr(task, "accuracy_ceiling") else {}
+  if hasattr(task, "chance_accuracy"):
+    out.update({f"{split}/accuracy_chance": task.chance_accuracy
+                for split in config.eval.splits})
+  return out
 
 
 def lm_pipeline(task_config):

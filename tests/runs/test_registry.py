@@ -1,10 +1,12 @@
 """One record per experiment (`runs/registry.py`): a task added as one record trains.
 
-A toy on-device task is defined here, with its config (`get_config` below, so this file is
-its config file) and objective; registering its `Experiment` record is the only other
-step. It then trains through the entry point's dispatch (`runtime.train_experiment`), and
-every question the code asks about an experiment (population support, host memory, probe
-setting) is answered from the record. A scan of the library and entry points checks that
+A toy on-device task is defined here (the task protocol: `splits`, `sample`, `encode`,
+`metrics`, `output_dim`), with its config (`get_config` below, so this file is its config
+file); registering its `Experiment` record, which names the class, is the only other step:
+the objective is built from the task (`objectives.on_device`). It then trains through the
+entry point's dispatch (`runtime.train_experiment`), and every question the code asks
+about an experiment (population support, host memory, probe setting) is answered from the
+record. A scan of the library and entry points checks that
 no module keeps a table keyed by experiment names beside the registry.
 """
 
@@ -23,7 +25,6 @@ from hypernet_attention.probing import extract
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import config_common
 from hypernet_attention.runs import registry
-from hypernet_attention.train import data
 from hypernet_attention.train import objectives
 from hypernet_attention.train import runtime
 
@@ -35,6 +36,7 @@ TOY = "toy_mean"
 class ToyMean:
   """Predict the mean of the first coordinate of `length` Gaussian tokens (on device)."""
   splits = ("train", "test")
+  output_dim = 1
 
   def __init__(self, length: int = 4, seed: int = 0):
     self.length, self.seed = length, seed
@@ -48,18 +50,8 @@ class ToyMean:
   def encode(self, batch):
     return batch["x"], batch["y"]
 
-
-def toy_objective(config) -> objectives.Objective:
-  task = objectives.make_task(ToyMean, config)
-  source = data.OnDeviceSource(task)
-
-  def metrics_fn(outputs_BT1, batch):
+  def metrics(self, outputs_BT1, batch):
     return {"loss": jnp.square(outputs_BT1[:, -1, 0] - batch["y"])}
-
-  return objectives.Objective(
-      source, task.encode, metrics_fn, "loss",
-      objectives.synthetic_overrides(config, source, task.encode, input_kind="dense",
-                                     output_dim=1), task=task)
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -76,7 +68,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 
 
 RECORD = registry.Experiment(TOY, os.path.relpath(__file__, tl.REPO), metric="loss",
-                             objective=toy_objective)
+                             task=ToyMean)
 
 
 @pytest.fixture
@@ -117,7 +109,7 @@ def test_a_record_declares_what_its_objective_builds(toy):
                      "on_device=False"):
     objectives.build(toy.get_config())
   with pytest.raises(ValueError, match="population=True needs on_device=True"):
-    registry.Experiment("x", "x.py", "loss", toy_objective, on_device=False, population=True)
+    registry.Experiment("x", "x.py", "loss", task=ToyMean, on_device=False, population=True)
   with pytest.raises(ValueError, match=f"experiment '{TOY}' is already registered"):
     registry.register(toy)
   with pytest.raises(ValueError, match="allowed: 'package.module:attribute'"):
