@@ -16,8 +16,7 @@ compiled loop's memory analysis) is refused before any array is allocated.
 
 --parity_lens: first check values and gradients of every HYLA implementation against the
 float64 reference at those lengths (`measure/parity.py`); a failure exits with status 1 before
-anything is timed. The Pallas columns run only on GPU unless --pallas_interpret (slow; tiny
-shapes only).
+anything is timed.
 """
 
 import argparse
@@ -105,19 +104,12 @@ def main():
   parser.add_argument("--parity_lens", default="",
                       help="check every HYLA implementation against the reference first")
   parser.add_argument("--parity_only", action="store_true")
-  parser.add_argument("--pallas_interpret", action="store_true",
-                      help="run the Pallas columns in interpret mode off GPU (very slow)")
   parser.add_argument("--target_len", type=int, default=1024)
   args = parser.parse_args()
   _check(parser, args)
   deadline = time.perf_counter() + args.deadline_s
 
-  names = args.implementations
   backend = jax.default_backend()
-  pallas = [n for n in names if n.endswith("pallas")]
-  if pallas and backend != "gpu" and not args.pallas_interpret:
-    print(f"{', '.join(pallas)} skipped on {backend} (pass --pallas_interpret to interpret).")
-    names = [n for n in names if n not in pallas]
   device = jax.devices()[0]
   meta = dict(device=f"{device.platform}:{device.device_kind}", backend=backend,
               jax=jax.__version__, batch=args.batch, heads=args.heads,
@@ -128,11 +120,8 @@ def main():
   print(json.dumps(meta))
 
   if args.parity_lens:
-    checked = [n for n in parity.hyla_implementations()
-               if n != "pallas" or backend == "gpu" or args.pallas_interpret]
     rows = parity.run(args.parity_lens, args.dtype, batch=args.batch, heads=args.heads,
-                      head_dim=args.head_dim, names=checked,
-                      on_row=_appender(args.jsonl, "parity"))
+                      head_dim=args.head_dim, on_row=_appender(args.jsonl, "parity"))
     # "unsupported": a kernel that refused this device or dtype (e.g. mosaic off Hopper);
     # "error": one that does not compile here, recorded (its timing rows say "error" too).
     # Only a wrong answer ("fail") stops the window.
@@ -149,9 +138,9 @@ def main():
       device="" if have is None else have.described, cell_budget_s=args.cell_budget_s,
       deadline=deadline)
   rows = benchmark.run(
-      args.seq_lens, names, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-      dtype=args.dtype, causal=args.causal, repeats=args.repeats, calls=args.calls,
-      limits=limits, on_row=_appender(args.jsonl, "attention"))
+      args.seq_lens, args.implementations, batch=args.batch, heads=args.heads,
+      head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, repeats=args.repeats,
+      calls=args.calls, limits=limits, on_row=_appender(args.jsonl, "attention"))
   print(benchmark.markdown_table(rows))
   meta["ratios_at_target_len"] = benchmark.ratios(rows, args.target_len)
   print(f"ratios at T={args.target_len}:", json.dumps(meta["ratios_at_target_len"], indent=1))

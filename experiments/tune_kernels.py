@@ -1,20 +1,18 @@
-r"""Tile configurations of HYLA's GPU kernels (Mosaic, Triton, blockwise), timed beside cuDNN.
+r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside cuDNN.
 
-  python experiments/tune_pallas.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
+  python experiments/tune_kernels.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
       --configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla --out=/tmp/tune.jsonl
-  python experiments/tune_pallas.py --configs=mlp:16x16:4:2,linear:64x64:4:1  # Triton
-  python experiments/tune_pallas.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
+  python experiments/tune_kernels.py --configs=blockwise:256x256:dot,blockwise:128x128:dot
+  python experiments/tune_kernels.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with Blocks(BQ, BK, BV) and the backward's
                          dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla)
-  VN:BQxBK:WARPS:STAGES  the Triton kernel (`pallas_kernel.attention`), value network VN
-                         (mlp | linear), tiles BQ x BK, launch parameters WARPS and STAGES
   blockwise:BQxBK:FORM   XLA's blockwise HYLA with tiles BQ x BK, per-pair products FORM
                          (dot | broadcast; `tiling.TileConfig.pair_products`)
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
-(`ops/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
+(`measure/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
 call), median of --repeats, and is printed and appended to --out as one JSON line as soon as
 it exists; a table of the rows, in the order timed, ends the run. A configuration the kernel refuses
 (tiles over Hopper's shared memory, Mosaic's swizzles) or that does not compile is a row
@@ -43,7 +41,6 @@ from hypernet_attention.measure import benchmark
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
-from hypernet_attention.ops import pallas_kernel
 
 
 class Unsupported(Exception):
@@ -60,15 +57,10 @@ def parse_config(entry: str) -> dict:
     if parts[0] == "blockwise" and len(parts) == 3 and parts[2] in ("dot", "broadcast"):
       bq, bk = (int(x) for x in parts[1].split("x"))
       return dict(name="blockwise", block_q=bq, block_k=bk, pair_products=parts[2])
-    if parts[0] in ("mlp", "linear") and len(parts) == 4:
-      bq, bk = (int(x) for x in parts[1].split("x"))
-      return dict(name=f"pallas_{parts[0]}", block_q=bq, block_k=bk, warps=int(parts[2]),
-                  stages=int(parts[3]))
   except ValueError:
     pass
   raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
-                   "mosaic:64x16x16:kernel), blockwise:BQxBK:dot|broadcast or "
-                   "VN:BQxBK:WARPS:STAGES (e.g. mlp:16x16:4:2)")
+                   "mosaic:64x16x16:kernel) or blockwise:BQxBK:dot|broadcast")
 
 
 def kernel_fn(config: dict, interpret: bool):
@@ -77,22 +69,16 @@ def kernel_fn(config: dict, interpret: bool):
     return lambda q, k, v: blockwise.attention(
         q, k, v, is_causal=True, block_q=config["block_q"], block_k=config["block_k"],
         pair_products=config["pair_products"])
-  if config["name"] == "mosaic":
-    params = None
-    if interpret:
-      why_not = mosaic_kernel.available()
-      if why_not:
-        raise Unsupported(why_not)
-      from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-      params = plgpu.InterpretGPUParams()
-    blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
-    return lambda q, k, v: mosaic_kernel.attention(
-        q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
-  launch = pallas_kernel.Launch(num_warps=config["warps"], num_stages=config["stages"])
-  return lambda q, k, v: pallas_kernel.attention(
-      q, k, v, is_causal=True, normalization="rms_head",
-      value_network=config["name"].removeprefix("pallas_"), block_q=config["block_q"],
-      block_k=config["block_k"], launch=launch, interpret=interpret)
+  params = None
+  if interpret:
+    why_not = mosaic_kernel.available()
+    if why_not:
+      raise Unsupported(why_not)
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+    params = plgpu.InterpretGPUParams()
+  blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
+  return lambda q, k, v: mosaic_kernel.attention(
+      q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
 
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
@@ -169,12 +155,11 @@ def main():
   base = rows[0].get("fwd_bwd_ms")
   print(f"\nT={args.seq_len} B={args.batch} H={args.heads} d={args.head_dim} {args.dtype} "
         f"causal on {meta['device']}; x = fwd+bwd time over softmax's")
-  print("| kernel | tiles | dq / form / warps:stages | fwd ms | fwd+bwd ms | x softmax |")
+  print("| kernel | tiles | dq / form | fwd ms | fwd+bwd ms | x softmax |")
   print("|---|---|---|---|---|---|")
   for r in rows:
     tiles = "x".join(str(r[k]) for k in ("block_q", "block_k", "block_v") if k in r) or "-"
-    how = r.get("dq") or r.get("pair_products") or (
-        f"{r['warps']}:{r['stages']}" if "warps" in r else "-")
+    how = r.get("dq") or r.get("pair_products") or "-"
     if r["status"] != "ok":
       print(f"| {r['name']} | {tiles} | {how} | {r['status']}: {r['message'][:70]} | | |")
       continue
@@ -182,7 +167,7 @@ def main():
     print(f"| {r['name']} | {tiles} | {how} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
           f"{ratio} |")
   done = sum(r["status"] == "ok" for r in rows)
-  print(f"tune_pallas: {done} of {len(rows)} rows timed", flush=True)
+  print(f"tune_kernels: {done} of {len(rows)} rows timed", flush=True)
 
 
 if __name__ == "__main__":

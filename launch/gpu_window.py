@@ -17,10 +17,10 @@ kernel correct on the GPU, then timed:
                a kernel that faults kills its process's CUDA context, and memcheck names the
                faulting access; a failure ends the window
   mosaic_parity  bf16 values and gradients against the float64 reference at T=256 and 1000
-               (`ops/parity.check`), alone; a wrong answer ends the window
+               (`measure/parity.check`), alone; a wrong answer ends the window
   mosaic_time_4096
                fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of Mosaic (its dQ kernel) beside
-               cuDNN and blockwise 256 x 256 in one process (`experiments/tune_pallas.py`),
+               cuDNN and blockwise 256 x 256 in one process (`experiments/tune_kernels.py`),
                Mosaic left out unless its parity passed in this window
 Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   parity       every HYLA implementation against the float64 reference at T=256 and 1000
@@ -30,7 +30,7 @@ Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
   c4_b64       the C4 50M train step, softmax vs HYLA (auto, and blockwise's broadcast form),
                batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)
-  tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_pallas.py`):
+  tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_kernels.py`):
                blockwise at 128 and 256 in both per-pair forms and Mosaic's two dQ paths
                (left out unless Mosaic's parity passed in this window)
   tiles_graphs blockwise's broadcast form again with XLA's command buffers (CUDA graphs)
@@ -83,7 +83,7 @@ class Sizes:
   steps: int
   repeats: int
   population: tuple[str, ...]  # --experiment, --size, --members.
-  tune: tuple[str, ...]  # experiments/tune_pallas.py flags, and its --configs:
+  tune: tuple[str, ...]  # experiments/tune_kernels.py flags, and its --configs:
   tune_configs: tuple[str, ...]
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
@@ -112,7 +112,7 @@ GPU = Sizes(
 DRY_RUN = Sizes(
     parity_lens="16,40", seq_lens="48",
     attention=("--batch=1", "--heads=2", "--head_dim=16", "--dtype=float32", "--repeats=2",
-               "--max_temp_gb=1", "--cell_budget_s=10", "--pallas_interpret"),
+               "--max_temp_gb=1", "--cell_budget_s=10"),
     c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
@@ -353,7 +353,7 @@ def stages(sizes: Sizes) -> list[Stage]:
     if why_not:  # Timing a kernel that is wrong or does not compile only costs time.
       configs = [c for c in configs if not c.startswith("mosaic:")]
       w.record("tune", name="mosaic", status="skipped", message=why_not)
-    return _python("experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")
+    return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
   def tiles_graphs(w: Window, limit: float) -> list[str]:
     del limit
@@ -361,7 +361,7 @@ def stages(sizes: Sizes) -> list[Stage]:
                                  f"--xla_gpu_enable_command_buffer={COMMAND_BUFFERS}") if f)
     configs = [c for c in w.sizes.tune_configs if c.endswith(":broadcast")]
     return ["env", f"XLA_FLAGS={flags}", *_python(
-        "experiments/tune_pallas.py", *w.sizes.tune, f"--configs={','.join(configs)}")]
+        "experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")]
 
   def mosaic_parity(w: Window, limit: float) -> list[str]:
     del limit
@@ -383,7 +383,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if w.dry_run:
         configs = [c.replace("256x256", "32x32") for c in configs]
-      return _python("experiments/tune_pallas.py", *tune, f"--seq_len={seq_len}",
+      return _python("experiments/tune_kernels.py", *tune, f"--seq_len={seq_len}",
                      f"--configs={','.join(configs)}")
     return argv
 

@@ -19,11 +19,6 @@ def x64():
 
 def pytest_configure(config):
   # Markers are registered in pytest.ini.
-  # jax 0.11 warns on every Triton lowering that Pallas' Triton backend is deprecated; the
-  # kernels still lower and run there, and experiments/results/kernels.md says what moving
-  # them to Mosaic GPU would take. Known and documented, so not repeated per test.
-  config.addinivalue_line(
-      "filterwarnings", "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
   # On Python 3.13, TensorFlow's autograph (the C4 input pipeline) builds AST nodes through
   # gast with keyword arguments Python 3.15 will refuse: thousands of warnings per run, in
   # TensorFlow's dependency, not in this code; to be gone with a gast release that follows.

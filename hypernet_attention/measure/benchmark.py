@@ -28,9 +28,9 @@ linear (linear attention, reference einsums), hyla_<name> for every implementati
 `dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
 here without an edit), hyla_mosaic_xla_dq (the Mosaic kernel with dQ = dS K as one XLA matmul
 instead of its query-stationary dQ kernel: which is faster is to be measured, not assumed),
-and rmshead_linear_pallas (Table A1's "linear attention + RMSHead": HYLA's
-normalization with a linear value network). `softmax` is also accepted: the path a model
-takes (`dispatch`'s choice: cuDNN on GPU where it applies).
+and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
+normalization with a linear value network, in blockwise's tiles). `softmax` is also
+accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
 def implementations() -> tuple[str, ...]:
   """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
   hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
-  return (*BASELINES, "linear", *hyla, "hyla_mosaic_xla_dq", "rmshead_linear_pallas")
+  return (*BASELINES, "linear", *hyla, "hyla_mosaic_xla_dq", "rmshead_linear_blockwise")
 
 
 def allowed_names() -> tuple[str, ...]:
@@ -139,10 +139,10 @@ def attention_fn(name: str, causal: bool) -> Callable:
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="linear", value_network="linear",
         implementation="reference")
-  if name == "rmshead_linear_pallas":
+  if name == "rmshead_linear_blockwise":
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
-        implementation="pallas")
+        implementation="blockwise")
   if name == "hyla_mosaic_xla_dq":
     def mosaic_xla_dq(q, k, v):
       mosaic_kernel.check_device(q.dtype)  # One line off Hopper, as dispatch does.

@@ -33,11 +33,8 @@ NARROW_SLACK = 2.0
 
 
 def hyla_implementations() -> tuple[str, ...]:
-  """Every implementation `dispatch` can be asked for by name, but the reference itself;
-  the Triton kernel last: its compiles take the longest (the H100 window of 2026-11-26 spent
-  its whole 75 s parity stage before one row), so the others are checked first."""
-  names = [n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference")]
-  return tuple(sorted(names, key=lambda n: n == "pallas"))
+  """Every implementation `dispatch` can be asked for by name, but the reference itself."""
+  return tuple(n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference"))
 
 
 def _reference(q, k, v):

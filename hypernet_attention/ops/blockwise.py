@@ -34,9 +34,8 @@ Tile letters: q / k for the positions inside one tile.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -363,28 +362,28 @@ def _prepare(query, key, value, bias, mask, cfg):
   return q, k, v, bias4, mask4
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _attention(query, key, value, bias, mask, seed, cfg, kernels):
-  out, _ = _attention_fwd(query, key, value, bias, mask, seed, cfg, kernels)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _attention(query, key, value, bias, mask, seed, cfg):
+  out, _ = _attention_fwd(query, key, value, bias, mask, seed, cfg)
   return out
 
 
-def _attention_fwd(query, key, value, bias, mask, seed, cfg, kernels):
+def _attention_fwd(query, key, value, bias, mask, seed, cfg):
   q, k, v, bias4, mask4 = _prepare(query, key, value, bias, mask, cfg)
-  out_BHQV, lse = kernels.forward(q, k, v, bias4, mask4, seed, cfg)
+  out_BHQV, lse = _forward(q, k, v, bias4, mask4, seed, cfg)
   out = jnp.swapaxes(out_BHQV[:, :, :cfg.q_len], 1, 2).astype(query.dtype)
   keep_out = cfg.normalization == "softmax" and cfg.value_network == "linear"
   return out, (query, key, value, bias, mask, seed, out_BHQV if keep_out else None, lse)
 
 
-def _attention_bwd(cfg, kernels, residuals, dout_BQHV):
+def _attention_bwd(cfg, residuals, dout_BQHV):
   query, key, value, bias, mask, seed, out_BHQV, lse = residuals
   q, k, v, bias4, mask4 = _prepare(query, key, value, bias, mask, cfg)
   dy = _to_heads_major(dout_BQHV.astype(cfg.pair_dtype), cfg.q_padded)
   row = None
   if cfg.normalization == "softmax":
     row = _softmax_row_stat(q, k, v, bias4, mask4, seed, lse, out_BHQV, dy, cfg)
-  dq, dk, dv, dbias4 = kernels.backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg)
+  dq, dk, dv, dbias4 = _backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg)
   unpad = lambda x, n, like: jnp.swapaxes(x[:, :, :n], 1, 2).astype(like.dtype)
   dbias = None
   if bias is not None:
@@ -396,32 +395,6 @@ def _attention_bwd(cfg, kernels, residuals, dout_BQHV):
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernels:
-  """The tiled passes behind the custom VJP (hashable: a nondiff argument).
-
-  forward(q, k, v, bias4, mask4, seed, cfg) -> (out (B, H, Qp, V) f32, lse (B, H, Qp) | None);
-  backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg) -> (dq, dk, dv, dbias4 | None),
-  all heads-major, padded and float32. Inputs are heads-major and padded (`_prepare`), dy
-  in `cfg.pair_dtype`; `seed` is the int32 dropout seed (None without dropout).
-  """
-  forward: Callable = _forward
-  backward: Callable = _backward
-
-
-def tiled_attention(query, key, value, bias, mask, cfg, kernels: Kernels = Kernels(),
-                    dropout_seed=None):
-  """Runs the custom-VJP op with the given forward/backward passes (Pallas reuses this)."""
-  if mask is not None and mask.dtype != jnp.bool_:
-    mask = mask.astype(bool)
-  seed = None
-  if cfg.dropout_rate:
-    if dropout_seed is None:
-      raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
-    seed = jnp.asarray(dropout_seed, jnp.int32)
-  return _attention(query, key, value, bias, mask, seed, cfg, kernels)
 
 
 def attention(
@@ -457,5 +430,11 @@ def attention(
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
       dtype=query_BQHD.dtype, dropout_rate=dropout_rate, pair_products=pair_products)
-  return tiled_attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, cfg,
-                         dropout_seed=dropout_seed)
+  if mask is not None and mask.dtype != jnp.bool_:
+    mask = mask.astype(bool)
+  seed = None
+  if cfg.dropout_rate:
+    if dropout_seed is None:
+      raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
+    seed = jnp.asarray(dropout_seed, jnp.int32)
+  return _attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, seed, cfg)

@@ -1,4 +1,4 @@
-"""One entry point for attention; picks an implementation (reference, blockwise, pallas).
+"""One entry point for attention; runs an implementation named, or chosen by shape (`auto`).
 
 Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   reference  the einsums of the paper; materializes (B, H, Q, K) and, for MLP value
@@ -7,9 +7,6 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   factored   HYLA's MLP value network through one RMSHead/dropout scalar per (q, k) pair
              (`factored.py`): per-example matmuls instead of the reference's transposed
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
-  pallas     fused Pallas kernels, forward and backward (`pallas_kernel.py`): Triton on
-             GPU, interpreted on CPU. Correct on an H100 but slower there than blockwise,
-             so `auto` never picks it (see `choose_implementation`).
   mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
              until measured on hardware (`EXPLICIT_PATHS`).
   blockwise_broadcast  blockwise with its per-pair products as one multiply-reduce over
@@ -40,7 +37,6 @@ from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import factored
 from hypernet_attention.ops import mosaic_kernel
-from hypernet_attention.ops import pallas_kernel
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
 from hypernet_attention.ops import target
@@ -50,7 +46,6 @@ from hypernet_attention.ops import tiling
 FAST_PATHS: dict[str, reference.Computes] = {
     "factored": factored.COMPUTES,
     "blockwise": blockwise.COMPUTES,
-    "pallas": pallas_kernel.COMPUTES,
 }
 # Asked for by name only: the fused Hopper kernel (`mosaic_kernel.py`, forward and backward
 # in Pallas Mosaic GPU), correct in interpret mode but not yet timed on hardware, so `auto`
@@ -142,11 +137,8 @@ def choose_implementation(
     return "reference"
   if not FAST_PATHS["blockwise"].covers(normalization, value_network):
     return "reference"
-  # Everywhere, blockwise. On an H100 (T=4096, B=4, H=8, d=64, bf16, causal) the Pallas
-  # HYLA kernel passes every parity test but runs 7x (forward) to 19x (forward+backward)
-  # slower than blockwise: its per-pair MLP runs on the vector units with (bq, bk, V)
-  # register tiles, while XLA gives blockwise's einsums to the matrix units. On TPU the
-  # kernel's Mosaic lowering is untested.
+  # Everywhere, blockwise: XLA gives its einsums to the matrix units. The fused kernel is
+  # asked for by name only (`EXPLICIT_PATHS`).
   return "blockwise"
 
 
@@ -237,8 +229,6 @@ def attention(
     kernel = functools.partial(
         blockwise.attention, block_q=block_q, block_k=block_k,
         pair_products="broadcast" if implementation == "blockwise_broadcast" else "dot")
-  elif implementation == "pallas":
-    kernel = pallas_kernel.attention
   elif implementation == "mosaic":
     mosaic_kernel.check_device(query_BQHD.dtype)  # One line off Hopper, not a compile error.
     kernel = mosaic_kernel.attention

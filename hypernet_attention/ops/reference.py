@@ -1,6 +1,6 @@
 """Reference attention: the paper's equations as plain einsums.
 
-This is the ground truth that every fast implementation (blockwise, Pallas) is tested
+This is the ground truth that every fast implementation (factored, blockwise, Mosaic) is tested
 against, and the path `MultiHeadAttention` takes when it must expose the latent code
 (probing) or apply dropout to it. It materializes the (B, H, Q, K) latent code and, for the
 MLP value networks, the (B, Q, K, V) hidden activations, so it is memory-hungry by design.

@@ -1,7 +1,7 @@
-"""Shared plumbing for the tiled implementations (blockwise, Pallas).
+"""Blockwise's tile plumbing: tile sizes, padding, the static schedule, rank-4 bias / mask.
 
-Both tile the (Q, K) plane; this module decides the tile sizes, pads the sequences so they
-divide, and brings `bias` / `mask` (broadcastable to (B, H, Q, K)) to a rank-4 form whose
+Blockwise tiles the (Q, K) plane; this module decides the tile sizes, pads the sequences so
+they divide, and brings `bias` / `mask` (broadcastable to (B, H, Q, K)) to a rank-4 form whose
 size-1 dimensions stay size 1, so that a tile of them is a cheap slice that still broadcasts.
 
 Shape letters: B batch, H heads, Q / K query / key positions (padded: Qp, Kp), D per-head
@@ -92,11 +92,11 @@ def balanced_block(length: int, block: int) -> int:
 
 def make_config(
     q_len, k_len, depth, *, computes: reference.Computes, normalization, value_network,
-    activation, eps, is_causal, block_q, block_k, balance=True, dtype=jnp.float32,
-    dropout_rate=0.0, pair_products="dot",
+    activation, eps, is_causal, block_q, block_k, dtype=jnp.float32, dropout_rate=0.0,
+    pair_products="dot",
 ) -> TileConfig:
-  """Validates the choices against what the kernel `computes`; `balance=False` keeps the
-  tile sizes exactly as given."""
+  """Validates the choices against what the kernel `computes`; tiles balanced
+  (`balanced_block`)."""
   computes.check(normalization, value_network)
   if pair_products not in PAIR_PRODUCTS:
     raise ValueError(f"pair_products={pair_products!r}; allowed: {', '.join(PAIR_PRODUCTS)}")
@@ -108,8 +108,7 @@ def make_config(
       normalization=normalization, value_network=value_network, activation=activation,
       eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
       q_len=q_len, k_len=k_len,
-      block_q=balanced_block(q_len, block_q) if balance else block_q,
-      block_k=balanced_block(k_len, block_k) if balance else block_k,
+      block_q=balanced_block(q_len, block_q), block_k=balanced_block(k_len, block_k),
       compute_dtype_name=compute_dtype.name,
       pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
       dropout_rate=float(dropout_rate), pair_products=pair_products,
@@ -194,19 +193,14 @@ def schedule_tile(p: jax.Array, ends: np.ndarray, offsets: np.ndarray
   return major, p + jnp.asarray(offsets)[major]
 
 
-def causal_k_blocks(q_block, cfg: TileConfig):
-  """Number of key tiles that query tile `q_block` can see (all of them when not causal).
-  Python ints in, a Python int out (the blockwise schedule); traced in, traced out (Pallas
-  program ids)."""
+def causal_k_blocks(q_block: int, cfg: TileConfig) -> int:
+  """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
   if not cfg.is_causal:
     return cfg.num_k_blocks
-  last_q = (q_block + 1) * cfg.block_q - 1
-  if isinstance(q_block, int):
-    return min(last_q // cfg.block_k + 1, cfg.num_k_blocks)
-  return jnp.minimum(last_q // cfg.block_k + 1, cfg.num_k_blocks)
+  return min(((q_block + 1) * cfg.block_q - 1) // cfg.block_k + 1, cfg.num_k_blocks)
 
 
-def causal_first_q_block(k_block, cfg: TileConfig):
+def causal_first_q_block(k_block: int, cfg: TileConfig) -> int:
   """First query tile that can see key tile `k_block` (0 when not causal)."""
   if not cfg.is_causal:
     return 0

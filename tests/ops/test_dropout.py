@@ -1,13 +1,11 @@
-"""Dropout on the latent code inside the tiled kernels (`ops/dropout.py`).
+"""Dropout on the latent code inside blockwise's tiles (`ops/dropout.py`).
 
-The keep-mask of pair (q, k) is a hash of (seed, q, k): the blockwise and Pallas kernels
-recompute it per tile in the forward and backward passes, the reference draws it whole. So
-under one seed every implementation must compute the same function, in value and gradient
-(same tolerance rule as tests/ops/test_ops.py), and the mask must drop the right fraction of
-pairs, independently of the seed.
+The keep-mask of pair (q, k) is a hash of (seed, q, k): blockwise recomputes it per tile in
+the forward and backward passes, the reference draws it whole. So under one seed every
+implementation must compute the same function, in value and gradient (same tolerance rule as
+tests/ops/test_ops.py), and the mask must drop the right fraction of pairs, independently
+of the seed.
 """
-
-import re
 
 import chex
 import jax
@@ -19,7 +17,6 @@ from hypernet_attention import attention
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import dropout
-from hypernet_attention.ops import pallas_kernel
 
 from numerics import assert_close
 from numerics import compare
@@ -88,19 +85,6 @@ def test_dropout_changes_the_function():
     assert max(err / bound for err, bound in errors.values()) > 100, errors
 
 
-@pytest.mark.parametrize("normalization,value_network", [("rms_head", "mlp"),
-                                                        ("softmax", "linear")])
-def test_pallas_interpret_dropout_matches_reference(normalization, value_network):
-  q_len, k_len, causal, _, mask_shape = CASES["causal_bias_mask"]
-  inputs = make_inputs(32, q_len=q_len, k_len=k_len, heads=2, bias_shape=(1, 2, 23, 23),
-                       mask_shape=mask_shape)
-  kw = dict(normalization=normalization, value_network=value_network, activation="relu")
-  fn = lambda q, k, v, b: pallas_kernel.attention(
-      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=16, block_k=16,
-      interpret=True, dropout_rate=RATE, dropout_seed=SEED, **kw)
-  assert_close(fn, _dropout_reference(inputs[4], causal, **kw), inputs)
-
-
 def test_dispatch_needs_a_seed():
   q, k, v, _, _, _ = make_inputs(33, q_len=8, k_len=8)
   with pytest.raises(ValueError, match="dropout_seed"):
@@ -138,21 +122,6 @@ def test_module_fast_path_equals_materialized_path_under_dropout(preset):
 
   chex.assert_trees_all_close(jax.grad(loss)(params, False), jax.grad(loss)(params, True),
                               rtol=1e-4, atol=1e-5)
-
-
-def test_pallas_dropout_lowers_to_triton():
-  """With dropout the forward, dk/dv and dq kernels still lower to Triton (for CUDA, here).
-  The loss needs the forward's output, as in tests/ops/test_ops.py (jax >= 0.12 drops an unused
-  forward call)."""
-  q = jax.ShapeDtypeStruct((1, 45, 3, 16), jnp.bfloat16)
-  fn = lambda q, k, v, seed: pallas_kernel.attention(
-      q, k, v, is_causal=True, interpret=False, dropout_rate=RATE, dropout_seed=seed)
-  grad = jax.grad(lambda *a: jnp.sum(jnp.square(fn(*a).astype(jnp.float32))), (0, 1, 2))
-  lowered = pallas_kernel.lower_for_gpu(grad, q, q, q, jax.ShapeDtypeStruct((), jnp.int32))
-  text = lowered.as_text()
-  assert sorted(re.findall(r'name = "(hyla_\w+)"', text)) == [
-      "hyla_rms_head_mlp_dkv", "hyla_rms_head_mlp_dq", "hyla_rms_head_mlp_forward"]
-  assert text.count("xla.gpu.triton") == 3
 
 
 def test_auto_with_dropout_keeps_short_sequences_on_the_reference():

@@ -7,7 +7,6 @@ rule derived from float32 error analysis (`tests/numerics.py`), so they hold on 
 """
 
 import itertools
-import re
 
 import jax
 import jax.extend
@@ -19,7 +18,7 @@ from hypernet_attention import errors
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import factored
-from hypernet_attention.ops import pallas_kernel
+from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
 
 from numerics import NAMES
@@ -123,21 +122,18 @@ PLANTED_BUGS = {
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED_BUGS))
-@pytest.mark.parametrize("implementation", ["blockwise", "pallas"])
-def test_planted_bugs_fail(bug, implementation):
+def test_planted_bugs_fail(bug):
   """The tolerance rule is loose enough for any CPU's rounding, yet a real bug in a kernel
   exceeds it by more than two orders of magnitude in some quantity."""
   q_len, k_len, _, bias_shape, mask_shape = CASES["causal_bias_mask"]
   inputs = make_inputs(11, q_len=q_len, k_len=k_len, heads=2, bias_shape=(1, 2, 23, 23),
                        mask_shape=mask_shape)
   kw = dict(normalization="rms_head", value_network="mlp", activation="relu")
-  module = blockwise if implementation == "blockwise" else pallas_kernel
-  extra = {} if implementation == "blockwise" else dict(interpret=True)
 
   def buggy(q, k, v, b):
     q, k, v, b, causal = PLANTED_BUGS[bug](q, k, v, b)
-    return module.attention(q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=16,
-                            block_k=16, **kw, **extra)
+    return blockwise.attention(q, k, v, bias=b, mask=inputs[4], is_causal=causal,
+                               block_q=16, block_k=16, **kw)
 
   ref_fn = reference_fn(inputs[4], True, **kw)
   ratios = {name: err / bound for name, (err, bound) in compare(buggy, ref_fn, inputs).items()}
@@ -160,23 +156,19 @@ def test_blockwise_bias_shapes_and_activations(case, activation):
 
 
 @pytest.mark.parametrize("implementation,normalization", [
-    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("blockwise_broadcast", "rms_head"),
-    ("pallas", "rms_head")])
+    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("blockwise_broadcast", "rms_head")])
 def test_bfloat16(implementation, normalization):
   """bf16 inputs, float32 accumulation: close to the reference on the same inputs. Blockwise
-  keeps its per-pair tensors in bf16 (`assert_close_narrow`), in either form; Pallas keeps
-  them in float32."""
+  keeps its per-pair tensors in bf16 (`assert_close_narrow`), in either form."""
   inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
                        dtype=jnp.bfloat16)
   kw = dict(normalization=normalization, value_network="mlp", activation="relu")
   form = {"pair_products": "broadcast"} if implementation == "blockwise_broadcast" else {}
-  module = pallas_kernel if implementation == "pallas" else blockwise
-  fn = lambda q, k, v, b: module.attention(
+  fn = lambda q, k, v, b: blockwise.attention(
       q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw, **form)
   out = jax.jit(fn)(*inputs[:4])
   assert out.dtype == jnp.bfloat16
-  check = assert_close if implementation == "pallas" else assert_close_narrow
-  check(fn, reference_fn(None, True, **kw), inputs)
+  assert_close_narrow(fn, reference_fn(None, True, **kw), inputs)
 
 
 def test_blockwise_refuses_what_it_cannot_form_in_one_line():
@@ -195,50 +187,6 @@ def test_fully_masked_rows_are_zero():
     ref = reference.attention(q, k, v, mask=mask, normalization=normalization)
     np.testing.assert_array_equal(np.asarray(out[:, 4]), 0.0)
     assert rel_err(out, ref) < error_bound(0.0, reduction_length(q, k, v), out.dtype)
-
-
-@pytest.mark.parametrize("normalization,value_network,case", [
-    ("rms_head", "mlp", "causal_bias_mask"),
-    ("softmax", "mlp", "full_bias_pair_mask"),
-    ("linear", "linear", "broadcast_bias_causal"),
-    ("softmax", "linear", "plain_q_ne_k"),
-    # Not softmax: a per-query bias shifts a softmax row uniformly, so its gradient is 0.
-    ("rms_head", "linear", "key_bias_head_mask"),
-])
-def test_pallas_interpret_matches_reference(normalization, value_network, case):
-  q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
-  # Two heads: the kernel unrolls its per-head code, and interpret mode compiles it all.
-  shrink = lambda shape: None if shape is None else tuple(
-      2 if n == 3 else n for n in shape)
-  inputs = make_inputs(4, q_len=q_len, k_len=k_len, heads=2, bias_shape=shrink(bias_shape),
-                       mask_shape=shrink(mask_shape))
-  kw = dict(normalization=normalization, value_network=value_network, activation="relu")
-  fn = lambda q, k, v, b: pallas_kernel.attention(
-      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=16, block_k=16,
-      interpret=True, **kw)
-  assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs)
-
-
-@pytest.mark.parametrize("normalization,value_network", [("rms_head", "mlp"),
-                                                        ("softmax", "linear")])
-def test_pallas_lowers_to_triton(normalization, value_network):
-  """Forward, dk/dv and dq kernels lower to Triton calls for CUDA (lowered, not run, here).
-
-  The loss is quadratic in the output so that its gradient needs the forward's result: the
-  gradient of a plain sum does not, and for RMSHead (no logsumexp residual) jax >= 0.12
-  drops the unused forward call from the program (0.10 kept it), leaving two kernels.
-  """
-  q = jax.ShapeDtypeStruct((1, 64, 4, 16), jnp.bfloat16)
-  bias = jax.ShapeDtypeStruct((1, 4, 64, 64), jnp.float32)
-  fn = lambda q, k, v, b: pallas_kernel.attention(
-      q, k, v, bias=b, is_causal=True, normalization=normalization,
-      value_network=value_network, interpret=False)
-  grad = jax.grad(lambda *a: jnp.sum(jnp.square(fn(*a).astype(jnp.float32))), (0, 1, 2, 3))
-  text = pallas_kernel.lower_for_gpu(grad, q, q, q, bias).as_text()
-  kernels = re.findall(r'name = "(hyla_\w+)"', text)
-  name = f"hyla_{normalization}_{value_network}"
-  assert sorted(kernels) == [f"{name}_dkv", f"{name}_dq", f"{name}_forward"], kernels
-  assert text.count("xla.gpu.triton") == 3
 
 
 def _temp_bytes(fn, seq_len):
@@ -277,7 +225,7 @@ def naive_hyla_float64(q, k, v, mask):
   return out
 
 
-@pytest.mark.parametrize("implementation", ["reference", "blockwise", "pallas", "auto"])
+@pytest.mark.parametrize("implementation", ["reference", "blockwise", "auto"])
 def test_dispatch_against_float64_loops(implementation):
   q, k, v, _, _, _ = make_inputs(5, batch=1, q_len=11, k_len=11)
   out = dispatch.attention(q, k, v, is_causal=True, normalization="rms_head",
@@ -365,7 +313,7 @@ def test_a_new_reference_entry_is_never_computed_as_something_else(monkeypatch, 
   for implementation in dispatch.FAST_PATHS:
     with pytest.raises(errors.BadInput, match="'fake'"):
       dispatch.attention(q, k, v, implementation=implementation, **names)
-  for module in (blockwise, pallas_kernel, factored):
+  for module in (blockwise, factored):
     with pytest.raises(ValueError, match="fake"):
       module.attention(q, k, v, **names)
 
@@ -375,7 +323,7 @@ def test_auto_choice_by_shape_and_backend():
   assert choose(16, 16, "rms_head", "mlp", backend="cpu") == "reference"
   assert choose(36, 36, "rms_head", "mlp", backend="cpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="cpu") == "blockwise"
-  # Blockwise on GPU too: the Pallas kernel passed parity on an H100 but ran 7-19x slower.
+  # Blockwise on GPU too: the fused Mosaic kernel is asked for by name only.
   assert choose(1024, 1024, "rms_head", "mlp", backend="gpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="tpu") == "blockwise"
   assert choose(4096, 4096, "rms_head", "deep_mlp", backend="gpu") == "reference"
@@ -418,13 +366,13 @@ def test_reference_mlp_value_network_matches_formula_in_float64(x64, activation)
 
 
 def test_auto_on_faked_gpu_backend_runs_blockwise(monkeypatch):
-  """With JAX reporting a GPU backend, `auto` HYLA calls blockwise, never Pallas."""
+  """With JAX reporting a GPU backend, `auto` HYLA calls blockwise, never the Mosaic kernel."""
   calls = []
   real_blockwise = blockwise.attention
   monkeypatch.setattr(blockwise, "attention",
                       lambda *a, **kw: calls.append("blockwise") or real_blockwise(*a, **kw))
-  monkeypatch.setattr(pallas_kernel, "attention",
-                      lambda *a, **kw: calls.append("pallas") or real_blockwise(*a, **kw))
+  monkeypatch.setattr(mosaic_kernel, "attention",
+                      lambda *a, **kw: calls.append("mosaic") or real_blockwise(*a, **kw))
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   q, k, v, _, _, _ = make_inputs(12, batch=1, q_len=40, k_len=40)
   dispatch.attention(q, k, v, is_causal=True, normalization="rms_head",
@@ -511,7 +459,7 @@ def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
 def test_every_path_refuses_bad_operands_before_any_work(implementation):
   """Keys and values of different lengths, integer or bool operands and empty sequences are
   one BadInput line on every registered path, before a kernel (or Mosaic's device check) runs:
-  blockwise and Pallas had attended over the first 7 of 20 keys, and returned integers."""
+  blockwise had attended over the first 7 of 20 keys, and returned integers."""
   q, k, v = (jnp.ones((1, n, 2, 4)) for n in (5, 20, 7))
   cases = [
       ((q, k, v), r"value has length 7 \(axis 1, shape \(1, 7, 2, 4\)\); allowed: 20, the "

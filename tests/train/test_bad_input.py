@@ -182,6 +182,10 @@ CLI_CASES = {
         "size='huge' is not allowed; choose from ['paper', 'local', 'smoke']", 2),
     "zero_batch": (SRAVEN + ["--config.batch_size=0"],
                    "config.batch_size=0 must be a positive integer", 2),
+    "retired_implementation": (  # The Triton kernel, retired in issue 54.
+        SRAVEN + ["--config.model.implementation=pallas"],
+        "Unknown implementation 'pallas'; allowed: auto, reference, factored, blockwise, "
+        "mosaic, blockwise_broadcast.", 2),
     "workdir_is_a_file": (SRAVEN + ["--workdir=README.md"],
                           "--workdir='README.md' is a file, not a directory", 2),
     "benchmark_unknown_experiment": (
@@ -258,11 +262,11 @@ CLI_CASES = {
     "benchmark_attention_zero_length": (
         [os.path.join("experiments", "benchmark_attention.py"), "--seq_lens=0"],
         "--seq_lens='0'; allowed: comma-separated positive integers", 2),
-    "tune_pallas_malformed_config": (
-        [os.path.join("experiments", "tune_pallas.py"), "--configs=mosaic:64x16"],
+    "tune_kernels_malformed_config": (
+        [os.path.join("experiments", "tune_kernels.py"), "--configs=mosaic:64x16"],
         "--configs entry 'mosaic:64x16'; allowed: mosaic:BQxBKxBV:DQ", 2),
-    "tune_pallas_off_a_gpu": (
-        [os.path.join("experiments", "tune_pallas.py")],
+    "tune_kernels_off_a_gpu": (
+        [os.path.join("experiments", "tune_kernels.py")],
         "the kernels need a GPU; allowed off a GPU: --interpret", 2),
     "gpu_program_unknown_implementation": (
         [os.path.join("experiments", "gpu_program.py"), "--implementations=blockwise,fast"],
