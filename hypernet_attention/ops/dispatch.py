@@ -7,8 +7,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   factored   HYLA's MLP value network through one RMSHead/dropout scalar per (q, k) pair
              (`factored.py`): per-example matmuls instead of the reference's transposed
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
-  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
-             until measured on hardware (`EXPLICIT_PATHS`).
+  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only:
+             correct on an H200 but slower than blockwise (`EXPLICIT_PATHS`).
   blockwise_broadcast  blockwise with its per-pair products as one multiply-reduce over
              heads instead of a matmul (`tiling.TileConfig.pair_products`), by name only
              until a GPU window measures it against blockwise.
@@ -48,9 +48,10 @@ FAST_PATHS: dict[str, reference.Computes] = {
     "blockwise": blockwise.COMPUTES,
 }
 # Asked for by name only: the fused Hopper kernel (`mosaic_kernel.py`, forward and backward
-# in Pallas Mosaic GPU), correct in interpret mode but not yet timed on hardware, so `auto`
-# does not take it; it refuses other devices and float32 in one line. `auto` should take it
-# on Hopper once the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
+# in Pallas Mosaic GPU): correct on an H200 (memcheck clean, bf16 parity at T=128-1000) but
+# fwd+bwd 66.6 ms at T=4096 against blockwise's 27.5 (2026-11-27), so `auto` does not take
+# it; it refuses other devices and float32 in one line. `auto` should take it on Hopper once
+# the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
 # And blockwise with its per-pair products formed as one multiply-reduce over heads
 # (`tiling.TileConfig.pair_products`), which the H100 window of 2026-11-26's profile argues
 # for on GPUs (transposes and GEMMs with a contraction of H = 8 took 64% of the C4 step) and
