@@ -191,7 +191,7 @@ ROW_KEYS = ("model.attention", "model.feed_forward")
 def _label(config: dict[str, Any], keys: Sequence[str]) -> tuple[str, tuple, tuple]:
   """(row label, row key, group): the group is every varying setting but the row's."""
   key = (config["model.attention"], config.get("model.feed_forward") == "moe")
-  name = common.TABLE_A1_PAPER.get(key, (key[0] + (" + MoE" if key[1] else ""),))[0]
+  name = common.TABLE_A1_ROWS.get(key, key[0] + (" + MoE" if key[1] else ""))
   group = tuple((k, json.dumps(config.get(k))) for k in keys if k not in ROW_KEYS)
   extra = [f"{k}={config.get(k)}" for k in keys if k not in ROW_KEYS]
   return ", ".join([name] + extra), key, group
@@ -217,7 +217,8 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
     labels[label], group_of[label] = key, group
     setting = tuple(run.config.get(h) for h in HPARAMS)
     groups.setdefault(label, {}).setdefault(setting, []).append(run)
-  order = list(common.TABLE_A1_PAPER)
+  order = list(common.TABLE_A1_ROWS)
+  published = experiment.paper.table_a1 if experiment.paper else {}
   cells = []
   for label, settings in sorted(groups.items(), key=lambda item: (
       order.index(labels[item[0]]) if labels[item[0]] in order else len(order), item[0])):
@@ -225,7 +226,7 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
       return np.mean([r.summary[f"{select}/{experiment.metric}"] for r in item[1]])
     setting, best = max(settings.items(), key=score)
     best = sorted(best, key=lambda r: r.config["seed"])
-    paper = common.TABLE_A1_PAPER.get(labels[label], (None, {}))[1].get(experiment.name)
+    paper = published.get(labels[label])
     cells.append(Cell(
         label, labels[label], group_of[label], dict(zip(HPARAMS, setting)), len(settings),
         Stat.of([r.summary[f"ood/{experiment.metric}"] for r in best]),

@@ -2,15 +2,18 @@
 
 Everything that differs between experiments and is not in the config file sits in its
 record, and everything that needs it reads the record: the entry points (which trainer),
-`objectives.build` (the objective), `config_checks` (population support, the task's host memory),
-`probing.extract` (the probe setting), the launchers and campaign (entry point, config file,
-config template, main metric). No other module keys a table by an experiment's name, so
-adding a task is three files: `tasks/<name>.py`, `experiments/configs/<name>.py` and one
-record in `EXPERIMENTS` (the contributor's map in experiments/reference.md).
+`objectives.build` (the objective: an on-device task's is built from its `task` class),
+`config_checks` (population support, the task's host memory), `probing.extract` (the probe
+setting), the launchers, sweeps, campaign, plan and report (entry point, config file, config
+template, main metric, and the paper's grid, default setting, steps, reported splits, Table A1
+column and reference rates: `Paper`). No other module keys a table by an experiment's name
+(tests/runs/test_registry.py), so a new task is its task module `tasks/<name>.py`, its
+config `experiments/configs/<name>.py` and one record here (the contributor's map in
+experiments/reference.md).
 
 This module imports only the standard library, so a launching machine without JAX
 (`xm_launch --dry_run`, `tpu_pod.sh`, `launch/campaign`) can read it: a record names its
-JAX-dependent parts (objective builder, trainer, memory estimate, probe setting) by
+JAX-dependent parts (task class, objective builder, trainer, memory estimate, probe setting) by
 "package.module:attribute" path, imported on first use (`load`). Code that defines a task
 in place (a test) may give the object itself instead. Paths of files are relative to the
 repository root, as the launchers' commands use them.
@@ -52,6 +55,34 @@ def load(ref: Ref) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
+class Paper:
+  """What the paper's sweeps, campaign, plan and report know about an experiment (all plain
+  data, read by `launch/` without JAX)."""
+  label: str  # The task's name in titles: "SRAVEN".
+  metric_label: str  # The main metric's name in titles: "accuracy".
+  # The per-method hyperparameter grid (the paper's appendix, the authors' sweeps/*.yaml) as
+  # config overrides; a method's reported number is its best grid point's mean over seeds.
+  grid: dict[str, tuple[Any, ...]]
+  # The paper's default setting (overrides): Table A1's main rows run at it first.
+  default_setting: dict[str, Any]
+  splits: tuple[str, ...]  # The eval splits every campaign member reports (Table A1's columns).
+  num_steps: int  # Training steps of a paper-size run.
+  # Table A1 as published, this experiment's column (mean, s.e. over 3 seeds, x100):
+  # (preset, with MoE) -> (mean, s.e.); the rows' names are `launch/sweeps/common.py`'s.
+  table_a1: dict[tuple[str, bool], tuple[float, float]]
+  # Single-run steps/s at the paper's size, for the campaign's plan when no cell of it has
+  # finished on the device kind: {"cpu" | "gpu": ({model family: steps/s}, source)}.
+  reference_rates: dict[str, tuple[dict[str, float], str]] = dataclasses.field(
+      default_factory=dict)
+  decoding_metric: str = "accuracy"  # What the campaign's probes score on held-out tasks.
+
+  @property
+  def title(self) -> str:
+    """`SRAVEN (OOD accuracy x100)`: the report's name of the experiment's tables."""
+    return f"{self.label} (OOD {self.metric_label} x100)"
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
   """One experiment: its name, files, and everything the code asks about it by name."""
   name: str  # As in `config.experiment`.
@@ -75,6 +106,7 @@ class Experiment:
   # The campaign's config argument, `.format(model=..., width=..., depth=...)`d per cell
   # (`launch/campaign/cells.py`); empty: the experiment trains no campaign cell.
   campaign_config: str = ""
+  paper: Paper | None = None  # The paper's numbers and settings; None: not in the paper.
   default_config: str = "model=hyla,size=smoke"  # The entry point's config with no --config.
   script: str = ENTRY_POINT  # Entry point, relative to the repository root.
   train: Ref = LOOP  # (config, workdir) -> summary: what the entry point runs.
@@ -120,16 +152,58 @@ def register(experiment: Experiment) -> Experiment:
 
 
 _PROBES = "hypernet_attention.probing.extract"
+_THROUGHPUT = "training_throughput.md: idle 2-core AMD EPYC"
+# No fuzzy-logic step was timed on a GPU: SRAVEN's rate stands in for it (both models are
+# tiny at batch 128, so a step is bound by kernel launches, not by FLOPs).
+_SRAVEN_H100 = {"softmax": 714.0, "linear": 880.0, "hyla": 737.0}
 register(Experiment(
     "sraven", "experiments/configs/sraven.py", metric="accuracy",
     task="hypernet_attention.tasks.sraven:SRaven", population=True,
     memory="hypernet_attention.tasks.sraven:config_memory", probe=f"{_PROBES}:SRavenSetting",
     campaign_config="model={model},size=paper,width={width},depth={depth}",
+    paper=Paper(
+        "SRAVEN", "accuracy", grid={"optimizer.learning_rate": (3e-4, 1e-3),
+                                    "optimizer.weight_decay": (0.1, 0.3),
+                                    "optimizer.warmup_steps": (1000, 3000)},
+        default_setting={"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1,
+                         "optimizer.warmup_steps": 1000},
+        splits=("ood", "test"), num_steps=156_250, table_a1={
+            ("softmax", False): (56.56, 1.05), ("linear", False): (56.30, 1.11),
+            ("hyla", False): (69.13, 1.90), ("linear_rmshead", False): (59.01, 2.50),
+            ("linear_rmshead_nonlinear_value", False): (55.38, 0.32),
+            ("hyla_no_rmshead", False): (62.53, 5.73),
+            ("hyla_linear_value", False): (56.54, 0.21),
+            ("hyla_linear_value_no_rmshead", False): (56.33, 1.41),
+            ("softmax_hyla", False): (38.21, 2.98), ("hyla_deep", False): (66.59, 0.08),
+            ("softmax", True): (57.68, 1.31), ("linear", True): (64.34, 4.3),
+            ("hyla", True): (66.94, 3.94)},
+        reference_rates={
+            "cpu": ({"softmax": 6.44, "linear": 6.57, "hyla": 5.10}, _THROUGHPUT),
+            "gpu": (_SRAVEN_H100, "kernels.md: one H100, jax 0.11.2")}),
     default_config="model=hyla,size=demo", script="experiments/sraven_scaling.py"))
 register(Experiment(
     "fuzzy_logic", "experiments/configs/fuzzy_logic.py", metric="r2",
     task="hypernet_attention.tasks.fuzzy_logic:FuzzyLogic", population=True,
     probe=f"{_PROBES}:FuzzyLogicSetting", campaign_config="model={model},size=paper",
+    paper=Paper(
+        "Fuzzy logic", "R²", grid={"optimizer.learning_rate": (1e-3, 3e-3),
+                                   "optimizer.weight_decay": (0.03, 0.1)},
+        # Warmup is the config's default, 100 steps.
+        default_setting={"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1},
+        splits=("ood", "test", "unseen_terms"), num_steps=50_000, table_a1={
+            ("softmax", False): (63.28, 2.31), ("linear", False): (59.89, 5.22),
+            ("hyla", False): (81.13, 7.77), ("linear_rmshead", False): (68.93, 5.10),
+            ("linear_rmshead_nonlinear_value", False): (56.91, 4.25),
+            ("hyla_no_rmshead", False): (81.27, 7.88),
+            ("hyla_linear_value", False): (84.54, 5.32),
+            ("hyla_linear_value_no_rmshead", False): (79.42, 7.43),
+            ("softmax_hyla", False): (70.98, 7.08), ("hyla_deep", False): (87.65, 4.54),
+            ("softmax", True): (63.83, 6.07), ("linear", True): (60.09, 6.16),
+            ("hyla", True): (82.37, 6.55)},
+        reference_rates={
+            "cpu": ({"softmax": 18.4, "linear": 20.1, "hyla": 17.5}, _THROUGHPUT),
+            "gpu": (_SRAVEN_H100, "assumed: SRAVEN's H100 rate (kernels.md)")},
+        decoding_metric="macro-F1"),
     default_config="model=hyla,size=local", script="experiments/fuzzy_logic.py"))
 register(Experiment(
     "c4_lm", "experiments/configs/c4_lm.py", metric="loss",

@@ -73,20 +73,15 @@ ABLATION_ORDER = ("linear_rmshead", "hyla_no_rmshead", "hyla_linear_value",
                   "linear_rmshead_nonlinear_value", "hyla_linear_value_no_rmshead",
                   "softmax_hyla", "hyla_deep")
 KINDS = ("train", "probe", "benchmark")
-FUZZY, SRAVEN, C4 = "fuzzy_logic", "sraven", "c4_lm"
-# The paper's default setting of each task (Table A1's "main rows" run at it first).
-DEFAULT_SETTING = {
-    FUZZY: {"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1},
-    SRAVEN: {"optimizer.learning_rate": 1e-3, "optimizer.weight_decay": 0.1,
-             "optimizer.warmup_steps": 1000},
-}
+# The experiments of the paper's cells. What the campaign knows about each (default
+# setting, grid, reported splits, steps, the paper's numbers) is its record's
+# (`registry.Paper`), read through `paper()`.
+FUZZY = "fuzzy_logic"
+SRAVEN = "sraven"
+C4 = "c4_lm"
 # Stage h's override: the held-out split drawn as the authors' code draws it.
 AUTHORS_SPLIT_KEY = "task.split_draw"
 SYNTHETIC_TOKENS = (("synthetic_tokens", True),)  # benchmark_training.py's switch.
-GRIDS = {FUZZY: common.FUZZY_GRID, SRAVEN: common.SRAVEN_GRID}
-# The evaluation splits whose final metric every train member reports (Table A1's columns).
-SPLITS = {FUZZY: ("ood", "test", "unseen_terms"), SRAVEN: ("ood", "test")}
-NUM_STEPS = {FUZZY: 50_000, SRAVEN: 156_250}
 SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
          "optimizer.warmup_steps": "warmup", "seed": "seed"}
 
@@ -153,6 +148,16 @@ def member_name(member: dict[str, Any]) -> str:
                   for k, v in member.items())
 
 
+def paper(experiment: str) -> registry.Paper:
+  """The paper's settings and numbers of `experiment` (its record's); a ValueError naming
+  the experiments that have them for one that is not in the paper."""
+  record = registry.get(experiment)
+  if record.paper is None:
+    allowed = [n for n, e in registry.EXPERIMENTS.items() if e.paper is not None]
+    raise ValueError(f"experiment {experiment!r} has no paper settings; allowed: {allowed}")
+  return record.paper
+
+
 def _settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
   return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
@@ -164,7 +169,7 @@ def _train(name, stage, experiment, model, members, title, config=None, override
       model=model, width=1, depth=4)
   return Cell(name, stage, "train", experiment, title, config=config, model=model,
               overrides=tuple(overrides), members=tuple(members),
-              num_steps=num_steps or NUM_STEPS[experiment])
+              num_steps=num_steps or paper(experiment).num_steps)
 
 
 def _default_members(experiment, seeds=common.SEEDS):
@@ -173,7 +178,7 @@ def _default_members(experiment, seeds=common.SEEDS):
 
 
 def _default_overrides(experiment):
-  return tuple(DEFAULT_SETTING[experiment].items())
+  return tuple(paper(experiment).default_setting.items())
 
 
 def _stage_a() -> list[Cell]:
@@ -205,8 +210,8 @@ def _stage_c() -> list[Cell]:
 
 
 def _grid_members(experiment, exclude_default: bool) -> list[dict[str, Any]]:
-  default = DEFAULT_SETTING[experiment]
-  settings = [s for s in _settings(GRIDS[experiment])
+  default = paper(experiment).default_setting
+  settings = [s for s in _settings(paper(experiment).grid)
               if not (exclude_default and all(s.get(k) == v for k, v in default.items()))]
   return [{**s, "seed": seed} for s in settings for seed in common.SEEDS]
 

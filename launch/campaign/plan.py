@@ -3,8 +3,9 @@
 An estimate comes, in this order, from (1) finished cells of the same experiment and model
 family on the same device kind (their cell files: member-steps per wall-second, evaluation
 and compilation included), or (2) the single-run training rates measured in the repository
-(`REFERENCE_RATES`, each with its source), assuming no population gain (conservative: a
-window then runs fewer cells than it could, never more). Cells of another width or depth
+(the `reference_rates` of the experiment's record, `registry.Paper`, each with its source),
+assuming no population gain (conservative: a window then runs fewer cells than it could,
+never more). Cells of another width or depth
 (Fig. 4) scale by width x depth. Probes and benchmarks take twice the longest finished cell
 of their kind and experiment on the device kind, else a fixed allowance.
 """
@@ -16,27 +17,10 @@ import os
 import re
 from typing import Any, Optional, Sequence
 
+from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 
-# Single-run steps/s at the paper's sizes (width 1, depth 4 for SRAVEN): (family, experiment)
-# -> ({model family: steps/s}, source).
-REFERENCE_RATES = {
-    ("cpu", cells_lib.FUZZY): (
-        {"softmax": 18.4, "linear": 20.1, "hyla": 17.5},
-        "training_throughput.md: idle 2-core AMD EPYC"),
-    ("cpu", cells_lib.SRAVEN): (
-        {"softmax": 6.44, "linear": 6.57, "hyla": 5.10},
-        "training_throughput.md: idle 2-core AMD EPYC"),
-    ("gpu", cells_lib.SRAVEN): (
-        {"softmax": 714.0, "linear": 880.0, "hyla": 737.0},
-        "kernels.md: one H100, jax 0.11.2"),
-    # No fuzzy-logic step was timed on a GPU: SRAVEN's rate stands in (both models are tiny
-    # at batch 128, so a step is bound by kernel launches, not by FLOPs).
-    ("gpu", cells_lib.FUZZY): (
-        {"softmax": 714.0, "linear": 880.0, "hyla": 737.0},
-        "assumed: SRAVEN's H100 rate (kernels.md)"),
-}
 COMPILE_S = {"cpu": 60.0, "gpu": 30.0, "tpu": 30.0}
 EVAL_OVERHEAD = 1.15  # Evaluations and checkpoints on top of the training steps.
 FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu"): 8.0,
@@ -112,7 +96,8 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
   if measured:
     rate, n = measured
     return Estimate(member_steps / rate / 60, f"measured: {n} cell(s) on {device_kind}", done)
-  reference = REFERENCE_RATES.get((fam, cell.experiment))
+  paper = registry.get(cell.experiment).paper
+  reference = paper.reference_rates.get(fam) if paper else None
   if reference is None:
     return None
   rates, source = reference

@@ -22,8 +22,9 @@ from launch.sweeps import common
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
 TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS
                     if c.stage in cells_lib.TABLE_A1_STAGES)
-TITLES = {cells_lib.FUZZY: "Fuzzy logic (OOD R² x100)",
-          cells_lib.SRAVEN: "SRAVEN (OOD accuracy x100)"}
+# The experiments of Table A1's cells, in the campaign's order (fuzzy logic, then SRAVEN).
+TABLE_A1_EXPERIMENTS = tuple(dict.fromkeys(c.experiment for c in cells_lib.CELLS
+                                           if c.stage in cells_lib.TABLE_A1_STAGES))
 COLORS = {"softmax": "tab:blue", "linear": "tab:orange", "hyla": "tab:green"}
 
 
@@ -66,8 +67,8 @@ def _stat(members, key: str) -> Stat:
 
 
 def _default_setting(experiment: str) -> tuple:
-  d = cells_lib.DEFAULT_SETTING[experiment]
-  warmup = d.get("optimizer.warmup_steps", 100)  # fuzzy logic's config default
+  d = cells_lib.paper(experiment).default_setting
+  warmup = d.get("optimizer.warmup_steps", 100)  # The configs' default (fuzzy logic's).
   return (d["optimizer.learning_rate"], d["optimizer.weight_decay"], warmup)
 
 
@@ -94,16 +95,16 @@ def table_a1(records, experiment: str) -> str:
   rows = table_a1_members(records, experiment)
   if not rows:
     return f"No finished cell of {experiment} yet.\n"
-  grid_size = math.prod(len(v) for v in cells_lib.GRIDS[experiment].values())
-  split_cols = cells_lib.SPLITS[experiment]
+  paper = cells_lib.paper(experiment)
+  grid_size = math.prod(len(v) for v in paper.grid.values())
+  split_cols = paper.splits
   lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
            + " | OOD per seed | paper OOD | ours - paper (p) |",
            "|---" * (6 + len(split_cols)) + "|"]
-  order = [k for k in common.TABLE_A1_PAPER if k in rows]
+  order = [k for k in common.TABLE_A1_ROWS if k in rows]
   for key in order:
     settings = rows[key]
-    name, paper = common.TABLE_A1_PAPER[key]
-    paper_ood = paper[experiment]
+    name, paper_ood = common.TABLE_A1_ROWS[key], paper.table_a1[key]
     complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
     shown = []
     if _default_setting(experiment) in settings:
@@ -179,9 +180,9 @@ def authors_split_text(records) -> str:
   for model in [m for m in ("softmax", "linear", "hyla") if m in rows]:
     by_seed = rows[model]
     ours = Stat.of([by_seed[s] for s in sorted(by_seed)])
-    name, paper = common.TABLE_A1_PAPER[(model, False)]
+    name = common.TABLE_A1_ROWS[(model, False)]
     per_seed = ", ".join(f"seed {s}: {by_seed[s] * 100:.1f}" for s in sorted(by_seed))
-    paper_ood = paper[cells_lib.FUZZY]
+    paper_ood = cells_lib.paper(cells_lib.FUZZY).table_a1[(model, False)]
     lines.append(f"| {name} | {len(by_seed)} | {ours} | {per_seed} | {paper_ood[0]:.2f} ± "
                  f"{paper_ood[1]:.2f} | {versus_paper(ours, paper_ood)} |")
   notes = "; ".join(f"seed {s}: " + (f"terms {', '.join(map(str, t))} in no training task"
@@ -232,7 +233,8 @@ def curves_figure(records, experiment: str, path: str,
   versions = "; ".join(dict.fromkeys(
       [_versions(chosen)] * bool(chosen)
       + [f"{p['device']['kind']}, jax {p['device']['jax_version']}" for p in cut]))
-  ax.set_title(f"{TITLES[experiment]}, one line per seed\n{versions}", fontsize=9)
+  ax.set_title(f"{cells_lib.paper(experiment).title}, one line per seed\n{versions}",
+               fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -351,8 +353,8 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   if chance is not None:
     ax.axhline(chance, color="gray", linestyle="--", label=f"best chance ({chance:.2f})")
   ax.set_xticks(np.arange(len(layers)), layers)
-  ax.set_ylabel("held-out " + ("macro-F1" if experiment == cells_lib.FUZZY else "accuracy"))
-  ax.set_title(f"Decoding from the latent code, {TITLES[experiment].split(' (')[0]}\n"
+  ax.set_ylabel(f"held-out {cells_lib.paper(experiment).decoding_metric}")
+  ax.set_title(f"Decoding from the latent code, {cells_lib.paper(experiment).label}\n"
                f"{_versions(probes)}", fontsize=9)
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3, axis="y")
@@ -389,7 +391,7 @@ def benchmark_text(records) -> str:
   for r in benches:
     for row in r["rows"]:
       data = ("random tokens" if row.get("synthetic_tokens")
-              else "C4" if r["experiment"] == cells_lib.C4 else "on device")
+              else "on device" if registry.get(r["experiment"]).on_device else "C4")
       tokens = row.get("tokens_per_s")
       mfu = row.get("mfu")
       lines.append(f"| {r['cell']} | {r['device']['kind']} | {r['jax_version']} | {data} | "
@@ -523,8 +525,8 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
       f"{runs} of Table A1's {TABLE_A1_RUNS} training runs (the paper's sizes and step "
       "counts; every number below is at the paper's full size).\n",
   ]
-  for experiment in (cells_lib.FUZZY, cells_lib.SRAVEN):
-    parts.append(f"## Table A1, {TITLES[experiment]}\n")
+  for experiment in TABLE_A1_EXPERIMENTS:
+    parts.append(f"## Table A1, {cells_lib.paper(experiment).title}\n")
     parts.append("Mean ± s.e. over seeds (x100; a row with one seed has no s.e.: a single "
                  "run). The default setting is the paper's (Table A1's main rows were also "
                  "tuned over a grid: 'best of grid' appears once a row's whole grid has 3 "

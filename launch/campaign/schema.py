@@ -257,8 +257,9 @@ def _against_the_cell(record: dict[str, Any]) -> list[str]:
     out.append(f"field step is {record['step']}; allowed: 0 to num_steps "
                f"({record['num_steps']})")
   if record.get("kind") == "train":
-    metric = registry.get(record["experiment"]).metric
-    keys = [f"{s}/{metric}" for s in cells_lib.SPLITS.get(record["experiment"], ())]
+    experiment = registry.get(record["experiment"])
+    splits = experiment.paper.splits if experiment.paper else ()
+    keys = [f"{s}/{experiment.metric}" for s in splits]
     out += [f"field members[{i}].final lacks {k!r}; allowed: every member's "
             f"{', '.join(keys)}" for i, m in enumerate(record["members"]) for k in keys
             if k not in m["final"]]

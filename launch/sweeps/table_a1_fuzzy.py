@@ -13,4 +13,4 @@ EXPERIMENT = "fuzzy_logic"
 
 def get_sweep():
   return common.grid_points(common.table_a1_configs("model={model},size=paper"),
-                            common.FUZZY_GRID)
+                            common.grid(EXPERIMENT))

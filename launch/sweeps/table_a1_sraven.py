@@ -15,4 +15,4 @@ EXPERIMENT = "sraven"
 
 def get_sweep():
   return common.grid_points(common.table_a1_configs("model={model},size=paper,width=1,depth=4"),
-                            common.SRAVEN_GRID)
+                            common.grid(EXPERIMENT))

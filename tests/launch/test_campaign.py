@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from hypernet_attention import errors
+from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from launch import jobs
 from launch.campaign import cells as cells_lib
@@ -170,7 +171,8 @@ def test_a_probe_of_a_run_finished_without_parameters_is_told_how_to_get_them(tm
 def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path):
   cell = cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]
   reference = plan.estimate(cell, "cpu", [])
-  rate = plan.REFERENCE_RATES[("cpu", "fuzzy_logic")][0]["hyla"] / plan.EVAL_OVERHEAD
+  rates, _ = registry.get("fuzzy_logic").paper.reference_rates["cpu"]
+  rate = rates["hyla"] / plan.EVAL_OVERHEAD
   assert reference.minutes == pytest.approx((50_000 / rate + plan.COMPILE_S["cpu"]) / 60)
   measured = plan.estimate(cell, "cpu", [_record("a_fuzzy_hyla_seed0", "hyla", [(0, 0.8)],
                                                  rate=25.0)])
