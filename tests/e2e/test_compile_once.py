@@ -4,7 +4,8 @@ The most common silent slowdown of a JAX training loop is a jitted step that re-
 Python scalar that changes, a shape that drifts, a weak type, a function re-jitted per call):
 it runs correctly and only a profile shows it. These tests run the public entry point,
 `loop.train_and_evaluate`, through a smoke run with several chunks, evaluations, a
-checkpoint and a resume (single run and population, both synthetic tasks), and count every
+checkpoint and a resume (single run: every on-device experiment of the registry; population:
+every one that trains populations, so a new task's record adds it), and count every
 trace JAX records through its own monitoring hook (the jaxpr-trace event, which carries the
 traced function's name), so they need nothing from the loop's internals. A run is one
 process invocation: a resume is a new invocation and traces again, once.
@@ -17,6 +18,7 @@ import functools
 import jax
 import pytest
 
+from hypernet_attention.runs import registry
 from hypernet_attention.train import loop
 
 import train_testlib as tl
@@ -60,9 +62,8 @@ def assert_traced_once(counts, names=REPEATED):
 
 def _config(experiment, population, **updates):
   # 8 steps in chunks of 2: 4 chunks, evaluations and checkpoints at steps 4 and 8.
-  updates = {"steps_per_loop": 2, "log_every_steps": 2, **updates}
-  if experiment == "sraven":
-    updates["eval.ceiling_problems"] = 0  # A host-side estimate, no jitted step of the run.
+  # Ceilings (SRAVEN's) are a host-side estimate, no jitted step of the run.
+  updates = {"steps_per_loop": 2, "log_every_steps": 2, "eval.ceiling_problems": 0, **updates}
   if population:
     updates["population.members"] = ({"seed": 0}, {"seed": 1})
   config = tl.smoke(experiment, "softmax", **updates)
@@ -70,8 +71,10 @@ def _config(experiment, population, **updates):
   return config
 
 
-@pytest.mark.parametrize("population", [False, True], ids=["single", "population"])
-@pytest.mark.parametrize("experiment", ["sraven", "fuzzy_logic"])
+@pytest.mark.parametrize("experiment, population", [
+    pytest.param(e, p, id=f"{e}-{'population' if p else 'single'}")
+    for p, names in ((False, registry.names(on_device=True)),
+                     (True, registry.names(population=True))) for e in names])
 def test_run_and_resume_trace_each_step_function_once(experiment, population, tmp_path):
   workdir = str(tmp_path / "wd")
   # Steps 1-4: two chunks, an evaluation and a checkpoint at step 4, then the run stops.

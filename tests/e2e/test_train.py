@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
@@ -28,38 +29,67 @@ from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unuse
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
 
+# Every on-device experiment of the registry: the smoke and resume tests train each, so a
+# new task's record puts it here (tests/runs/test_registry.py checks that it does).
+SYNTHETIC = registry.names(on_device=True)
+
+
 @pytest.fixture(scope="module")
-def sraven_run(tmp_path_factory):
-  """One uninterrupted smoke run (8 steps, checkpoints at 4 and 8), shared by tests."""
-  workdir = str(tmp_path_factory.mktemp("sraven") / "wd")
-  summary = loop.train_and_evaluate(tl.smoke("sraven"), workdir)
-  return workdir, summary
+def smoke_runs(tmp_path_factory):
+  """`smoke_runs(name) -> (workdir, summary)`: one uninterrupted smoke run per experiment
+  (8 steps, checkpoints at 4 and 8), trained on first use and shared by tests."""
+  done = {}
+
+  def get(experiment):
+    if experiment not in done:
+      workdir = str(tmp_path_factory.mktemp(experiment) / "wd")
+      done[experiment] = workdir, loop.train_and_evaluate(tl.smoke(experiment), workdir)
+    return done[experiment]
+
+  return get
 
 
-def test_sraven_smoke_writes_all_outputs(sraven_run):
-  workdir, summary = sraven_run
+@pytest.fixture
+def sraven_run(smoke_runs):
+  return smoke_runs("sraven")
+
+
+@pytest.mark.parametrize("experiment", SYNTHETIC)
+def test_smoke_writes_all_outputs(smoke_runs, experiment):
+  workdir, summary = smoke_runs(experiment)
   files = os.listdir(workdir)
   assert {"config.json", "summary.json", "checkpoints"} <= set(files), files
   assert any(f.startswith("events.out.tfevents") for f in files), files
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "8"]
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = json.load(f)
+  assert config["experiment"] == experiment
+  with open(os.path.join(workdir, "summary.json")) as f:
+    written = json.load(f)
+  metric = registry.get(experiment).metric
+  for key in ["train/loss"] + [f"{split}/{name}" for split in config["eval"]["splits"]
+                               for name in ("loss", metric)]:
+    assert np.isfinite(written[key]), key
+  assert written["step"] == 8 and summary["state"].step == 8
+
+
+def test_sraven_smoke_reports_ceilings_features_and_every_parameter(sraven_run):
+  workdir, _ = sraven_run
   with open(os.path.join(workdir, "summary.json")) as f:
     written = json.load(f)
   expected = {"step", "wall_time_s", "params", "train/loss", "test/loss", "test/accuracy",
               "ood/loss", "ood/accuracy", "test/accuracy_ceiling", "ood/accuracy_ceiling"}
   expected |= {f"{s}/accuracy_feature{k}" for s in ("test", "ood") for k in range(4)}
   assert expected <= set(written), sorted(expected - set(written))
-  assert written["step"] == 8
   for split in ("test", "ood"):
     assert 0.0 <= written[f"{split}/accuracy"] <= 1.0
     assert 0.0 < written[f"{split}/accuracy_ceiling"] <= 1.0
-    assert np.isfinite(written[f"{split}/loss"])
   # An independent count of the smoke model (D=32, 2 layers, 4 heads, qk/v 16, MLP 64,
   # 8 one-hot inputs, 8 outputs, 36x4 relative-position table per layer).
   d, qk, mlp, f_in, out, heads, buckets = 32, 16, 64, 8, 8, 4, 36
   layer = (2 * d) + 3 * (d * qk + qk) + (qk * d + d) + heads * buckets + (2 * d) + (
       d * mlp + mlp + mlp * d + d)
   assert written["params"] == (f_in * d + d) + 2 * layer + 2 * d + (d * out + out)
-  assert summary["state"].step == 8
 
 
 def test_rerunning_a_finished_run_changes_nothing(sraven_run):
@@ -70,26 +100,16 @@ def test_rerunning_a_finished_run_changes_nothing(sraven_run):
   assert again["test/accuracy"] == summary["test/accuracy"] and again["step"] == 8
 
 
-def test_fuzzy_logic_smoke_writes_all_outputs(tmp_path):
+@pytest.mark.parametrize("experiment", SYNTHETIC)
+def test_interrupted_and_resumed_run_ends_with_identical_parameters(smoke_runs, experiment,
+                                                                    tmp_path):
+  _, uninterrupted = smoke_runs(experiment)
   workdir = str(tmp_path / "wd")
-  loop.train_and_evaluate(tl.smoke("fuzzy_logic", "softmax"), workdir)
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
-  for key in ("train/loss", "test/r2", "ood/r2", "unseen_terms/r2", "unseen_terms/loss"):
-    assert np.isfinite(summary[key]), key
-  assert summary["step"] == 8
-  with open(os.path.join(workdir, "config.json")) as f:
-    assert json.load(f)["experiment"] == "fuzzy_logic"
-
-
-def test_interrupted_and_resumed_run_ends_with_identical_parameters(sraven_run, tmp_path):
-  _, uninterrupted = sraven_run
-  workdir = str(tmp_path / "wd")
-  partial = loop.train_and_evaluate(tl.smoke("sraven", stop_after_steps=4), workdir)
+  partial = loop.train_and_evaluate(tl.smoke(experiment, stop_after_steps=4), workdir)
   assert partial["step"] == 4
   assert not os.path.exists(os.path.join(workdir, "summary.json"))
   # The same command again (the stop hook is the only difference): resumes from step 4.
-  resumed = loop.train_and_evaluate(tl.smoke("sraven"), workdir)
+  resumed = loop.train_and_evaluate(tl.smoke(experiment), workdir)
   assert resumed["step"] == 8
   a = tl.flat_params(uninterrupted["state"].params)
   b = tl.flat_params(resumed["state"].params)

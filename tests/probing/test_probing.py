@@ -38,14 +38,19 @@ def one_thread():
     yield
 
 
+# Every experiment with a probe setting (its record's `probe`): a new task's record adds it.
+PROBED = extract.probed_experiments()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Finished smoke runs (checkpoints at steps 4 and 8) of both experiments."""
+  """Finished smoke runs (checkpoints at steps 4 and 8) of every probed experiment."""
   root = tmp_path_factory.mktemp("probe")
   out = {}
-  for experiment, updates in (("sraven", {"eval.ceiling_problems": 0}), ("fuzzy_logic", {})):
+  for experiment in PROBED:
     out[experiment] = str(root / experiment)
-    loop.train_and_evaluate(tl.smoke(experiment, **updates), out[experiment])
+    loop.train_and_evaluate(tl.smoke(experiment, **{"eval.ceiling_problems": 0}),
+                            out[experiment])
   return out
 
 
@@ -62,7 +67,7 @@ def test_sraven_pairs_follow_the_token_layout():
                                for c in range(G - 1)]
 
 
-@pytest.mark.parametrize("experiment", ["sraven", "fuzzy_logic"])
+@pytest.mark.parametrize("experiment", PROBED)
 def test_materialized_path_equals_fast_path(runs, experiment):
   run = restore.restore_params(runs[experiment])
   split = extract.setting_class(experiment).splits[1]
@@ -76,7 +81,7 @@ def test_materialized_path_equals_fast_path(runs, experiment):
   np.testing.assert_allclose(slow, fast, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("experiment", ["sraven", "fuzzy_logic"])
+@pytest.mark.parametrize("experiment", PROBED)
 def test_extracted_codes_are_the_hypernetwork_latent_codes(runs, experiment):
   run = restore.restore_params(runs[experiment])
   codes = extract.extract_codes(run, num_problems=8, progress=False)
@@ -251,18 +256,18 @@ def _cli(*args):
 def test_cli_end_to_end_writes_every_file(runs, tmp_path):
   out = tmp_path / "out"
   before = {k: tl.snapshot(v) for k, v in runs.items()}
-  proc = _cli(f"--workdir={runs['sraven']}", f"--workdir={runs['fuzzy_logic']}",
+  proc = _cli(*[f"--workdir={runs[name]}" for name in PROBED],
               f"--output_dir={out}", "--num_problems=96", "--permutations=5")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert {k: tl.snapshot(v) for k, v in runs.items()} == before  # the runs are read-only
-  for name in ("sraven", "fuzzy_logic"):  # both 'hyla': named by directory
+  for name in PROBED:  # all 'hyla': named by directory
     assert sorted(os.listdir(out / name)) == sorted(FILES), name
     metrics = json.loads((out / name / "metrics.json").read_text())
     assert metrics["step"] == 8 and set(metrics["trained"]) == {"layer 0", "layer 1",
                                                                 report.ALL_LAYERS}
     assert "![decoder_vs_layer](decoder_vs_layer.png)" in (out / name / "report.md").read_text()
   assert {"report.md", "metrics.json", "decoder_vs_layer.png"} <= set(os.listdir(out))
-  assert len(proc.stdout.strip().splitlines()) == 2  # one result line per run
+  assert len(proc.stdout.strip().splitlines()) == len(PROBED)  # one result line per run
 
 
 def test_bad_input_one_line_nonzero_exit_nothing_written(runs, tmp_path):

@@ -12,6 +12,7 @@ no module keeps a table keyed by experiment names beside the registry.
 
 import ast
 import dataclasses
+import importlib.util
 import json
 import os
 
@@ -114,6 +115,45 @@ def test_a_record_declares_what_its_objective_builds(toy):
     registry.register(toy)
   with pytest.raises(ValueError, match="allowed: 'package.module:attribute'"):
     registry.load("no_attribute")
+
+
+# The tests that train every on-device experiment (smoke, resume, compile once) and probe
+# every probed one, by file under tests/ and test name: the contributor's map
+# (experiments/reference.md) says a new task's record puts it in each.
+TRAINED_BY = (
+    ("e2e/test_train.py", "test_smoke_writes_all_outputs"),
+    ("e2e/test_train.py", "test_interrupted_and_resumed_run_ends_with_identical_parameters"),
+    ("e2e/test_compile_once.py", "test_run_and_resume_trace_each_step_function_once"))
+PROBED_BY = (("probing/test_probing.py", "test_materialized_path_equals_fast_path"),
+             ("probing/test_probing.py", "test_extracted_codes_are_the_hypernetwork_latent_codes"))
+
+
+def _parametrized_experiments(path: str, test: str) -> list[str]:
+  """The `experiment` values `test` of test file `path` is parametrized over, the file
+  imported anew, so its parameters are computed from the registry as it is now."""
+  spec = importlib.util.spec_from_file_location(
+      "_fresh_" + path.replace("/", "_")[:-3], os.path.join(tl.REPO, "tests", path))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  values = []
+  for mark in getattr(module, test).pytestmark:
+    argnames = mark.args[0] if mark.name == "parametrize" else ""
+    names = [n.strip() for n in argnames.split(",")] if isinstance(argnames, str) else argnames
+    if "experiment" in names:
+      for value in mark.args[1]:
+        value = getattr(value, "values", value if len(names) > 1 else (value,))
+        values.append(value[names.index("experiment")])
+  return values
+
+
+def test_a_registered_task_is_trained_and_probed_by_the_end_to_end_tests(toy):
+  for path, test in TRAINED_BY:
+    assert set(_parametrized_experiments(path, test)) == set(registry.names(on_device=True)), (
+        f"{path}::{test} does not train every on-device record")
+  for path, test in PROBED_BY:
+    assert set(_parametrized_experiments(path, test)) == set(extract.probed_experiments()), (
+        f"{path}::{test} does not probe every record with a probe setting")
+  assert TOY in registry.names(on_device=True) and TOY not in extract.probed_experiments()
 
 
 def _aliases(paths: list[str], names: set[str]) -> set[str]:
