@@ -78,13 +78,15 @@ EXTRAS = {
     # Accelerator builds of jaxlib (the base install is CPU-only).
     "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
     "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
-    # The language-modeling tests (tests/tasks/test_c4.py, tests/e2e/test_c4_*.py) need the [lm]
-    # and [grain] packages (test_c4_grain.py hides TensorFlow in a subprocess);
-    # tests/e2e/test_gcs.py runs gs:// workdirs against a local GCS emulator.
-    # ruff: the linter CI runs first (`ruff check --config .ci/ruff.toml .`).
+    # The test suite without TensorFlow: the Grain path's packages (tests/e2e/test_c4_grain.py
+    # writes and reads its ArrayRecord files without TensorFlow); the seqio tests
+    # (tests/tasks/test_c4.py, tests/e2e/test_c4_train.py) skip, saying so, unless [lm] is
+    # installed too (CI runs them with every extra: .ci/run). tests/e2e/test_gcs.py runs gs://
+    # workdirs against a local GCS emulator. ruff: the linter CI runs first (`ruff check
+    # --config .ci/ruff.toml .`).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
             "ruff>=0.17.6,<0.18"]
-           + LM + GRAIN + GCS,
+           + GRAIN + GCS,
 }
 
 setuptools.setup(

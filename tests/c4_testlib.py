@@ -1,5 +1,10 @@
 """Shared helpers for the language-modeling tests (not a test module): a generated corpus
-of random words, a vocabulary trained on it, and a mocked TFDS c4/en."""
+of random words, a vocabulary trained on it, and a mocked TFDS c4/en.
+
+Importable without TensorFlow (the README's `[dev]` install has none): the corpus, its
+vocabulary and the ArrayRecord c4/en are written without it; only the seqio path's mocks
+(`mock_c4_dir`, `mock_c4_records`) import it, when called.
+"""
 
 import json
 import os
@@ -8,12 +13,24 @@ import subprocess
 import sys
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
+import pytest
 
-from hypernet_attention.tasks import c4
+from hypernet_attention.tasks import lm_text
 
 import train_testlib as tl
+
+SPLITS = lm_text.SPLITS
+# Why a seqio test skips: the README's `[dev]` install has no TensorFlow.
+NO_SEQIO = ("the seqio path needs TensorFlow, not in '.[dev]': pip install -e '.[dev,lm]' "
+            "(CI runs these tests with every extra: pytest -m lm, .ci/run)")
+
+
+def seqio_tests(available: bool):
+  """The decorator of the seqio path's tests: marked `lm` (tests/pytest.ini) and skipped,
+  saying why, unless `available` (the module imported seqio and `tasks/c4.py`)."""
+  def mark(test):
+    return pytest.mark.lm(pytest.mark.skipif(not available, reason=NO_SEQIO)(test))
+  return mark
 
 
 def documents(seed: int, count: int) -> list[str]:
@@ -30,21 +47,22 @@ def write_corpus(root, vocab_size: int = 300) -> dict:
     out[split] = os.path.join(root, f"{split}.jsonl")
     with open(out[split], "w") as f:
       f.writelines(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs))
-  source = c4.text_source(out["train"], out["validation"])
   out["vocabulary"] = os.path.join(root, "vocabulary.model")
-  c4.train_vocabulary(c4.documents(source), out["vocabulary"], vocab_size=vocab_size)
+  with open(out["vocabulary"], "wb") as f:  # What `c4.train_vocabulary` writes for them.
+    f.write(lm_text.sentencepiece_model(out["docs"], vocab_size, max_lines=2_000_000))
   return out
 
 
 def mock_c4_dir(root, num_examples: int) -> str:
   """The metadata `tfds build c4/en` writes, for a build of `num_examples` per split."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder("c4/en", data_dir=str(root))
   builder.info.set_splits(tfds.core.SplitDict([
       tfds.core.SplitInfo(name=split, shard_lengths=[num_examples], num_bytes=0,
                           filename_template=tfds.core.ShardedFileTemplate(
                               data_dir=builder.data_dir, dataset_name="c4", split=split,
                               filetype_suffix="tfrecord"))
-      for split in c4.SPLITS]))
+      for split in SPLITS]))
   os.makedirs(builder.data_dir)
   builder.info.write_to_directory(builder.data_dir)
   return str(root)
@@ -54,6 +72,8 @@ def mock_c4_records(num_examples: int):
   """An `as_dataset_fn` for `tfds.testing.mock_data`: c4-shaped records whose texts are
   generated documents (longer than the mock's default words, and from tensors, so the
   input iterator can be checkpointed)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # Only the seqio path's.
+
   def as_dataset(self, split, **kwargs):
     del self, kwargs
     texts = documents(2 if "validation" in str(split) else 3, num_examples)
@@ -63,25 +83,31 @@ def mock_c4_records(num_examples: int):
   return as_dataset
 
 
-def write_c4_array_record(root, num_examples: int) -> str:
+def write_c4_array_record(root, num_examples: int, version: str = "3.1.0") -> str:
   """A TFDS c4/en data_dir in ArrayRecord (what `tfds build c4/en --file_format=array_record`
-  writes), whose texts are generated documents: for the Grain path's `tfds.data_source`.
-  Serializing the records needs TensorFlow; reading them back does not."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  builder = tfds.builder("c4/en", data_dir=str(root), file_format="array_record")
-  splits = [tfds.core.SplitInfo(
-      name=split, shard_lengths=[num_examples], num_bytes=0,
-      filename_template=tfds.core.ShardedFileTemplate(
-          data_dir=builder.data_dir, dataset_name="c4", split=split,
-          filetype_suffix="array_record")) for split in c4.SPLITS]
-  builder.info.set_splits(tfds.core.SplitDict(splits))
-  os.makedirs(builder.data_dir)
-  builder.info.write_to_directory(builder.data_dir)
-  for split in splits:
+  writes: dataset_info.json, features.json and one shard per split), whose texts are
+  generated documents: for the Grain path's `tfds.data_source`. Written without TensorFlow
+  (TFDS registers no c4 builder without it): TFDS's features serialize the records to its
+  own tf.Example protos, and array_record writes the files."""
+  # pylint: disable=g-import-not-at-top
+  from array_record.python import array_record_module
+  import tensorflow_datasets as tfds
+  directory = os.path.join(root, "c4", "en", version)
+  os.makedirs(directory)
+  features = tfds.features.FeaturesDict({name: tfds.features.Text() for name in (
+      "text", "url", "timestamp", "content-length", "content-type")})
+  features.save_config(directory)
+  template = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+  with open(os.path.join(directory, "dataset_info.json"), "w") as f:
+    json.dump({"name": "c4", "configName": "en", "version": version,
+               "fileFormat": "array_record", "splits": [
+                   {"name": split, "shardLengths": [str(num_examples)],
+                    "filepathTemplate": template} for split in SPLITS]}, f)
+  for split in SPLITS:
     writer = array_record_module.ArrayRecordWriter(
-        os.fspath(split.filename_template.sharded_filepaths(1)[0]), "group_size:1")
-    for text in documents(2 if split.name == "validation" else 3, num_examples):
-      writer.write(builder.info.features.serialize_example(
+        os.path.join(directory, f"c4-{split}.array_record-00000-of-00001"), "group_size:1")
+    for text in documents(2 if split == "validation" else 3, num_examples):
+      writer.write(features.serialize_example(
           {"text": text, "url": "https://example.com", "timestamp": "2019-04-25T12:00:00Z",
            "content-length": str(len(text)), "content-type": "text/plain"}))
     writer.close()
@@ -97,21 +123,13 @@ def run_two_processes(corpus: dict, out_dir, *pipeline: str) -> dict:
     port = s.getsockname()[1]
   helper = os.path.join(tl.TESTS, "e2e", "c4_process_helper.py")
   logs = [open(os.path.join(out_dir, f"log{i}.txt"), "w") for i in (0, 1)]
-  procs = [subprocess.Popen(
+  procs = [(subprocess.Popen(
       [sys.executable, helper, str(port), str(i), os.path.dirname(corpus["train"]),
        os.path.join(out_dir, "wd"), str(out_dir), *pipeline], env=tl.subprocess_env(),
-      stdout=logs[i], stderr=subprocess.STDOUT) for i in (0, 1)]
-  try:
-    for proc in procs:
-      proc.wait(timeout=420)
-  finally:
-    for proc, log in zip(procs, logs):
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      log.close()
-  for i, proc in enumerate(procs):
-    with open(os.path.join(out_dir, f"log{i}.txt")) as f:
-      assert proc.returncode == 0, f.read()[-3000:]
+      stdout=logs[i], stderr=subprocess.STDOUT), logs[i]) for i in (0, 1)]
+  # Waited for while they progress, not for a fixed time a loaded machine exceeds.
+  texts = tl.reap(procs, "the two c4_process_helper.py processes")
+  for (proc, _), text in zip(procs, texts):
+    assert proc.returncode == 0, text[-3000:]
   with open(os.path.join(out_dir, "summary.json")) as f:
     return json.load(f)

@@ -2,13 +2,22 @@
 
 Compilation dominates these tests on a 2-core CPU, so they share a persistent XLA
 compilation cache (also handed to their subprocesses): identical programs compile once.
+
+Subprocesses are waited for on their progress, never against a wall clock that a loaded
+machine exceeds: `run` (for `subprocess.run`) and `reap` / `wait_for` (for `Popen`s) give
+up only when a process and everything it started have used no CPU time and written no
+output for `IDLE_S` seconds.
 """
 
 import contextlib
 import fcntl
+import math
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -68,22 +77,118 @@ def multiprocess_slot():
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def reap(procs, timeout_s: float) -> list[str]:
-  """Waits for every (process, open log file) pair, killing any still running after
-  `timeout_s` (or when the wait fails); closes the logs and returns their texts."""
+# How long a waited-for process may make no progress at all (no CPU time in it or its
+# children, no output) before it counts as stuck: far above any pause of a working process
+# (a compile uses CPU time; a process waiting on a peer waits on one that works).
+IDLE_S = 300
+
+
+def _cpu_ticks(pids) -> int | None:
+  """CPU clock ticks used so far by `pids` and their descendants, those they reaped
+  included (/proc); None where there is no /proc (then only output counts as progress)."""
+  if not os.path.isdir("/proc"):
+    return None
+  children, ticks = {}, {}
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # After "pid (command)".
+    except (OSError, IndexError):
+      continue  # Not a process, or gone meanwhile.
+    children.setdefault(int(fields[1]), []).append(int(entry))
+    ticks[int(entry)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+  total, todo = 0, list(pids)
+  while todo:
+    pid = todo.pop()
+    total += ticks.get(pid, 0)
+    todo += children.get(pid, [])
+  return total
+
+
+def _size(output) -> int:
   try:
-    for proc, _ in procs:
-      proc.wait(timeout=timeout_s)
+    return os.fstat(output.fileno()).st_size if hasattr(output, "fileno") else (
+        os.path.getsize(output))
+  except (OSError, ValueError):
+    return -1
+
+
+def _kill(proc) -> None:
+  """Kills a `Popen` (and reaps it) or a process id not started here."""
+  if isinstance(proc, int):
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(proc, signal.SIGKILL)
+  elif proc.poll() is None:
+    proc.kill()
+    proc.wait()
+
+
+def wait_until(done, procs, what: str, outputs=(), idle_s: float = IDLE_S,
+               poll_s: float = 0.25):
+  """Polls `done()` every `poll_s` seconds until it is true, for as long as `procs` (`Popen`s
+  or process ids) progress: CPU time used by them or their descendants, or growth of
+  `outputs` (open files or paths). After `idle_s` seconds without either, kills `procs`
+  and fails naming `what`."""
+  last, since, sampled = None, time.monotonic(), -math.inf
+  while not done():
+    if time.monotonic() - sampled >= 1.0:  # /proc is read once a second at most.
+      sampled = time.monotonic()
+      pids = [p if isinstance(p, int) else p.pid for p in procs
+              if isinstance(p, int) or p.poll() is None]
+      now = (_cpu_ticks(pids), [_size(output) for output in outputs])
+      if now != last:
+        last, since = now, sampled
+      elif sampled - since > idle_s:
+        for proc in procs:
+          _kill(proc)
+        pytest.fail(f"{what}: no progress (no CPU time, no output) for {idle_s:.0f} s; "
+                    "killed", pytrace=False)
+    time.sleep(poll_s)
+
+
+def wait_for(procs, what: str, outputs=(), idle_s: float = IDLE_S) -> None:
+  """Waits for every process of `procs` to exit, as long as they progress (`wait_until`)."""
+  wait_until(lambda: all(proc.poll() is not None for proc in procs), procs, what, outputs,
+             idle_s)
+
+
+def reap(procs, what: str = "the helper processes", idle_s: float = IDLE_S) -> list[str]:
+  """Waits for every (process, open log file) pair while they progress (`wait_for`), killing
+  them all when they stop; closes the logs and returns their texts."""
+  try:
+    wait_for([proc for proc, _ in procs], what, [log for _, log in procs], idle_s)
   finally:
     texts = []
     for proc, log in procs:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+      _kill(proc)
       log.close()
       with open(log.name) as f:
         texts.append(f.read())
   return texts
+
+
+def run(args, *, capture_output: bool = False, text: bool = False, check: bool = False,
+        idle_s: float = IDLE_S, **kwargs) -> subprocess.CompletedProcess:
+  """`subprocess.run(args, ...)` without a wall-clock `timeout`: waits while the process
+  progresses (`wait_for`), and fails naming the command when it stops."""
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    streams = dict(stdout=out, stderr=err) if capture_output else {}
+    proc = subprocess.Popen(args, **streams, **kwargs)
+    try:
+      words = [args] if isinstance(args, (str, os.PathLike)) else args
+      command = " ".join(str(a).strip().splitlines()[0][:80] for a in words if str(a).strip())
+      wait_for([proc], f"command {command}", (out, err), idle_s)
+    finally:
+      _kill(proc)
+    captured = []
+    for stream in (out, err):
+      stream.seek(0)
+      data = stream.read() if capture_output else None
+      captured.append(data.decode("utf-8", "replace") if text and data is not None else data)
+  result = subprocess.CompletedProcess(args, proc.returncode, *captured)
+  if check:
+    result.check_returncode()
+  return result
 
 
 def subprocess_env() -> dict:

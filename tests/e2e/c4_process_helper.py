@@ -1,10 +1,11 @@
-"""Subprocess side of tests/e2e/test_c4_train.py's two-process test.
+"""Subprocess side of the two-process tests of tests/e2e/test_c4_train.py (seqio) and
+tests/e2e/test_c4_grain.py (Grain; runs without TensorFlow).
 
   python tests/e2e/c4_process_helper.py PORT PROCESS_ID CORPUS_DIR WORKDIR OUT_DIR [PIPELINE]
       One of 2 processes (2 fake CPU devices each, gloo collectives) training the smoke
       `text_lm` config into the shared WORKDIR; writes the training batches it read to
       OUT_DIR/batches_<PROCESS_ID>.npy and process 0 the summary to OUT_DIR/summary.json.
-      PIPELINE: config.task.pipeline, seqio (default) or grain (tests/test_c4_grain.py).
+      PIPELINE: config.task.pipeline, seqio (default) or grain.
 """
 
 import json
@@ -22,7 +23,6 @@ jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 2)
 
 from experiments.configs import c4_lm
-from hypernet_attention.tasks import c4
 from hypernet_attention.train import data
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
@@ -39,21 +39,25 @@ def main(port, process_id, corpus_dir, workdir, out_dir, pipeline="seqio"):
                      validation_files=os.path.join(corpus_dir, "validation.jsonl"),
                      vocabulary=os.path.join(corpus_dir, "vocabulary.model"),
                      pipeline=pipeline)
-  seen, original = [], c4.DataIterator.__next__
-
-  def record(self):
-    batch = original(self)
-    seen.append(batch["targets"])
-    return batch
+  seen = []
 
   def record_grain(self):  # Trainer._next_batch, keeping this process's rows.
     local = next(self.data_iterator)
     seen.append(local["targets"])
     return data.to_global(local, self.mesh, self.config.batch_size)
 
-  c4.DataIterator.__next__ = record
-  trainer.Trainer._next_batch = record_grain if pipeline == "grain" else (
-      trainer.Trainer._next_batch)
+  if pipeline == "grain":
+    trainer.Trainer._next_batch = record_grain
+  else:
+    from hypernet_attention.tasks import c4  # The seqio path only: it needs TensorFlow.
+    original = c4.DataIterator.__next__
+
+    def record(self):
+      batch = original(self)
+      seen.append(batch["targets"])
+      return batch
+
+    c4.DataIterator.__next__ = record
   summary = loop.train_and_evaluate(config, workdir)
   np.save(os.path.join(out_dir, f"batches_{process_id}.npy"), np.stack(seen))
   if int(process_id) == 0:

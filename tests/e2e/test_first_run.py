@@ -3,7 +3,6 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import jax
@@ -70,8 +69,8 @@ def test_the_entry_point_with_no_config_flag_trains_demo_and_explains_its_result
                "optimizer.warmup_steps": 2}
   command = [sys.executable, os.path.join(tl.REPO, "experiments", "sraven_scaling.py"),
              "--workdir=first_run"] + [f"--config.{k}={v}" for k, v in overrides.items()]
-  out = subprocess.run(command, env=tl.subprocess_env(), cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, check=True)
+  out = tl.run(command, env=tl.subprocess_env(), cwd=tmp_path, capture_output=True,
+               text=True, check=True)
   with open(workdir / "config.json") as f:
     assert json.load(f)["task"]["num_features"] == 2
   with open(workdir / "summary.json") as f:

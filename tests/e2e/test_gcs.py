@@ -17,7 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import chex
 import fsspec
@@ -63,14 +62,16 @@ def gcs(tmp_path_factory):
         [sys.executable, os.path.join(HERE, "gcs_emulator.py"), "start", "--host=127.0.0.1",
          f"--port={port}", "--in-memory", "--default-bucket=bucket"], stdout=out,
         stderr=subprocess.STDOUT)
-  deadline = time.time() + 60
-  while True:
+  def listening():
+    assert process.poll() is None, log.read_text()
     try:
       socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
+      return True
     except OSError:
-      assert process.poll() is None and time.time() < deadline, log.read_text()
-      time.sleep(0.2)
+      return False
+
+  tl.wait_until(listening, [process], f"the GCS emulator to listen on port {port}", [log],
+                poll_s=0.2)
   url = f"http://127.0.0.1:{port}"
   env = dict(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
              GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator", EPATH_USE_TF="false")
@@ -88,9 +89,9 @@ def gcs(tmp_path_factory):
     process.wait()
 
 
-def _run(args, timeout=600):
-  proc = subprocess.run([sys.executable, *args], env=tl.subprocess_env(), capture_output=True,
-                        text=True, timeout=timeout, cwd=tl.REPO)
+def _run(args):
+  proc = tl.run([sys.executable, *args], env=tl.subprocess_env(), capture_output=True,
+                text=True, cwd=tl.REPO)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
@@ -197,11 +198,11 @@ def test_sigkilled_run_resumes_in_the_bucket_past_its_stale_lock(gcs, tmp_path):
   trainer = subprocess.Popen([sys.executable, "-c", TRAIN, workdir, json.dumps(LONG)],
                              env=tl.subprocess_env(),
                              cwd=tl.REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  deadline = time.time() + 300
-  while not ((root / run_files.CHECKPOINTS / "8").exists() and trainer.poll() is None):
+  def saved():
     assert trainer.poll() is None, trainer.stderr.read()[-3000:]
-    assert time.time() < deadline, "no checkpoint at step 8 in time"
-    time.sleep(0.2)
+    return (root / run_files.CHECKPOINTS / "8").exists()
+
+  tl.wait_until(saved, [trainer], "a checkpoint at step 8 in the bucket", poll_s=0.2)
   trainer.kill()
   trainer.wait()
   assert (root / "lock.json").exists()  # Left behind by the killed process.
@@ -223,9 +224,9 @@ def test_collect_writes_its_tables_to_the_bucket(gcs, tmp_path):
       "experiment": "fuzzy_logic", "seed": 0, "model": {"attention": "hyla"}})
   run_files.write_json(run / "summary.json", {"ood/r2": 0.5, "test/r2": 0.6,
                                                 "wall_time_s": 1.0})
-  proc = subprocess.run([sys.executable, os.path.join(tl.REPO, "launch", "collect.py"),
-                         "--root=gs://bucket/tables"], env=tl.subprocess_env(),
-                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  proc = tl.run([sys.executable, os.path.join(tl.REPO, "launch", "collect.py"),
+                 "--root=gs://bucket/tables"], env=tl.subprocess_env(),
+                capture_output=True, text=True, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = run_files.path("gs://bucket/tables")
   assert "1 finished runs under gs://bucket/tables" in (out / "table_a1.md").read_text()

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -28,7 +27,6 @@ pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini
 STEPS = 320
 OVERRIDES = {"num_train_steps": STEPS, "log_every_steps": 4, "eval_every_steps": STEPS,
              "checkpoint_every_steps": STEPS, "eval.ceiling_problems": 0, "eval.num_problems": 16}
-TIMEOUT_S = 300
 
 
 def _command(workdir, process_id=None, port=None):
@@ -58,19 +56,20 @@ def _start(workdir, log_path, devices=1, **kw):
 
 def _finish(procs):
   """Waits for every process (killing stragglers); returns exit codes and logs."""
-  texts = tl.reap(procs, TIMEOUT_S)
+  texts = tl.reap(procs, "the training processes")
   return [proc.returncode for proc, _ in procs], texts
 
 
 def _wait_for_training(log_path, procs):
-  deadline = time.time() + TIMEOUT_S
-  while time.time() < deadline:
+  def trained():
     with open(log_path) as f:
       if "step 8/" in f.read():
-        return
+        return True
     assert all(p.poll() is None for p, _ in procs), "a process ended before training"
-    time.sleep(0.1)
-  pytest.fail("training did not start in time")
+    return False
+
+  tl.wait_until(trained, [p for p, _ in procs], "training to log step 8",
+                [log for _, log in procs], poll_s=0.1)
 
 
 def _preempt_then_rerun(tmp_path, workdir, launch):
@@ -161,14 +160,14 @@ raise SystemExit(75)
 
 
 def test_sigterm_before_the_loop_exits_75_in_one_line():
-  out = subprocess.run([sys.executable, "-c", _EARLY, "--verbosity=0"], capture_output=True,
-                       text=True, timeout=60, cwd=tl.REPO)
+  out = tl.run([sys.executable, "-c", _EARLY, "--verbosity=0"], capture_output=True,
+               text=True, cwd=tl.REPO)
   assert out.returncode == preemption.EXIT_CODE, out
   assert "not stopped" not in out.stdout
   assert out.stderr.strip().count("\n") == 0 and "SIGTERM before any training step" in out.stderr
 
 
 def test_sigint_then_sigterm_still_exits_75_not_killed():
-  out = subprocess.run([sys.executable, "-c", _AFTER_NOTICE], capture_output=True, text=True,
-                       timeout=60, cwd=tl.REPO)
+  out = tl.run([sys.executable, "-c", _AFTER_NOTICE], capture_output=True, text=True,
+               cwd=tl.REPO)
   assert out.returncode == preemption.EXIT_CODE and "exited cleanly" in out.stdout, out

@@ -33,7 +33,6 @@ OVERRIDES = {"num_train_steps": STEPS, "steps_per_loop": CHUNK, "log_every_steps
              "eval_every_steps": 2 * CHUNK, "checkpoint_every_steps": STEPS,
              "eval.ceiling_problems": 0, "eval.num_problems": 16, "preemption_grace_s": 0}
 POPULATION = "({'seed': 0}, {'seed': 1})"
-TIMEOUT_S = 1200  # A loaded CPU compiles for minutes.
 NOTICE = "SIGTERM received"  # Logged when the process handles the signal.
 
 
@@ -56,19 +55,25 @@ def _run(command, log_path, signal_after=None):
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                             cwd=tl.REPO)
     seen, latency = "", None
+    ended = lambda: proc.poll() is not None  # noqa: E731
+
+    def ended_or_matched():
+      nonlocal seen
+      with open(log_path) as f:
+        seen = f.read()
+      return ended() or re.search(signal_after, seen)
+
     try:
-      deadline = time.time() + TIMEOUT_S
-      while signal_after and time.time() < deadline and proc.poll() is None:
-        with open(log_path) as f:
-          seen = f.read()
-        if re.search(signal_after, seen):
+      # Waited for while the run progresses (a loaded CPU compiles for minutes).
+      if signal_after:
+        tl.wait_until(ended_or_matched, [proc], f"output matching {signal_after!r}",
+                      [log_path], poll_s=0.02)
+        if not ended():
           sent = time.time()
           proc.send_signal(signal.SIGTERM)
-          proc.wait(timeout=TIMEOUT_S)
+          tl.wait_until(ended, [proc], "the exit after SIGTERM", [log_path], poll_s=0.02)
           latency = time.time() - sent
-          break
-        time.sleep(0.02)
-      proc.wait(timeout=TIMEOUT_S)
+      tl.wait_until(ended, [proc], "the run", [log_path])
     finally:
       if proc.poll() is None:
         proc.kill()

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -129,20 +128,21 @@ def test_run_killed_mid_way_and_rerun_ends_with_identical_parameters(tmp_path):
   command += [f"--config.{k}={v}" for k, v in overrides.items()]
   proc = subprocess.Popen(command, env=tl.subprocess_env(), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
+  ckpt_dir = workdir / "checkpoints"
+
+  def ended_or_saved():
+    return proc.poll() is not None or ckpt_dir.exists() and any(
+        d.isdigit() and int(d) >= 8 for d in os.listdir(ckpt_dir))
+
   try:
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-      ckpt_dir = workdir / "checkpoints"
-      if ckpt_dir.exists() and any(d.isdigit() and int(d) >= 8 for d in os.listdir(ckpt_dir)):
-        break
-      time.sleep(0.05)
+    tl.wait_until(ended_or_saved, [proc], "the run to checkpoint step 8", poll_s=0.05)
     assert proc.poll() is None, "training finished (or failed) before it could be killed"
   finally:
     proc.kill()
     proc.wait()
   assert not (workdir / "summary.json").exists()
-  subprocess.run(command, env=tl.subprocess_env(), check=True, timeout=180,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  tl.run(command, env=tl.subprocess_env(), check=True, stdout=subprocess.DEVNULL,
+         stderr=subprocess.DEVNULL)
   with open(workdir / "summary.json") as f:
     assert json.load(f)["step"] == 40
 

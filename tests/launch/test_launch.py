@@ -171,10 +171,10 @@ def test_xm_jobs_single_and_multi_host():
 
 
 def test_dry_run_prints_one_command_per_job():
-  out = subprocess.run(
+  out = tl.run(
       [sys.executable, "-m", "launch.xm_launch", "--sweep=table_a1_sraven", "--dry_run",
        "--single_runs"],
-      env=tl.subprocess_env(), capture_output=True, text=True, timeout=120, cwd=tl.REPO,
+      env=tl.subprocess_env(), capture_output=True, text=True, cwd=tl.REPO,
       check=True).stdout.splitlines()
   commands = [line for line in out if line.startswith("python experiments/sraven_scaling.py")]
   assert len(commands) == EXPECTED_JOBS["table_a1_sraven"]
@@ -206,9 +206,9 @@ def _fake_tools(tmp_path, *names):
 def test_tpu_pod_script_starts_every_host_with_multi_process(tmp_path):
   env, log = _fake_tools(tmp_path, "gcloud")
   env["TMPDIR"] = str(tmp_path)
-  subprocess.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "fuzzy_logic",
-                  "model=hyla,size=paper", "gs://b/wd", "--config.seed=1"],
-                 cwd=tl.REPO, env=env, check=True, timeout=120, capture_output=True)
+  tl.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "fuzzy_logic",
+          "model=hyla,size=paper", "gs://b/wd", "--config.seed=1"],
+         cwd=tl.REPO, env=env, check=True, capture_output=True)
   scp, ssh = log.read_text().split("---\n")[:2]
   assert "--worker=all" in scp.split() and "--worker=all" in ssh.split()
   # The copy holds the package but none of the checkout's virtual environments or workdirs
@@ -223,16 +223,16 @@ def test_tpu_pod_script_starts_every_host_with_multi_process(tmp_path):
   assert ("python3 experiments/fuzzy_logic.py --multi_process" in remote
           and "--config=experiments/configs/fuzzy_logic.py:model=hyla\\,size=paper" in remote
           and "--workdir=gs://b/wd --config.seed=1" in remote)
-  bad = subprocess.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "nope", "a", "b"],
-                       cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=60)
+  bad = tl.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "nope", "a", "b"],
+               cwd=tl.REPO, env=env, capture_output=True, text=True)
   assert bad.returncode == 2 and "unknown experiment 'nope'" in bad.stderr
 
 
 def test_slurm_script_runs_one_process_per_node(tmp_path):
   env, log = _fake_tools(tmp_path, "srun")
   env["SLURM_JOB_ID"] = "17"  # Inside the job (on the login node it submits itself).
-  subprocess.run(["bash", "launch/slurm.sh", "sraven", "model=hyla,size=paper", "/shared/wd",
-                  "--config.seed=2"], cwd=tl.REPO, env=env, check=True, timeout=60)
+  tl.run(["bash", "launch/slurm.sh", "sraven", "model=hyla,size=paper", "/shared/wd",
+          "--config.seed=2"], cwd=tl.REPO, env=env, check=True)
   assert log.read_text().split("\n---")[0].split("\n") == [
       "--ntasks-per-node=1", "python3", "experiments/sraven_scaling.py",
       "--config=experiments/configs/sraven.py:model=hyla,size=paper", "--workdir=/shared/wd",

@@ -2,7 +2,6 @@
 (`python -m hypernet_attention.runs.preflight`) before anything is copied, installed or
 submitted: fake `gcloud`, `sbatch` and `srun` on PATH record whether they were called."""
 
-import subprocess
 
 import pytest
 from test_launch import _fake_tools  # pylint: disable=g-bad-import-order
@@ -44,10 +43,10 @@ def test_check_config_applies_typed_overrides():
 def test_tpu_pod_script_checks_before_copying(tmp_path):
   env, log = _fake_tools(tmp_path, "gcloud")
   env["TMPDIR"] = str(tmp_path)
-  result = subprocess.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "sraven",
-                           "model=hyla,size=paper", "gs://b/wd",
-                           "--config.optimizer.learning_rate=nan"],
-                          cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
+  result = tl.run(["bash", "launch/tpu_pod.sh", "pod", "zone", "sraven",
+                   "model=hyla,size=paper", "gs://b/wd",
+                   "--config.optimizer.learning_rate=nan"],
+                  cwd=tl.REPO, env=env, capture_output=True, text=True)
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       "preflight: error: config.optimizer.learning_rate=nan; allowed: a finite number > 0"]
@@ -58,15 +57,15 @@ def test_tpu_pod_script_checks_before_copying(tmp_path):
 def test_slurm_script_checks_then_submits_itself(tmp_path):
   env, log = _fake_tools(tmp_path, "sbatch", "srun")
   env.pop("SLURM_JOB_ID", None)
-  bad = subprocess.run(["bash", "launch/slurm.sh", "--nodes=2", "sraven", "model=hyla",
-                        "/shared/wd", "--config.model.attention_dropout=1.5"],
-                       cwd=tl.REPO, env=env, capture_output=True, text=True, timeout=120)
+  bad = tl.run(["bash", "launch/slurm.sh", "--nodes=2", "sraven", "model=hyla",
+                "/shared/wd", "--config.model.attention_dropout=1.5"],
+               cwd=tl.REPO, env=env, capture_output=True, text=True)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
       "preflight: error: config.model.attention_dropout=1.5; allowed: a number in [0, 1)"]
   assert not log.exists(), "sbatch or srun ran"
-  subprocess.run(["bash", "launch/slurm.sh", "--nodes=2", "--gpus-per-node=8", "sraven",
-                  "model=hyla,size=paper", "/shared/wd", "--config.seed=2"],
-                 cwd=tl.REPO, env=env, check=True, timeout=120)
+  tl.run(["bash", "launch/slurm.sh", "--nodes=2", "--gpus-per-node=8", "sraven",
+          "model=hyla,size=paper", "/shared/wd", "--config.seed=2"],
+         cwd=tl.REPO, env=env, check=True)
   assert log.read_text().split("\n---")[0].split("\n") == [
       "--nodes=2", "--gpus-per-node=8", "launch/slurm.sh", "sraven", "model=hyla,size=paper",
       "/shared/wd", "--config.seed=2"]
@@ -103,8 +102,8 @@ def test_launch_scripts_name_the_missing_argument(case, tmp_path):
   argv, expected = SCRIPT_CASES[case]
   env, log = _fake_tools(tmp_path, "gcloud", "sbatch", "srun")
   env.pop("SLURM_JOB_ID", None)
-  result = subprocess.run(["bash", *argv], cwd=tl.REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+  result = tl.run(["bash", *argv], cwd=tl.REPO, env=env, capture_output=True,
+                  text=True)
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(expected), lines
   assert not log.exists(), "a cluster tool ran"

@@ -15,7 +15,6 @@ the module-level imports finds no cycle among the project's modules.
 import ast
 import json
 import os
-import subprocess
 import sys
 
 import train_testlib as tl
@@ -90,9 +89,9 @@ def test_runs_and_launch_import_without_jax(tmp_path):
     _write(os.path.join(root, "population_summary.json"), {"members": ["a", "b"]})
     for name in done:
       _write(os.path.join(root, name, "summary.json"), {"step": 8})
-  result = subprocess.run([sys.executable, "-c", PROGRAM, single, population, unfinished],
-                          env=tl.subprocess_env(), capture_output=True, text=True,
-                          cwd=tl.REPO, timeout=300)
+  result = tl.run([sys.executable, "-c", PROGRAM, single, population, unfinished],
+                  env=tl.subprocess_env(), capture_output=True, text=True,
+                  cwd=tl.REPO)
   assert result.returncode == 0, result.stderr[-3000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
   expected = {f"launch.{n[:-3]}" for n in os.listdir(os.path.join(tl.REPO, "launch"))
@@ -111,9 +110,9 @@ def test_runs_and_launch_import_without_jax(tmp_path):
 
 
 def test_preflight_and_grouping_run_without_jax(tmp_path):
-  result = subprocess.run([sys.executable, "-c", CHECKS, str(tmp_path / "run")],
-                          env=tl.subprocess_env(), capture_output=True, text=True,
-                          cwd=tl.REPO, timeout=300)
+  result = tl.run([sys.executable, "-c", CHECKS, str(tmp_path / "run")],
+                  env=tl.subprocess_env(), capture_output=True, text=True,
+                  cwd=tl.REPO)
   assert result.returncode == 0, result.stderr[-3000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
   assert out["sraven size=smoke"] == [0, "experiments/sraven_scaling.py "

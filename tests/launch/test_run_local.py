@@ -16,14 +16,21 @@ from launch import sweeps
 
 import train_testlib as tl
 
-TIMEOUT_S = 400
+
+def _run_local(root, log_path, **popen):
+  """run_local on the smoke sweep, its output (stdout and stderr) to `log_path`."""
+  with open(log_path, "w") as log:
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch.run_local", "--sweep=smoke_fuzzy", "--jobs=1",
+         f"--root={root}"], cwd=tl.REPO, env=tl.subprocess_env(), stdout=log,
+        stderr=subprocess.STDOUT, **popen)
 
 
-def _run_local(root, **popen):
-  return subprocess.Popen(
-      [sys.executable, "-m", "launch.run_local", "--sweep=smoke_fuzzy", "--jobs=1",
-       f"--root={root}"], cwd=tl.REPO, env=tl.subprocess_env(), stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, **popen)
+def _output(proc, log_path) -> str:
+  """`proc`'s output once it has exited, waited for while it progresses."""
+  tl.wait_for([proc], "launch.run_local", [log_path])
+  with open(log_path) as f:
+    return f.read()
 
 
 def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
@@ -33,17 +40,16 @@ def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
   # Kill the executor and its training process once the first point's step-4 checkpoint
   # (of 8 steps) is committed: a half-done point.
   marker = os.path.join(first, "checkpoints", "4", "commit_success.txt")
-  killed = _run_local(root, start_new_session=True)
-  deadline = time.time() + TIMEOUT_S
-  while not os.path.exists(marker) and killed.poll() is None and time.time() < deadline:
-    time.sleep(0.05)
+  killed = _run_local(root, tmp_path / "killed.log", start_new_session=True)
+  tl.wait_until(lambda: os.path.exists(marker) or killed.poll() is not None, [killed],
+                "the first point's step-4 checkpoint", [tmp_path / "killed.log"], poll_s=0.05)
   os.killpg(killed.pid, signal.SIGKILL)
-  killed.communicate(timeout=60)
+  killed.wait()
   assert os.path.exists(marker)
   assert not os.path.exists(os.path.join(first, "summary.json")), "killed too late"
 
-  resumed = _run_local(root)
-  out, _ = resumed.communicate(timeout=TIMEOUT_S)
+  resumed = _run_local(root, tmp_path / "resumed.log")
+  out = _output(resumed, tmp_path / "resumed.log")
   assert resumed.returncode == 0, out
   assert out.splitlines()[-1].startswith("2 finished, 0 skipped (done before), 0 failed"), out
   with open(os.path.join(first, "run_local.log")) as f:
@@ -54,8 +60,8 @@ def test_smoke_sweep_runs_resumes_after_kill_and_skips_finished(tmp_path):
     with open(os.path.join(workdir, "summary.json")) as f:
       assert json.load(f)["step"] == 8
 
-  again = _run_local(root)
-  out, _ = again.communicate(timeout=TIMEOUT_S)
+  again = _run_local(root, tmp_path / "again.log")
+  out = _output(again, tmp_path / "again.log")
   assert again.returncode == 0 and out.splitlines()[-1].startswith(
       "0 finished, 2 skipped (done before), 0 failed"), out
   assert "2 finished runs" in collect.report(root, "smoke_fuzzy", "ood", str(tmp_path / "t"))
@@ -75,21 +81,23 @@ def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
   root = str(tmp_path / "sweep")
   first = os.path.join(root, jobs.point_name(sweeps.load("smoke_fuzzy").get_sweep()[0]))
   lock_file = os.path.join(first, "lock.json")
-  launcher = _run_local(root)
-  deadline = time.time() + TIMEOUT_S
-  trainer_pid = None
-  while trainer_pid is None and time.time() < deadline:  # The lock is created, then written.
+  launcher = _run_local(root, tmp_path / "launcher.log")
+
+  def trainer_pid():  # The lock is created, then written.
     assert launcher.poll() is None
     try:
       with open(lock_file) as f:
-        trainer_pid = json.load(f)["pid"]
+        return json.load(f)["pid"]
     except (FileNotFoundError, json.JSONDecodeError):
-      time.sleep(0.05)
+      return None
+
+  tl.wait_until(trainer_pid, [launcher], "the trainer's lock file", poll_s=0.05)
+  trainer = trainer_pid()
   launcher.kill()
-  launcher.communicate(timeout=60)
-  while os.path.exists(f"/proc/{trainer_pid}") and time.time() < deadline:
-    time.sleep(0.1)
-  assert not os.path.exists(f"/proc/{trainer_pid}"), "the trainer outlived run_local"
+  launcher.wait()
+  # The trainer checkpoints and exits: waited for while it progresses (or fails, if not).
+  tl.wait_until(lambda: not os.path.exists(f"/proc/{trainer}"), [trainer],
+                "the trainer to exit after run_local was killed", poll_s=0.1)
   assert not os.path.exists(lock_file)  # It ended through the loop: lock released.
   with open(os.path.join(first, "run_local.log")) as f:
     log = f.read()
@@ -99,10 +107,10 @@ def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
 def test_sweep_runs_as_populations_and_collects_as_runs(tmp_path):
   """4 points -> 2 population jobs; every member is collected as a finished run."""
   root = str(tmp_path / "sweep")
-  proc = subprocess.run(
+  proc = tl.run(
       [sys.executable, "-m", "launch.run_local", "--sweep=smoke_population_fuzzy",
        f"--root={root}"], cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
-      text=True, timeout=TIMEOUT_S, check=False)
+      text=True, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert proc.stdout.splitlines()[-1].startswith("2 finished, 0 skipped"), proc.stdout
   assert collect.missing_jobs(root, "smoke_population_fuzzy") == []

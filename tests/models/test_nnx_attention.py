@@ -6,7 +6,6 @@ outputs, gradients, decode step by step, masks and dropout with the same key (fl
 """
 
 import os
-import subprocess
 import sys
 
 from flax import nnx
@@ -19,6 +18,8 @@ import pytest
 from hypernet_attention import attention
 from hypernet_attention import nnx_attention
 from hypernet_attention.ops import dispatch as ops_dispatch
+
+import train_testlib as tl
 
 B, Q, K, E, H = 2, 5, 7, 8, 2
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -220,8 +221,8 @@ print(specs, float(np.abs(y - linen.apply({"params": plain}, x)).max()))
 def test_bridge_with_a_mesh_shards_as_annotated():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True,
-                        text=True, timeout=600, cwd=REPO)
+  proc = tl.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True,
+                text=True, cwd=REPO)
   assert proc.returncode == 0, proc.stderr[-3000:]
   specs, err = proc.stdout.strip().rsplit(" ", 1)
   assert specs == "[True, True, True]"
@@ -238,8 +239,8 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in heavy))
 
 
 def test_import_is_light():
-  proc = subprocess.run([sys.executable, "-c", LIGHT_IMPORT], capture_output=True, text=True,
-                        timeout=300, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+  proc = tl.run([sys.executable, "-c", LIGHT_IMPORT], capture_output=True, text=True,
+                cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.strip() == "[]"
 

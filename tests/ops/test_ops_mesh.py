@@ -8,7 +8,6 @@ sets the mesh in context, so a data x fsdp-sharded training run takes that path 
 
 import json
 import os
-import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ from hypernet_attention.ops import sharded
 from hypernet_attention.train import sharding
 
 import numerics
+import train_testlib as tl
 
 SCRIPT = r"""
 import json, sys
@@ -92,8 +92,8 @@ def _run(script, *args):
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")  # jax's own options
   env["PYTHONPATH"] = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + (
       os.pathsep + env.get("PYTHONPATH", ""))
-  proc = subprocess.run([sys.executable, "-c", script, *args], env=env,
-                        capture_output=True, text=True, timeout=600, check=False)
+  proc = tl.run([sys.executable, "-c", script, *args], env=env,
+                capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -4,7 +4,6 @@ across meshes, the CLI end to end and its bad input."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -232,9 +231,9 @@ extract.extract_codes(live, num_problems=16, progress=False).save(sys.argv[3])
 
 def test_codes_saved_on_four_devices_restore_on_one(tmp_path):
   workdir, live_path = tmp_path / "wd", tmp_path / "live.npz"
-  proc = subprocess.run([sys.executable, "-c", _FAKE_DEVICES, tl.REPO, str(workdir),
-                         str(live_path)], env=tl.subprocess_env(), capture_output=True,
-                        text=True, timeout=420)
+  proc = tl.run([sys.executable, "-c", _FAKE_DEVICES, tl.REPO, str(workdir),
+                 str(live_path)], env=tl.subprocess_env(), capture_output=True,
+                text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
   run = restore.restore_params(str(workdir))
   assert run.step == 8 and len(jax.tree.leaves(run.params)[0].devices()) == 1
@@ -248,8 +247,8 @@ def test_codes_saved_on_four_devices_restore_on_one(tmp_path):
 
 # ------------------------------------------------------------------- CLI and bad input
 def _cli(*args):
-  return subprocess.run([sys.executable, CLI, *args], env=tl.subprocess_env(),
-                        capture_output=True, text=True, timeout=600, cwd=tl.REPO)
+  return tl.run([sys.executable, CLI, *args], env=tl.subprocess_env(),
+                capture_output=True, text=True, cwd=tl.REPO)
 
 
 @pytest.mark.slow

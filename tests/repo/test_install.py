@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import train_testlib as tl
@@ -38,17 +37,15 @@ def test_wheel_install_finds_configs(tmp_path):
   shutil.copytree(tl.REPO, source, ignore=_not_source)
   copied = sum(f.stat().st_size for f in source.rglob("*") if f.is_file())
   assert copied < 64 * 2**20, f"source copy: {copied / 2**20:.0f} MiB; a venv or output got in"
-  subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", str(wheels), str(source)], check=True, timeout=600,
-                 capture_output=True)
+  tl.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+          "-q", "-w", str(wheels), str(source)], check=True, capture_output=True)
   (wheel,) = os.listdir(wheels)
-  subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                  str(target), str(wheels / wheel)], check=True, timeout=600,
-                 capture_output=True)
+  tl.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+          str(target), str(wheels / wheel)], check=True, capture_output=True)
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["PYTHONPATH"] = str(target)
-  result = subprocess.run([sys.executable, "-c", PROGRAM], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+  result = tl.run([sys.executable, "-c", PROGRAM], env=env, cwd=tmp_path,
+                  capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
   assert out["module"].startswith(str(target)), out  # Not the checkout's copy.

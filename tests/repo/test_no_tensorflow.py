@@ -3,12 +3,16 @@
 The entry points run in subprocesses whose `import tensorflow` raises as on an accelerator
 image without it (a `tensorflow` package earlier on PYTHONPATH that raises
 ModuleNotFoundError). With TensorFlow installed, the same modules must not load it either.
+And the README's test install, '.[dev]', has none.
 """
 
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -64,9 +68,9 @@ def _env(blocked_dir=None) -> dict:
   return env
 
 
-def _run(args, env, timeout=600):
-  proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
-                        timeout=timeout, cwd=tl.REPO)
+def _run(args, env):
+  proc = tl.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                cwd=tl.REPO)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
 
@@ -78,6 +82,20 @@ def no_tf(tmp_path_factory):
   (root / "tensorflow").mkdir()
   (root / "tensorflow" / "__init__.py").write_text(BLOCKER)
   return root
+
+
+def test_the_dev_extra_leaves_tensorflow_to_lm():
+  """'.[dev]' installs the Grain path's packages, not TensorFlow: the suite runs as a first
+  install does, and the seqio tests (marked `lm`) skip there, saying so."""
+  with mock.patch("setuptools.setup"):
+    extras = runpy.run_path(os.path.join(tl.REPO, "setup.py"))["EXTRAS"]
+
+  def names(extra):
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0] for r in extras[extra]}
+
+  assert {"tensorflow", "tensorflow-text", "seqio"} <= names("lm")
+  assert not names("dev") & {"tensorflow", "tensorflow-text", "seqio"}, names("dev")
+  assert names("grain") <= names("dev")
 
 
 def test_the_blocker_hides_tensorflow(no_tf):

@@ -106,16 +106,17 @@ def test_two_trainers_on_one_workdir(tmp_path):
   first = subprocess.Popen(_trainer(workdir, "--config.num_train_steps=100000"),
                            cwd=tl.REPO, env=tl.subprocess_env(), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
+  def locked():
+    assert first.poll() is None
+    return (workdir / lock.LOCK_FILE).exists()
+
   try:
-    deadline = time.time() + 240
-    while not (workdir / lock.LOCK_FILE).exists() and time.time() < deadline:
-      assert first.poll() is None
-      time.sleep(0.2)
+    tl.wait_until(locked, [first], "the first trainer's lock file", poll_s=0.2)
     holder = lock.read_holder(workdir / lock.LOCK_FILE)
     assert holder.pid == first.pid
-    second = subprocess.run(_trainer(workdir, "--config.num_train_steps=100000"),
-                            cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
-                            text=True, timeout=240)
+    second = tl.run(_trainer(workdir, "--config.num_train_steps=100000"),
+                    cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
+                    text=True)
     assert second.returncode == 2, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
     last = second.stderr.strip().splitlines()[-1]
@@ -124,7 +125,7 @@ def test_two_trainers_on_one_workdir(tmp_path):
     assert lock.read_holder(workdir / lock.LOCK_FILE).token == holder.token
   finally:
     first.send_signal(signal.SIGINT)  # Ctrl-C: a checkpoint, one line, exit 75.
-    first.wait(timeout=240)
+    tl.wait_for([first], "the first trainer to exit after Ctrl-C")
   assert first.returncode == 75
   assert not (workdir / lock.LOCK_FILE).exists()
 
@@ -144,9 +145,9 @@ def test_failed_save_stops_the_run_at_once(tmp_path):
              "import runpy; runpy.run_path('experiments/sraven_scaling.py', "
              "run_name='__main__')")
   start = time.time()
-  result = subprocess.run([sys.executable, "-c", program, *_trainer(workdir)[2:]],
-                          cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
-                          text=True, timeout=280)
+  result = tl.run([sys.executable, "-c", program, *_trainer(workdir)[2:]],
+                  cwd=tl.REPO, env=tl.subprocess_env(), capture_output=True,
+                  text=True)
   elapsed = time.time() - start
   if os.geteuid() != 0:
     os.chmod(tmp_path, 0o755)

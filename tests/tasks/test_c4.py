@@ -3,7 +3,8 @@
 The `c4_lm` Task runs on `tfds.testing.mock_data` (short random texts, so enough examples
 to fill packed rows) against metadata written the way `tfds build` writes it; `text_lm`
 runs on a generated corpus of random words with a vocabulary trained on it. Expected
-token streams are computed independently with the `sentencepiece` processor.
+token streams are computed independently with the `sentencepiece` processor. seqio needs
+TensorFlow: without it (the README's `[dev]` install) the tests of the seqio path skip.
 """
 
 import json
@@ -15,18 +16,25 @@ import ml_collections
 import numpy as np
 import pytest
 import sentencepiece as spm
-import seqio
-import tensorflow_datasets as tfds
 
 from experiments.configs import c4_lm as c4_config
 from hypernet_attention import errors
 from hypernet_attention import transformer
-from hypernet_attention.tasks import c4
+from hypernet_attention.tasks import lm_text
 from hypernet_attention.train import build
 from hypernet_attention.train import state as state_lib
 
 import c4_testlib
 import train_testlib as tl
+
+try:  # The seqio path needs TensorFlow (not in '.[dev]'): without it, its tests skip.
+  import seqio
+  import tensorflow_datasets as tfds
+
+  from hypernet_attention.tasks import c4
+except ModuleNotFoundError:
+  seqio = tfds = c4 = None
+needs_seqio = c4_testlib.seqio_tests(c4 is not None)
 
 SEQ = 16
 
@@ -49,9 +57,9 @@ def _text_task(corpus, train=None):
       vocabulary=corpus["vocabulary"]))
 
 
-def _rows(task, shard=seqio.ShardInfo(0, 1), **kwargs):
+def _rows(task, shard=None, **kwargs):
   kwargs = dict(split="train", sequence_length=SEQ, batch_size=1, seed=0, shuffle=False,
-                num_epochs=1, shard_info=shard) | kwargs
+                num_epochs=1, shard_info=shard or seqio.ShardInfo(0, 1)) | kwargs
   return np.concatenate([b["targets"] for b in
                          c4.batches(task, **kwargs).as_numpy_iterator()])
 
@@ -61,6 +69,7 @@ def _stream(corpus, docs):
   return np.concatenate([processor.encode(d) + [c4.EOS_ID] for d in docs])
 
 
+@needs_seqio
 def test_trained_vocabulary_round_trips_and_counts_bytes(corpus):
   vocabulary = c4.load_vocabulary(corpus["vocabulary"])
   assert vocabulary.vocab_size == 300
@@ -74,6 +83,7 @@ def test_trained_vocabulary_round_trips_and_counts_bytes(corpus):
   assert lengths[[c4.PAD_ID, c4.EOS_ID, c4.UNK_ID]].sum() == 0
 
 
+@needs_seqio
 def test_packing_keeps_every_token_once_in_order(corpus):
   rows_NT = _rows(_text_task(corpus))
   stream = _stream(corpus, corpus["docs"])
@@ -81,6 +91,7 @@ def test_packing_keeps_every_token_once_in_order(corpus):
   np.testing.assert_array_equal(rows_NT.reshape(-1), stream[:rows_NT.size])
 
 
+@needs_seqio
 def test_txt_files_give_the_jsonl_stream(corpus, tmp_path):
   txt = tmp_path / "train.txt"
   txt.write_text("".join(d + "\n" for d in corpus["docs"]))
@@ -88,6 +99,7 @@ def test_txt_files_give_the_jsonl_stream(corpus, tmp_path):
                                 _rows(_text_task(corpus)))
 
 
+@needs_seqio
 def test_inputs_are_targets_shifted_right(corpus):
   batch = next(c4.batches(_text_task(corpus), split="train", sequence_length=SEQ,
                           batch_size=4, seed=0).as_numpy_iterator())
@@ -103,12 +115,14 @@ def _first_batches(task, seed, count=4):
   return np.stack([next(iterator)["targets"] for _ in range(count)])
 
 
+@needs_seqio
 def test_order_is_a_function_of_the_seed(corpus):
   task = _text_task(corpus)
   np.testing.assert_array_equal(_first_batches(task, 0), _first_batches(task, 0))
   assert not np.array_equal(_first_batches(task, 0), _first_batches(task, 1))
 
 
+@needs_seqio
 def test_two_shards_read_disjoint_documents(corpus):
   task = _text_task(corpus)
   for index in range(2):
@@ -118,6 +132,7 @@ def test_two_shards_read_disjoint_documents(corpus):
     np.testing.assert_array_equal(rows_NT.reshape(-1), expected[:rows_NT.size])
 
 
+@needs_seqio
 def test_iterator_restore_continues_exactly(corpus, tmp_path):
   def iterator():
     return c4.DataIterator(c4.batches(_text_task(corpus), split="train",
@@ -135,6 +150,7 @@ def test_iterator_restore_continues_exactly(corpus, tmp_path):
   assert not np.array_equal(next(fresh)["targets"], expected[0])
 
 
+@needs_seqio
 def test_c4_task_on_mock_tfds(corpus, tmp_path):
   num_examples = 256  # Mock texts are a few words: ~10 tokens each.
   data_dir = c4_testlib.mock_c4_dir(tmp_path, num_examples)
@@ -157,6 +173,7 @@ def _error_line(error):
   return message
 
 
+@needs_seqio
 def test_missing_c4_data_names_the_directory_and_both_remedies(corpus, tmp_path):
   with pytest.raises(errors.BadInput) as error:
     c4.build_task(_task_config(name="c4_lm", data_dir=str(tmp_path / "tfds"),
@@ -166,6 +183,7 @@ def test_missing_c4_data_names_the_directory_and_both_remedies(corpus, tmp_path)
   assert "tfds build c4/en" in message and "text_lm" in message
 
 
+@needs_seqio
 @pytest.mark.parametrize("kind", ["missing", "not_a_model"])
 def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
   path = tmp_path / "vocabulary.model"
@@ -177,6 +195,7 @@ def test_bad_vocabulary_is_one_clear_line(corpus, tmp_path, kind):
   assert str(path) in _error_line(error) and "SentencePiece" in _error_line(error)
 
 
+@needs_seqio
 def test_unreachable_bucket_vocabulary_is_one_clear_line(corpus, monkeypatch):
   """The default T5 vocabulary (gs://) on a machine without network or credentials: the
   GCS file system raises rather than answering 'no' (it used to escape as a traceback)."""
@@ -196,6 +215,7 @@ def test_unreachable_bucket_vocabulary_is_one_clear_line(corpus, monkeypatch):
   assert path in message and "cannot be read here" in message and "Could not resolve" in message
 
 
+@needs_seqio
 @pytest.mark.parametrize("kind", ["empty", "no_match", "mixed"])
 def test_bad_corpus_is_one_clear_line(corpus, tmp_path, kind):
   (tmp_path / "a.txt").write_text("")
@@ -225,6 +245,7 @@ BAD_TEXT = {
 }
 
 
+@needs_seqio
 @pytest.mark.parametrize("kind", sorted(BAD_TEXT))
 def test_corpus_that_is_not_text_is_one_line_naming_the_file(tmp_path, kind):
   name, data, message = BAD_TEXT[kind]
@@ -235,6 +256,7 @@ def test_corpus_that_is_not_text_is_one_line_naming_the_file(tmp_path, kind):
           and "\n" not in str(error.value))
 
 
+@needs_seqio
 def test_text_files_check_only_complete_lines(tmp_path):
   """A line cut by the checked head (`CHECK_BYTES`) is not judged; a character cut there is
   no decoding error."""
@@ -245,8 +267,8 @@ def test_text_files_check_only_complete_lines(tmp_path):
 
 def test_sequence_length_above_max_len_is_refused():
   with pytest.raises(ValueError, match="sequence_length=1024 exceeds model.max_len=512"):
-    c4.check_sequence_length(1024, 512)
-  c4.check_sequence_length(512, 512)
+    lm_text.check_sequence_length(1024, 512)
+  lm_text.check_sequence_length(512, 512)
   model = transformer.Transformer(transformer.TransformerConfig(
       input_kind="embed", vocab_size=10, output_dim=10, max_len=8, causal=True))
   with pytest.raises(ValueError, match="exceed max_len=8"):
@@ -270,6 +292,7 @@ def test_50m_parameter_count_matches_the_formula():
   assert _count_params("50m", tied=True) == tied == 35_299_328
 
 
+@needs_seqio
 def test_resolve_writes_a_docstring_corpus_and_vocabulary_once(tmp_path):
   task = c4_config.get_config("size=smoke").task.to_dict() | dict(docstring_corpus_mb=0.1)
   resolved = c4.resolve(ml_collections.ConfigDict(task), str(tmp_path))

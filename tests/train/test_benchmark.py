@@ -4,7 +4,6 @@ population of P members costs per member-step, against the single run and a FLOP
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 
 import jax
@@ -17,6 +16,8 @@ from hypernet_attention.train import build
 from hypernet_attention.train import memory
 from hypernet_attention.train import population
 from hypernet_attention.train import state as state_lib
+
+import train_testlib as tl
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -38,11 +39,11 @@ def test_step_cost_scales_with_members_and_covers_the_dense_flops():
 
 @pytest.mark.slow
 def test_population_table_prints_the_cost_columns():
-  out = subprocess.run(
+  out = tl.run(
       [sys.executable, os.path.join("experiments", "benchmark_training.py"),
        "--experiment=fuzzy_logic", "--size=smoke", "--models=hyla", "--members=1,2",
        "--steps=2", "--repeats=1", "--cost"], cwd=REPO, capture_output=True, text=True,
-      timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-2000:]
   rows = [l for l in out.stdout.splitlines() if l.startswith("| fuzzy_logic | smoke | hyla |")]
   assert len(rows) == 2

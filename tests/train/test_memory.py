@@ -8,7 +8,6 @@ hold on any host; one runs the entry point with a batch no host has memory for.
 import logging
 import os
 import re
-import subprocess
 import sys
 import types
 
@@ -122,11 +121,11 @@ def test_accelerator_limit_and_shared_host_memory(monkeypatch):
 
 
 def test_entry_point_refuses_a_batch_no_host_has_in_one_line(tmp_path):
-  out = subprocess.run(
+  out = tl.run(
       [sys.executable, os.path.join("experiments", "fuzzy_logic.py"),
        "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=smoke",
        f"--config.batch_size={2**24}", f"--workdir={tmp_path / 'wd'}"],
-      env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True, text=True, timeout=300)
+      env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True, text=True)
   assert out.returncode == 2, out.stderr[-3000:]
   lines = out.stderr.strip().splitlines()
   assert re.fullmatch(r"fuzzy_logic\.py: error: batch_size=16777216 does not fit in memory: "

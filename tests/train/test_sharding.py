@@ -9,7 +9,6 @@ parameter, and a mesh that leaves devices unused is refused.
 
 import json
 import os
-import subprocess
 import sys
 
 import flax.linen as nn
@@ -99,8 +98,8 @@ print(json.dumps(out))
 def test_four_fake_devices_split_parameters_and_batches():
   env = dict(tl.subprocess_env(), JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")  # jax's own
   here = os.path.dirname(os.path.abspath(__file__))
-  proc = subprocess.run([sys.executable, "-c", _FOUR_DEVICES, here, tl.TESTS], env=env, cwd=tl.REPO,
-                        capture_output=True, text=True, timeout=300, check=False)
+  proc = tl.run([sys.executable, "-c", _FOUR_DEVICES, here, tl.TESTS], env=env, cwd=tl.REPO,
+                capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.strip().splitlines()[-1])
   assert out["mesh"] == {"member": 1, "data": 2, "fsdp": 2}
