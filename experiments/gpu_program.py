@@ -1,12 +1,10 @@
 r"""What XLA:GPU makes of HYLA's programs, compiled for an H100 on a machine without a GPU.
 
-  python experiments/gpu_program.py --program=attention \
-      --implementations=blockwise,blockwise_broadcast --seq_lens=1024,4096
-  python experiments/gpu_program.py --program=c4_step \
-      --models=hyla,hyla@model.implementation=blockwise_broadcast --batch_size=64
+  python experiments/gpu_program.py --program=attention --implementations=blockwise \
+      --seq_lens=1024,4096
+  python experiments/gpu_program.py --program=c4_step --models=hyla,softmax --batch_size=64
   python experiments/gpu_program.py --program=population --models=hyla,softmax --members=1,3,24
-  python experiments/gpu_program.py --implementations=blockwise_broadcast --seq_lens=4096 \
-      --gpu_tiles=256x256
+  python experiments/gpu_program.py --seq_lens=4096 --gpu_tiles=256x256
 
 Per program (attention: forward and forward+backward, B=4 H=8 d=64 causal bf16 by default;
 c4_step: one C4 50M train step on random tokens, the step `benchmark_training.py` times;
@@ -74,13 +72,13 @@ def main():
   parser.add_argument("--program", default="attention",
                       choices=("attention", "c4_step", "population"))
   parser.add_argument("--gpu", default="h100", choices=tuple(gpu_program.TARGETS))
-  parser.add_argument("--implementations", default="blockwise,blockwise_broadcast")
+  parser.add_argument("--implementations", default="blockwise")
   parser.add_argument("--seq_lens", default="1024,4096")
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-  parser.add_argument("--models", default="hyla,hyla@model.implementation=blockwise_broadcast")
+  parser.add_argument("--models", default="hyla")
   parser.add_argument("--batch_size", type=int, default=64, help="c4_step's batch")
   parser.add_argument("--members", default="1,3,24", help="population: member counts")
   parser.add_argument("--gpu_tiles", default="",

@@ -2,14 +2,13 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
 
   python experiments/tune_kernels.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
       --configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla --out=/tmp/tune.jsonl
-  python experiments/tune_kernels.py --configs=blockwise:256x256:dot,blockwise:128x128:dot
+  python experiments/tune_kernels.py --configs=blockwise:256x256,blockwise:128x128
   python experiments/tune_kernels.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with Blocks(BQ, BK, BV) and the backward's
                          dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla)
-  blockwise:BQxBK:FORM   XLA's blockwise HYLA with tiles BQ x BK, per-pair products FORM
-                         (dot | broadcast; `tiling.TileConfig.pair_products`)
+  blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
 (`measure/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
@@ -24,13 +23,12 @@ The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, 
 block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_smem.check_tiles`), so its sweep is
 the backward's dQ path. Blockwise's tiles matter for another reason: compiled for an H100
 (`experiments/gpu_program.py`), its T=4096 forward+backward launches 14,795 kernels at
-128 x 128 and 2,866 at 256 x 256 in the broadcast form. Needs a GPU, or --interpret (tiny
-sizes; Mosaic needs jax >= 0.11).
+128 x 128; larger tiles launch fewer. Needs a GPU, or --interpret (tiny sizes; Mosaic
+needs jax >= 0.11).
 """
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -54,21 +52,20 @@ def parse_config(entry: str) -> dict:
     if parts[0] == "mosaic" and len(parts) == 3:
       bq, bk, bv = (int(x) for x in parts[1].split("x"))
       return dict(name="mosaic", block_q=bq, block_k=bk, block_v=bv, dq=parts[2])
-    if parts[0] == "blockwise" and len(parts) == 3 and parts[2] in ("dot", "broadcast"):
+    if parts[0] == "blockwise" and len(parts) == 2:
       bq, bk = (int(x) for x in parts[1].split("x"))
-      return dict(name="blockwise", block_q=bq, block_k=bk, pair_products=parts[2])
+      return dict(name="blockwise", block_q=bq, block_k=bk)
   except ValueError:
     pass
   raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
-                   "mosaic:64x16x16:kernel) or blockwise:BQxBK:dot|broadcast")
+                   "mosaic:64x16x16:kernel) or blockwise:BQxBK")
 
 
 def kernel_fn(config: dict, interpret: bool):
   """(q, k, v) -> causal HYLA output through the configured kernel."""
   if config["name"] == "blockwise":
     return lambda q, k, v: blockwise.attention(
-        q, k, v, is_causal=True, block_q=config["block_q"], block_k=config["block_k"],
-        pair_products=config["pair_products"])
+        q, k, v, is_causal=True, block_q=config["block_q"], block_k=config["block_k"])
   params = None
   if interpret:
     why_not = mosaic_kernel.available()
@@ -123,8 +120,7 @@ def main():
   qkv = tuple(jax.random.normal(k, shape, jnp.dtype(args.dtype)) for k in keys)
   meta = dict(seq_len=args.seq_len, batch=args.batch, heads=args.heads,
               head_dim=args.head_dim, dtype=args.dtype, causal=True,
-              device=jax.devices()[0].device_kind, interpret=args.interpret,
-              xla_flags=os.environ.get("XLA_FLAGS", ""))
+              device=jax.devices()[0].device_kind, interpret=args.interpret)
   rows = []
 
   def record(config, make_fn):
@@ -155,11 +151,11 @@ def main():
   base = rows[0].get("fwd_bwd_ms")
   print(f"\nT={args.seq_len} B={args.batch} H={args.heads} d={args.head_dim} {args.dtype} "
         f"causal on {meta['device']}; x = fwd+bwd time over softmax's")
-  print("| kernel | tiles | dq / form | fwd ms | fwd+bwd ms | x softmax |")
+  print("| kernel | tiles | dq | fwd ms | fwd+bwd ms | x softmax |")
   print("|---|---|---|---|---|---|")
   for r in rows:
     tiles = "x".join(str(r[k]) for k in ("block_q", "block_k", "block_v") if k in r) or "-"
-    how = r.get("dq") or r.get("pair_products") or "-"
+    how = r.get("dq") or "-"
     if r["status"] != "ok":
       print(f"| {r['name']} | {tiles} | {how} | {r['status']}: {r['message'][:70]} | | |")
       continue

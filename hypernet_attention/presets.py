@@ -54,8 +54,7 @@ PRESETS: dict[str, AttentionPreset] = {
 # checks that these three tuples are those modules' own).
 POSITIONS = ("none", "t5", "rope")
 FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
-IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "mosaic",
-                   "blockwise_broadcast")
+IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "mosaic")
 MODEL_NAMES = {"feed_forward": FEED_FORWARDS, "position": POSITIONS,
                "implementation": IMPLEMENTATIONS}
 

@@ -28,13 +28,11 @@ Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   attention    forward and forward+backward at T=1k/4k/16k for every implementation
                (`measure/benchmark.py`), >= 20 calls per measurement in one jitted loop
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
-  c4_b64       the C4 50M train step, softmax vs HYLA (auto, and blockwise's broadcast form),
-               batch 64, random tokens (`experiments/benchmark_training.py --synthetic_tokens`)
+  c4_b64       the C4 50M train step, softmax vs HYLA (auto), batch 64, random tokens
+               (`experiments/benchmark_training.py --synthetic_tokens`)
   tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_kernels.py`):
-               blockwise at 128 and 256 in both per-pair forms and Mosaic's two dQ paths
-               (left out unless Mosaic's parity passed in this window)
-  tiles_graphs blockwise's broadcast form again with XLA's command buffers (CUDA graphs)
-               extended to while loops (`COMMAND_BUFFERS`)
+               blockwise at 128 and 256 and Mosaic's two dQ paths (left out unless Mosaic's
+               parity passed in this window)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax
@@ -103,9 +101,8 @@ GPU = Sizes(
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    tune_configs=("blockwise:128x128:dot", "blockwise:128x128:broadcast",
-                  "blockwise:256x256:dot", "blockwise:256x256:broadcast",
-                  "mosaic:64x16x16:kernel", "mosaic:64x16x16:xla"),
+    tune_configs=("blockwise:128x128", "blockwise:256x256", "mosaic:64x16x16:kernel",
+                  "mosaic:64x16x16:xla"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -117,7 +114,7 @@ DRY_RUN = Sizes(
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
-    tune_configs=("blockwise:32x32:broadcast", "mosaic:64x16x16:kernel"),
+    tune_configs=("blockwise:32x32", "mosaic:64x16x16:kernel"),
     scale=3.0, deadline_s=600, left_out=("population_softmax",), rung_shape=(1, 64, 2, 16),
     mosaic_parity_lens="64", mosaic_time_lens=(64,))
 # Stage budgets below are seconds on an H100 (an H200 measured the same, 2026-11-27:
@@ -162,12 +159,6 @@ class Stage:
   stops_window: bool = False
   # Run when --stages is not given; the others only when named (or --stages=all).
   default: bool = True
-
-
-# XLA:GPU's command buffer kinds with WHILE and CONDITIONAL added (jax 0.11's XLA records
-# fusions and library calls, not loops, by default): a scanned blockwise whose loop body is
-# one CUDA graph launch instead of ~20 kernel launches per tile pair.
-COMMAND_BUFFERS = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
 
 ENV_PROBE = """
@@ -230,7 +221,7 @@ def _c4(batch: int, min_s: float) -> Stage:
     del limit
     return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
                    f"--size={w.sizes.c4_size}", "--synthetic_tokens",
-                   "--models=softmax,hyla,hyla@model.implementation=blockwise_broadcast",
+                   "--models=softmax,hyla",
                    f"--steps={w.sizes.steps}", f"--repeats={w.sizes.repeats}",
                    f"--config_overrides=batch_size={batch}")
   def refused(w: Window, rc: int, tail: list[str]) -> None:
@@ -355,14 +346,6 @@ def stages(sizes: Sizes) -> list[Stage]:
       w.record("tune", name="mosaic", status="skipped", message=why_not)
     return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
-  def tiles_graphs(w: Window, limit: float) -> list[str]:
-    del limit
-    flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""),
-                                 f"--xla_gpu_enable_command_buffer={COMMAND_BUFFERS}") if f)
-    configs = [c for c in w.sizes.tune_configs if c.endswith(":broadcast")]
-    return ["env", f"XLA_FLAGS={flags}", *_python(
-        "experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")]
-
   def mosaic_parity(w: Window, limit: float) -> list[str]:
     del limit
     batch, _, heads, head_dim = w.sizes.rung_shape
@@ -375,7 +358,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       del limit
       # The dQ kernel only: XLA's dQ path measured 65.5 vs 66.6 ms (H200, T=4096), no gain
       # worth its 70 s of compile; `tiles` times both.
-      configs = ["mosaic:64x16x16:kernel", "blockwise:256x256:dot"]
+      configs = ["mosaic:64x16x16:kernel", "blockwise:256x256"]
       why_not = _mosaic_not_passed(w)
       if why_not:  # Never beside cuDNN and XLA in one process before it passed here.
         configs = configs[1:]
@@ -407,7 +390,6 @@ def stages(sizes: Sizes) -> list[Stage]:
       _population("hyla", 110),
       _c4(sizes.c4_batches[0], min_s=30),
       Stage("tiles", 120, tiles, _json_line("tune"), min_s=40, default=False),
-      Stage("tiles_graphs", 60, tiles_graphs, _json_line("tune"), min_s=30, default=False),
       Stage("trace", 40, trace, finish=_pack_trace, min_s=30, default=False),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),

@@ -67,11 +67,7 @@ def tile_mask(q_start, k_start, mask_tile, cfg: tiling.TileConfig):
 
 
 def _contract(spec, x, y, cfg):
-  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`. In the
-  "broadcast" form, one whose operand is a (B, bq, bk, V) per-pair tensor is a multiply-reduce
-  (`_broadcast_einsum`): no matmul that needs that tensor key-major."""
-  if cfg.pair_products == "broadcast" and "qkv" in spec:
-    return _broadcast_einsum(spec, x, y, cfg.compute_dtype)
+  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`."""
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
                     preferred_element_type=cfg.compute_dtype)
 
@@ -83,38 +79,11 @@ def _per_pair(spec, x, y, cfg):
   rounded afterwards: that float32 (B, bq, bk, V) tensor is what costs the HBM traffic, and
   XLA:GPU only avoids it when the dot itself outputs bf16. GPUs (cuBLAS, Triton) and TPUs
   accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds the result.
+  These products as multiply-reduces instead of matmuls (no transpose of a per-pair tensor
+  between them) ran slower on an H100 and on CPU, and were retired (issue 54).
   """
-  if cfg.pair_products == "broadcast":
-    return _broadcast_einsum(spec, x, y, cfg.compute_dtype).astype(cfg.pair_dtype)
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
                     preferred_element_type=cfg.pair_dtype)
-
-
-_AXES = "bhqkv"  # Every tile operand's axes are a subsequence of these, in this order.
-
-
-def _broadcast_einsum(spec, x, y, dtype):
-  """`jnp.einsum(spec, x, y)` as one multiply-reduce in `dtype`: each operand broadcast to
-  (B, H, bq, bk, V) by inserting its missing axes (no transpose: its axes are already in
-  `_AXES` order), multiplied, summed over the axes the result lacks.
-
-  Why (pair_products="broadcast"): the per-pair tensors u, dz, du (B, bq, bk, V) meet
-  contractions batched over queries (the read-out, da through z) and over keys (u itself,
-  da through v, dv). As matmuls they need the tensor query-major for the first and
-  key-major for the second, and XLA:GPU transposes an 8 MiB tile between them (the H100
-  trace of 2026-11-26: transpose kernels 29% of HYLA's C4 step). As reductions each reads
-  the tensor in the layout it was written; the (B, H, bq, bk, V) product exists only inside
-  the reduction's fusion (XLA fuses element-wise producers into a reduce). The cost: these
-  products run on the vector units (2 H V FLOPs per pair each) instead of tensor cores,
-  whose contraction over H = 8 was memory-bound anyway."""
-  inputs, out = spec.split("->")
-  specs = inputs.split(",")
-  if any(s != "".join(a for a in _AXES if a in s) for s in (*specs, out)):
-    raise ValueError(f"no broadcast form for {spec!r}: axes must follow {_AXES!r}")
-  full = [jnp.expand_dims(t.astype(dtype), [i for i, a in enumerate(_AXES) if a not in s])
-          for s, t in zip(specs, (x, y))]
-  summed = tuple(i for i, a in enumerate(_AXES) if a not in out)
-  return jnp.sum(full[0] * full[1], axis=summed)
 
 
 def tile_scores(q_BHqD, k_BHkD, bias_tile, cfg):
@@ -413,23 +382,13 @@ def attention(
     block_k: int = DEFAULT_BLOCK_K,
     dropout_rate: float = 0.0,
     dropout_seed: Optional[jax.Array] = None,
-    pair_products: str = "dot",
 ) -> jax.Array:
-  """Same contract as `reference.attention` (plus `is_causal`, tile sizes and how the
-  per-pair tensors are formed, `tiling.TileConfig.pair_products`); no deep_mlp.
-
-  `dispatch` runs "broadcast" only by name (`implementation="blockwise_broadcast"`, so the
-  attention benchmark's column `hyla_blockwise_broadcast` and the GPU window time it) until
-  a GPU window measures it faster than "dot": on the H100 window of 2026-11-26 the C4 50M
-  HYLA step spent 35% of its GPU time in XLA's GEMM fusions (these contractions over H = 8
-  among them) and 29% in transposes. Compiled for an H100 without one
-  (`experiments/gpu_program.py`), "broadcast" has no transpose of a per-pair tensor left,
-  "dot" two per tile in the backward and one in the forward."""
+  """Same contract as `reference.attention` (plus `is_causal` and tile sizes); no deep_mlp."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
-      dtype=query_BQHD.dtype, dropout_rate=dropout_rate, pair_products=pair_products)
+      dtype=query_BQHD.dtype, dropout_rate=dropout_rate)
   if mask is not None and mask.dtype != jnp.bool_:
     mask = mask.astype(bool)
   seed = None

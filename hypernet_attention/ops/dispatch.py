@@ -9,9 +9,6 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
   mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only:
              correct on an H200 but slower than blockwise (`EXPLICIT_PATHS`).
-  blockwise_broadcast  blockwise with its per-pair products as one multiply-reduce over
-             heads instead of a matmul (`tiling.TileConfig.pair_products`), by name only
-             until a GPU window measures it against blockwise.
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -26,7 +23,6 @@ empty sequence), whichever path runs them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Optional
 
@@ -52,16 +48,7 @@ FAST_PATHS: dict[str, reference.Computes] = {
 # fwd+bwd 66.6 ms at T=4096 against blockwise's 27.5 (2026-11-27), so `auto` does not take
 # it; it refuses other devices and float32 in one line. `auto` should take it on Hopper once
 # the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
-# And blockwise with its per-pair products formed as one multiply-reduce over heads
-# (`tiling.TileConfig.pair_products`), which the H100 window of 2026-11-26's profile argues
-# for on GPUs (transposes and GEMMs with a contraction of H = 8 took 64% of the C4 step) and
-# which is 1.4x slower than blockwise on this CPU: `auto` takes it where a window measures
-# it faster.
-EXPLICIT_PATHS: dict[str, reference.Computes] = {
-    "mosaic": mosaic_kernel.COMPUTES,
-    # Blockwise's record under its own name, which its refusals name.
-    "blockwise_broadcast": dataclasses.replace(blockwise.COMPUTES,
-                                               implementation="blockwise_broadcast")}
+EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
@@ -225,11 +212,9 @@ def attention(
     return reference.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
                                value_weight_HVV=value_weight_HVV,
                                dropout_seed=dropout_seed, **kwargs)
-  if implementation in ("blockwise", "blockwise_broadcast"):
+  if implementation == "blockwise":
     block_q, block_k = tile_sizes(q_len, k_len)
-    kernel = functools.partial(
-        blockwise.attention, block_q=block_q, block_k=block_k,
-        pair_products="broadcast" if implementation == "blockwise_broadcast" else "dot")
+    kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
   elif implementation == "mosaic":
     mosaic_kernel.check_device(query_BQHD.dtype)  # One line off Hopper, not a compile error.
     kernel = mosaic_kernel.attention

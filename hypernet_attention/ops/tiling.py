@@ -21,8 +21,6 @@ import numpy as np
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
-PAIR_PRODUCTS = ("dot", "broadcast")
-
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
@@ -45,13 +43,6 @@ class TileConfig:
   pair_dtype_name: str = "float32"
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
-  # How blockwise forms the contractions that make or read a per-pair tensor (B, bq, bk, V)
-  # (u = sum_h a_h v_h, its cotangent's twin, the read-out, da, dv): "dot", einsums (batched
-  # matmuls, some batched over queries and some over keys, between which XLA transposes the
-  # tensor), or "broadcast", each one multiply-reduce fused into one kernel that reads the
-  # tensor in the layout it was written (`blockwise._broadcast_einsum`). `blockwise.attention`
-  # says which runs where.
-  pair_products: str = "dot"
 
   @property
   def compute_dtype(self):
@@ -93,13 +84,10 @@ def balanced_block(length: int, block: int) -> int:
 def make_config(
     q_len, k_len, depth, *, computes: reference.Computes, normalization, value_network,
     activation, eps, is_causal, block_q, block_k, dtype=jnp.float32, dropout_rate=0.0,
-    pair_products="dot",
 ) -> TileConfig:
   """Validates the choices against what the kernel `computes`; tiles balanced
   (`balanced_block`)."""
   computes.check(normalization, value_network)
-  if pair_products not in PAIR_PRODUCTS:
-    raise ValueError(f"pair_products={pair_products!r}; allowed: {', '.join(PAIR_PRODUCTS)}")
   reference.get_activation(activation)
   dropout.check_rate(dropout_rate)
   compute_dtype = jnp.dtype(jnp.promote_types(dtype, jnp.float32))
@@ -111,7 +99,7 @@ def make_config(
       block_q=balanced_block(q_len, block_q), block_k=balanced_block(k_len, block_k),
       compute_dtype_name=compute_dtype.name,
       pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
-      dropout_rate=float(dropout_rate), pair_products=pair_products,
+      dropout_rate=float(dropout_rate),
   )
 
 

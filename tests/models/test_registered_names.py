@@ -198,13 +198,6 @@ def test_unknown_names_are_refused_in_one_line():
                                                     rngs=nnx.Rngs(0)), "alibi")
 
 
-def test_blockwise_broadcast_names_itself_when_it_refuses():
-  query, key, value = _operands()
-  _refused(lambda: dispatch.attention(query, key, value, value_network="deep_mlp",
-                                      implementation="blockwise_broadcast"),
-           "blockwise_broadcast", "deep_mlp")
-
-
 def test_declared_model_names_are_the_modules_own():
   """`presets.py` declares the names the launching machine checks without JAX."""
   assert presets.IMPLEMENTATIONS == dispatch.IMPLEMENTATIONS

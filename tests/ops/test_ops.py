@@ -84,22 +84,17 @@ def test_blockwise_matches_reference(normalization, value_network, activation, c
   assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs)
 
 
-@pytest.mark.parametrize("normalization,value_network,activation,pair_products",
-                         [(*v, "dot") for v in TILED]
-                         + [(*v, "broadcast") for v in TILED if v[1] == "mlp"])
+@pytest.mark.parametrize("normalization,value_network,activation", TILED)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_blockwise_float64_matches_reference(normalization, value_network, activation,
-                                             pair_products, case):
+def test_blockwise_float64_matches_reference(normalization, value_network, activation, case):
   """The tiling logic in float64, where rounding cannot hide a small bug: the float64 bound is
-  the float32 rule's worst case with u64 (kappa estimated from the float32 reference's error).
-  Both forms of the per-pair products (`pair_products`; only the MLP value network has them)."""
+  the float32 rule's worst case with u64 (kappa estimated from the float32 reference's error)."""
   q_len, k_len, causal, bias_shape, mask_shape = CASES[case]
   inputs = make_inputs(10, q_len=q_len, k_len=k_len, bias_shape=bias_shape,
                        mask_shape=mask_shape)
   kw = dict(normalization=normalization, value_network=value_network, activation=activation)
   fn = lambda q, k, v, b: blockwise.attention(
-      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=8, block_k=5,
-      pair_products=pair_products, **kw)
+      q, k, v, bias=b, mask=inputs[4], is_causal=causal, block_q=8, block_k=5, **kw)
   ref_fn = reference_fn(inputs[4], causal, **kw)
   q, k, v, bias, _, cot = inputs
   got = float64_value_and_grads(fn, q, k, v, bias, cot)
@@ -155,26 +150,18 @@ def test_blockwise_bias_shapes_and_activations(case, activation):
   assert_close(fn, reference_fn(inputs[4], causal, **kw), inputs)
 
 
-@pytest.mark.parametrize("implementation,normalization", [
-    ("blockwise", "rms_head"), ("blockwise", "softmax"), ("blockwise_broadcast", "rms_head")])
-def test_bfloat16(implementation, normalization):
+@pytest.mark.parametrize("normalization", ["rms_head", "softmax"])
+def test_bfloat16(normalization):
   """bf16 inputs, float32 accumulation: close to the reference on the same inputs. Blockwise
-  keeps its per-pair tensors in bf16 (`assert_close_narrow`), in either form."""
+  keeps its per-pair tensors in bf16 (`assert_close_narrow`)."""
   inputs = make_inputs(2, q_len=33, k_len=33, heads=2, bias_shape=(1, 2, 33, 33),
                        dtype=jnp.bfloat16)
   kw = dict(normalization=normalization, value_network="mlp", activation="relu")
-  form = {"pair_products": "broadcast"} if implementation == "blockwise_broadcast" else {}
   fn = lambda q, k, v, b: blockwise.attention(
-      q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw, **form)
+      q, k, v, bias=b, is_causal=True, block_q=16, block_k=16, **kw)
   out = jax.jit(fn)(*inputs[:4])
   assert out.dtype == jnp.bfloat16
   assert_close_narrow(fn, reference_fn(None, True, **kw), inputs)
-
-
-def test_blockwise_refuses_what_it_cannot_form_in_one_line():
-  q = jnp.zeros((1, 8, 2, 4))
-  with pytest.raises(ValueError, match=r"pair_products='matmul'; allowed: dot, broadcast"):
-    blockwise.attention(q, q, q, pair_products="matmul")
 
 
 def test_fully_masked_rows_are_zero():

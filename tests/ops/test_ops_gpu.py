@@ -1,11 +1,11 @@
-"""Attention on a GPU against the float64 reference: blockwise's bf16 forms and `auto`.
+"""Attention on a GPU against the float64 reference: blockwise in bf16 and `auto`.
 
-XLA:CPU cannot run blockwise's broadcast form in bf16, and only a GPU compiles it with its own
-fusions and summation order. Every test here is marked `gpu` and skips cleanly where JAX
-sees no GPU. The float32 reference runs at full float32 matmul precision (XLA would use TF32
-on the GPU by default, which would make `err32`, and with it the bound, ~1000x looser); the
-tolerance rule is tests/numerics.py's. The Mosaic kernel is checked in interpret mode by
-tests/ops/test_mosaic_kernel.py and on hardware by the GPU window (launch/gpu_window.py).
+Only a GPU compiles blockwise with its own fusions and summation order. Every test here is
+marked `gpu` and skips cleanly where JAX sees no GPU. The float32 reference runs at full
+float32 matmul precision (XLA would use TF32 on the GPU by default, which would make `err32`,
+and with it the bound, ~1000x looser); the tolerance rule is tests/numerics.py's. The Mosaic
+kernel is checked in interpret mode by tests/ops/test_mosaic_kernel.py and on hardware by
+the GPU window (launch/gpu_window.py).
 """
 
 import jax
@@ -33,16 +33,14 @@ def _float32_matmuls():
     yield
 
 
-@pytest.mark.parametrize("pair_products", ["dot", "broadcast"])
-def test_blockwise_bfloat16_both_pair_forms(pair_products):
-  """Blockwise in bf16 on the GPU, with each form of its per-pair products (XLA:CPU cannot
-  run the broadcast form in bf16); per-pair tensors in bf16, hence the narrow rule."""
+def test_blockwise_bfloat16():
+  """Blockwise in bf16 on the GPU; per-pair tensors in bf16, hence the narrow rule."""
   inputs = make_inputs(22, batch=2, q_len=157, k_len=157, heads=4, depth=32, v_dim=16,
                        bias_shape=(1, 4, 157, 157), dtype=jnp.bfloat16)
   inputs = inputs[:3] + (inputs[3].astype(jnp.bfloat16),) + inputs[4:]
   kw = dict(normalization="rms_head", value_network="mlp", activation="relu")
   fn = lambda q, k, v, b: blockwise.attention(q, k, v, bias=b, is_causal=True, block_q=64,
-                                              block_k=64, pair_products=pair_products, **kw)
+                                              block_k=64, **kw)
   assert jax.jit(fn)(*inputs[:4]).dtype == jnp.bfloat16
   assert_close_narrow(fn, reference_fn(None, True, **kw), inputs)
 

@@ -184,7 +184,11 @@ CLI_CASES = {
     "retired_implementation": (  # The Triton kernel, retired in issue 54.
         SRAVEN + ["--config.model.implementation=pallas"],
         "Unknown implementation 'pallas'; allowed: auto, reference, factored, blockwise, "
-        "mosaic, blockwise_broadcast.", 2),
+        "mosaic.", 2),
+    "retired_blockwise_broadcast": (  # Blockwise's multiply-reduce form, retired in issue 54.
+        SRAVEN + ["--config.model.implementation=blockwise_broadcast"],
+        "Unknown implementation 'blockwise_broadcast'; allowed: auto, reference, factored, "
+        "blockwise, mosaic.", 2),
     "workdir_is_a_file": (SRAVEN + ["--workdir=README.md"],
                           "--workdir='README.md' is a file, not a directory", 2),
     "benchmark_unknown_experiment": (
