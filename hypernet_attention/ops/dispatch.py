@@ -35,7 +35,6 @@ from hypernet_attention.ops import factored
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
-from hypernet_attention.ops import target
 from hypernet_attention.ops import tiling
 
 # What each fast implementation computes; the reference computes every registered name.
@@ -90,7 +89,7 @@ BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
 def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
   """Blockwise (block_q, block_k) for this backend and these lengths (`BLOCKS`, balanced as
   `blockwise.attention` will); an unlisted backend takes the GPU's."""
-  block_q, block_k = BLOCKS.get(backend or target.backend(), BLOCKS["gpu"])
+  block_q, block_k = BLOCKS.get(backend or jax.default_backend(), BLOCKS["gpu"])
   return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
@@ -116,7 +115,7 @@ def choose_implementation(
   `head_dim`, `factorable` (mask and bias as `factored.supports` needs them): whether the
   short-sequence choice may be `factored` instead of the reference.
   """
-  backend = backend or target.backend()
+  backend = backend or jax.default_backend()
   if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
     if (backend == "cpu" and factorable and head_dim is not None
         and head_dim <= FACTORED_MAX_HEAD_DIM
@@ -142,7 +141,7 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
   if mask4 is not None:
     mask4 = mask4.astype(bool)
   use_cudnn = (
-      target.backend() == "gpu"
+      jax.default_backend() == "gpu"
       and query.dtype in (jnp.bfloat16, jnp.float16)
       and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128
       and mask4 is None

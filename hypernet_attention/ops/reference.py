@@ -30,7 +30,6 @@ import jax.numpy as jnp
 
 from hypernet_attention import errors
 from hypernet_attention.ops import dropout
-from hypernet_attention.ops import target
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
@@ -77,7 +76,7 @@ def add_bias(scores_BHQK: jax.Array, bias: jax.Array) -> jax.Array:
   plain sum: on TPU a float32 matmul may run in bfloat16 passes.
   """
   bias = bias.astype(scores_BHQK.dtype)
-  if (target.backend() != "cpu" or bias.ndim != scores_BHQK.ndim
+  if (jax.default_backend() != "cpu" or bias.ndim != scores_BHQK.ndim
       or bias.shape[0] != 1 or scores_BHQK.shape[0] == 1):
     return scores_BHQK + bias
   return _add_batch_shared_bias(scores_BHQK, bias)

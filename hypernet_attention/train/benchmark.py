@@ -142,8 +142,7 @@ def population_config(config: ml_collections.ConfigDict,
 def trainer_for(config: ml_collections.ConfigDict, devices=None):
   """(trainer, its abstract state, the single run's setup, members, a function building the
   real state) of a run or a population config, on `devices` (default: jax's). Nothing is
-  allocated: `plan` checks memory first, `measure/gpu_program.py` compiles for a device this
-  process does not have."""
+  allocated: `plan` checks memory first."""
   if run_files.is_population(config):
     p = population.setup(config, devices)
     trainer = population.PopulationTrainer(p)

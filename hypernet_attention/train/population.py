@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -206,13 +206,12 @@ class PopulationTrainer:
     their shapes (`compile_chunk`), so a compile-only device never receives them."""
     return jax.device_put(self._member_arrays, self._member_sharding)
 
-  def compile_chunk(self, state, length: int,
-                    compiler_options: Optional[dict] = None) -> jax.stages.Compiled:
+  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
     """`Trainer.compile_chunk` for every member at once."""
     with jax.set_mesh(self.mesh):
       members = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
           x.shape, x.dtype, sharding=self._member_sharding), self._member_arrays)
-      return self._chunk_jit.lower(state, members, length).compile(compiler_options)
+      return self._chunk_jit.lower(state, members, length).compile()
 
   def init_state(self):
     """Every member's fresh state, as `build.init_state` makes the single run's."""

@@ -127,26 +127,17 @@ class Trainer:
     return state, metrics_lib.ChunkMetrics(jax.tree.map(lambda *xs: jnp.stack(xs), *per_step),
                                            metrics_lib.merge_all(collections))
 
-  def compile_chunk(self, state, length: int,
-                    compiler_options: Optional[dict] = None) -> jax.stages.Compiled:
+  def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
     """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
     ahead of time; the jitted call with those shapes then reuses it (`memory.py`). A host
-    source compiles its one-step function for a batch of `example`'s shapes.
-    `compiler_options`: XLA's, e.g. for a compile-only GPU (`measure/gpu_program.py`)."""
+    source compiles its one-step function for a batch of `example`'s shapes."""
     with jax.set_mesh(self.mesh):
       if self.source.on_device:
-        return self._train_chunk_jit.lower(state, length).compile(compiler_options)
+        return self._train_chunk_jit.lower(state, length).compile()
       example = self.source.example(self.config.batch_size)
       batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                            example, data.global_shardings(example, self.mesh))
-      return self._host_step_jit.lower(state, batch).compile(compiler_options)
-
-  def compiled_chunk_text(self, state, length: int) -> str:
-    """Optimized HLO text of the scanned `length`-step chunk (on-device data sources)."""
-    if not self.source.on_device:
-      raise ValueError(f"experiment {self.config.experiment!r} reads host-side data, so it "
-                       "has no scanned chunk; allowed: on-device (synthetic) experiments.")
-    return self._train_chunk_jit.lower(state, length).compile().as_text()
+      return self._host_step_jit.lower(state, batch).compile()
 
   def _batch_metrics(self, params, batch):
     inputs, _ = self.objective.encode(batch)

@@ -271,9 +271,6 @@ CLI_CASES = {
     "tune_kernels_off_a_gpu": (
         [os.path.join("experiments", "tune_kernels.py")],
         "the kernels need a GPU; allowed off a GPU: --interpret", 2),
-    "gpu_program_unknown_implementation": (
-        [os.path.join("experiments", "gpu_program.py"), "--implementations=blockwise,fast"],
-        "--implementations: ['fast']; allowed: auto, reference", 2),
     "task_stats_zero_problems": ([os.path.join("experiments", "task_stats.py"),
                                   "--num_problems=0"], "--num_problems=0; allowed", 2),
     # Populations, grouping, collect and gs:// (issue 25).
