@@ -7,7 +7,7 @@ an error at lowering time, nor in interpret mode; on the GPU it is
 off the 128 that `cp.async.bulk.tensor` needs). Everything the rules need is known when the
 kernel lowers, so they are checked here, on a CPU, in CI.
 
-How: while a function lowers (`check(fn, *shapes)`), Mosaic's own `LaunchContext.async_copy`,
+How: while a function lowers (`uses(fn, *shapes)`), Mosaic's own `LaunchContext.async_copy`,
 `LaunchContext._get_tma_desc` and `wgmma` are wrapped to record each TMA copy, each TMA
 descriptor and each wgmma operand. A shared-memory address is the dynamic shared memory's base
 (Mosaic aligns it to 1024 bytes) plus the static and dynamic offsets of the `memref.view` and
@@ -31,10 +31,19 @@ import contextlib
 import dataclasses
 import math
 import sys
-from typing import Callable, Optional
+from typing import Callable
+
+import jax
+from jax._src.lib.mlir import ir
+from jax.experimental.mosaic import gpu as mgpu
+from jax.experimental.mosaic.gpu import launch_context
+from jax.experimental.mosaic.gpu import utils
+import jax.numpy as jnp
+
+from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.ops import mosaic_smem
 
 SMEM_BASE_ALIGNMENT = 1024  # Mosaic GPU's dynamic shared memory base (SMEM_ALIGNMENT)
-TMA_SMEM_ALIGNMENT = 128
 TMA_MAX_RANK = 5
 TMA_MAX_BOX = 256
 TMA_ROW_BYTES = 16
@@ -55,13 +64,11 @@ def _owner(value):
 
 
 def _element_bytes(memref_type) -> int:
-  from jax.experimental.mosaic.gpu import utils  # pylint: disable=g-import-not-at-top
   return utils.bitwidth(memref_type.element_type) // 8
 
 
 def smem_alignment(value) -> int:
   """Guaranteed byte alignment of a shared-memory memref's address (0 = unknown: refused)."""
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
   op = _owner(value)
   if not isinstance(op, ir.Operation):
     return 0
@@ -117,10 +124,9 @@ class _Recorder:
     smem_ref, what = ((dst_ref, "TMA load") if "workgroup" in str(dst_ref.type)
                       else (src_ref, "TMA store"))
     repeat = 8 * _swizzle_bytes(swizzle)
-    self.smem(what, smem_ref, max(TMA_SMEM_ALIGNMENT, repeat))
+    self.smem(what, smem_ref, max(mosaic_smem.TMA_SMEM_ALIGNMENT, repeat))
 
   def descriptor(self, gmem_ref, gmem_transform, box, swizzle):
-    from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
     gmem_type = ir.MemRefType(gmem_ref.type)
     strides, _ = gmem_type.get_strides_and_offset()
     for t in gmem_transform:  # tiling, transposes; a transform that cannot say (dropping or
@@ -148,7 +154,6 @@ class _Recorder:
                          + (": " + "; ".join(problems) if problems else ""), not problems))
 
   def wgmma(self, a, b, swizzle):
-    from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
     needed = 8 * _swizzle_bytes(swizzle)
     for what, ref in (("wgmma A", a), ("wgmma B", b)):
       if isinstance(ref, ir.Value) and "workgroup" in str(ref.type):
@@ -157,8 +162,6 @@ class _Recorder:
 
 @contextlib.contextmanager
 def _recording():
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import launch_context  # pylint: disable=g-import-not-at-top
   # The package's `wgmma` attribute is the function; the module of that name is sys.modules'.
   wgmma_module = sys.modules["jax.experimental.mosaic.gpu.wgmma"]
   recorder = _Recorder()
@@ -192,7 +195,6 @@ def _recording():
 def abstract_h100_mesh():
   """A one-device mesh of an abstract H100 (compute capability 9.0): lowering for it needs
   no GPU."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
       device_kind="NVIDIA H100", num_cores=132, platform="gpu"))
 
@@ -201,7 +203,6 @@ def uses(fn: Callable, *shapes) -> list[Use]:
   """Every TMA copy, TMA descriptor and wgmma SMEM operand of the Mosaic kernels that `fn`
   lowers to for an abstract H100, each judged against Hopper's rules. Lowering is fresh
   (jax's lowering cache would skip the recording), so this takes as long as lowering."""
-  import jax  # pylint: disable=g-import-not-at-top
   with _recording() as recorder, jax.sharding.use_abstract_mesh(abstract_h100_mesh()):
     jax.jit(lambda *args: fn(*args)).trace(*shapes).lower(lowering_platforms=("cuda",))
   if not recorder.uses:
@@ -218,34 +219,19 @@ def describe(use: Use) -> str:
   return f"{use.what} of {use.smem_type}: {use.detail}"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-  """Checks HYLA's Mosaic kernels (forward, backward, dQ) at one shape; prints one line per
-  broken rule and a summary line. Exit 1 on any violation."""
-  import argparse  # pylint: disable=g-import-not-at-top
+def main() -> int:
+  """`python -m hypernet_attention.measure.hopper_rules`: HYLA's Mosaic kernels (forward,
+  backward, dQ; B=2, T=128, H=8, D=V=64, bf16, causal), one line per broken rule and a
+  summary line; exit 1 on any."""
 
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument("--shape", default="2,128,8,64", help="B,T,H,D (D = V)")
-  parser.add_argument("--forward_only", action="store_true")
-  args = parser.parse_args(argv)
-  shape = jax.ShapeDtypeStruct(tuple(int(s) for s in args.shape.split(",")), jnp.bfloat16)
-  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)
-  if not args.forward_only:
-    fn = jax.grad(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True).astype(
-        jnp.float32).sum(), argnums=(0, 1, 2))
-  found = uses(fn, shape, shape, shape)
-  for use in found:
-    if not use.ok:
-      print(describe(use))
-  bad = sum(not u.ok for u in found)
-  kinds = sorted({u.what for u in found})
-  counts = ", ".join(f"{sum(u.what == k for u in found)} {k}" for k in kinds)
-  print(f"hopper_rules: {len(found)} uses checked ({counts}; {args.shape}, bf16, causal"
-        f"{', forward only' if args.forward_only else ', forward and backward'}): "
-        f"{bad} break a rule")
+  shape = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
+  found = uses(jax.grad(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True).astype(
+      jnp.float32).sum(), argnums=(0, 1, 2)), shape, shape, shape)
+  bad = [describe(u) for u in found if not u.ok]
+  counts = ", ".join(f"{sum(u.what == k for u in found)} {k}" for k in sorted({u.what for u
+                                                                             in found}))
+  print("\n".join([*bad, f"hopper_rules: {len(found)} uses checked ({counts}): {len(bad)} "
+                   "break a rule"]))
   return 1 if bad else 0
 
 
