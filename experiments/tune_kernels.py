@@ -48,16 +48,16 @@ def parse_config(entry: str) -> dict:
   """One --configs entry as a row's identity; ValueError in one line if malformed."""
   parts = entry.split(":")
   try:
-    if parts[0] == "mosaic" and len(parts) == 3:
-      bq, bk, bv = (int(x) for x in parts[1].split("x"))
-      return dict(name="mosaic", block_q=bq, block_k=bk, block_v=bv, dq=parts[2])
-    if parts[0] == "blockwise" and len(parts) == 2:
-      bq, bk = (int(x) for x in parts[1].split("x"))
-      return dict(name="blockwise", block_q=bq, block_k=bk)
-  except ValueError:
+    tiles = [int(x) for x in parts[1].split("x")]
+    if min(tiles) > 0 and parts[0] == "mosaic" and len(parts) == 3 and len(tiles) == 3:
+      return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
+                  dq=parts[2])
+    if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
+      return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
+  except (ValueError, IndexError):
     pass
   raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
-                   "mosaic:64x16x16:kernel) or blockwise:BQxBK")
+                   "mosaic:64x16x16:kernel) or blockwise:BQxBK, tiles positive integers")
 
 
 def kernel_fn(config: dict, interpret: bool):

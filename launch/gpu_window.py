@@ -531,6 +531,13 @@ def main(argv: Optional[list[str]] = None) -> int:
       w.record("window_end", seconds=time.monotonic() - start, statuses=statuses,
                message=f"{stage.name} {statuses[stage.name]}: nothing timed")
       return 1
+  if statuses and all(s == "skipped" for s in statuses.values()):  # e.g. --deadline_s=0.5
+    message = (f"no stage ran: each needs more than --deadline_s={deadline_s:g} s; allowed: "
+               f"a deadline that fits the first stage's minimum")
+    w.record("window_end", seconds=time.monotonic() - start, statuses=statuses,
+             message=message)
+    print(f"gpu_window: {message}", file=sys.stderr)
+    return 1
   w.record("window_end", seconds=time.monotonic() - start, statuses=statuses)
   return int(any(s in ("failed", "timed_out") for s in statuses.values()))
 

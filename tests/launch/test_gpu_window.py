@@ -138,3 +138,13 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   assert last == {"kind": "tune", "name": "mosaic", "status": "skipped",
                   "seq_len": 4096,
                   "message": "mosaic's parity in this window: error at T=1000 bfloat16"}
+
+
+def test_a_window_in_which_no_stage_can_run_says_so_and_fails(tmp_path):
+  """--deadline_s below every stage's minimum: each stage is skipped, never started, and the
+  window ends with one line and exit 1 (it exited 0 having measured nothing)."""
+  from launch import gpu_window  # pylint: disable=g-import-not-at-top
+  assert gpu_window.main([f"--out={tmp_path}", "--dry_run", "--deadline_s=0.5"]) == 1
+  rows = [json.loads(line) for line in (tmp_path / "gpu_window.jsonl").read_text().splitlines()]
+  assert {r["status"] for r in rows if r["kind"] == "stage"} == {"skipped"}
+  assert "no stage ran" in rows[-1]["message"]

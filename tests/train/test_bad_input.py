@@ -268,6 +268,9 @@ CLI_CASES = {
     "tune_kernels_malformed_config": (
         [os.path.join("experiments", "tune_kernels.py"), "--configs=mosaic:64x16"],
         "--configs entry 'mosaic:64x16'; allowed: mosaic:BQxBKxBV:DQ", 2),
+    "tune_kernels_zero_tile": (  # refused before softmax is timed
+        [os.path.join("experiments", "tune_kernels.py"), "--configs=mosaic:0x16x16:kernel"],
+        "--configs entry 'mosaic:0x16x16:kernel'; allowed:", 2),
     "tune_kernels_off_a_gpu": (
         [os.path.join("experiments", "tune_kernels.py")],
         "the kernels need a GPU; allowed off a GPU: --interpret", 2),
