@@ -26,9 +26,7 @@ Implementations (`implementations()`): softmax_cudnn (`jax.nn.dot_product_attent
 implementation='cudnn'; GPU, bf16/fp16), softmax_xla (the same with implementation='xla'),
 linear (linear attention, reference einsums), hyla_<name> for every implementation in
 `dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
-here without an edit), hyla_mosaic_xla_dq (the Mosaic kernel with dQ = dS K as one XLA matmul
-instead of its query-stationary dQ kernel: which is faster is to be measured, not assumed),
-and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
+here without an edit), and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
 normalization with a linear value network, in blockwise's tiles). `softmax` is also
 accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
 """
@@ -49,7 +47,6 @@ import jax.numpy as jnp
 
 from hypernet_attention import errors
 from hypernet_attention.ops import dispatch
-from hypernet_attention.ops import mosaic_kernel
 
 BASELINES = ("softmax_cudnn", "softmax_xla")  # The ratio's denominator: the first that ran.
 DEFAULT_CALLS = 20  # Calls per measurement, inside one jitted loop.
@@ -64,7 +61,7 @@ _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
 def implementations() -> tuple[str, ...]:
   """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
   hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
-  return (*BASELINES, "linear", *hyla, "hyla_mosaic_xla_dq", "rmshead_linear_blockwise")
+  return (*BASELINES, "linear", *hyla, "rmshead_linear_blockwise")
 
 
 def allowed_names() -> tuple[str, ...]:
@@ -143,11 +140,6 @@ def attention_fn(name: str, causal: bool) -> Callable:
     return lambda q, k, v: dispatch.attention(
         q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
         implementation="blockwise")
-  if name == "hyla_mosaic_xla_dq":
-    def mosaic_xla_dq(q, k, v):
-      mosaic_kernel.check_device(q.dtype)  # One line off Hopper, as dispatch does.
-      return mosaic_kernel.attention(q, k, v, is_causal=causal, dq="xla", **_HYLA)
-    return mosaic_xla_dq
   implementation = name.removeprefix("hyla_")
   if not name.startswith("hyla_") or implementation not in dispatch.IMPLEMENTATIONS:
     raise ValueError(f"implementation {name!r}; allowed: {', '.join(allowed_names())}")

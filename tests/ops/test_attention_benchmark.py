@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hypernet_attention import errors
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import parity
 from hypernet_attention.ops import dispatch
@@ -165,13 +164,3 @@ def test_parity_passes_blockwise_and_catches_a_planted_bug(monkeypatch):
   assert [(r["seq_len"], r["dtype"]) for r in rows] == [
       (16, "float32"), (24, "bfloat16"), (16, "bfloat16")]
   assert all(np.isfinite(r["dq_err"]) for r in rows)
-
-
-def test_mosaic_with_xla_dq_is_a_column_that_refuses_off_hopper():
-  """Both dQ paths of the Mosaic kernel are timed in a GPU window; off Hopper the second one
-  refuses in one line (recorded as unsupported), as dispatch's `mosaic` does."""
-  assert {"hyla_mosaic", "hyla_mosaic_xla_dq"} <= set(benchmark.implementations())
-  q = jnp.ones((1, 8, 8, 16), jnp.bfloat16)
-  fn = benchmark.attention_fn("hyla_mosaic_xla_dq", causal=True)
-  with pytest.raises(errors.BadInput, match="Hopper"):
-    fn(q, q, q)
