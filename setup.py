@@ -84,8 +84,11 @@ EXTRAS = {
     # installed too (CI runs them with every extra: .ci/run). tests/e2e/test_gcs.py runs gs://
     # workdirs against a local GCS emulator. ruff: the linter CI runs first (`ruff check
     # --config .ci/ruff.toml .`).
+    # wheel: tests/repo/test_install.py builds one without build isolation (setuptools < 70
+    # needs the package for bdist_wheel; TensorFlow's dependencies brought it before [dev]
+    # went TensorFlow-free).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
-            "ruff>=0.17.6,<0.18"]
+            "ruff>=0.17.6,<0.18", "wheel>=0.43"]
            + GRAIN + GCS,
 }
 
