@@ -33,7 +33,8 @@ case $seconds in ''|*[!0-9]*) echo "SECONDS=$seconds; allowed: a whole number of
 # packing (tests/launch/test_campaign_stops.py reads both). Fewer than 120 s cannot start a
 # cell and stop it cleanly; 0 would mean "no limit" to timeout(1): no SIGTERM, no saved state.
 kill_grace=150
-if (( 10#$seconds < 120 || 10#$seconds > 36000 )); then
+# More than 5 digits is over 36000; checked as text, since bash arithmetic wraps at 2^63.
+if (( ${#seconds} > 5 )) || (( 10#$seconds < 120 || 10#$seconds > 36000 )); then
   echo "SECONDS=$seconds; allowed: 120 to 36000 (the window ends within SECONDS + 170 s)"; exit 2
 fi
 case $concurrent in ''|*[!0-9]*|0) echo "MAX_CONCURRENT=$concurrent; allowed: an integer >= 1"; exit 2;; esac

@@ -171,7 +171,8 @@ def test_flags_that_would_record_what_did_not_run_are_refused(tmp_path, flags, s
   assert not os.path.exists(tmp_path / "results" / "smoke_fuzzy_hyla.json")
 
 
-@pytest.mark.parametrize("seconds", ["0", "119", "36001", "ten"])
+# 18446744073709552000 wraps to 384 in bash arithmetic (2^64 + 384): refused as text first.
+@pytest.mark.parametrize("seconds", ["0", "119", "36001", "ten", "18446744073709552000"])
 def test_device_window_refuses_a_budget_it_cannot_honour(seconds):
   out = subprocess.run(["bash", "launch/device_window.sh", seconds, "b_sraven_hyla"],
                        cwd=REPO, capture_output=True, text=True, timeout=30)
