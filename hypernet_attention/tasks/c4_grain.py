@@ -165,6 +165,11 @@ def c4_documents(data_dir: str, split: str) -> grain.MapDataset:
         f"TFDS c4/en in {os.path.dirname(info)!r} is {file_format}; allowed with "
         f"task.pipeline='grain': array_record (`tfds build c4/en --file_format=array_record "
         f"--data_dir={data_dir}`), or task.pipeline='seqio' (needs TensorFlow)"))
+  if not _glob(os.path.join(os.path.dirname(info), f"c4-{split}.array_record*")):
+    raise BadInput(lm_text.one_line(  # (TFDS itself fails with a 76-line AssertionError)
+        f"TFDS c4/en in {os.path.dirname(info)!r} holds no {split} shards "
+        f"(c4-{split}.array_record-*); allowed: a complete build (`tfds build c4/en "
+        f"--file_format=array_record --data_dir={data_dir}`)"))
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  # Only for c4.
   source = tfds.data_source(f"c4/en:{'.'.join(map(str, version(info)))}", split=split,
                             data_dir=data_dir)

@@ -128,6 +128,20 @@ print(json.dumps(dict(
 """
 
 
+def test_a_c4_build_without_shards_is_one_line(tmp_path):
+  """A c4/en folder whose dataset_info.json names array_record but whose shards are gone (a
+  build cut short, a partial copy): one line naming the folder and the split, where
+  `tfds.data_source` fails with a 76-line AssertionError; the other split still reads."""
+  from hypernet_attention.errors import BadInput  # pylint: disable=g-import-not-at-top
+  data_dir = c4_testlib.write_c4_array_record(tmp_path / "tfds", 4)
+  for shard in (tmp_path / "tfds" / "c4" / "en" / "3.1.0").glob("c4-train.array_record-*"):
+    shard.unlink()
+  with pytest.raises(BadInput, match="holds no train shards") as refusal:
+    c4_grain.c4_documents(data_dir, "train")
+  assert "\n" not in str(refusal.value)
+  assert len(c4_grain.c4_documents(data_dir, "validation")) == 4
+
+
 @pytest.mark.slow
 def test_trains_resumes_exactly_and_reads_c4_without_tensorflow(corpus, tmp_path):
   c4_dir = c4_testlib.write_c4_array_record(tmp_path / "tfds", 60)
