@@ -73,14 +73,6 @@ dV on chip and write dS; dQ = dS K is a second, query-stationary kernel (or, `dq
 XLA matmul) (issue 42 step 2; that module's docstring gives what runs where, its FLOPs, its
 HBM traffic and its SMEM).
 
-A Pallas-TPU port would need (not built): TPU has no wgmma descriptors or swizzled SMEM;
-its MXU takes (8k x 128) tiles from VMEM, so the head contraction (K = H = 8) would pad to
-128 lanes (16x waste) unless heads and keys are folded into the lane dimension together;
-the permutation trick carries over as a matmul with a 0/1 matrix, but the read-out would use
-the VPU with lane broadcasts (cheap on TPU, unlike here); pipelining via `pltpu.emit_pipeline`
-/ BlockSpecs instead of TMA barriers; and the grid's "parallel" semantics on the batch and
-query-tile axes for megacore.
-
 Shape letters: B batch, H heads (Hp = 16 padded), Q / K positions (Qp / Kp padded), D
 query/key width (Dp padded), V value width (Vp padded to a multiple of bv).
 """

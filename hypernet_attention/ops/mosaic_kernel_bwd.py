@@ -75,14 +75,9 @@ read by dQ: 32 bytes per pair at H = 8. At B = 4, T = 4096 that is 2.1 GB, ~0.45
 H200's 4.8 TB/s, against ~150 MB for all of a flash softmax backward: dS in HBM, not the
 FLOPs, is what this design pays for its simplicity. Causal, the dQ kernel and the skipped
 tiles halve it (1.1 GB: ~T^2/2 pairs written and read); XLA's dQ path writes the zeros and
-reads the full square (2.1 GB). The first version wrote dS padded to 16 heads
-(32 bytes per pair, heads minor) and read it in XLA twice, for dQ and dK (32 bytes of 32-byte
-sectors each, or a materialized 16-head slice): about 96 bytes per pair, 6.4 GB at those
-sizes. On-chip dK removes one of the two reads, and per-head (bq, bk) tiles, which the dK
-wgmmas need anyway, halve the rest: 96 -> 32 bytes per pair. What it adds: Q loads twice
-per (key tile, query tile), beside dY once: 3 * H * W * 2 / bk = 192 bytes per pair from L2
-into SMEM (128 before); Q and dY (16.8 MB each at those sizes) may not both stay in an
-H100's 50 MB L2.
+reads the full square (2.1 GB). Q loads twice per (key tile, query tile), beside dY once:
+3 * H * W * 2 / bk = 192 bytes per pair from L2 into SMEM; Q and dY (16.8 MB each at those
+sizes) may not both stay in an H100's 50 MB L2.
 
 Shared memory (bf16, H = 8, W = 64, bq = 64, bk = 16; measured by lowering for an abstract
 H100): 230,456 bytes (225 KiB) of Hopper's 232,448 (Q/dY 64 KiB, K 16, V 32, S_cat 16, P 64,
