@@ -144,8 +144,8 @@ def set_aside(directory: str) -> str:
 @contextlib.contextmanager
 def signals_held(on_signal: Callable[[], None] = lambda: None):
   """Runs the block with SIGTERM and SIGINT held: each is noted (and `on_signal` called:
-  it may only send signals, as a handler must not log), then the first is delivered to
-  the handler that was in place, once the block has ended. Main thread only."""
+  it may only send signals, as a handler must not log), then the first that the handler
+  in place does not ignore is delivered to it, once the block has ended. Main thread only."""
   caught = []
 
   def note(signum, frame):
@@ -159,8 +159,11 @@ def signals_held(on_signal: Callable[[], None] = lambda: None):
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-    if caught:
-      signal.raise_signal(caught[0])
+    # The first caught signal that its restored handler does not ignore: a runner started
+    # with SIGINT ignored (as under pytest-xdist's workers) must still stop on the SIGTERM.
+    delivered = [s for s in caught if previous[s] != signal.SIG_IGN]
+    if delivered:
+      signal.raise_signal(delivered[0])
 
 
 def _pause_for_tests() -> None:

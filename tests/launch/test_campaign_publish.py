@@ -180,6 +180,29 @@ def test_the_gpu_windows_out_below_a_file_is_named(tmp_path, capsys):
   assert f"--out='{blocker / 'out'}' cannot be made (Not a directory" in line
 
 
+def test_held_signals_reach_a_handler_when_sigint_is_ignored():
+  """A runner started with SIGINT ignored (a background job of a non-interactive shell,
+  nohup, some test runners' workers) gets SIGTERM and SIGINT while publishing: SIGINT comes
+  first by number, and raising it into the restored SIG_IGN dropped the SIGTERM too (the
+  runner then exited 0 as if never stopped). The first signal not ignored is delivered."""
+  seen = []
+  previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+              signal.SIGTERM: signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))}
+  try:
+    with runner.signals_held():
+      both = {signal.SIGTERM, signal.SIGINT}
+      signal.pthread_sigmask(signal.SIG_BLOCK, both)  # Pending together, as in a real stop:
+      os.kill(os.getpid(), signal.SIGTERM)  # the handlers then run in signal-number order,
+      os.kill(os.getpid(), signal.SIGINT)  # SIGINT (2) before SIGTERM (15).
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+      time.sleep(0.05)
+      assert seen == []
+    assert seen == [signal.SIGTERM]
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+
+
 def _wait_for(path, what: str, limit_s: float = 600.0) -> None:
   deadline = time.time() + limit_s
   while not os.path.exists(path):
