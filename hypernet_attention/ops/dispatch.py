@@ -29,6 +29,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import factored
@@ -183,9 +184,9 @@ def attention(
   drops the same pairs, and the tiled ones recompute the mask per tile.
   """
   reference.check_operands(query_BQHD, key_BKHD, value_BKHV)  # Every path, before any work.
-  reference._check_choice("implementation", implementation, IMPLEMENTATIONS)
-  reference._check_choice("normalization", normalization, reference.NORMALIZATIONS)
-  reference._check_choice("value_network", value_network, reference.VALUE_NETWORKS)
+  errors.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  errors.check_choice("normalization", normalization, reference.NORMALIZATIONS)
+  errors.check_choice("value_network", value_network, reference.VALUE_NETWORKS)
   reference.get_activation(activation)
   dropout.check_rate(dropout_rate)
   if dropout_rate and dropout_seed is None:

@@ -42,11 +42,8 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 RMS_HEAD_EPS = 1e-6
 
 
-_check_choice = errors.check_choice  # Every name below is refused here when unknown.
-
-
 def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
-  _check_choice("activation", name, tuple(ACTIVATIONS))
+  errors.check_choice("activation", name, tuple(ACTIVATIONS))
   return ACTIVATIONS[name]
 
 
@@ -155,7 +152,7 @@ def normalize_scores(
   `mask` is boolean, broadcastable to (B, H, Q, K), True where the query may attend.
   `NORMALIZATIONS[normalization]` says how.
   """
-  _check_choice("normalization", normalization, NORMALIZATIONS)
+  errors.check_choice("normalization", normalization, NORMALIZATIONS)
   if mask is not None:
     mask = jnp.broadcast_to(mask, scores_BHQK.shape)
   return NORMALIZATIONS[normalization](scores_BHQK, mask, eps)
@@ -226,7 +223,7 @@ def apply_value_network(
     value_weight_HVV: Optional[jax.Array] = None,
 ) -> jax.Array:
   """Applies the value network configured by the latent code; returns (B, Q, H, V)."""
-  _check_choice("value_network", value_network, VALUE_NETWORKS)
+  errors.check_choice("value_network", value_network, VALUE_NETWORKS)
   return VALUE_NETWORKS[value_network](code_BHQK, value_BKHV, get_activation(activation),
                                        value_weight_HVV)
 
