@@ -160,7 +160,8 @@ def signals_held(on_signal: Callable[[], None] = lambda: None):
     for sig, handler in previous.items():
       signal.signal(sig, handler)
     # The first caught signal that its restored handler does not ignore: a runner started
-    # with SIGINT ignored (as under pytest-xdist's workers) must still stop on the SIGTERM.
+    # with SIGINT ignored (a background job of a non-interactive shell, nohup) must still
+    # stop on the SIGTERM.
     delivered = [s for s in caught if previous[s] != signal.SIG_IGN]
     if delivered:
       signal.raise_signal(delivered[0])
