@@ -75,6 +75,10 @@ class Paper:
   reference_rates: dict[str, tuple[dict[str, float], str]] = dataclasses.field(
       default_factory=dict)
   decoding_metric: str = "accuracy"  # What the campaign's probes score on held-out tasks.
+  cell_prefix: str = ""  # The experiment in the campaign's cell names: `d_fuzzy_hyla_grid`.
+  # The campaign runs Table A1's ablation rows at the default setting first (stage d), the
+  # rest of their grid after (stage e); False: their whole grid at once (stage e).
+  ablations_default_first: bool = False
 
   @property
   def title(self) -> str:
@@ -179,7 +183,8 @@ register(Experiment(
             ("hyla", True): (66.94, 3.94)},
         reference_rates={
             "cpu": ({"softmax": 6.44, "linear": 6.57, "hyla": 5.10}, _THROUGHPUT),
-            "gpu": (_SRAVEN_H100, "kernels.md: one H100, jax 0.11.2")}),
+            "gpu": (_SRAVEN_H100, "kernels.md: one H100, jax 0.11.2")},
+        cell_prefix="sraven"),
     default_config="model=hyla,size=demo", script="experiments/sraven_scaling.py"))
 register(Experiment(
     "fuzzy_logic", "experiments/configs/fuzzy_logic.py", metric="r2",
@@ -203,7 +208,7 @@ register(Experiment(
         reference_rates={
             "cpu": ({"softmax": 18.4, "linear": 20.1, "hyla": 17.5}, _THROUGHPUT),
             "gpu": (_SRAVEN_H100, "assumed: SRAVEN's H100 rate (kernels.md)")},
-        decoding_metric="macro-F1"),
+        decoding_metric="macro-F1", cell_prefix="fuzzy", ablations_default_first=True),
     default_config="model=hyla,size=local", script="experiments/fuzzy_logic.py"))
 register(Experiment(
     "c4_lm", "experiments/configs/c4_lm.py", metric="loss",

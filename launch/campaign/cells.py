@@ -172,7 +172,7 @@ def _train(name, stage, experiment, model, members, title, config=None, override
               num_steps=num_steps or paper(experiment).num_steps)
 
 
-def _default_members(experiment, seeds=common.SEEDS):
+def _default_members(seeds=common.SEEDS):
   """At the default setting the members differ only in seed (the setting is an override)."""
   return [{"seed": s} for s in seeds]
 
@@ -182,14 +182,14 @@ def _default_overrides(experiment):
 
 
 def _stage_a() -> list[Cell]:
-  return [_train(f"a_fuzzy_{m}_seed{s}", "a", FUZZY, m, _default_members(FUZZY, (s,)),
+  return [_train(f"a_fuzzy_{m}_seed{s}", "a", FUZZY, m, _default_members((s,)),
                  f"fuzzy logic, {m}, default setting, seed {s}",
                  overrides=_default_overrides(FUZZY))
           for s in common.SEEDS for m in ("hyla", "softmax", "linear")]
 
 
 def _stage_b() -> list[Cell]:
-  return [_train(f"b_sraven_{m}", "b", SRAVEN, m, _default_members(SRAVEN),
+  return [_train(f"b_sraven_{m}", "b", SRAVEN, m, _default_members(),
                  f"SRAVEN, {m}, default setting, 3 seeds", overrides=_default_overrides(SRAVEN))
           for m in ("hyla", "softmax", "linear")]
 
@@ -227,23 +227,25 @@ def _moe(moe: bool) -> tuple[tuple[str, Any], ...]:
 
 
 def _stage_d() -> list[Cell]:
-  defaults = [_train(f"d_fuzzy_{p}{'_moe' if moe else ''}_default", "d", FUZZY, p,
-                     _default_members(FUZZY), f"fuzzy logic, {p}{' + MoE' if moe else ''}, "
-                     "default setting, 3 seeds",
-                     overrides=_default_overrides(FUZZY) + _moe(moe))
+  defaults = [_train(f"d_{paper(e).cell_prefix}_{p}{'_moe' if moe else ''}_default", "d", e, p,
+                     _default_members(), f"{paper(e).label.lower()}, {p}"
+                     f"{' + MoE' if moe else ''}, default setting, 3 seeds",
+                     overrides=_default_overrides(e) + _moe(moe))
+              for e in (FUZZY, SRAVEN) if paper(e).ablations_default_first
               for p, moe in _ablation_rows()]
-  return defaults + [_train(f"d_{'fuzzy' if e == FUZZY else 'sraven'}_{m}_grid", "d", e, m,
+  return defaults + [_train(f"d_{paper(e).cell_prefix}_{m}_grid", "d", e, m,
                             _grid_members(e, exclude_default=True),
                             f"{e}, {m}, the rest of its grid")
                      for e in (FUZZY, SRAVEN) for m in common.MAIN_MODELS]
 
 
 def _stage_e() -> list[Cell]:
-  return [_train(f"e_{'fuzzy' if e == FUZZY else 'sraven'}_{p}{'_moe' if moe else ''}", "e",
-                 e, p, _grid_members(e, exclude_default=e == FUZZY),
+  """The ablation rows over their grid: the rest of it where stage d ran the default."""
+  return [_train(f"e_{paper(e).cell_prefix}_{p}{'_moe' if moe else ''}", "e", e, p,
+                 _grid_members(e, exclude_default=paper(e).ablations_default_first),
                  f"{e}, {p}{' + MoE' if moe else ''}, "
-                 + ("the rest of its grid" if e == FUZZY else "its whole grid"),
-                 overrides=_moe(moe))
+                 + ("the rest of its grid" if paper(e).ablations_default_first
+                    else "its whole grid"), overrides=_moe(moe))
           for e in (FUZZY, SRAVEN) for p, moe in _ablation_rows()]
 
 
@@ -255,19 +257,19 @@ def _stage_f() -> list[Cell]:
       steps = n // fig4_sraven_scaling.BATCH_SIZE
       cells.append(_train(
           f"f_fig4_{m}_w{width}_d{depth}_{n // 1_000_000}m", "f", SRAVEN, m,
-          _default_members(SRAVEN), f"Fig. 4 corner: {m}, width {width}, depth {depth}, "
+          _default_members(), f"Fig. 4 corner: {m}, width {width}, depth {depth}, "
           f"{n // 1_000_000}M problems",
           config=registry.get(SRAVEN).campaign_config.format(model=m, width=width,
                                                                depth=depth),
           overrides=_default_overrides(SRAVEN) + (("num_train_steps", steps),),
           num_steps=steps))
   for m, h in itertools.product(common.MAIN_MODELS, fig5c_heads_sraven.HEADS):
-    cells.append(_train(f"f_fig5c_{m}_heads{h}", "f", SRAVEN, m, _default_members(SRAVEN),
+    cells.append(_train(f"f_fig5c_{m}_heads{h}", "f", SRAVEN, m, _default_members(),
                         f"Fig. 5C: {m}, {h} heads",
                         overrides=_default_overrides(SRAVEN) + (("model.num_heads", h),)))
   for m, fraction in itertools.product(common.MAIN_MODELS, figa5_holdout_sraven.HOLDOUT_FRACTIONS):
     cells.append(_train(f"f_figa5_{m}_holdout{fraction:g}", "f", SRAVEN, m,
-                        _default_members(SRAVEN), f"Fig. A5: {m}, {fraction:g} held out",
+                        _default_members(), f"Fig. A5: {m}, {fraction:g} held out",
                         overrides=_default_overrides(SRAVEN)
                         + (("task.holdout_fraction", fraction),)))
   return cells
@@ -286,7 +288,7 @@ def _stage_g() -> list[Cell]:
 
 def _stage_h() -> list[Cell]:
   return [_train(f"h_fuzzy_{m}_authors_split_seed{s}", "h", FUZZY, m,
-                 _default_members(FUZZY, (s,)),
+                 _default_members((s,)),
                  f"fuzzy logic, {m}, default setting, the authors' split of seed {s}",
                  overrides=_default_overrides(FUZZY) + ((AUTHORS_SPLIT_KEY, "authors"),))
           for s in (2, 0, 1) for m in ("hyla", "softmax", "linear")]
