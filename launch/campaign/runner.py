@@ -178,32 +178,39 @@ def _pause_for_tests() -> None:
     time.sleep(0.1)
 
 
-def _source_dirs(cell: cells_lib.Cell, options: Options) -> tuple[str, str]:
+def _source_places(cell: cells_lib.Cell, options: Options) -> tuple[str, str]:
   """Where a probe cell's source run may be: its workdir here, its kept parameters."""
   return (os.path.join(options.root, cell.source),
           records.kept_params_dir(options.results_dir, cell.source))
+
+
+def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str], list[str]]:
+  """(`source_dir`, []), or (None, why each place that holds a run holds another one)."""
+  source = cells_lib.BY_NAME[cell.source]
+  reasons = []
+  for directory in _source_places(cell, options):
+    why = foreign(source, directory) if os.path.isdir(directory) else None
+    if why is None and run_files.is_finished(directory):
+      return directory, []
+    reasons += [why] if why else []
+  return None, reasons
 
 
 def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """A probe cell's source run: its finished workdir here, else its kept parameters (any
   machine: they are committed beside the cell files), each only if it is the source cell's
   own run; None if neither is."""
-  source = cells_lib.BY_NAME[cell.source]
-  for directory in _source_dirs(cell, options):
-    if run_files.is_finished(directory) and foreign(source, directory) is None:
-      return directory
-  return None
+  return _find_source(cell, options)[0]
 
 
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
-  if cell.kind == "probe" and source_dir(cell, options) is None:
-    workdir, kept = _source_dirs(cell, options)
-    others = [foreign(cells_lib.BY_NAME[cell.source], d) for d in (workdir, kept)
-              if os.path.isdir(d)]
-    return (f"needs {cell.source}'s kept parameters ({kept}) or its finished workdir "
-            f"({workdir})" + "".join(f"; {why}" for why in others if why))
-  return None
+  if cell.kind != "probe":
+    return None
+  found, reasons = _find_source(cell, options)
+  workdir, kept = _source_places(cell, options)
+  return None if found else (f"needs {cell.source}'s kept parameters ({kept}) or its finished "
+                             f"workdir ({workdir})" + "".join(f"; {why}" for why in reasons))
 
 
 def _tail(log_path: str, size: int = 20_000) -> Optional[str]:
