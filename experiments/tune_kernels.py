@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention.measure import benchmark
+from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
@@ -65,13 +66,9 @@ def kernel_fn(config: dict, interpret: bool):
   if config["name"] == "blockwise":
     return lambda q, k, v: blockwise.attention(
         q, k, v, is_causal=True, block_q=config["block_q"], block_k=config["block_k"])
-  params = None
-  if interpret:
-    why_not = mosaic_kernel.available()
-    if why_not:
-      raise Unsupported(why_not)
-    from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-    params = plgpu.InterpretGPUParams()
+  params, why_not = mosaic_rungs.interpret_params() if interpret else (None, None)
+  if why_not:
+    raise Unsupported(why_not)
   blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
   return lambda q, k, v: mosaic_kernel.attention(
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)

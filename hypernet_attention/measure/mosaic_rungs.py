@@ -55,6 +55,17 @@ def _kernel_and_reference(rung: str, interpret):
   return grads(kernel), grads(ref)
 
 
+def interpret_params():
+  """(`plgpu.InterpretGPUParams()`, None): the Mosaic kernels' `interpret=` to run them on a
+  CPU; or (None, why this jax cannot interpret Mosaic)."""
+  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
+  why_not = mosaic_kernel.available()
+  if why_not:
+    return None, why_not
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  return plgpu.InterpretGPUParams(), None
+
+
 def _interpret_or_reason():
   """(interpret params or None for compiled, None) or (None, why this machine cannot)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -62,17 +73,13 @@ def _interpret_or_reason():
 
   from hypernet_attention.errors import BadInput  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  if jax.default_backend() == "gpu":
-    try:
-      mosaic_kernel.check_device(jnp.bfloat16)  # dispatch's own check: a Hopper GPU
-    except BadInput as e:
-      return None, str(e)
-    return None, None
-  why_not = mosaic_kernel.available()
-  if why_not:
-    return None, why_not
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  return plgpu.InterpretGPUParams(), None
+  if jax.default_backend() != "gpu":
+    return interpret_params()
+  try:
+    mosaic_kernel.check_device(jnp.bfloat16)  # dispatch's own check: a Hopper GPU
+  except BadInput as e:
+    return None, str(e)
+  return None, None
 
 
 def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> dict:
