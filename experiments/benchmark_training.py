@@ -85,10 +85,12 @@ def main():
                  "(the state's int32 step counter must not pass 2**31 - 1)")
   if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
     parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
+  host_data = not registry.get(args.experiment).on_device  # c4_lm's seqio pipeline.
   if args.synthetic_tokens:
-    if args.experiment != "c4_lm":
+    if not host_data:
       parser.error(f"--synthetic_tokens with --experiment={args.experiment}; allowed: "
-                   "c4_lm only (the other experiments generate their data on device)")
+                   f"{', '.join(registry.names(on_device=False))} only (the other "
+                   "experiments generate their data on device)")
     args.config_overrides = ",".join(
         s for s in (args.config_overrides, f"task.name={objectives.SYNTHETIC_LM}") if s)
   models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -113,7 +115,7 @@ def main():
     population_table(args, models, configs, counts)
     return
   pipeline = None
-  if args.experiment == "c4_lm" and not args.synthetic_tokens:  # [lm]: TensorFlow, seqio.
+  if host_data and not args.synthetic_tokens:  # [lm]: TensorFlow, seqio.
     console.import_tensorflow_quietly()  # seqio loads TensorFlow, which logs natively.
     from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
     configs = [c4.prepare_config(c, args.data_dir) for c in configs]
