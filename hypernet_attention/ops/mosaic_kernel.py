@@ -3,9 +3,13 @@
 Status (an H200, 2026-11-27, experiments/results/gpu_windows/2026-11-27_h200_kernel): runs
 correctly, forward and backward (compute-sanitizer memcheck: 0 errors; bf16 parity against
 the float64 reference passes at T=128, 256, 1000, at half the bound), once the key-validity
-ring's slots were aligned for TMA (`_key_valid_slot`). Not fast: at T=4096, B=4, H=8,
+ring's slots were aligned for TMA (`mosaic_smem.key_valid_slot`). Not fast: at T=4096, B=4, H=8,
 D=V=64, causal, the forward equals XLA's blockwise (8.66 vs 8.63 ms) and fwd+bwd is 66.6 ms
 against blockwise's 27.5 and cuDNN softmax's 0.76, so `dispatch`'s `auto` does not take it.
+A second forward, `mosaic_forward_registers.py` (`attention(forward="registers")`), keeps
+the code in the registers the score wgmmas leave it in and runs the value network on the
+CUDA cores, without this one's permutation matmuls; it is correct in interpret mode and
+meets Hopper's rules lowered for an H100, and waits for a window to time it.
 
 What it computes: `reference.attention` with normalization='rms_head', value_network='mlp',
 activation='relu' (HYLA, the paper's Eqs. 6-7), optionally causal and with a key-padding
@@ -88,6 +92,7 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention.errors import BadInput
+from hypernet_attention.ops import mosaic_forward_registers
 from hypernet_attention.ops import mosaic_kernel_bwd
 from hypernet_attention.ops import mosaic_smem
 from hypernet_attention.ops import reference
@@ -104,6 +109,13 @@ class Blocks:
 
 
 DEFAULT_BLOCKS = Blocks()
+# The forwards `attention(forward=...)` runs: "wgmma", this module's (the value network on
+# the tensor cores; correct on an H200, 2026-11-27), and "registers"
+# (`mosaic_forward_registers.py`: on the CUDA cores; correct in interpret mode and lowered
+# for an abstract H100, not yet run on a GPU). The default moves when a window measures it.
+FORWARDS = ("wgmma", "registers")
+DEFAULT_FORWARD = "wgmma"
+REGISTERS_BLOCKS = Blocks(64, 16, 4)  # registers bound bv: see mosaic_forward_registers
 
 
 def available() -> Optional[str]:
@@ -156,11 +168,6 @@ def _key_mask_shape_ok(mask) -> bool:
   return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
 
 
-def _key_valid_slot(block_k: int) -> int:
-  """Floats in one slot of the key-validity ring: block_k, rounded up to 128 bytes."""
-  return mosaic_smem.round_up(block_k, mosaic_smem.TMA_SMEM_ALIGNMENT // 4)  # float32
-
-
 def forward_smem(blocks: Blocks, heads: int, depth: int,
                  dtype) -> tuple[mosaic_smem.Buffer, ...]:
   """The forward kernel's SMEM buffers, in the order the kernel takes them (depth: D padded
@@ -170,7 +177,7 @@ def forward_smem(blocks: Blocks, heads: int, depth: int,
       mosaic_smem.Buffer("Q", (heads, bq, depth), dtype, depth),
       mosaic_smem.Buffer("K ring", (2, heads, bk, depth), dtype, depth),
       mosaic_smem.Buffer("V ring", (2, bk, hp, bv), dtype, bv),
-      mosaic_smem.Buffer("key validity ring", (2, _key_valid_slot(bk)), _F32),
+      mosaic_smem.Buffer("key validity ring", (2, mosaic_smem.key_valid_slot(bk)), _F32),
       mosaic_smem.Buffer("S_cat", (bq, heads * bk), dtype, bk),
       mosaic_smem.Buffer("C[k]", (bq, hp), dtype, hp),
       mosaic_smem.Buffer("P", (bk, heads * bk, hp), dtype, hp),
@@ -209,23 +216,13 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
   def kernel(q_ref, k_ref, v_ref, kval_ref, perm_ref, bcast_ref, out_ref, scoped):
     (q_smem, k_smem, v_smem, kval_smem, scat_smem, c_smem, perm_smem, bcast_smem,
      o_smem), (q_bar, const_bar, k_bar, v_bar, kval_bar) = scoped
-    b = jax.lax.axis_index("batch")
-    qi = jax.lax.axis_index("q_tile")
-    vj = jax.lax.axis_index("v_slice")
-    q0 = qi * bq
-    bm = b if mask_batched else 0
-    if is_causal:
-      steps = jnp.minimum(num_k_tiles, pl.cdiv(q0 + bq, jnp.int32(bk)))
-    else:
-      steps = jnp.int32(num_k_tiles)
+    b, q0, vj, bm, steps = mosaic_smem.forward_program(
+        block_q=bq, block_k=bk, num_k_tiles=num_k_tiles, is_causal=is_causal,
+        mask_batched=mask_batched)
 
-    def load_tile(step, slot):
-      k0 = step * bk
-      plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem.at[slot], k_bar.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[b, vj, pl.ds(k0, bk)], v_smem.at[slot],
-                              v_bar.at[slot])
-      plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)],
-                              kval_smem.at[slot, pl.ds(0, bk)], kval_bar.at[slot])
+    load_tile = functools.partial(
+        mosaic_smem.copy_key_tile, refs=(k_ref, kval_ref), rings=(k_smem, v_smem, kval_smem),
+        bars=(k_bar, v_bar, kval_bar), v_tile=lambda k0: v_ref.at[b, vj, pl.ds(k0, bk)], b=b, bm=bm)
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
     plgpu.copy_gmem_to_smem(perm_ref, perm_smem, const_bar.at[0])
@@ -238,26 +235,11 @@ def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, ep
 
     def key_tile(step, ys):
       slot = jax.lax.rem(step, 2)
-      plgpu.barrier_wait(k_bar.at[slot])
-      plgpu.barrier_wait(kval_bar.at[slot])
-
-      def scores(*accs):
-        for h, acc in enumerate(accs):
-          plgpu.wgmma(acc, q_smem.at[h], k_smem.at[slot, h].transpose((1, 0)))
-        return [acc[...] for acc in accs]
-
-      s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
-      valid_K = plgpu.load(kval_smem.at[slot, pl.ds(0, bk)],
-                           layout=plgpu.Layout.WGMMA.reduce(0))
-      valid = jax.lax.broadcast_in_dim(valid_K, (bq, bk), [1])
-      if is_causal:
-        rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
-        cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
-        valid = jnp.where(q0 + rows >= step * bk + cols, valid, 0.0)
-      s_h = [s * (scale * valid) for s in s_h]
-      inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / heads) + eps)
-      for h, s in enumerate(s_h):
-        scat_smem[:, pl.ds(h * bk, bk)] = (s * inv_rms).astype(dtype)
+      c_h = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, slot=slot,
+                                  q0=q0, k0=step * bk, is_causal=is_causal, scale=scale,
+                                  eps=eps)
+      for h, c in enumerate(c_h):
+        scat_smem[:, pl.ds(h * bk, bk)] = c.astype(dtype)
       plgpu.commit_smem()
       plgpu.barrier_wait(v_bar.at[slot])
 
@@ -340,21 +322,26 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   return out_BQHV[:, :q_len, :, :v_dim]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def _attention(query, key, value, mask, is_causal, eps, blocks, interpret, dq):
-  del dq
-  return _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
+def _any_forward(query, key, value, mask, is_causal, eps, blocks, interpret, forward):
+  run = mosaic_forward_registers.forward if forward == "registers" else _forward
+  return run(query, key, value, mask, is_causal, eps, blocks, interpret)
 
 
-def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret, dq):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _attention(query, key, value, mask, is_causal, eps, blocks, interpret, dq, forward):
   del dq
-  out = _forward(query, key, value, mask, is_causal, eps, blocks, interpret)
+  return _any_forward(query, key, value, mask, is_causal, eps, blocks, interpret, forward)
+
+
+def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret, dq, forward):
+  del dq
+  out = _any_forward(query, key, value, mask, is_causal, eps, blocks, interpret, forward)
   return out, (query, key, value, mask)  # residuals: the inputs only, nothing quadratic
 
 
-def _attention_bwd(is_causal, eps, blocks, interpret, dq, residuals, d_out):
+def _attention_bwd(is_causal, eps, blocks, interpret, dq, forward, residuals, d_out):
   """The key-stationary backward kernel (mosaic_kernel_bwd.py), recomputed from the inputs."""
-  del blocks  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
+  del blocks, forward  # the backward has its own tiles (mosaic_kernel_bwd.BLOCK_Q, BLOCK_K)
   query, key, value, mask = residuals
   d_query, d_key, d_value = mosaic_kernel_bwd.backward(
       query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret, dq=dq)
@@ -376,9 +363,10 @@ def attention(
     value_network: str = "mlp",
     activation: str = "relu",
     eps: float = reference.RMS_HEAD_EPS,
-    blocks: Blocks = DEFAULT_BLOCKS,
+    blocks: Optional[Blocks] = None,
     interpret=None,
     dq: Optional[str] = None,
+    forward: str = DEFAULT_FORWARD,
     dropout_rate: float = 0.0,
     dropout_seed: Optional[jax.Array] = None,
 ) -> jax.Array:
@@ -388,6 +376,8 @@ def attention(
   runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). Gradients:
   a custom VJP through the backward kernel (mosaic_kernel_bwd.py); `dq` says how its
   dQ = dS K runs, a name in mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel").
+  `forward`: which forward kernel, a name in FORWARDS; `blocks` its tiles (None: the
+  forward's defaults, DEFAULT_BLOCKS or REGISTERS_BLOCKS).
   """
   del dropout_seed
   if not supports(normalization, value_network, activation, bias=bias, mask=mask,
@@ -404,12 +394,20 @@ def attention(
   dq = mosaic_kernel_bwd.DEFAULT_DQ if dq is None else dq
   if dq not in mosaic_kernel_bwd.DQ_PATHS:
     raise BadInput(f"mosaic_kernel dq={dq!r}; allowed: {', '.join(mosaic_kernel_bwd.DQ_PATHS)}.")
-  if blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v % 8:
-    raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
-                   f"block_k, block_v of 8 (wgmma M and N).")
+  if forward not in FORWARDS:
+    raise BadInput(f"mosaic_kernel forward={forward!r}; allowed: {', '.join(FORWARDS)}.")
+  if blocks is None:
+    blocks = REGISTERS_BLOCKS if forward == "registers" else DEFAULT_BLOCKS
+  v_unit = 1 if forward == "registers" else 8  # there bv is a loop, not a wgmma N
+  if (blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v % v_unit
+      or blocks.block_v < 1):
+    raise BadInput(f"mosaic_kernel forward={forward} blocks={blocks}: block_q must be a "
+                   f"multiple of 64, block_k of 8 (wgmma M and N) and block_v of {v_unit}.")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     d_padded = _depth_padded(query_BQHD.shape[3], query_BQHD.dtype)
-    mosaic_smem.check_tiles(forward_smem(blocks, heads, d_padded, query_BQHD.dtype),
-                f"mosaic_kernel forward, blocks={blocks}, {heads} heads, {query_BQHD.dtype}")
+    buffers = (mosaic_forward_registers.smem if forward == "registers" else forward_smem)(
+        blocks, heads, d_padded, query_BQHD.dtype)
+    mosaic_smem.check_tiles(buffers, f"mosaic_kernel forward={forward}, blocks={blocks}, "
+                                     f"{heads} heads, {query_BQHD.dtype}")
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
-                    interpret, dq)
+                    interpret, dq, forward)

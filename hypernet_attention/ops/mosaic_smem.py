@@ -86,6 +86,11 @@ def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def key_valid_slot(block_k: int) -> int:
+  """Floats in one slot of a key-validity ring: block_k, rounded up to 128 bytes."""
+  return round_up(block_k, TMA_SMEM_ALIGNMENT // 4)  # float32
+
+
 def key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
   """(Bm, Kp) float32: 1 where key k may be attended, 0 for masked and padded keys."""
   if mask is None:
@@ -108,3 +113,66 @@ def selection_constants(heads: int, block_k: int, block_v: int, dtype):
   for h in range(heads):
     bcast[h, h, :] = 1.0
   return jnp.asarray(perm, dtype), jnp.asarray(bcast, dtype)
+
+
+def forward_program(*, block_q: int, block_k: int, num_k_tiles: int, is_causal: bool,
+                    mask_batched: bool):
+  """Inside a forward's program (batch, q_tile, v_slice): (b, q0, vj, bm, steps): example,
+  first query, value slice, mask row, and the key tiles it reads (all, or to the causal
+  diagonal)."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  b = jax.lax.axis_index("batch")
+  q0 = jax.lax.axis_index("q_tile") * block_q
+  steps = jnp.int32(num_k_tiles)
+  if is_causal:
+    steps = jnp.minimum(num_k_tiles, pl.cdiv(q0 + block_q, jnp.int32(block_k)))
+  return b, q0, jax.lax.axis_index("v_slice"), b if mask_batched else 0, steps
+
+
+def copy_key_tile(step, slot, *, refs, rings, bars, v_tile, b, bm) -> None:
+  """TMA copies of a forward's key tile `step` into ring slot `slot`: K (H, bk, D) of
+  example b, V's tile `v_tile(k0)` (each forward lays V out its own way) and the key
+  validity (bk,) of mask row bm. refs: (K, key validity) in HBM; rings and bars: (K, V,
+  key validity) SMEM rings and their barriers."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  (k_ref, kval_ref), (k_smem, v_smem, kval_smem), (k_bar, v_bar, kval_bar) = refs, rings, bars
+  bk = k_smem.shape[2]
+  k0 = step * bk
+  plgpu.copy_gmem_to_smem(k_ref.at[b, :, pl.ds(k0, bk)], k_smem.at[slot], k_bar.at[slot])
+  plgpu.copy_gmem_to_smem(v_tile(k0), v_smem.at[slot], v_bar.at[slot])
+  plgpu.copy_gmem_to_smem(kval_ref.at[bm, pl.ds(k0, bk)], kval_smem.at[slot, pl.ds(0, bk)],
+                          kval_bar.at[slot])
+
+
+def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
+              scale: float, eps: float) -> list[jax.Array]:
+  """RMSHead's code of one (bq, bk) tile inside a kernel, per head, float32 in the WGMMA
+  layout: once ring slot `slot` has arrived, the H score wgmmas q_h k_h^T from Q (H, bq, D)
+  and the slot's K (H, bk, D), the key mask (the slot's key validity) and the causal mask
+  (masked pairs -> 0), then Eq. 7's normalization across heads. Both forwards start each
+  key tile with it."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  heads, bq, _ = q_smem.shape
+  bk = k_smem.shape[2]
+  plgpu.barrier_wait(k_bar.at[slot])
+  plgpu.barrier_wait(kval_bar.at[slot])
+  k_smem, kval_smem = k_smem.at[slot], kval_smem.at[slot, pl.ds(0, bk)]
+
+  def scores(*accs):
+    for h, acc in enumerate(accs):
+      plgpu.wgmma(acc, q_smem.at[h], k_smem.at[h].transpose((1, 0)))
+    return [acc[...] for acc in accs]
+
+  s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
+  layout = plgpu.Layout.WGMMA
+  valid = jax.lax.broadcast_in_dim(plgpu.load(kval_smem, layout=layout.reduce(0)),
+                                   (bq, bk), [1])
+  if is_causal:
+    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=layout)
+    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=layout)
+    valid = jnp.where(q0 + rows >= k0 + cols, valid, 0.0)
+  s_h = [s * (scale * valid) for s in s_h]
+  inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / heads) + eps)
+  return [s * inv_rms for s in s_h]

@@ -11,8 +11,9 @@ accesses; the backward ~80 ms per key and query tile), so the cases are few and 
 H=8, T=64 plain and T=128 causal with a padding mask (two query tiles, so the backward's
 skipped causal tiles are exercised), a batch of two with per-example masks at a length no
 tile divides, and H=4 at T=72 (each key tile sums dK and dV over two query tiles, one mostly
-padding); the dQ kernel alone against a float64 matmul, with NaN where it must not read. The
-lot takes ~3-4 minutes on a 2-core CPU.
+padding); the dQ kernel alone against a float64 matmul, with NaN where it must not read; the
+registers forward (ops/mosaic_forward_registers.py), output only, at three shapes. The lot
+takes ~5 minutes on a 2-core CPU.
 
 Tolerance: tests/numerics.py's rule (errors relative to the float64 reference, bounded by
 what the float32 reference's own rounding admits for this input's reductions). In interpret
@@ -27,11 +28,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention.ops import mosaic_forward_registers
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import mosaic_smem
 from hypernet_attention.ops import reference
 
 from numerics import compare
+from numerics import error_bound
+from numerics import float64_value_and_grads
+from numerics import reduction_length
+from numerics import rel_err
+from numerics import value_and_grads
 
 _WHY_NOT = mosaic_kernel.available()
 pytestmark = pytest.mark.skipif(
@@ -100,6 +107,32 @@ def test_interpret_matches_reference(batch, length, heads, causal, valid, block_
   assert max(bound for _, bound in errors.values()) < 1e-2
 
 
+@pytest.mark.parametrize("batch,length,heads,causal,valid,block_k,block_v,v_dim", [
+    (1, 64, 8, False, None, 16, 4, 16),
+    (1, 128, 8, True, (100,), 32, 2, 16),  # two query tiles, stopping at the diagonal
+    # H=3, 8 keys and 2 columns per tile: V ring slots pad to 4 heads (128 bytes in
+    # float32); V=10 pads to 12; one mask per example; 40 queries pad to 64.
+    (2, 40, 3, False, (40, 23), 8, 2, 10),
+])
+def test_registers_forward_matches_reference(batch, length, heads, causal, valid, block_k,
+                                             block_v, v_dim, capsys):
+  """forward="registers" (ops/mosaic_forward_registers.py), its output against the float64
+  reference under the rule above. Output only: its gradients are the backward kernel's,
+  which the custom VJP runs from the inputs whichever forward ran (tested above)."""
+  q, k, v, _, _, cot = _inputs(batch, length, heads=heads, v_dim=v_dim)
+  mask = None if valid is None else _padding_mask(valid, length)
+  blocks = mosaic_kernel.Blocks(64, block_k, block_v)
+  got = jax.jit(lambda q, k, v: mosaic_kernel.attention(
+      q, k, v, mask=mask, is_causal=causal, blocks=blocks, interpret=_interpret(),
+      forward="registers"))(q, k, v)
+  assert "RACE DETECTED" not in capsys.readouterr().out
+  ref = _reference_fn(mask, causal)
+  exact, _ = float64_value_and_grads(ref, q, k, v, None, cot)
+  ref32, _ = value_and_grads(ref, q, k, v, None, cot)
+  bound = error_bound(rel_err(ref32, exact), reduction_length(q, k, v), jnp.float32)
+  assert rel_err(got, exact) < bound < 1e-2
+
+
 def test_ignoring_the_mask_would_fail():
   """The checks above can fail: the same inputs with the mask left out are far off, in the
   output and in every gradient (the backward sees the mask only through the scores)."""
@@ -132,8 +165,10 @@ def test_dq_kernel_is_ds_times_k(k_padded, causal, capsys):
   np.testing.assert_allclose(dq_BHQW, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
-def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
+@pytest.mark.parametrize("dtype,with_backward,forward", [
+    (jnp.bfloat16, True, "wgmma"), (jnp.float16, False, "wgmma"),
+    (jnp.bfloat16, False, "registers")])
+def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, forward):
   """Pallas -> Mosaic GPU lowering, layout inference, TMA descriptors and the SMEM budget run
   at lowering time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU.
   H=8, D=V=64: the forward takes ~214 KiB of SMEM, the backward 225 KiB and its dQ kernel 40.
@@ -146,7 +181,7 @@ def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
   has the same layouts)."""
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), dtype)
-  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)
+  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, forward=forward)
   if with_backward:
     fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
         jnp.float32).sum(), argnums=(0, 1, 2))
@@ -156,7 +191,9 @@ def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
   # output. The backward adds its kernels' copies: each is checked, none skipped.
   kinds = {u.what for u in uses}
   assert {"TMA load", "TMA store", "TMA descriptor", "wgmma A", "wgmma B"} <= kinds
-  assert sum(u.what == "TMA load" for u in uses) >= (12 if not with_backward else 40)
+  # The registers forward: Q; K, V, key validity (prologue and prefetch); no P or B.
+  assert sum(u.what == "TMA load" for u in uses) >= (
+      10 if forward == "registers" else 12 if not with_backward else 40)
 
 
 def test_the_memory_rules_catch_a_planted_misaligned_slot(monkeypatch):
@@ -166,7 +203,7 @@ def test_the_memory_rules_catch_a_planted_misaligned_slot(monkeypatch):
   it, once per copy into the ring's dynamically indexed slot (the prologue's slot 1 and the
   prefetch's)."""
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(mosaic_kernel, "_key_valid_slot", lambda block_k: block_k)
+  monkeypatch.setattr(mosaic_smem, "key_valid_slot", lambda block_k: block_k)
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
   bad = hopper_rules.violations(
       lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True), q, q, q)
@@ -184,6 +221,10 @@ def test_refuses_what_it_does_not_compute():
     mosaic_kernel.attention(q, q, q, mask=jnp.ones((1, 1, 64, 64), bool))
   with pytest.raises(ValueError, match="dq='cudnn'; allowed: kernel, xla"):
     mosaic_kernel.attention(q, q, q, dq="cudnn")
+  with pytest.raises(ValueError, match="forward='vpu'; allowed: wgmma, registers"):
+    mosaic_kernel.attention(q, q, q, forward="vpu")
+  with pytest.raises(ValueError, match="block_v of 8"):
+    mosaic_kernel.attention(q, q, q, blocks=mosaic_kernel.Blocks(64, 16, 4))
   with pytest.raises(ValueError, match="at most 16 heads"):
     mosaic_kernel.attention(jnp.zeros((1, 64, 17, 32)), jnp.zeros((1, 64, 17, 32)),
                             jnp.zeros((1, 64, 17, 32)))
@@ -217,9 +258,10 @@ def test_the_default_tiles_fit_forward_and_backward():
     mosaic_smem.check_tiles(mosaic_kernel_bwd.backward_smem(16, 64, jnp.bfloat16), "bwd")
 
 
-@pytest.mark.parametrize("blocks", [mosaic_kernel.Blocks(64, 16, 32),
-                                    mosaic_kernel.Blocks(128, 16, 16)])
-def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, monkeypatch):
+@pytest.mark.parametrize("blocks,forward", [
+    (mosaic_kernel.Blocks(64, 16, 32), "wgmma"), (mosaic_kernel.Blocks(128, 16, 16), "wgmma"),
+    (mosaic_kernel.Blocks(256, 64, 4), "registers")])
+def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, forward, monkeypatch):
   """The check's sum against Mosaic's own count: lowering the forward for an abstract H100
   with the check switched off fails with "smem_bytes=N > max_smem_bytes=232448"; the sum must
   not exceed N (else it could refuse tiles that fit) and be within 4 KiB of it (barriers and
@@ -228,13 +270,16 @@ def test_smem_budget_is_a_tight_lower_bound_of_mosaics(blocks, monkeypatch):
   monkeypatch.setattr(mosaic_smem, "check_tiles", lambda buffers, what: None)
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
-  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
+  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks,
+                                               forward=forward)
   mesh = hopper_rules.abstract_h100_mesh()
   with jax.sharding.use_abstract_mesh(mesh), pytest.raises(Exception) as failure:
     jax.jit(fn).trace(q, q, q).lower(lowering_platforms=("cuda",))
   found = re.search(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)", str(failure.value))
   assert found, str(failure.value)[:300]
   mosaics, limit = int(found.group(1)), int(found.group(2))
-  ours = sum(b.nbytes for b in mosaic_kernel.forward_smem(blocks, 8, 64, jnp.bfloat16))
+  buffers = (mosaic_forward_registers.smem if forward == "registers" else
+             mosaic_kernel.forward_smem)(blocks, 8, 64, jnp.bfloat16)
+  ours = sum(b.nbytes for b in buffers)
   assert ours <= mosaics <= ours + 4096
   assert limit == mosaic_smem.HOPPER_SMEM_BYTES
