@@ -117,6 +117,17 @@ class Paired:
   wins: int  # Seeds where the row scores above the baseline.
   p_value: float  # Two-sided paired t-test (scipy.stats.ttest_rel); nan below 2 seeds.
 
+  @classmethod
+  def of(cls, label: str, row: dict[int, float], base: dict[int, float]) -> Optional["Paired"]:
+    """`row` minus `base` ({seed: OOD metric}) on the seeds both have; None if none."""
+    from scipy import stats  # pylint: disable=g-import-not-at-top
+    seeds = tuple(sorted(set(row) & set(base)))
+    if not seeds:
+      return None
+    x, y = np.array([row[s] for s in seeds]), np.array([base[s] for s in seeds])
+    p_value = float(stats.ttest_rel(x, y).pvalue) if len(seeds) > 1 else float("nan")
+    return cls(label, seeds, Stat.of(x - y), int((x > y).sum()), p_value)
+
 
 def _read_cpu(workdir: str) -> float:
   path = run_files.path(workdir) / run_local.TIMES
@@ -238,24 +249,11 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
 def paired(cells: Sequence[Cell], baseline: tuple = ("softmax", False)) -> list[Paired]:
   """Every other row against the `baseline` row (Table A1's softmax attention) of its own
   group (the same settings apart from the model and the seed): never across sweeps."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   bases = {c.group: c for c in cells if c.key == baseline}
-  out = []
-  for c in cells:
-    base = bases.get(c.group)
-    if base is None or c is base:
-      continue
-    base_ood = dict(zip(base.seeds, base.ood.values))
-    seeds = tuple(s for s in c.seeds if s in base_ood)
-    if not seeds:
-      continue
-    row = dict(zip(c.seeds, c.ood.values))
-    diffs = [row[s] - base_ood[s] for s in seeds]
-    p_value = (float(stats.ttest_rel([row[s] for s in seeds], [base_ood[s] for s in seeds])
-                     .pvalue) if len(seeds) > 1 else float("nan"))
-    out.append(Paired(c.label, seeds, Stat.of(np.asarray(diffs) / 100),
-                      sum(d > 0 for d in diffs), p_value))
-  return out
+  ood = lambda c: {s: v / 100 for s, v in zip(c.seeds, c.ood.values)}
+  pairs = [Paired.of(c.label, ood(c), ood(bases[c.group])) for c in cells
+           if c.group in bases and c is not bases[c.group]]
+  return [q for q in pairs if q]
 
 
 def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
@@ -281,12 +279,6 @@ def missing_jobs(root: str, sweep_name: str,
   return [jobs.point_name(p) for p in points if jobs.point_name(p) not in finished]
 
 
-def _setting_str(setting: dict[str, Any]) -> str:
-  short = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
-           "optimizer.warmup_steps": "warmup"}
-  return ", ".join(f"{short[k]} {v:g}" for k, v in setting.items() if v is not None)
-
-
 def markdown(cells: Sequence[Cell], select: str, metric: str) -> str:
   lines = [f"OOD {metric} x100 of each row's best setting (picked by `{select}/{metric}`), "
            "mean ± s.e. over seeds (a row with one seed is a single run: no s.e.). The "
@@ -296,7 +288,7 @@ def markdown(cells: Sequence[Cell], select: str, metric: str) -> str:
   for c in cells:
     paper = "" if c.paper is None else f"{c.paper[0]:.2f} ± {c.paper[1]:.2f}"
     lines.append(f"| {c.label} | {len(c.seeds)} ({','.join(map(str, c.seeds))}) | "
-                 f"{_setting_str(c.setting)} ({c.num_settings}) | {c.ood} | {c.test} | "
+                 f"{common.setting_text(c.setting)} ({c.num_settings}) | {c.ood} | {c.test} | "
                  f"{paper} |")
   return "\n".join(lines)
 

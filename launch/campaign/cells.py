@@ -82,8 +82,6 @@ C4 = "c4_lm"
 # Stage h's override: the held-out split drawn as the authors' code draws it.
 AUTHORS_SPLIT_KEY = "task.split_draw"
 SYNTHETIC_TOKENS = (("synthetic_tokens", True),)  # benchmark_training.py's switch.
-SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
-         "optimizer.warmup_steps": "warmup", "seed": "seed"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +142,7 @@ def run_differences(cell: Cell, recorded: Any) -> list[str]:
 
 def member_name(member: dict[str, Any]) -> str:
   """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
-  return ",".join(f"{SHORT.get(k, k)}{v:g}" if isinstance(v, float) else f"{SHORT.get(k, k)}{v}"
+  return ",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
                   for k, v in member.items())
 
 
@@ -156,10 +154,6 @@ def paper(experiment: str) -> registry.Paper:
     allowed = [n for n, e in registry.EXPERIMENTS.items() if e.paper is not None]
     raise ValueError(f"experiment {experiment!r} has no paper settings; allowed: {allowed}")
   return record.paper
-
-
-def _settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-  return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
 def _train(name, stage, experiment, model, members, title, config=None, overrides=(),
@@ -211,7 +205,7 @@ def _stage_c() -> list[Cell]:
 
 def _grid_members(experiment, exclude_default: bool) -> list[dict[str, Any]]:
   default = paper(experiment).default_setting
-  settings = [s for s in _settings(paper(experiment).grid)
+  settings = [s for s in common.product(**paper(experiment).grid)
               if not (exclude_default and all(s.get(k) == v for k, v in default.items()))]
   return [{**s, "seed": seed} for s in settings for seed in common.SEEDS]
 

@@ -16,6 +16,8 @@ from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records as records_lib
+from launch.collect import HPARAMS
+from launch.collect import Paired
 from launch.collect import Stat
 from launch.sweeps import common
 
@@ -37,14 +39,7 @@ def _row_key(record: dict[str, Any]) -> tuple[str, bool]:
 
 
 def _setting(member: dict[str, Any]) -> tuple:
-  s = member["settings"]
-  return (s["optimizer.learning_rate"], s["optimizer.weight_decay"],
-          s["optimizer.warmup_steps"])
-
-
-def _setting_text(setting: tuple) -> str:
-  lr, wd, warmup = setting
-  return f"lr {lr:g}, wd {wd:g}, warmup {warmup}"
+  return tuple(member["settings"][h] for h in HPARAMS)
 
 
 def table_a1_members(records: dict[str, dict[str, Any]], experiment: str):
@@ -118,8 +113,8 @@ def table_a1(records, experiment: str) -> str:
       members = [settings[setting][s] for s in sorted(settings[setting])]
       stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
       per_seed = ", ".join(f"{m['final'][f'ood/{metric}'] * 100:.1f}" for m in members)
-      ours = _stat(members, f"ood/{metric}")
-      lines.append(f"| {name} | {_setting_text(setting)} ({why}) | {len(members)} | "
+      ours, text = _stat(members, f"ood/{metric}"), common.setting_text(dict(zip(HPARAMS, setting)))
+      lines.append(f"| {name} | {text} ({why}) | {len(members)} | "
                    + " | ".join(stats) + f" | {per_seed} | {paper_ood[0]:.2f} ± "
                    f"{paper_ood[1]:.2f} | {versus_paper(ours, paper_ood)} |")
   return "\n".join(lines) + "\n"
@@ -128,22 +123,15 @@ def table_a1(records, experiment: str) -> str:
 def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
   """`row - baseline` seed by seed at the default setting (a seed fixes the held-out split,
   so the difference is free of the split's variance); None if no seed has both."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  metric = _metric(experiment)
   rows = table_a1_members(records, experiment)
-  default = _default_setting(experiment)
-  a = rows.get((row, False), {}).get(default, {})
-  b = rows.get((baseline, False), {}).get(default, {})
-  seeds = sorted(set(a) & set(b))
-  if not seeds:
+  ood = lambda model: {s: m["final"][f"ood/{_metric(experiment)}"] for s, m in rows.get(
+      (model, False), {}).get(_default_setting(experiment), {}).items()}
+  q = Paired.of(f"{row} - {baseline}", ood(row), ood(baseline))
+  if q is None:
     return None
-  x = np.array([a[s]["final"][f"ood/{metric}"] for s in seeds])
-  y = np.array([b[s]["final"][f"ood/{metric}"] for s in seeds])
-  diff = Stat.of(x - y)
-  p = float(stats.ttest_rel(x, y).pvalue) if len(seeds) > 1 else float("nan")
-  per_seed = ", ".join(f"seed {s}: {d * 100:+.1f}" for s, d in zip(seeds, x - y))
-  return (f"| {row} - {baseline} | {len(seeds)} | {diff} | {int((x > y).sum())} of "
-          f"{len(seeds)} | {_p_text(p)} | {per_seed} |")
+  per_seed = ", ".join(f"seed {s}: {d:+.1f}" for s, d in zip(q.seeds, q.diff.values))
+  return (f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | "
+          f"{_p_text(q.p_value)} | {per_seed} |")
 
 
 def _p_text(p: float) -> str:
@@ -253,8 +241,7 @@ def _chance_max(block: dict[str, Any]) -> Optional[float]:
   chance = block.get("chance")
   if not isinstance(chance, dict):
     return None
-  values = [v if not isinstance(v, dict) else next(iter(v.values())) for v in chance.values()]
-  return max((v for v in values if v is not None), default=None)
+  return max((v for v in map(_headline, chance.values()) if v is not None), default=None)
 
 
 def _verdict(d: dict[str, Any]) -> str:
@@ -378,8 +365,7 @@ def _num(x, spec: str = ".3f") -> str:
 def _chance(chance) -> str:
   if not isinstance(chance, dict):
     return "-"
-  return ", ".join(f"{k} {_num(v if not isinstance(v, dict) else next(iter(v.values())))}"
-                   for k, v in chance.items())
+  return ", ".join(f"{k} {_num(v)}" for k, v in chance.items())
 
 
 def benchmark_text(records) -> str:

@@ -34,6 +34,16 @@ TABLE_A1_ROWS = {
 }
 
 
+# Short names of the grid's settings, in member names and tables.
+SHORT = {"optimizer.learning_rate": "lr", "optimizer.weight_decay": "wd",
+         "optimizer.warmup_steps": "warmup", "seed": "seed"}
+
+
+def setting_text(setting: dict[str, Any]) -> str:
+  """`lr 0.001, wd 0.1, warmup 100`: a grid setting in a table (None: not set)."""
+  return ", ".join(f"{SHORT.get(k, k)} {v:g}" for k, v in setting.items() if v is not None)
+
+
 def product(**axes: list[Any]) -> list[dict[str, Any]]:
   """The cartesian product of named axes as a list of dicts (the last axis varies fastest)."""
   names = list(axes)
@@ -48,8 +58,7 @@ def grid(experiment: str) -> dict[str, tuple[Any, ...]]:
 def grid_points(configs: list[dict[str, Any]], grid: dict[str, list[Any]],
                 seeds=SEEDS) -> list[dict[str, Any]]:
   """Every config (a point without seed) x every grid setting x every seed."""
-  settings = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-  return [{**c, **s, "seed": seed} for c in configs for s in settings for seed in seeds]
+  return [{**c, **s, "seed": seed} for c in configs for s in product(**grid) for seed in seeds]
 
 
 def table_a1_configs(config_template: str) -> list[dict[str, Any]]:
