@@ -1,13 +1,13 @@
 """Every check a config needs before any work, in one place, with the messages users see.
 
 `validate(config)` takes the values the config alone decides: types, ranges, finiteness,
-the run's schedule and intervals, the attention preset. It runs in `build.setup` (every
-training run and population member), in the language-model entry point and on the
-launching machine (`preflight.py`, before anything is copied or submitted), so each
-message is written once. `check_task_memory` weighs the task's tables against this host's
-memory. Checks that need the devices (mesh, batch divisibility) stay with the mesh
-(`sharding.py`, `data.py`). A population's members are checked here too, each as the
-single run it is (`check_population`, run by `validate`).
+the run's schedule and intervals, the attention preset, and a population's members, each as
+the single run it is (`check_population`). It runs once, at the entry (`experiment_main` in
+`runtime.py`, `lm.train_and_sample`, `preflight.py` on the launching machine before anything
+is copied or submitted), and returns a `Checked` that `build.setup`, `population.setup` and
+the loop take as it is (a plain config, they check). `check_task_memory` weighs the task's
+tables against this host's memory; checks that need the devices (mesh, batch divisibility)
+stay with the mesh (`sharding.py`, `data.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`; only
 SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import ml_collections
 
@@ -148,19 +148,28 @@ def check_preset(name: str) -> str:
   return name
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+class Checked(NamedTuple):
+  """A config `validate` passed: the run's and, for a population, each member's."""
+  config: ml_collections.ConfigDict
+  members: tuple[ml_collections.ConfigDict, ...] = ()
+
+
+def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
   """Every config value whose type, range or finiteness the config alone decides, for the
-  run and for each population member (`check_population`).
+  run and for each population member (`check_population`); a `Checked` is returned as it is.
 
   Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
   device checks (sizes against memory, the mesh) follow in `build.setup`.
   """
+  if isinstance(config, Checked):
+    return config
   check_positive(config)
   check_ranges(config)
   check_run(config)
   check_intervals(config)
   check_schedule(config)
-  check_population(config)
+  check_preset(config.model.attention)
+  return Checked(config, tuple(check_population(config)))
 
 
 def unknown_key(config: ml_collections.ConfigDict, key: str) -> str | None:

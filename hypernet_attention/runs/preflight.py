@@ -5,7 +5,7 @@ r"""Checks a run's config on the launching machine, before anything is copied or
 
 Loads the experiment's config file with `CONFIG_ARG` and the overrides as the entry point
 would, and runs every check that needs no accelerator and no data: the config's values
-(`config_checks.validate`: values, intervals, schedule), the attention preset, the model's
+(`config_checks.validate`: values, intervals, schedule, the attention preset), the model's
 other names (`presets.check_model_names`, the model's own check: implementation,
 feed_forward, position), the workdir path. Prints `script config_file` (the entry point and
 config file, relative to the repository root, as `registry` does) and exits 0, or prints
@@ -71,7 +71,6 @@ def check(experiment: str, config_arg: str, workdir: str,
   config = load(experiment, config_arg, overrides)
   config_checks.validate(config)
   run_files.workdir_path(workdir)
-  config_checks.check_preset(config.model.attention)
   presets.check_model_names(config.model, "config.model.")
   return registry.get(experiment)
 

@@ -45,7 +45,7 @@ class Setup:
                                                  self.shardings)
 
 
-def setup(config: ml_collections.ConfigDict, devices=None,
+def setup(config: ml_collections.ConfigDict | config_checks.Checked, devices=None,
           member_of_population: bool = False) -> Setup:
   """Everything that validates input: objective, model, optimizer, mesh. No side effects.
 
@@ -61,8 +61,8 @@ def setup(config: ml_collections.ConfigDict, devices=None,
     raise errors.BadInput(str(e)) from e
 
 
-def _setup(config: ml_collections.ConfigDict, devices, member_of_population: bool) -> Setup:
-  config_checks.validate(config)
+def _setup(config, devices, member_of_population: bool) -> Setup:
+  config = config_checks.validate(config).config
   config_checks.check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)
@@ -104,7 +104,6 @@ def transformer_config(model: Mapping[str, Any], **overrides: Any):
   for key in ("dtype", "param_dtype"):
     if isinstance(kwargs.get(key), str):
       kwargs[key] = jnp.dtype(kwargs[key])
-  config_checks.check_preset(kwargs["attention"])
   return transformer.TransformerConfig(**kwargs)
 
 

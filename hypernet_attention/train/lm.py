@@ -14,6 +14,7 @@ import ml_collections
 from hypernet_attention import decoding
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import lm_text
 from hypernet_attention.train import build
@@ -33,10 +34,9 @@ def _format(texts: list[str]) -> str:
 
 
 def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """What can be refused before the corpus and vocabulary are written into `workdir`:
-  the config's values, the row length, and a workdir holding another experiment's run.
-  Returns the workdir as the run uses it (`~` expanded)."""
-  config_checks.validate(config)
+  """What can be refused before the corpus and vocabulary are written into `workdir`, past
+  `config_checks.validate`: the task, the row length, the mesh, a workdir holding another
+  experiment's run. Returns the workdir as the run uses it (`~` expanded)."""
   if config.task.name == objectives.SYNTHETIC_LM:
     raise errors.BadInput(
         f"config.task.name={objectives.SYNTHETIC_LM!r} is random tokens for "
@@ -75,24 +75,28 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
 SAMPLING = dict(prompt="The", num_tokens=64, temperature=0.8)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train(config: ml_collections.ConfigDict | config_checks.Checked, workdir: str) -> dict:
   """`train_and_sample` with the default `SAMPLING`: the record's trainer, what
   `experiments/train.py` runs for a language-model config."""
   return train_and_sample(config, workdir, **SAMPLING)
 
 
-def train_and_sample(config: ml_collections.ConfigDict, workdir: str, *, prompt: str,
-                     num_tokens: int, temperature: float, num_samples: int = 2) -> dict:
-  """Checks what it can, resolves the data (corpus, vocabulary) into `workdir`, trains,
-  prints samples."""
+def train_and_sample(config: ml_collections.ConfigDict | config_checks.Checked, workdir: str,
+                     *, prompt: str, num_tokens: int, temperature: float,
+                     num_samples: int = 2) -> dict:
+  """Checks what it can (the config once: `config_checks.validate`, unless the entry did),
+  resolves the data (corpus, vocabulary) into `workdir`, trains, prints samples."""
+  config = config_checks.validate(config).config
   workdir = check_before_data(config, workdir)
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   pipeline = objectives.lm_pipeline(config.task)
-  config = pipeline.prepare_config(config, workdir)
+  # Resolving the data changes only `config.task`'s files, which `validate` does not read.
+  checked = config_checks.Checked(pipeline.prepare_config(config, workdir))
+  config = checked.config
   vocabulary = pipeline.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
   decoding.check_prompt_length(1 + len(vocabulary.encode(prompt)), config.model.get("max_len"))
-  summary = loop.train_and_evaluate(config, workdir)
-  built = build.setup(config)
+  summary = loop.train_and_evaluate(checked, workdir)
+  built = build.setup(checked)
   texts = decoding.sample_text(
       built.model.config, summary["state"].params, _vocabulary(config, built.objective), prompt,
       num_tokens, temperature=temperature, seed=config.seed, num_samples=num_samples)
@@ -107,9 +111,10 @@ def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperatu
     experiment = restore.load_config(workdir).experiment
   except ValueError as e:
     raise errors.BadInput(str(e)) from None
-  if experiment != "c4_lm":
-    raise errors.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: "
-                              "the workdir of a language-modeling (c4_lm) run")
+  language_models = registry.names(train=f"{__name__}:train")  # Records trained here.
+  if experiment not in language_models:
+    raise errors.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: the "
+                          f"workdir of a language-modeling ({', '.join(language_models)}) run")
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   run = restore.restore_params(workdir, step)
   texts = decoding.sample_text(

@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
 from hypernet_attention.runs import lock
@@ -60,8 +61,8 @@ class Program(Protocol):
   def summarize(self, step: int, start_step: int, state) -> dict[str, Any]: ...
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       devices=None) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked,
+                       workdir: str, devices=None) -> dict[str, Any]:
   """Trains (resuming from `workdir` if it holds this run), evaluates, writes summary.json.
 
   `devices` (default: all) is the device set the mesh is built from. A single run returns
@@ -71,13 +72,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   unusable input, and `preemption.Preempted` after checkpointing when a SIGTERM arrived.
   """
   start_time = time.time()
-  if run_files.is_population(config):
-    p = population.setup(config, devices)
+  checked = config_checks.validate(config)
+  config = checked.config
+  if checked.members:
+    p = population.setup(checked, devices)
     trainer, target, members = population.PopulationTrainer(p), p.restore_target(), p.size
     check = lambda w, record: population_loop.check_workdirs(config, p, w, record)
     make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
   else:
-    s = build.setup(config, devices)
+    s = build.setup(checked, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     target, members = s.restore_target(), 1
     check = lambda w, record: run_files.check(w, config, record=record)

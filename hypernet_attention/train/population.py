@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -44,7 +44,6 @@ import ml_collections
 
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
-from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
@@ -56,14 +55,6 @@ from hypernet_attention.train import trainer as trainer_lib
 
 MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-member_config = config_checks.member_config
-
-
-def check(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """Validates the population and returns the member configs: every member checked as
-  the single run it is (`config_checks.check_population`), before any work."""
-  config_checks.validate(config)
-  return config_checks.check_population(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,20 +80,15 @@ def stack_sharding(member_sharding: NamedSharding) -> NamedSharding:
   return NamedSharding(member_sharding.mesh, P(axis, *member_sharding.spec))
 
 
-def setup(config: ml_collections.ConfigDict, devices=None) -> PopulationSetup:
-  """Validates the population (every member as a run, the member keys, the mesh) and
-  builds it abstractly. Any problem is a `errors.BadInput`."""
-  configs = check(config)
-  single = build.setup(configs[0], devices, member_of_population=True)
-  if not single.objective.source.on_device:
-    raise errors.BadInput(
-        f"experiment {config.experiment!r} reads host-side data; populations need an "
-        f"on-device (synthetic) experiment: {', '.join(registry.names(population=True))}")
+def setup(config: ml_collections.ConfigDict | config_checks.Checked,
+          devices=None) -> PopulationSetup:
+  """Builds the population abstractly from its checked config (`config_checks.validate`),
+  checking what needs devices and tasks (mesh, split tables). Any problem is `BadInput`."""
+  configs = config_checks.validate(config).members
+  single = build.setup(config_checks.Checked(configs[0]), devices, member_of_population=True)
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):
     try:
-      config_checks.check_positive(member)
-      config_checks.check_schedule(member)
       member_objectives.append(objectives.build(member))
     except ValueError as e:
       raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
@@ -250,7 +236,3 @@ class PopulationTrainer:
 def member_state(state: Any, index: int) -> Any:
   """Member `index`'s slice of a population state: a single run's state."""
   return jax.tree.map(lambda x: x[index], state)
-
-
-def learning_rates(configs: Sequence[ml_collections.ConfigDict], step: int) -> list[float]:
-  return [float(state_lib.learning_rate_schedule(c)(step)) for c in configs]

@@ -29,6 +29,7 @@ import jax
 
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
 
 flags.DEFINE_bool("multi_process", False,
@@ -158,17 +159,18 @@ def _experiment(config: Any) -> registry.Experiment:
 
 
 def train_experiment(config: Any, workdir: Optional[str] = None) -> Any:
-  """Trains `config` with its experiment's trainer (the record's `train`: the loop, or the
-  language model's train-and-sample) into `workdir`, or a fresh one named after it."""
-  experiment = _experiment(config)
+  """Trains `config` (`config_checks.validate`d, here if not yet) with the record's `train`
+  (the loop, or the language model's) into `workdir`, or a fresh one named after it."""
+  checked = config_checks.validate(config)
+  experiment = _experiment(checked.config)
   train = registry.load(experiment.train)
-  return train(config, fresh_workdir(experiment.name) if workdir is None else workdir)
+  return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)
 
 
 def experiment_main(name: Optional[str] = None) -> Callable[[Any], None]:
-  """The `main(argv)` of the training entry point: the run flags, start-up (`start`), then
-  `train_experiment`. `name`: `--config` defaults to that experiment's `default_config`
-  (the per-task scripts); None: `--config` is required (`experiments/train.py`)."""
+  """The `main(argv)` of the training entry point: the run flags, `config_checks.validate`,
+  start-up (`start`), then `train_experiment`. `name`: `--config` defaults to that experiment's
+  `default_config` (the per-task scripts); None: `--config` is required (experiments/train.py)."""
   default = registry.get(name).config_flag(absolute=True) if name else None
   config, workdir = define_run_flags(default)
 
@@ -178,7 +180,8 @@ def experiment_main(name: Optional[str] = None) -> Callable[[Any], None]:
       raise errors.BadInput(
           "--config is required; allowed: an experiment's config file and argument: "
           + ", ".join(e.config_flag() for e in registry.EXPERIMENTS.values()))
-    _experiment(config.value)  # An unknown name: refused before start-up.
+    _experiment(config.value)  # An unknown name, then any bad value: refused before start-up.
+    checked = config_checks.validate(config.value)
     start()
-    train_experiment(config.value, workdir.value)
+    train_experiment(checked, workdir.value)
   return main

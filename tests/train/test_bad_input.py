@@ -23,7 +23,6 @@ from hypernet_attention.runs import preflight
 from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import sraven
 from hypernet_attention.train import loop
-from hypernet_attention.train import population
 
 import train_testlib as tl
 from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
@@ -589,7 +588,7 @@ def _fake_population(root) -> ml_collections.ConfigDict:
   """A population's workdir as its run records it before training (config.json files)."""
   config = _population(M2)
   run_files.check(str(root), config)
-  for i, member in enumerate(population.check(config)):
+  for i, member in enumerate(config_checks.validate(config).members):
     run_files.check(str(root / f"member{i}"), member, population=str(root))
   return config
 
@@ -597,7 +596,7 @@ def _fake_population(root) -> ml_collections.ConfigDict:
 def test_single_run_into_a_member_directory_refused(tmp_path):
   config = _fake_population(tmp_path / "pop")
   before = tl.snapshot(str(tmp_path))
-  member1 = population.member_config(config, 1)
+  member1 = config_checks.member_config(config, 1)
   with pytest.raises(errors.BadInput, match=r"is member 'member1' of the population in "
                      r".*pop, whose run is its only writer; allowed: rerun the population"):
     loop.train_and_evaluate(member1, str(tmp_path / "pop" / "member1"))
