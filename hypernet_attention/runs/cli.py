@@ -10,7 +10,9 @@
   `<program>: error: <what and what is allowed>`, and exit with status 2, before anything
   is written. `--verbosity=1` shows the traceback as well.
 - A checkpoint that cannot be written (full disk, ...) prints one line naming the intact
-  steps and exits with status 1 at once (found at the next chunk boundary).
+  steps and exits with status 1 at once (found at the next chunk boundary); any other file
+  that cannot be written or read (an `OSError`: summary.json, TensorBoard events, a report)
+  prints one line naming the file and the system's reason, and exits with status 1.
 - A preempted run (SIGTERM, or a first Ctrl-C: `preemption.Preempted`, after its checkpoint
   is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
   outside the training loop (or a second one) prints one line and exits with 130.
@@ -196,7 +198,14 @@ def _guarded(call: Callable[[], object]) -> object:
     if _raised(e, _PREEMPTION, "Preempted"):
       print(f"{_program()}: {e}", file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT_CODE)
-    raise
+    if not isinstance(e, OSError) or not e.strerror:
+      raise
+    if logging.get_verbosity() >= 1:
+      logging.exception("file error")
+    print(f"{_program()}: error: {e.filename or 'a file'}: {e.strerror}; files written "
+          "before are kept: fix the cause and rerun (training resumes from its last "
+          "checkpoint)", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def _notice_before_the_loop(signum, frame) -> NoReturn:

@@ -74,8 +74,11 @@ class EventsWriter:
         return
       run_files.write_bytes(self.path, data)  # One object: the whole file so far.
     else:
-      with self.path.open("ab") as f:
-        f.write(data[self._written:])
+      try:
+        with self.path.open("ab") as f:
+          f.write(data[self._written:])
+      except OSError as e:  # A full disk: one line naming the file (`cli.py`).
+        raise OSError(e.errno, e.strerror, os.fspath(self.path)) from e
     self._written, self._last_flush = len(data), time.time()
 
   def close(self) -> None:

@@ -209,8 +209,12 @@ def write_bytes(p: epath.PathLike, data: bytes) -> None:
     p.write_bytes(data)  # One object upload: atomic by itself.
     return
   tmp = p.with_name(p.name + ".tmp")
-  tmp.write_bytes(data)
-  tmp.replace(p)
+  try:
+    tmp.write_bytes(data)
+    tmp.replace(p)
+  except OSError as e:  # A full disk: the old file stays whole, the partial one goes.
+    tmp.unlink(missing_ok=True)
+    raise OSError(e.errno, e.strerror, os.fspath(p)) from e  # A write's error names no file.
 
 
 def write_json(p: epath.PathLike, data: Any, indent: int = 2) -> None:
@@ -392,9 +396,11 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
   workdir is left untouched.
   """
   root = path(workdir)
-  if root.exists() and not root.is_dir():
-    raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pass a directory "
-                     "(new or holding this run)")
+  blocker = file_in_the_way(root)
+  if blocker is not None:  # Found in the dry pass, before any compilation.
+    where = ("is a file, not a directory" if blocker == root else
+             f"is not writable (below the file {os.fspath(blocker)!r})")
+    raise ValueError(f"--workdir={workdir!r} {where}; pass a directory (new or holding this run)")
   if population is None:
     _check_not_inside_a_run(root, workdir)
   elif (root / CHECKPOINTS).exists() or (root / "lock.json").exists():

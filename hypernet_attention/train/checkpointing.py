@@ -27,6 +27,9 @@ written on N devices restores on M devices.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
+import sys
 import time
 from typing import Any, Optional
 
@@ -81,6 +84,30 @@ class CheckpointWriteError(RuntimeError):
   """A save failed (full disk, lost permissions, ...); finalized steps are untouched."""
 
 
+def os_reason(error: BaseException) -> str:
+  """The system's words for why a write failed ("No space left on device"), which tensorstore
+  gives inside a long text; else the error's first line."""
+  text = str(error)
+  named = [os.strerror(code) for code in errno.errorcode if os.strerror(code) in text]
+  return max(named, key=len) if named else (text.splitlines() or [type(error).__name__])[0][:300]
+
+
+# A failed save is raised here as one `CheckpointWriteError`; Orbax also logs it from each of
+# its threads, and tensorstore's late callbacks into a closed event loop print a traceback each
+# (hundreds of lines for one full disk). `--verbosity=1` keeps the logs.
+_SAVE_FAILURE_LOGS = ("_SignalingThread.run() raised an exception", "Handler Commit operations",
+                      "Save Finalize thread (%s) failed")
+logging.get_absl_logger().addFilter(lambda record: logging.get_verbosity() >= 1 or not any(
+    text in str(record.msg) for text in _SAVE_FAILURE_LOGS))
+
+
+def _drop_closed_loop(hook):
+  return lambda u: None if str(u.exc_value) == "Event loop is closed" else hook(u)
+
+
+sys.unraisablehook = _drop_closed_loop(sys.unraisablehook)
+
+
 @contextlib.contextmanager
 def _without_warning(prefix: str):
   """Drops Orbax's one WARNING that starts with `prefix`, keeps every other: "Given
@@ -125,8 +152,8 @@ class Checkpointer:
     An earlier asynchronous save that failed is reported here (or by `wait`/`close`) as a
     `CheckpointWriteError`.
     """
+    self.check()
     with self._write_errors(f"saving step {step}"):
-      self.manager.check_for_errors()
       if step in self.manager.all_steps():  # Resumed exactly at a saved step.
         return False
       items = dict(state=ocp.args.StandardSave(state),
@@ -142,9 +169,10 @@ class Checkpointer:
       yield
     except Exception as e:  # pylint: disable=broad-except
       finalized = sorted(int(d.name) for d in self.directory.iterdir() if d.name.isdigit())
-      first_line = (str(e).splitlines() or [type(e).__name__])[0][:300]
+      unfinished = self.unfinished_steps()  # The step that failed (Orbax reports it late).
+      what = f"writing step {', '.join(map(str, unfinished))}" if unfinished else what
       raise CheckpointWriteError(
-          f"checkpoint write failed while {what} in {self.directory} ({first_line}); "
+          f"checkpoint write failed while {what} in {self.directory}: {os_reason(e)}; "
           f"finalized steps {finalized or 'none'} are intact (a partial write is never "
           "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
           "resume") from e
@@ -228,9 +256,8 @@ class Checkpointer:
       except (CheckpointMismatchError, MemoryError):
         raise
       except Exception as e:  # pylint: disable=broad-except
-        # Its metadata or array files are corrupt or truncated. Orbax closes the restore's
-        # event loop with other reads still in flight; one finishing later may print
-        # "Event loop is closed" (an ignored exception): harmless, the step is moved aside.
+        # Its metadata or array files are corrupt or truncated (reads still in flight then
+        # meet a closed event loop: `_drop_closed_loop`); the step is moved aside.
         self._unreadable(step, e)
         continue
       logging.info("Restored checkpoint at step %d from %s", step,
