@@ -59,9 +59,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not getattr(args, name) > 0:
       parser.error(f"--{name}={getattr(args, name)}; allowed: a positive number")
   run_files.check_output_dir(args.out_dir, "--out_dir")  # BadInput: one line, before work.
-  if args.jsonl:
-    if os.path.isdir(args.jsonl):
-      parser.error(f"--jsonl={args.jsonl!r} is a folder; allowed: a file path")
+  if args.jsonl:  # Appended to: an existing file is kept.
+    run_files.output_path(args.jsonl, "--jsonl", overwrite=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.jsonl)), exist_ok=True)
   args.implementations = [n for n in args.implementations.split(",") if n]
   unknown = [n for n in args.implementations if n not in benchmark.allowed_names()]

@@ -31,8 +31,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-# pylint: disable-next=wrong-import-position
+# pylint: disable=wrong-import-position
+from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402  (no JAX)
+from hypernet_attention.runs import run_files  # noqa: E402
 
 TASKS = registry.names(on_device=True)  # Synthetic tasks: a paper-size run starts at once.
 # SRAVEN's accuracy ceilings take minutes before training; no other task estimates any.
@@ -109,7 +111,8 @@ def main() -> None:
   if unknown or args.trials < 1:
     parser.error(f"--tasks={args.tasks!r} --trials={args.trials}; allowed: tasks from "
                  f"{sorted(TASKS)}, trials >= 1")
-  out = args.out or os.path.join(HERE, "results", f"preemption_latency_{args.label}.json")
+  out = run_files.output_path(args.out or os.path.join(  # Below a file: refused now.
+      HERE, "results", f"preemption_latency_{args.label}.json"), "--out", overwrite=True)
   rng = random.Random(args.seed)
   trials = []
   for i in range(args.trials):
@@ -125,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_plain(main)

@@ -19,7 +19,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402
+from hypernet_attention.runs import run_files  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
@@ -48,6 +50,8 @@ def main():
                                     _data_overrides(args.experiment))
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
+  if args.trace_dir:
+    run_files.check_output_dir(args.trace_dir, "--trace_dir")
   profile = profiling.profile_train_step(config, args.steps, args.trace_dir)
   print("| ms/step | share | output shape | op (layers summed) |\n|---|---|---|---|")
   for row in profile.ops[:args.top]:
@@ -58,4 +62,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_plain(main)

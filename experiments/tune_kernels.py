@@ -39,6 +39,8 @@ from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 
 
 class Unsupported(Exception):
@@ -108,6 +110,8 @@ def main():
   for flag in ("seq_len", "batch", "heads", "head_dim", "calls", "repeats"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
+  if args.out:  # Appended to as rows finish: a file in the way is named before any work.
+    run_files.output_path(args.out, "--out", overwrite=True)
   if jax.default_backend() != "gpu" and not args.interpret:
     parser.error(f"JAX's backend is {jax.default_backend()}: the kernels need a GPU; allowed "
                  "off a GPU: --interpret (tiny sizes)")
@@ -163,4 +167,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  cli.run_plain(main)

@@ -312,10 +312,7 @@ def main(argv: list[str]) -> Optional[int]:
   if f.dry_run:
     print("\n".join(grouping_lines(f.sweep, sweep.get_sweep()[: f.max_jobs], points)))
     return 0
-  root = str(run_files.path(f.root or os.path.join("workdirs", f.sweep), "--root"))
-  if os.path.exists(root) and not os.path.isdir(root):
-    raise errors.BadInput(f"--root={f.root!r} is a file; allowed: a folder (new, or "
-                          "holding this sweep's points)")
+  root = str(run_files.check_output_dir(f.root or os.path.join("workdirs", f.sweep), "--root"))
   signal.signal(signal.SIGTERM, _on_sigterm)
   start = time.time()
   outcomes = run_sweep(points, sweep.EXPERIMENT, root, f.jobs)

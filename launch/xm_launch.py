@@ -39,6 +39,7 @@ from absl import flags
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import registry
+from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
 from launch import sweeps
@@ -118,6 +119,8 @@ def main(argv: list[str]) -> None:
                               f"{list(jobs.MULTI_HOST_EXECUTORS)}")
   if not _WORKDIR_ROOT.value.strip():
     raise errors.BadInput("--workdir_root=''; allowed: a directory or gs:// path")
+  if not run_files.is_remote(_WORKDIR_ROOT.value):  # A file in the way: named now.
+    run_files.check_output_dir(_WORKDIR_ROOT.value, "--workdir_root")
   if flags.FLAGS.dry_run:
     print("\n".join(dry_run_lines(_SWEEP.value, _EXECUTOR.value, _NUM_HOSTS.value,
                                   _WORKDIR_ROOT.value, _MAX_JOBS.value,

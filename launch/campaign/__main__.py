@@ -99,10 +99,7 @@ def _check_flags(cells) -> None:
     if os.path.isdir(path) or not path.endswith(".md"):
       raise errors.BadInput(f"--report_path={path!r}; allowed: a Markdown file path ending "
                             "in .md (its figures go beside it)")
-    blocker = run_files.file_in_the_way(os.path.dirname(os.path.abspath(path)))
-    if blocker is not None:
-      raise errors.BadInput(f"--report_path={path!r} is below the file {str(blocker)!r}; "
-                            "allowed: a path in a folder (new or existing)")
+    run_files.output_path(path, "--report_path", overwrite=True)  # Below a file: refused.
 
 
 def _on_sigterm(signum, frame):
