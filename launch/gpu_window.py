@@ -262,6 +262,15 @@ def _mosaic_not_passed(w: Window) -> Optional[str]:
   return None
 
 
+def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
+  """`configs` without Mosaic's unless it passed here (a `tune` row says why): timing a
+  kernel that is wrong or does not compile only costs time."""
+  why_not = _mosaic_not_passed(w)
+  if why_not:
+    w.record("tune", name="mosaic", **row, status="skipped", message=why_not)
+  return [c for c in configs if not (why_not and c.startswith("mosaic:"))]
+
+
 def _sanitizer() -> list[str]:
   """compute-sanitizer's memcheck (on the GPU image, beside CUDA), exit 1 on any error; []
   where it is absent (the CPU dry run)."""
@@ -339,11 +348,7 @@ def stages(sizes: Sizes) -> list[Stage]:
 
   def tiles(w: Window, limit: float) -> list[str]:
     del limit
-    configs = list(w.sizes.tune_configs)
-    why_not = _mosaic_not_passed(w)
-    if why_not:  # Timing a kernel that is wrong or does not compile only costs time.
-      configs = [c for c in configs if not c.startswith("mosaic:")]
-      w.record("tune", name="mosaic", status="skipped", message=why_not)
+    configs = _passed_configs(w, list(w.sizes.tune_configs))
     return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
   def mosaic_parity(w: Window, limit: float) -> list[str]:
@@ -358,11 +363,8 @@ def stages(sizes: Sizes) -> list[Stage]:
       del limit
       # The dQ kernel only: XLA's dQ path measured 65.5 vs 66.6 ms (H200, T=4096), no gain
       # worth its 70 s of compile; `tiles` times both.
-      configs = ["mosaic:64x16x16:kernel", "blockwise:256x256"]
-      why_not = _mosaic_not_passed(w)
-      if why_not:  # Never beside cuDNN and XLA in one process before it passed here.
-        configs = configs[1:]
-        w.record("tune", name="mosaic", seq_len=seq_len, status="skipped", message=why_not)
+      configs = _passed_configs(w, ["mosaic:64x16x16:kernel", "blockwise:256x256"],
+                                seq_len=seq_len)
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if w.dry_run:
         configs = [c.replace("256x256", "32x32") for c in configs]

@@ -33,22 +33,33 @@ def commit(repo: str) -> str:
     return "unknown"
 
 
-def host_cpu() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
-
-
 # /proc/cpuinfo fields that name a CPU where "model name" does not (a VM's "AMD EPYC").
 _CPU_FIELDS = ("model name", "cpu family", "model", "stepping")
 # Instruction sets that XLA:CPU's dot and reduction kernels (YNNPACK) choose between at run
 # time: the same code, config and jax round differently on hosts that differ in them.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def _cpuinfo(path: str) -> tuple[dict[str, str], set[str]]:
+  """The first CPU's `_CPU_FIELDS` and flags; empty where /proc/cpuinfo cannot be read."""
+  fields, flags = {}, set()
+  try:
+    with open(path) as f:
+      for line in f:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in _CPU_FIELDS:
+          fields.setdefault(key, value)
+        elif key == "flags" and not flags:
+          flags = set(value.split())
+  except OSError:
+    pass
+  return fields, flags
+
+
+def host_cpu(fields: dict[str, str] | None = None) -> str:
+  """The CPU's model name (a cell file's `device.host_cpu`)."""
+  fields = _cpuinfo("/proc/cpuinfo")[0] if fields is None else fields
+  return fields.get("model name") or platform.processor() or "unknown"
 
 
 def host(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
@@ -60,18 +71,8 @@ def host(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
   6bd1bde's fuzzy-logic single run, rerun on another 2-core "AMD EPYC" VM, parted from its
   own curve within 1,000 steps, and "model name" alone could not tell the two hosts apart).
   Recorded per process, since a cut-off cell may resume on another machine."""
-  fields, flags = {}, set()
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in _CPU_FIELDS:
-          fields.setdefault(key, value)
-        elif key == "flags" and not flags:
-          flags = set(value.split())
-  except OSError:
-    pass
-  cpu = fields.get("model name") or platform.processor() or "unknown"
+  fields, flags = _cpuinfo(cpuinfo)
+  cpu = host_cpu(fields)
   if "cpu family" in fields:
     cpu += " (family {}, model {}, stepping {})".format(
         *(fields.get(k, "?") for k in _CPU_FIELDS[1:]))
