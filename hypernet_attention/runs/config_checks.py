@@ -93,7 +93,8 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
 
 
 def check_run(config: ml_collections.ConfigDict) -> None:
-  """The run-level fields no single module owns: seed, schedule, stop step, eval, dtypes."""
+  """The run-level fields no single module owns: seed, schedule (the authors' needs a cosine
+  part), stop step, eval (whole batches), dtypes."""
   seed = config.get("seed")
   if not _is_int(seed) or not 0 <= seed < 2**32:
     raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
@@ -120,17 +121,9 @@ def check_run(config: ml_collections.ConfigDict) -> None:
     value = _get(config, key)
     if value is not None and str(value) not in DTYPES:
       raise BadInput(f"config.{key}={value!r}; allowed: {', '.join(DTYPES)}")
-
-
-def check_intervals(config: ml_collections.ConfigDict) -> None:
-  """The evaluation reads whole batches."""
   if config.eval.num_problems % config.eval.batch_size:
     raise BadInput(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
                    f"config.eval.batch_size={config.eval.batch_size}")
-
-
-def check_schedule(config: ml_collections.ConfigDict) -> None:
-  """Raises `BadInput` when the authors' schedule leaves no cosine part."""
   opt = config.optimizer
   if opt.get("authors_schedule", False) and (
       config.num_train_steps - 2 * opt.warmup_steps <= 0):
@@ -166,8 +159,6 @@ def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
   check_positive(config)
   check_ranges(config)
   check_run(config)
-  check_intervals(config)
-  check_schedule(config)
   check_preset(config.model.attention)
   return Checked(config, tuple(check_population(config)))
 
