@@ -6,8 +6,10 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
   python experiments/tune_kernels.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
 --configs entries, each timed forward and forward+backward (causal):
-  mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with Blocks(BQ, BK, BV) and the backward's
-                         dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla)
+  mosaic:BQxBKxBV:DQ[:FORWARD]
+                         `mosaic_kernel.attention` with Blocks(BQ, BK, BV), the backward's
+                         dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla) and the
+                         forward kernel FORWARD (`mosaic_kernel.FORWARDS`; default wgmma)
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
@@ -21,8 +23,11 @@ interpret Mosaic), not the end of the sweep.
 The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, Blocks(64,
 16, 16) is the only one that fits (block_v=32: 256,256 bytes of SMEM, block_q=128: 319,744,
 block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_smem.check_tiles`), so its sweep is
-the backward's dQ path. Blockwise's tiles matter for another reason: compiled for an H100,
-its T=4096 forward+backward launched 14,795 kernels at 128 x 128, 2,866 at 256 x 256.
+the backward's dQ path. The registers forward needs ~97 KiB at Blocks(64, 16, 4): its
+space is registers, not SMEM (block_v columns cost H*4 float32 registers per thread each),
+so its sweep is block_v 2-8 and block_k 16-32. Blockwise's tiles matter for another
+reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels at
+128 x 128, 2,866 at 256 x 256.
 Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11).
 """
 
@@ -52,15 +57,17 @@ def parse_config(entry: str) -> dict:
   parts = entry.split(":")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
-    if min(tiles) > 0 and parts[0] == "mosaic" and len(parts) == 3 and len(tiles) == 3:
+    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) in (3, 4) and len(tiles) == 3
+        and (parts + ["wgmma"])[3] in mosaic_kernel.FORWARDS):
       return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
-                  dq=parts[2])
+                  dq=parts[2], forward=(parts + ["wgmma"])[3])
     if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
-                   "mosaic:64x16x16:kernel) or blockwise:BQxBK, tiles positive integers")
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:FORWARD] (e.g. "
+                   "mosaic:64x16x16:kernel, mosaic:64x16x4:kernel:registers) or "
+                   "blockwise:BQxBK, tiles positive integers")
 
 
 def kernel_fn(config: dict, interpret: bool):
@@ -73,7 +80,8 @@ def kernel_fn(config: dict, interpret: bool):
     raise Unsupported(why_not)
   blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
   return lambda q, k, v: mosaic_kernel.attention(
-      q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
+      q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params,
+      forward=config["forward"])
 
 
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:

@@ -10,18 +10,20 @@ so a slow stage costs only its own budget. The default window is issue 52's: the
 kernel correct on the GPU, then timed:
   env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
                the sources that ran
-  rung_forward, rung_backward, rung_dq
+  rung_forward, rung_backward, rung_dq, rung_forward_registers
                the Mosaic kernels one at a time (forward; + the key-stationary backward; +
-               the dQ kernel), each alone in its own process at B=1, T=128, under
+               the dQ kernel; the second forward, `ops/mosaic_forward_registers.py`), each
+               alone in its own process at B=1, T=128, under
                compute-sanitizer's memcheck (`hypernet_attention/measure/mosaic_rungs.py`):
                a kernel that faults kills its process's CUDA context, and memcheck names the
                faulting access; a failure ends the window
-  mosaic_parity  bf16 values and gradients against the float64 reference at T=256 and 1000
-               (`measure/parity.check`), alone; a wrong answer ends the window
+  mosaic_parity  bf16 values and gradients of both forwards against the float64 reference
+               at T=1000 (`measure/parity.check`), alone; a wrong answer ends the window
   mosaic_time_4096
-               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of Mosaic (its dQ kernel) beside
-               cuDNN and blockwise 256 x 256 in one process (`experiments/tune_kernels.py`),
-               Mosaic left out unless its parity passed in this window
+               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of both Mosaic forwards (the dQ
+               kernel) beside cuDNN and blockwise 256 x 256 in one process
+               (`experiments/tune_kernels.py`), each forward left out unless its parity
+               passed in this window
 Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   parity       every HYLA implementation against the float64 reference at T=256 and 1000
                (`experiments/benchmark_attention.py --parity_only`), float32 first
@@ -31,8 +33,8 @@ Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   c4_b64       the C4 50M train step, softmax vs HYLA (auto), batch 64, random tokens
                (`experiments/benchmark_training.py --synthetic_tokens`)
   tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_kernels.py`):
-               blockwise at 128 and 256 and Mosaic's two dQ paths (left out unless Mosaic's
-               parity passed in this window)
+               the registers forward's block_v and block_k, XLA's dQ path, blockwise 256 x
+               256 (each Mosaic forward left out unless its parity passed in this window)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax
@@ -67,7 +69,9 @@ from typing import Callable, Optional
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSONL, LOG, TRACE = "gpu_window.jsonl", "gpu_window.log", "c4_hyla_trace.tar.gz"
 MAX_TRACE_BYTES = 15 * 2**20  # The device tool returns files of at most 16 MiB.
-H100_DEADLINE_S = 450  # Of the 8-minute window; the wrapper's wheel install comes first.
+# Of a 600 s device call: the machine's start, the wrapper's wheel install and the copy
+# back of $OUT come first and last.
+H100_DEADLINE_S = 520
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +93,7 @@ class Sizes:
   # The Mosaic ladder (`hypernet_attention/measure/mosaic_rungs.py`): B,T,H,D of each rung,
   # parity's lengths, and the tile sweep's lengths.
   rung_shape: tuple[int, int, int, int] = (1, 128, 8, 64)
-  mosaic_parity_lens: str = "256,1000"
+  mosaic_parity_lens: str = "1000"
   mosaic_time_lens: tuple[int, ...] = (4096,)
 
 
@@ -101,8 +105,9 @@ GPU = Sizes(
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    tune_configs=("blockwise:128x128", "blockwise:256x256", "mosaic:64x16x16:kernel",
-                  "mosaic:64x16x16:xla"),
+    tune_configs=("mosaic:64x16x2:kernel:registers", "mosaic:64x16x8:kernel:registers",
+                  "mosaic:64x32x4:kernel:registers", "mosaic:128x16x2:kernel:registers",
+                  "mosaic:64x16x16:xla", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -114,13 +119,14 @@ DRY_RUN = Sizes(
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
-    tune_configs=("blockwise:32x32", "mosaic:64x16x16:kernel"),
+    tune_configs=("blockwise:32x32", "mosaic:64x16x16:kernel", "mosaic:64x16x2:kernel:registers"),
     scale=3.0, deadline_s=600, left_out=("population_softmax",), rung_shape=(1, 64, 2, 16),
     mosaic_parity_lens="64", mosaic_time_lens=(64,))
 # Stage budgets below are seconds on an H100 (an H200 measured the same, 2026-11-27:
 # experiments/results/gpu_windows/2026-11-27_h200_kernel): rung_forward 6 s, rung_backward
-# 57, rung_dq 59 (lowering the 16-key backward is ~50 of each), parity ~70 s per length, a
-# Mosaic tune row 60-70 s of compile. Expected default window ~350 s of the 450.
+# 57, rung_dq 59 (lowering the 16-key backward is ~50 of each), parity ~70 s per length and
+# forward, a Mosaic tune row 60-70 s of compile; the registers forward lowers in ~7 s on a
+# CPU. Expected default window ~440 s of the 520.
 
 
 @dataclasses.dataclass
@@ -241,34 +247,47 @@ def _population(model: str, budget_s: float) -> Stage:
                default=False)
 
 
-def _mosaic_not_passed(w: Window) -> Optional[str]:
-  """Why the Mosaic kernel may not share a process with other measurements yet: a kernel
-  that faults kills the process's CUDA context (the H100 window of 2026-11-27), so it is
-  timed beside others only after its bfloat16 parity passed in this same window (the
-  rungs and `mosaic_parity` run it alone, in their own processes)."""
+def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
+  """Why a Mosaic forward (`implementation`: parity's name, mosaic:FORWARD) may not share a
+  process with other measurements yet: a kernel that faults kills the process's CUDA
+  context (the H100 window of 2026-11-27), so it is timed beside others only after its
+  bfloat16 parity passed in this same window (the rungs and `mosaic_parity` run it alone,
+  in their own processes)."""
   path = os.path.join(w.out, JSONL)
   rows = []
   if os.path.exists(path):
     with open(path) as f:
       rows = [json.loads(line) for line in f if line.strip()]
   parity = [r for r in rows if r.get("kind") == "parity" and r.get("implementation") ==
-            "mosaic" and r.get("dtype") == "bfloat16"]
+            implementation and r.get("dtype") == "bfloat16"]
   bad = [r for r in parity if r.get("status") != "pass"]
   if bad:
-    return (f"mosaic's parity in this window: {bad[0]['status']} at T={bad[0].get('seq_len')} "
-            f"{bad[0].get('dtype')}")
+    return (f"{implementation}'s parity in this window: {bad[0]['status']} at "
+            f"T={bad[0].get('seq_len')} {bad[0].get('dtype')}")
   if not parity:
-    return "mosaic has not passed bfloat16 parity in this window"
+    return f"{implementation} has not passed bfloat16 parity in this window"
   return None
 
 
+def _forward_of(config: str) -> Optional[str]:
+  """Parity's name of a tune_kernels Mosaic config's forward (mosaic:BQxBKxBV:DQ[:FORWARD]
+  -> mosaic:FORWARD, default wgmma); None for other kernels."""
+  parts = config.split(":")
+  return f"mosaic:{(parts + ['wgmma'])[3]}" if parts[0] == "mosaic" else None
+
+
 def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
-  """`configs` without Mosaic's unless it passed here (a `tune` row says why): timing a
-  kernel that is wrong or does not compile only costs time."""
-  why_not = _mosaic_not_passed(w)
-  if why_not:
-    w.record("tune", name="mosaic", **row, status="skipped", message=why_not)
-  return [c for c in configs if not (why_not and c.startswith("mosaic:"))]
+  """`configs` without each Mosaic forward's unless it passed here (a `tune` row says why):
+  timing a kernel that is wrong or does not compile only costs time."""
+  kept = []
+  for config in configs:
+    forward = _forward_of(config)
+    why_not = forward and _mosaic_not_passed(w, forward)
+    if why_not:
+      w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
+    else:
+      kept.append(config)
+  return kept
 
 
 def _sanitizer() -> list[str]:
@@ -280,9 +299,10 @@ def _sanitizer() -> list[str]:
       found) else []
 
 
-def _rung(rung: str, budget_s: float) -> Stage:
-  """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a
-  fault, a memcheck error, wrong numbers) ends the window: nothing after it is timed."""
+def _rung(rung: str, budget_s: float, forward: str = "wgmma") -> Stage:
+  """One rung of the Mosaic ladder with one forward kernel, alone in its process, under
+  memcheck; a failure (a fault, a memcheck error, wrong numbers) ends the window: nothing
+  after it is timed."""
   def argv(w: Window, limit: float) -> list[str]:
     del limit
     batch, seq_len, heads, head_dim = w.sizes.rung_shape
@@ -291,9 +311,10 @@ def _rung(rung: str, budget_s: float) -> Stage:
     return ["env", "XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_FLAGS=--xla_gpu_autotune_level=0",
             *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
                                     f"--batch={batch}", f"--seq_len={seq_len}",
-                                    f"--heads={heads}", f"--head_dim={head_dim}")]
-  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20,
-               stops_window=True)
+                                    f"--heads={heads}", f"--head_dim={head_dim}",
+                                    f"--forward={forward}")]
+  name = f"rung_{rung}" if forward == "wgmma" else f"rung_{rung}_{forward}"
+  return Stage(name, budget_s, argv, _json_line("rung"), min_s=20, stops_window=True)
 
 
 def _trace_dir(w: Window) -> str:
@@ -356,15 +377,15 @@ def stages(sizes: Sizes) -> list[Stage]:
     batch, _, heads, head_dim = w.sizes.rung_shape
     return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
                    f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
-                   f"--heads={heads}", f"--head_dim={head_dim}")
+                   f"--heads={heads}", f"--head_dim={head_dim}", "--forward=wgmma,registers")
 
   def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
     def argv(w: Window, limit: float) -> list[str]:
       del limit
       # The dQ kernel only: XLA's dQ path measured 65.5 vs 66.6 ms (H200, T=4096), no gain
       # worth its 70 s of compile; `tiles` times both.
-      configs = _passed_configs(w, ["mosaic:64x16x16:kernel", "blockwise:256x256"],
-                                seq_len=seq_len)
+      configs = _passed_configs(w, ["mosaic:64x16x16:kernel", "mosaic:64x16x4:kernel:registers",
+                                    "blockwise:256x256"], seq_len=seq_len)
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if w.dry_run:
         configs = [c.replace("256x256", "32x32") for c in configs]
@@ -383,9 +404,10 @@ def stages(sizes: Sizes) -> list[Stage]:
       _rung("forward", 30),
       _rung("backward", 80),
       _rung("dq", 80),
+      _rung("forward", 30, "registers"),
       Stage("mosaic_parity", 200, mosaic_parity, _json_line("parity"), min_s=100,
             stops_window=True),
-      *(Stage(f"mosaic_time_{t}", 110, mosaic_time(t), _json_line("tune"), min_s=80)
+      *(Stage(f"mosaic_time_{t}", 180, mosaic_time(t), _json_line("tune"), min_s=80)
         for t in sizes.mosaic_time_lens),
       Stage("parity", 120, parity, min_s=30, stops_window=True, default=False),
       Stage("attention", 150, attention, min_s=40, default=False),

@@ -27,6 +27,14 @@ H=8). Which (bk, bv) is fastest, and whether this beats the tensor-core forward 
 for a GPU window to measure (`launch/gpu_window.py`); until then `mosaic_kernel.attention`
 runs it only when asked (`forward="registers"`).
 
+The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
+forward and ~3.4x that backward (u and dz recomputed; dz, du, dc = dy z + du v, dv); at
+T=4096, B=4, H=8, V=64 that is ~37 G forward and ~160 G in all: 1.1 ms and ~4.8 ms at an
+H100's float32 CUDA-core peak (~33.5 T FMA/s), ~6.3x cuDNN's softmax fwd+bwd (0.76 ms on
+an H200) before any overhead. A kernel within 4x of cuDNN needs packed 16-bit arithmetic (two
+multiply-adds per instruction) for the per-pair work, near peak; this float32 forward is the
+step that shows whether the layout runs near its floor at all.
+
 Precision: scores, code, u, z and y in float32 from input-dtype operands (Q, K, V); the code
 is not rounded to the input dtype (the tensor-core forward rounds it once).
 Shape letters: B, H, Q, K, D, V as in `mosaic_kernel.py`; J value slices, Hv heads padded so
