@@ -23,6 +23,7 @@ Writes table_a1.md, table_a1.csv and table_a1.png (bars with s.e. error bars) to
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -199,13 +200,29 @@ def _cell_keys(runs: Sequence[Run]) -> list[str]:
 ROW_KEYS = ("model.attention", "model.feed_forward")
 
 
-def _label(config: dict[str, Any], keys: Sequence[str]) -> tuple[str, tuple, tuple]:
-  """(row label, row key, group): the group is every varying setting but the row's."""
-  key = (config["model.attention"], config.get("model.feed_forward") == "moe")
-  name = common.TABLE_A1_ROWS.get(key, key[0] + (" + MoE" if key[1] else ""))
-  group = tuple((k, json.dumps(config.get(k))) for k in keys if k not in ROW_KEYS)
-  extra = [f"{k}={config.get(k)}" for k in keys if k not in ROW_KEYS]
-  return ", ".join([name] + extra), key, group
+def grid_rows(runs: Sequence[Run], keys: Sequence[str] = ()) -> dict[tuple, dict[tuple, dict]]:
+  """{(row label, row key, group): {grid setting (HPARAMS values): {seed: run}}} of finished
+  `runs`, in Table A1's row order, then by label. `keys`: the settings that vary across them
+  (`_cell_keys`); those other than the row's make the group, named in the label. A seed
+  found twice at one setting counts once (the first run's). Both tables are made from it:
+  `tabulate` here and the campaign's report."""
+  rows: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
+  for run in runs:
+    c = run.config
+    key = (c["model.attention"], c.get("model.feed_forward") == "moe")
+    name = common.TABLE_A1_ROWS.get(key, key[0] + (" + MoE" if key[1] else ""))
+    label = ", ".join([name] + [f"{k}={c.get(k)}" for k in keys if k not in ROW_KEYS])
+    group = tuple((k, json.dumps(c.get(k))) for k in keys if k not in ROW_KEYS)
+    rows[label, key, group][tuple(c.get(h) for h in HPARAMS)].setdefault(c["seed"], run)
+  order = list(common.TABLE_A1_ROWS)
+  rank = lambda row: (order.index(row[1]) if row[1] in order else len(order), row[0])
+  return {row: rows[row] for row in sorted(rows, key=rank)}
+
+
+def best_setting(settings: dict[tuple, dict], key: str) -> tuple:
+  """Of `grid_rows`' settings of one row, the one whose runs' mean `key` (a summary metric,
+  `ood/r2`) is highest; the first of equals."""
+  return max(settings, key=lambda s: np.mean([r.summary[key] for r in settings[s].values()]))
 
 
 def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
@@ -220,29 +237,15 @@ def tabulate(runs: Sequence[Run], select: str = "ood") -> list[Cell]:
     raise errors.BadInput(f"runs of several experiments {sorted(experiments)} under one root; "
                      "collect one experiment at a time")
   experiment = registry.get(experiments.pop())
-  keys = _cell_keys(finished)
-  groups: dict[str, dict[tuple, list[Run]]] = {}
-  labels, group_of = {}, {}
-  for run in finished:
-    label, key, group = _label(run.config, keys)
-    labels[label], group_of[label] = key, group
-    setting = tuple(run.config.get(h) for h in HPARAMS)
-    groups.setdefault(label, {}).setdefault(setting, []).append(run)
-  order = list(common.TABLE_A1_ROWS)
   published = experiment.paper.table_a1 if experiment.paper else {}
+  metric = lambda runs, split: [r.summary[f"{split}/{experiment.metric}"] for r in runs]
   cells = []
-  for label, settings in sorted(groups.items(), key=lambda item: (
-      order.index(labels[item[0]]) if labels[item[0]] in order else len(order), item[0])):
-    def score(item):
-      return np.mean([r.summary[f"{select}/{experiment.metric}"] for r in item[1]])
-    setting, best = max(settings.items(), key=score)
-    best = sorted(best, key=lambda r: r.config["seed"])
-    paper = published.get(labels[label])
-    cells.append(Cell(
-        label, labels[label], group_of[label], dict(zip(HPARAMS, setting)), len(settings),
-        Stat.of([r.summary[f"ood/{experiment.metric}"] for r in best]),
-        Stat.of([r.summary[f"test/{experiment.metric}"] for r in best]),
-        tuple(r.config["seed"] for r in best), paper))
+  for (label, key, group), settings in grid_rows(finished, _cell_keys(finished)).items():
+    setting = best_setting(settings, f"{select}/{experiment.metric}")
+    best = [settings[setting][s] for s in sorted(settings[setting])]
+    cells.append(Cell(label, key, group, dict(zip(HPARAMS, setting)), len(settings),
+                      Stat.of(metric(best, "ood")), Stat.of(metric(best, "test")),
+                      tuple(r.config["seed"] for r in best), published.get(key)))
   return cells
 
 

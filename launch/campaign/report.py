@@ -13,12 +13,10 @@ import numpy as np
 
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
+from launch import collect
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records as records_lib
-from launch.collect import HPARAMS
-from launch.collect import Paired
-from launch.collect import Stat
 from launch.sweeps import common
 
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
@@ -34,31 +32,23 @@ def _metric(experiment: str) -> str:
   return registry.get(experiment).metric
 
 
-def _row_key(record: dict[str, Any]) -> tuple[str, bool]:
-  return record["model"], record["overrides"].get("model.feed_forward") == "moe"
-
-
-def _setting(member: dict[str, Any]) -> tuple:
-  return tuple(member["settings"][h] for h in HPARAMS)
-
-
 def table_a1_members(records: dict[str, dict[str, Any]], experiment: str):
-  """{row: {setting: {seed: member}}} of Table A1's cells (stages a, b, d, e); a seed that
-  appears twice at one setting is counted once (the first cell's, in name order)."""
-  rows: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
-  for name in sorted(records):
-    r = records[name]
-    if (r["kind"] != "train" or r["experiment"] != experiment
-        or r["stage"] not in cells_lib.TABLE_A1_STAGES):
-      continue
-    for m in r["members"]:
-      if m["frozen_at_step"] is None:
-        rows[_row_key(r)][_setting(m)].setdefault(m["settings"]["seed"], m)
-  return rows
+  """{row key: {setting: {seed: run}}} of Table A1's cells (stages a, b, d, e), each finished
+  member a `collect.Run` (its settings as config, its final metrics as summary), grouped as
+  `collect` groups a sweep's runs; a seed that appears twice at one setting is counted once
+  (the first cell's, in name order)."""
+  runs = [collect.Run(f"{name}/{m['name']}", {
+      "model.attention": r["model"], **m["settings"],
+      "model.feed_forward": r["overrides"].get("model.feed_forward")}, m["final"], 0.0)
+          for name, r in sorted(records.items())
+          if r["kind"] == "train" and r["experiment"] == experiment
+          and r["stage"] in cells_lib.TABLE_A1_STAGES
+          for m in r["members"] if m["frozen_at_step"] is None]
+  return {key: settings for (_, key, _), settings in collect.grid_rows(runs).items()}
 
 
-def _stat(members, key: str) -> Stat:
-  return Stat.of([m["final"][key] for m in members])
+def _stat(runs, key: str) -> collect.Stat:
+  return collect.Stat.of([run.summary[key] for run in runs])
 
 
 def _default_setting(experiment: str) -> tuple:
@@ -67,7 +57,7 @@ def _default_setting(experiment: str) -> tuple:
   return (d["optimizer.learning_rate"], d["optimizer.weight_decay"], warmup)
 
 
-def versus_paper(ours: Stat, paper: tuple[float, float], paper_seeds: int = 3) -> str:
+def versus_paper(ours: collect.Stat, paper: tuple[float, float], paper_seeds: int = 3) -> str:
   """`ours - paper` (x100) and Welch's two-sided p from the two summaries.
 
   Table A1 gives mean +- s.e. over 3 seeds, not the seeds, so a test on summaries is all
@@ -96,24 +86,22 @@ def table_a1(records, experiment: str) -> str:
   lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
            + " | OOD per seed | paper OOD | ours - paper (p) |",
            "|---" * (6 + len(split_cols)) + "|"]
-  order = [k for k in common.TABLE_A1_ROWS if k in rows]
-  for key in order:
-    settings = rows[key]
+  for key, settings in rows.items():  # In Table A1's order.
     name, paper_ood = common.TABLE_A1_ROWS[key], paper.table_a1[key]
     complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
     shown = []
     if _default_setting(experiment) in settings:
       shown.append((_default_setting(experiment), "default"))
     if complete:
-      best = max(settings, key=lambda s: _stat(settings[s].values(), f"ood/{metric}").mean)
-      shown.append((best, "best of grid"))
+      shown.append((collect.best_setting(settings, f"ood/{metric}"), "best of grid"))
     elif not shown:
       shown.append((next(iter(settings)), "only"))
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
       stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
-      per_seed = ", ".join(f"{m['final'][f'ood/{metric}'] * 100:.1f}" for m in members)
-      ours, text = _stat(members, f"ood/{metric}"), common.setting_text(dict(zip(HPARAMS, setting)))
+      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" for m in members)
+      ours = _stat(members, f"ood/{metric}")
+      text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
       lines.append(f"| {name} | {text} ({why}) | {len(members)} | "
                    + " | ".join(stats) + f" | {per_seed} | {paper_ood[0]:.2f} ± "
                    f"{paper_ood[1]:.2f} | {versus_paper(ours, paper_ood)} |")
@@ -124,9 +112,9 @@ def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
   """`row - baseline` seed by seed at the default setting (a seed fixes the held-out split,
   so the difference is free of the split's variance); None if no seed has both."""
   rows = table_a1_members(records, experiment)
-  ood = lambda model: {s: m["final"][f"ood/{_metric(experiment)}"] for s, m in rows.get(
+  ood = lambda model: {s: m.summary[f"ood/{_metric(experiment)}"] for s, m in rows.get(
       (model, False), {}).get(_default_setting(experiment), {}).items()}
-  q = Paired.of(f"{row} - {baseline}", ood(row), ood(baseline))
+  q = collect.Paired.of(f"{row} - {baseline}", ood(row), ood(baseline))
   if q is None:
     return None
   per_seed = ", ".join(f"seed {s}: {d:+.1f}" for s, d in zip(q.seeds, q.diff.values))
@@ -167,7 +155,7 @@ def authors_split_text(records) -> str:
            "|---|---|---|---|---|---|"]
   for model in [m for m in ("softmax", "linear", "hyla") if m in rows]:
     by_seed = rows[model]
-    ours = Stat.of([by_seed[s] for s in sorted(by_seed)])
+    ours = collect.Stat.of([by_seed[s] for s in sorted(by_seed)])
     name = common.TABLE_A1_ROWS[(model, False)]
     per_seed = ", ".join(f"seed {s}: {by_seed[s] * 100:.1f}" for s in sorted(by_seed))
     paper_ood = cells_lib.paper(cells_lib.FUZZY).table_a1[(model, False)]
