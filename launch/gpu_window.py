@@ -223,8 +223,7 @@ def _error_line(tail: list[str]) -> str:
 
 
 def _c4(batch: int, min_s: float) -> Stage:
-  def argv(w: Window, limit: float) -> list[str]:
-    del limit
+  def argv(w: Window, _limit: float) -> list[str]:
     return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
                    f"--size={w.sizes.c4_size}", "--synthetic_tokens",
                    "--models=softmax,hyla",
@@ -239,8 +238,7 @@ def _c4(batch: int, min_s: float) -> Stage:
 
 
 def _population(model: str, budget_s: float) -> Stage:
-  def argv(w: Window, limit: float) -> list[str]:
-    del limit
+  def argv(w: Window, _limit: float) -> list[str]:
     return _python("experiments/benchmark_training.py", *w.sizes.population,
                    f"--models={model}", f"--repeats={w.sizes.repeats}")
   return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30,
@@ -303,8 +301,7 @@ def _rung(rung: str, budget_s: float, forward: str = "wgmma") -> Stage:
   """One rung of the Mosaic ladder with one forward kernel, alone in its process, under
   memcheck; a failure (a fault, a memcheck error, wrong numbers) ends the window: nothing
   after it is timed."""
-  def argv(w: Window, limit: float) -> list[str]:
-    del limit
+  def argv(w: Window, _limit: float) -> list[str]:
     batch, seq_len, heads, head_dim = w.sizes.rung_shape
     # Autotuning would launch hundreds of XLA kernels under the sanitizer; no preallocation
     # keeps memcheck's shadow memory small.
@@ -350,8 +347,7 @@ def stages(sizes: Sizes) -> list[Stage]:
     return [*w.sizes.attention, f"--jsonl={os.path.join(w.out, JSONL)}",
             f"--out_dir={os.path.join(w.out, 'attention')}"]
 
-  def parity(w: Window, limit: float) -> list[str]:
-    del limit
+  def parity(w: Window, _limit: float) -> list[str]:
     return _python("experiments/benchmark_attention.py", "--parity_only",
                    f"--parity_lens={w.sizes.parity_lens}", *attention_flags(w))
 
@@ -360,28 +356,24 @@ def stages(sizes: Sizes) -> list[Stage]:
     return _python("experiments/benchmark_attention.py", f"--seq_lens={w.sizes.seq_lens}",
                    f"--deadline_s={inner:.0f}", *attention_flags(w))
 
-  def trace(w: Window, limit: float) -> list[str]:
-    del limit
+  def trace(w: Window, _limit: float) -> list[str]:
     return _python("experiments/profile_step.py", "--experiment=c4_lm",
                    f"--size={w.sizes.c4_size}",
                    f"--model=hyla@batch_size={w.sizes.c4_batches[0]}", "--steps=2", "--top=15",
                    f"--trace_dir={_trace_dir(w)}")
 
-  def tiles(w: Window, limit: float) -> list[str]:
-    del limit
+  def tiles(w: Window, _limit: float) -> list[str]:
     configs = _passed_configs(w, list(w.sizes.tune_configs))
     return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
-  def mosaic_parity(w: Window, limit: float) -> list[str]:
-    del limit
+  def mosaic_parity(w: Window, _limit: float) -> list[str]:
     batch, _, heads, head_dim = w.sizes.rung_shape
     return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
                    f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
                    f"--heads={heads}", f"--head_dim={head_dim}", "--forward=wgmma,registers")
 
   def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
-    def argv(w: Window, limit: float) -> list[str]:
-      del limit
+    def argv(w: Window, _limit: float) -> list[str]:
       # The dQ kernel only: XLA's dQ path measured 65.5 vs 66.6 ms (H200, T=4096), no gain
       # worth its 70 s of compile; `tiles` times both.
       configs = _passed_configs(w, ["mosaic:64x16x16:kernel", "mosaic:64x16x4:kernel:registers",
@@ -393,7 +385,7 @@ def stages(sizes: Sizes) -> list[Stage]:
                      f"--configs={','.join(configs)}")
     return argv
 
-  env_probe = lambda w, limit: _python("-c", ENV_PROBE)
+  env_probe = lambda w, _limit: _python("-c", ENV_PROBE)
   # The default window (issue 52): the Mosaic ladder, alone and under memcheck, then its
   # bf16 parity, then its time beside cuDNN and blockwise (budgets: the measured times
   # above with ~40% room). The rest runs when named (--stages=NAME or --stages=all): what
