@@ -28,7 +28,9 @@ space is registers, not SMEM (block_v columns cost H*4 float32 registers per thr
 so its sweep is block_v 2-8 and block_k 16-32. Blockwise's tiles matter for another
 reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels at
 128 x 128, 2,866 at 256 x 256.
-Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11).
+Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing,
+--ptxas: each Mosaic kernel's registers and spills, compiled for an H100 on any machine
+(`measure/ptxas.py`; jax's CUDA plugin).
 """
 
 import argparse
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import mosaic_rungs
+from hypernet_attention.measure import ptxas
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
@@ -95,6 +98,43 @@ def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def _emit(row: dict, out: str) -> None:
+  print(json.dumps(row), flush=True)
+  if out:
+    with open(out, "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
+def _ptxas_rows(configs: list[dict], args) -> int:
+  """--ptxas: one row per Mosaic kernel of each config, forward and backward (the key-
+  stationary kernel, then the dQ kernel where dq=kernel), and a table."""
+  ptxas.device()  # no CUDA plugin: one line, before any work
+  shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
+                               jnp.dtype(args.dtype))
+  print("| kernel | tiles | forward | pass | # | registers | spill stores / loads (B) |")
+  print("|---|---|---|---|---|---|---|")
+  count, backward_done = 0, set()
+  for config in (c for c in configs if c["name"] == "mosaic"):
+    fn = kernel_fn(config, interpret=False)
+    grad = jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
+    tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v"))
+    passes = [("forward", fn)]
+    if config["dq"] not in backward_done:  # the backward's kernels depend on dq alone
+      passes.append(("backward", grad))
+      backward_done.add(config["dq"])
+    for pass_name, f in passes:
+      for i, found in enumerate(ptxas.kernels(f, shape, shape, shape)):
+        _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
+                   batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                   dtype=args.dtype, device="compile-only H100",
+                   ptxas=args.ptxas_version), args.out)
+        print(f"| mosaic | {tiles} | {config['forward']} | {pass_name} | {i} | "
+              f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} |")
+        count += 1
+  print(f"tune_kernels --ptxas: {count} kernels compiled", flush=True)
+  return 0
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq_len", type=int, default=4096)
@@ -110,7 +150,12 @@ def main():
   parser.add_argument("--interpret", action="store_true",
                       help="run the kernels in Pallas interpret mode (CPU; tiny sizes only)")
   parser.add_argument("--out", default="", help="JSON lines, one per row, as they finish")
+  parser.add_argument("--ptxas", action="store_true", help="time nothing: each Mosaic "
+                      "config's kernels compiled for an H100 without a GPU, their registers "
+                      "and spills as ptxas reports them (measure/ptxas.py)")
   args = parser.parse_args()
+  if args.ptxas:
+    args.ptxas_version = ptxas.prepare()  # before anything asks JAX for its backends
   try:
     configs = [parse_config(c) for c in args.configs.split(",") if c]
   except ValueError as err:
@@ -120,6 +165,8 @@ def main():
       parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
   if args.out:  # Appended to as rows finish: a file in the way is named before any work.
     run_files.output_path(args.out, "--out", overwrite=True)
+  if args.ptxas:
+    return _ptxas_rows(configs, args)
   if jax.default_backend() != "gpu" and not args.interpret:
     parser.error(f"JAX's backend is {jax.default_backend()}: the kernels need a GPU; allowed "
                  "off a GPU: --interpret (tiny sizes)")
@@ -143,10 +190,7 @@ def main():
       row = dict(config, status=status, message=f"{type(err).__name__}: {first}")
     row.update(meta, seconds=round(time.perf_counter() - start, 1))
     rows.append(row)
-    print(json.dumps(row), flush=True)
-    if args.out:
-      with open(args.out, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    _emit(row, args.out)
 
   record(dict(name="softmax"), lambda: lambda q, k, v: dispatch.attention(
       q, k, v, is_causal=True, normalization="softmax", value_network="linear"))
