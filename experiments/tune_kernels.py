@@ -23,9 +23,9 @@ interpret Mosaic), not the end of the sweep.
 The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, Blocks(64,
 16, 16) is the only one that fits (block_v=32: 256,256 bytes of SMEM, block_q=128: 319,744,
 block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_smem.check_tiles`), so its sweep is
-the backward's dQ path. The registers forward needs ~97 KiB at Blocks(64, 16, 4): its
-space is registers, not SMEM (block_v columns cost H*4 float32 registers per thread each),
-so its sweep is block_v 2-8 and block_k 16-32. Blockwise's tiles matter for another
+the backward's dQ path. The registers forward needs ~82 KiB at Blocks(64, 8, 4): its
+tiles are bounded by registers, not SMEM (--ptxas reports each kernel's registers and
+spills, compiled for an H100 without a GPU). Blockwise's tiles matter for another
 reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels at
 128 x 128, 2,866 at 256 x 256.
 Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing,

@@ -22,10 +22,11 @@ with no shuffles in the key loop.
 
 What it trades: the scores are recomputed once per value slice (V / bv times), H*D
 tensor-core multiply-adds per pair each time, against (2H+1)*bv vector ones; registers
-bound bv (per thread, bq=64: H*bk/2 for the code, H*bv*4 for y: 64 + 128 at bk=16, bv=4,
-H=8). Which (bk, bv) is fastest, and whether this beats the tensor-core forward at all, is
-for a GPU window to measure (`launch/gpu_window.py`); until then `mosaic_kernel.attention`
-runs it only when asked (`forward="registers"`).
+bound bk and bv (per thread, bq=64: H*bk/2 for the code, H*bv*4 for y; ptxas's counts
+beside `mosaic_kernel.REGISTERS_BLOCKS`, the largest tiles that do not spill). Which tiles
+are fastest, and whether this beats the tensor-core forward at all, is for a GPU window to
+measure (`launch/gpu_window.py`); until then `mosaic_kernel.attention` runs it only when
+asked (`forward="registers"`).
 
 The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
 forward and ~3.4x that backward (u and dz recomputed; dz, du, dc = dy z + du v, dv); at
@@ -64,7 +65,7 @@ def heads_padded(heads: int, blocks, dtype) -> int:
 
 def smem(blocks, heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
   """This forward's SMEM buffers, in the kernel's order (depth: D padded to 128-byte rows).
-  At bq=64, bk=16, bv=4, H=8, D=64, bf16: ~97 KiB (Q 64, K ring 32), half the other
+  At bq=64, bk=8, bv=4, H=8, D=64, bf16: ~82 KiB (Q 64, K ring 16), under half the other
   forward's: the code and the value network never touch SMEM."""
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   return (

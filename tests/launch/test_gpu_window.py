@@ -136,10 +136,10 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   assert "mosaic:64x16x16:kernel" in configs() and ":registers" not in configs()
   window.record("parity", implementation="mosaic:registers", seq_len=256, dtype="bfloat16",
                 status="pass")
-  assert "mosaic:64x16x4:kernel:registers" in configs()
+  assert "mosaic:64x8x4:kernel:registers" in configs()
   window.record("parity", implementation="mosaic:wgmma", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert configs() == "--configs=mosaic:64x16x4:kernel:registers,blockwise:256x256"
+  assert configs() == "--configs=mosaic:64x8x4:kernel:registers,blockwise:256x256"
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
   assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x16x16:kernel",
                   "status": "skipped", "seq_len": 4096,
