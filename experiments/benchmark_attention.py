@@ -27,6 +27,7 @@ import time
 
 import jax
 
+from hypernet_attention import errors
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import parity
 from hypernet_attention.runs import cli
@@ -79,7 +80,7 @@ def _appender(path: str | None, kind: str):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq_lens", default="256,512,1024,2048,4096")
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)

@@ -31,7 +31,6 @@ tokens over `task.vocab_size` (32,000 at 50m): the same step, with no data to re
   python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens
 """
 
-import argparse
 import json
 import math
 import os
@@ -41,6 +40,7 @@ import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention import errors
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import console  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402
@@ -50,7 +50,7 @@ from hypernet_attention.train import runtime  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--experiment", default="sraven", choices=sorted(registry.EXPERIMENTS))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--models", default="softmax,linear,hyla",

@@ -9,7 +9,6 @@ equations written here as einsums; the parameter counts of the paper's fuzzy-log
 forward+backward pass of the SRAVEN model at batch 128.
 """
 
-import argparse
 import time
 
 import jax
@@ -21,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hypernet_attention import attention  # noqa: E402
+from hypernet_attention import errors  # noqa: E402
 from hypernet_attention import hypernetwork  # noqa: E402
 from hypernet_attention import transformer  # noqa: E402
 from hypernet_attention.train import state as state_lib  # noqa: E402
@@ -114,7 +114,7 @@ def timing(batch, steps):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--steps", type=int, default=5)
   args = parser.parse_args()

@@ -17,7 +17,6 @@ machine whose grace period you care about. SRAVEN runs with `eval.ceiling_proble
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -32,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 # pylint: disable=wrong-import-position
+from hypernet_attention import errors  # noqa: E402
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402  (no JAX)
 from hypernet_attention.runs import run_files  # noqa: E402
@@ -93,7 +93,7 @@ def summarize(trials: list[dict]) -> dict:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--trials", type=int, default=10, help="per task")
   parser.add_argument("--tasks", default="fuzzy_logic,sraven")
   parser.add_argument("--repo", default=os.path.dirname(HERE), help="checkout whose code runs")

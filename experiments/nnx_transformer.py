@@ -14,7 +14,6 @@ paper's setup (its sizes, T5 positions, dropout, schedules).
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hypernet_attention import errors
 from hypernet_attention import nnx_attention
 from hypernet_attention.tasks import fuzzy_logic
 
@@ -115,7 +115,7 @@ def train(kind: str, task: fuzzy_logic.FuzzyLogic, *, steps: int, batch: int, wi
 
 
 def main(argv=None) -> list[Result]:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = errors.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--batch", type=int, default=64)
   parser.add_argument("--width", type=int, default=32)

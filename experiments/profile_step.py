@@ -13,12 +13,12 @@ over layers, forward (FWD) and backward (BWD) apart (`hypernet_attention/train/p
 The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto.
 """
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
+from hypernet_attention import errors
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402
 from hypernet_attention.runs import run_files  # noqa: E402
@@ -34,7 +34,7 @@ def _data_overrides(experiment: str) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--experiment", default="sraven", choices=sorted(registry.names()))
   parser.add_argument("--size", default="paper")
   parser.add_argument("--model", default="hyla",

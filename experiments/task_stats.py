@@ -10,12 +10,12 @@ answers (mean 1/#consistent answers) and the Bayes-optimal accuracy; and
 generation speed in batches of 128 per second (jitted, after compile, on this host).
 """
 
-import argparse
 import time
 
 import jax
 import numpy as np
 
+from hypernet_attention import errors
 from hypernet_attention.runs import cli
 from hypernet_attention.tasks.fuzzy_logic import FuzzyLogic
 from hypernet_attention.tasks.sraven import SRaven
@@ -42,7 +42,7 @@ def batches_per_second(sample, batch_size=128, seconds=2.0):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--num_problems', type=int, default=20480)
   parser.add_argument('--ceiling_problems', type=int, default=8192)
   parser.add_argument('--seed', type=int, default=0)

@@ -41,6 +41,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.measure import ptxas
@@ -136,7 +137,7 @@ def _ptxas_rows(configs: list[dict], args) -> int:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq_len", type=int, default=4096)
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--heads", type=int, default=8)

@@ -1,6 +1,7 @@
 """The project's one input-error type, importable from tasks, models and the training code
 alike (no dependencies, so no import cycles), and the one refusal of an unknown name."""
 
+import argparse
 from typing import Iterable
 
 
@@ -18,3 +19,12 @@ def check_choice(name: str, value, allowed: Iterable) -> None:
   allowed = tuple(allowed)
   if value not in allowed:
     raise BadInput(f"Unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}.")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse's parser for the project's argparse tools: a bad flag is one line,
+  `<program>: error: <what and what is allowed>` (exit 2), without the usage line argparse
+  prints above it; `--help` still shows the usage."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message}\n")

@@ -50,7 +50,6 @@ Imports no JAX (the launch layer runs where JAX is not installed); the stages do
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import glob
@@ -65,6 +64,8 @@ import tarfile
 import threading
 import time
 from typing import Callable, Optional
+
+from hypernet_attention import errors  # no dependencies: the launch layer may import it
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSONL, LOG, TRACE = "gpu_window.jsonl", "gpu_window.log", "c4_hyla_trace.tar.gz"
@@ -496,7 +497,7 @@ def _nvidia_smi() -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_window_out"))
   parser.add_argument("--dry_run", action="store_true",
                       help="the whole sequence at tiny sizes on the CPU")

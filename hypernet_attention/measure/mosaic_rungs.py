@@ -22,10 +22,11 @@ On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+
+from hypernet_attention import errors
 
 RUNGS = ("forward", "backward", "dq", "parity")
 # A sanity bound for the rungs (bf16 inputs and operands against the float32 reference, in
@@ -115,7 +116,7 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int,
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("rung", choices=RUNGS)
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--seq_len", type=int, default=128, help="the rungs' T")

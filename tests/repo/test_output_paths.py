@@ -60,12 +60,12 @@ EXPORT_CASES = {"the run": ("{run}", "is the run's workdir"),
 
 
 def _run(args: list[str]) -> tuple[int, list[str]]:
-  """Exit status and the output lines that are neither progress lines (`HH:MM:SS ...`) nor
-  argparse's usage block, which its `parser.error` prints above the error line."""
+  """Exit status and the output lines that are not progress lines (`HH:MM:SS ...`). No
+  usage block: the argparse tools' parser (errors.ArgumentParser) prints the error alone."""
   result = tl.run([sys.executable, *args], cwd=tl.REPO, env=tl.subprocess_env(),
                   capture_output=True, text=True)
   lines = [line for line in (result.stdout + result.stderr).splitlines()
-           if line.strip() and not re.match(r"\d\d:\d\d:\d\d |usage: | ", line)]
+           if line.strip() and not re.match(r"\d\d:\d\d:\d\d ", line)]
   return result.returncode, lines
 
 
