@@ -85,10 +85,13 @@ C/ds 2, du 8, dS per head 16, dV^T/dK^T ring 4). H = 4 fits. H = 16 (410,680 byt
 128 (357,432) and float32 inputs (457,784) do not: lowering says so ("exceeds available
 shared memory"); they run in interpret mode only. Registers: live across the key loop are
 16 dV^T accumulators (W x 16 f32: 8 registers per thread each at W = 64), H dK^T (8 each) and
-H dS tiles (8 each): 256 per thread before any working set, over Hopper's 255: expect spills
-on hardware. Remedies to measure first (not built): two consumer warpgroups splitting W for
-dV/dK (as attention_mgpu.py's backward splits its work), or bk = 8. Lowering the backward
-(16 keys unrolled) takes ~45 s on a 2-core CPU.
+H dS tiles (8 each): 256 per thread before any working set, over Hopper's 255. ptxas confirms
+it (measure/ptxas.py, an H100 target without a GPU, B=4 T=1024): 255 registers and ~9.3 KB
+of spill stores per thread, against 80 for the dQ kernel and none for either forward. bk = 8
+is not open (8 bf16 keys are 16-byte S_cat rows, which no Mosaic swizzle takes); the
+remedies are two consumer warpgroups splitting W for dV/dK (as attention_mgpu.py's backward
+splits its work) or the registers forward's layout (not built). Lowering the backward (16
+keys unrolled) takes ~45 s on a 2-core CPU.
 """
 
 from __future__ import annotations
