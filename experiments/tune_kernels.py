@@ -106,7 +106,7 @@ def _emit(row: dict, out: str) -> None:
       f.write(json.dumps(row) + "\n")
 
 
-def _ptxas_rows(configs: list[dict], args) -> int:
+def _ptxas_rows(configs: list[dict], args, version: str) -> int:
   """--ptxas: one row per Mosaic kernel of each config, forward and backward (the key-
   stationary kernel, then the dQ kernel where dq=kernel), and a table."""
   ptxas.device()  # no CUDA plugin: one line, before any work
@@ -128,7 +128,7 @@ def _ptxas_rows(configs: list[dict], args) -> int:
         _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
                    dtype=args.dtype, device="compile-only H100",
-                   ptxas=args.ptxas_version), args.out)
+                   ptxas=version), args.out)
         print(f"| mosaic | {tiles} | {config['forward']} | {pass_name} | {i} | "
               f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} |")
         count += 1
@@ -156,7 +156,7 @@ def main():
                       "and spills as ptxas reports them (measure/ptxas.py)")
   args = parser.parse_args()
   if args.ptxas:
-    args.ptxas_version = ptxas.prepare()  # before anything asks JAX for its backends
+    ptxas_version = ptxas.prepare()  # before anything asks JAX for its backends
   try:
     configs = [parse_config(c) for c in args.configs.split(",") if c]
   except ValueError as err:
@@ -167,7 +167,7 @@ def main():
   if args.out:  # Appended to as rows finish: a file in the way is named before any work.
     run_files.output_path(args.out, "--out", overwrite=True)
   if args.ptxas:
-    return _ptxas_rows(configs, args)
+    return _ptxas_rows(configs, args, ptxas_version)
   if jax.default_backend() != "gpu" and not args.interpret:
     parser.error(f"JAX's backend is {jax.default_backend()}: the kernels need a GPU; allowed "
                  "off a GPU: --interpret (tiny sizes)")

@@ -96,10 +96,17 @@ def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
+  previous = os.environ.get("MOSAIC_GPU_DUMP_TO")
   with tempfile.TemporaryDirectory() as folder:
     os.environ["MOSAIC_GPU_DUMP_TO"] = folder  # read by Mosaic at each kernel's compile
-    jax.jit(fn).trace(*placed).lower(lowering_platforms=("cuda",)).compile(
-        {"xla_gpu_autotune_level": 0})
+    try:
+      jax.jit(fn).trace(*placed).lower(lowering_platforms=("cuda",)).compile(
+          {"xla_gpu_autotune_level": 0})
+    finally:  # no later compile dumps into a folder that is gone
+      if previous is None:
+        del os.environ["MOSAIC_GPU_DUMP_TO"]
+      else:
+        os.environ["MOSAIC_GPU_DUMP_TO"] = previous
     reports = sorted(glob.glob(os.path.join(folder, "*.ptxas")),
                      key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
     return [parse(open(p).read()) for p in reports]

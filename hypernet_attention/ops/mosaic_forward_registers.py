@@ -164,7 +164,7 @@ def forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, inte
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   round_up = mosaic_smem.round_up
   q_padded, k_padded, v_padded = round_up(q_len, bq), round_up(k_len, bk), round_up(v_dim, bv)
-  d_padded = round_up(depth, 128 // jnp.dtype(dtype).itemsize)
+  d_padded = mosaic_smem.depth_padded(depth, dtype)
   pad = lambda x, length, heads_to, width: jnp.pad(x, (
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))

@@ -189,12 +189,6 @@ def forward_smem(blocks: Blocks, heads: int, depth: int,
   )
 
 
-def _depth_padded(depth: int, dtype) -> int:
-  """D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row: the
-  width the forward lays Q and K out in, and so what `check_tiles` budgets."""
-  return mosaic_smem.round_up(depth, 128 // jnp.dtype(dtype).itemsize)
-
-
 def _forward_call(q_BHQD, k_BHKD, v_BJKHV, key_valid_BK, *, scale, is_causal, eps, blocks,
                   interpret):
   """The pallas kernel on padded inputs, V as (B, Vp / bv, Kp, 16, bv): (B, Vp / bv, H, Qp,
@@ -308,7 +302,7 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   round_up, hp = mosaic_smem.round_up, mosaic_smem.HEADS_PADDED
   q_padded, k_padded, v_padded = round_up(q_len, bq), round_up(k_len, bk), round_up(v_dim, bv)
-  d_padded = _depth_padded(depth, query_BQHD.dtype)
+  d_padded = mosaic_smem.depth_padded(depth, query_BQHD.dtype)
   pad = lambda x, length, width: jnp.pad(
       x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, d_padded), (0, 2, 1, 3))
@@ -407,7 +401,7 @@ def attention(
     raise BadInput(f"mosaic_kernel forward={forward} blocks={blocks}: block_q must be a "
                    f"multiple of 64, block_k of 8 (wgmma M and N) and block_v of {v_unit}.")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
-    d_padded = _depth_padded(query_BQHD.shape[3], query_BQHD.dtype)
+    d_padded = mosaic_smem.depth_padded(query_BQHD.shape[3], query_BQHD.dtype)
     buffers = (mosaic_forward_registers.smem if forward == "registers" else forward_smem)(
         blocks, heads, d_padded, query_BQHD.dtype)
     mosaic_smem.check_tiles(buffers, f"mosaic_kernel forward={forward}, blocks={blocks}, "

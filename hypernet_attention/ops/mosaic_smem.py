@@ -86,6 +86,12 @@ def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def depth_padded(depth: int, dtype) -> int:
+  """D padded with zeros (scores unchanged) to a multiple of one 128-byte swizzle row: the
+  width both forwards lay Q and K out in, and so what `check_tiles` budgets."""
+  return round_up(depth, 128 // jnp.dtype(dtype).itemsize)
+
+
 def key_valid_slot(block_k: int) -> int:
   """Floats in one slot of a key-validity ring: block_k, rounded up to 128 bytes."""
   return round_up(block_k, TMA_SMEM_ALIGNMENT // 4)  # float32
