@@ -17,8 +17,10 @@ import os
 
 from absl import flags
 
+from hypernet_attention import decoding
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import lm
 from hypernet_attention.train import runtime
 
@@ -34,17 +36,20 @@ _TEMPERATURE = flags.DEFINE_float("temperature", lm.SAMPLING["temperature"],
 
 def main(argv):
   del argv
-  runtime.start()
   sampling = dict(prompt=_PROMPT.value, num_tokens=_NUM_TOKENS.value,
                   temperature=_TEMPERATURE.value)
+  decoding.check_sampling(**sampling)  # Bad input is refused before start-up.
   if _GENERATE.value:
     if not _WORKDIR.value:
       raise errors.BadInput("--generate needs the --workdir of a training run")
+    runtime.start()
     print(lm.sample_from_workdir(_WORKDIR.value, **sampling))
     return
-  workdir = (runtime.fresh_workdir(_CONFIG.value.experiment) if _WORKDIR.value is None
+  checked = config_checks.validate(_CONFIG.value)
+  runtime.start()
+  workdir = (runtime.fresh_workdir(checked.config.experiment) if _WORKDIR.value is None
              else _WORKDIR.value)
-  lm.train_and_sample(_CONFIG.value, workdir, **sampling)
+  lm.train_and_sample(checked, workdir, **sampling)
 
 
 if __name__ == "__main__":
