@@ -261,7 +261,10 @@ def is_population(config: Any) -> bool:
 
 
 def member_names(config: Any) -> tuple[str, ...]:
-  """Each member's subdirectory name: `population.member_names`, or member0, member1, ..."""
+  """Each member's subdirectory name: `population.member_names`, or member0, member1, ...
+  (empty: a single run)."""
+  if not is_population(config):
+    return ()
   names = tuple(config["population"].get("member_names") or ())
   return names or tuple(f"member{i}" for i in range(len(members(config))))
 
@@ -372,10 +375,8 @@ def _check_not_inside_a_run(root: epath.Path, workdir: epath.PathLike) -> None:
       recorded = read_config(parent) or {}
     except ValueError:
       recorded = {}
-    population = recorded.get("population") or {}
-    members = population.get("members") or ()
-    names = population.get("member_names") or [f"member{i}" for i in range(len(members))]
-    if members and parent == root.parent and root.name in names:
+    names = member_names(recorded)
+    if parent == root.parent and root.name in names:
       raise ValueError(
           f"--workdir={workdir!r} is member {root.name!r} of the population in {parent}, "
           "whose run is its only writer; allowed: rerun the population (--workdir="

@@ -115,7 +115,7 @@ def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[
     raise errors.BadInput(f"{workdir!r} is not a finished run (no summary.json); allowed: "
                           "the workdir of a run that ended")
   config, step, params = restore.all_params(workdir)
-  members = list(run_files.member_names(config)) if run_files.is_population(config) else []
+  members = run_files.member_names(config)
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
   tmp = _new_sibling(out_dir, "tmp")

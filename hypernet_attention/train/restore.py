@@ -191,7 +191,7 @@ def population_of(member_dir: str) -> Optional[tuple[str, int]]:
     config = run_files.read_config(member.parent)
   except ValueError:
     return None
-  names = run_files.member_names(config) if config and run_files.is_population(config) else ()
+  names = run_files.member_names(config) if config else ()
   return (str(member.parent), list(names).index(member.name)) if member.name in names else None
 
 

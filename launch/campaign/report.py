@@ -12,11 +12,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from hypernet_attention.runs import registry
-from hypernet_attention.runs import run_files
 from launch import collect
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records as records_lib
+from launch.campaign import runner
 from launch.sweeps import common
 
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
@@ -400,16 +400,15 @@ def plan_text(cell_set, records, device_kind: str, root: str,
                                        else "") + " (minutes: this device / H100):",
            f"{'cell':42s} {'members':>7s} {'steps':>8s} {'here':>6s} {'H100':>6s}  note"]
   used = 0.0
+  options = runner.Options(root, results_dir, budget_s=0)
   for c, here, _, h100 in remaining(records, cell_set, root, device_kind, partials):
     note = here.source if here else "no estimate on this device"
     if here and here.done_steps:
       note = f"resumes at step {here.done_steps:,}; " + note
-    if c.source and not any(run_files.is_finished(d) for d in (
-        os.path.join(root, c.source), records_lib.kept_params_dir(results_dir, c.source))):
-      # A source that finished before parameters were kept runs again to keep them.
+    blocker = runner.blocker(c, options)
+    if blocker:  # A source that finished before parameters were kept runs again to keep them.
       rerun = (f"; rerun it with `--redo={c.source}`" if c.source in records else "")
-      note, here = (f"blocked: needs {c.source}'s kept parameters "
-                    f"({records_lib.kept_params_dir(results_dir, c.source)}){rerun}"), None
+      note, here = f"blocked: {blocker}{rerun}", None
     if here and budget_minutes:
       fits = used + here.minutes <= budget_minutes
       used += here.minutes if fits else 0

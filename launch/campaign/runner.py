@@ -453,11 +453,7 @@ class Campaign:
     return "\n".join(lines) + "\n"
 
   def write_progress(self) -> None:
-    path = os.path.join(self.options.root, PROGRESS)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      f.write(self.progress_text())
-    os.replace(tmp, path)
+    run_files.write_bytes(os.path.join(self.options.root, PROGRESS), self.progress_text().encode())
 
   def run(self) -> list[Outcome]:
     os.makedirs(self.options.root, exist_ok=True)
