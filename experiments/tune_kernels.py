@@ -1,15 +1,14 @@
 r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside cuDNN.
 
   python experiments/tune_kernels.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
-      --configs=mosaic:64x16x16:kernel,mosaic:64x16x16:xla --out=/tmp/tune.jsonl
+      --configs=mosaic:64x8x4:kernel,mosaic:64x16x2:xla --out=/tmp/tune.jsonl
   python experiments/tune_kernels.py --configs=blockwise:256x256,blockwise:128x128
   python experiments/tune_kernels.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
 --configs entries, each timed forward and forward+backward (causal):
-  mosaic:BQxBKxBV:DQ[:FORWARD]
-                         `mosaic_kernel.attention` with Blocks(BQ, BK, BV), the backward's
-                         dQ path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel | xla) and the
-                         forward kernel FORWARD (`mosaic_kernel.FORWARDS`; default wgmma)
+  mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with the forward's Blocks(BQ, BK, BV) and
+                         the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
+                         | xla)
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
@@ -20,14 +19,10 @@ it exists; a table of the rows, in the order timed, ends the run. A configuratio
 with its one-line reason (status refused, error, or unsupported where this jax cannot
 interpret Mosaic), not the end of the sweep.
 
-The Mosaic tile space is small at the paper's head count: at H=8, D=V=64, bf16, Blocks(64,
-16, 16) is the only one that fits (block_v=32: 256,256 bytes of SMEM, block_q=128: 319,744,
-block_k=8: 16-byte rows Mosaic cannot swizzle; `mosaic_smem.check_tiles`), so its sweep is
-the backward's dQ path. The registers forward needs ~82 KiB at Blocks(64, 8, 4): its
-tiles are bounded by registers, not SMEM (--ptxas reports each kernel's registers and
-spills, compiled for an H100 without a GPU). Blockwise's tiles matter for another
-reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels at
-128 x 128, 2,866 at 256 x 256.
+The Mosaic forward's tiles are bounded by registers, not SMEM (~82 KiB at Blocks(64, 8, 4);
+--ptxas reports each kernel's registers and spills, compiled for an H100 without a GPU).
+Blockwise's tiles matter for another reason: compiled for an H100, its T=4096
+forward+backward launched 14,795 kernels at 128 x 128, 2,866 at 256 x 256.
 Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing,
 --ptxas: each Mosaic kernel's registers and spills, compiled for an H100 on any machine
 (`measure/ptxas.py`; jax's CUDA plugin).
@@ -51,6 +46,9 @@ from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 
+# The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
+BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
+
 
 class Unsupported(Exception):
   """This jax cannot run the configuration here (Mosaic's interpreter needs jax >= 0.11)."""
@@ -61,17 +59,15 @@ def parse_config(entry: str) -> dict:
   parts = entry.split(":")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
-    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) in (3, 4) and len(tiles) == 3
-        and (parts + ["wgmma"])[3] in mosaic_kernel.FORWARDS):
+    if min(tiles) > 0 and parts[0] == "mosaic" and len(parts) == 3 and len(tiles) == 3:
       return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
-                  dq=parts[2], forward=(parts + ["wgmma"])[3])
+                  dq=parts[2])
     if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:FORWARD] (e.g. "
-                   "mosaic:64x16x16:kernel, mosaic:64x16x4:kernel:registers) or "
-                   "blockwise:BQxBK, tiles positive integers")
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
+                   "mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
 
 
 def kernel_fn(config: dict, interpret: bool):
@@ -84,8 +80,7 @@ def kernel_fn(config: dict, interpret: bool):
     raise Unsupported(why_not)
   blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
   return lambda q, k, v: mosaic_kernel.attention(
-      q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params,
-      forward=config["forward"])
+      q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
 
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
@@ -107,13 +102,13 @@ def _emit(row: dict, out: str) -> None:
 
 
 def _ptxas_rows(configs: list[dict], args, version: str) -> int:
-  """--ptxas: one row per Mosaic kernel of each config, forward and backward (the key-
-  stationary kernel, then the dQ kernel where dq=kernel), and a table."""
+  """--ptxas: one row per Mosaic kernel of each config, forward and backward (named as
+  BACKWARD_KERNELS, the order backward() launches and XLA compiles them), and a table."""
   ptxas.device()  # no CUDA plugin: one line, before any work
   shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
                                jnp.dtype(args.dtype))
-  print("| kernel | tiles | forward | pass | # | registers | spill stores / loads (B) |")
-  print("|---|---|---|---|---|---|---|")
+  print("| kernel | tiles | pass | program | registers | spill stores / loads (B) |")
+  print("|---|---|---|---|---|---|")
   count, backward_done = 0, set()
   for config in (c for c in configs if c["name"] == "mosaic"):
     fn = kernel_fn(config, interpret=False)
@@ -125,11 +120,12 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
       backward_done.add(config["dq"])
     for pass_name, f in passes:
       for i, found in enumerate(ptxas.kernels(f, shape, shape, shape)):
+        i = "forward" if pass_name == "forward" else BACKWARD_KERNELS[i]
         _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
                    dtype=args.dtype, device="compile-only H100",
                    ptxas=version), args.out)
-        print(f"| mosaic | {tiles} | {config['forward']} | {pass_name} | {i} | "
+        print(f"| mosaic | {tiles} | {pass_name} | {i} | "
               f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} |")
         count += 1
   print(f"tune_kernels --ptxas: {count} kernels compiled", flush=True)

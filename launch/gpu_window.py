@@ -10,20 +10,19 @@ so a slow stage costs only its own budget. The default window is issue 52's: the
 kernel correct on the GPU, then timed:
   env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
                the sources that ran
-  rung_forward, rung_backward, rung_dq, rung_forward_registers
-               the Mosaic kernels one at a time (forward; + the key-stationary backward; +
-               the dQ kernel; the second forward, `ops/mosaic_forward_registers.py`), each
-               alone in its own process at B=1, T=128, under
+  rung_forward, rung_backward, rung_dq
+               the Mosaic kernels one at a time (forward; + the backward's dS and dV
+               kernels; + its dQ and dK matmul kernels), each alone in its own process at
+               B=1, T=128, under
                compute-sanitizer's memcheck (`hypernet_attention/measure/mosaic_rungs.py`):
                a kernel that faults kills its process's CUDA context, and memcheck names the
                faulting access; a failure ends the window
-  mosaic_parity  bf16 values and gradients of both forwards against the float64 reference
-               at T=1000 (`measure/parity.check`), alone; a wrong answer ends the window
+  mosaic_parity  bf16 values and gradients against the float64 reference at T=1000
+               (`measure/parity.check`), alone; a wrong answer ends the window
   mosaic_time_4096
-               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of both Mosaic forwards (the dQ
-               kernel) beside cuDNN and blockwise 256 x 256 in one process
-               (`experiments/tune_kernels.py`), each forward left out unless its parity
-               passed in this window
+               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels beside cuDNN
+               and blockwise 256 x 256 in one process (`experiments/tune_kernels.py`), left
+               out unless their parity passed in this window
 Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   parity       every HYLA implementation against the float64 reference at T=256 and 1000
                (`experiments/benchmark_attention.py --parity_only`), float32 first
@@ -33,8 +32,8 @@ Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   c4_b64       the C4 50M train step, softmax vs HYLA (auto), batch 64, random tokens
                (`experiments/benchmark_training.py --synthetic_tokens`)
   tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_kernels.py`):
-               the registers forward's block_v and block_k, XLA's dQ path, blockwise 256 x
-               256 (each Mosaic forward left out unless its parity passed in this window)
+               the forward's block_v and block_k, XLA's dQ/dK path, blockwise 256 x 256
+               (Mosaic left out unless its parity passed in this window)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax
@@ -106,10 +105,10 @@ GPU = Sizes(
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    # The registers forward's tiles that ptxas compiles without spilling (measure/ptxas.py),
-    # and 64x16x4's 20 bytes; XLA's dQ path; blockwise.
-    tune_configs=("mosaic:64x16x2:kernel:registers", "mosaic:64x16x4:kernel:registers",
-                  "mosaic:64x16x16:xla", "blockwise:256x256"),
+    # The forward's tiles that ptxas compiles without spilling (measure/ptxas.py), and
+    # 64x16x4's 20 bytes; XLA's dQ/dK path; blockwise.
+    tune_configs=("mosaic:64x16x2:kernel", "mosaic:64x16x4:kernel", "mosaic:64x8x4:xla",
+                  "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -121,14 +120,14 @@ DRY_RUN = Sizes(
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
-    tune_configs=("blockwise:32x32", "mosaic:64x16x16:kernel", "mosaic:64x16x2:kernel:registers"),
+    tune_configs=("blockwise:32x32", "mosaic:64x8x4:kernel"),
     scale=3.0, deadline_s=600, left_out=("population_softmax",), rung_shape=(1, 64, 2, 16),
     mosaic_parity_lens="64", mosaic_time_lens=(64,))
-# Stage budgets below are seconds on an H100 (an H200 measured the same, 2026-11-27:
-# experiments/results/gpu_windows/2026-11-27_h200_kernel): rung_forward 6 s, rung_backward
-# 57, rung_dq 59 (lowering the 16-key backward is ~50 of each), parity ~70 s per length and
-# forward, a Mosaic tune row 60-70 s of compile; the registers forward lowers in ~7 s on a
-# CPU. Expected default window ~440 s of the 520.
+# Stage budgets below are seconds on an H100, from what the previous kernels measured on an
+# H200 (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_kernel): rung_forward 6 s,
+# rung_backward 57, rung_dq 59 (lowering their 16-key backward was ~50 of each; today's
+# backward lowers in ~15 s on a 2-core CPU, its forward ~7 s), parity ~70 s per length, a
+# Mosaic tune row 60-70 s of compile. Expected default window ~350 s of the 520.
 
 
 @dataclasses.dataclass
@@ -269,20 +268,12 @@ def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
   return None
 
 
-def _forward_of(config: str) -> Optional[str]:
-  """Parity's name of a tune_kernels Mosaic config's forward (mosaic:BQxBKxBV:DQ[:FORWARD]
-  -> mosaic:FORWARD, default wgmma); None for other kernels."""
-  parts = config.split(":")
-  return f"mosaic:{(parts + ['wgmma'])[3]}" if parts[0] == "mosaic" else None
-
-
 def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
-  """`configs` without each Mosaic forward's unless it passed here (a `tune` row says why):
+  """`configs` without the Mosaic ones unless Mosaic passed here (a `tune` row says why):
   timing a kernel that is wrong or does not compile only costs time."""
   kept = []
   for config in configs:
-    forward = _forward_of(config)
-    why_not = forward and _mosaic_not_passed(w, forward)
+    why_not = config.startswith("mosaic:") and _mosaic_not_passed(w, "mosaic")
     if why_not:
       w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
     else:
@@ -299,8 +290,8 @@ def _sanitizer() -> list[str]:
       found) else []
 
 
-def _rung(rung: str, budget_s: float, forward: str = "wgmma") -> Stage:
-  """One rung of the Mosaic ladder with one forward kernel, alone in its process, under
+def _rung(rung: str, budget_s: float) -> Stage:
+  """One rung of the Mosaic ladder, alone in its process, under
   memcheck; a failure (a fault, a memcheck error, wrong numbers) ends the window: nothing
   after it is timed."""
   def argv(w: Window, _limit: float) -> list[str]:
@@ -310,10 +301,8 @@ def _rung(rung: str, budget_s: float, forward: str = "wgmma") -> Stage:
     return ["env", "XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_FLAGS=--xla_gpu_autotune_level=0",
             *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
                                     f"--batch={batch}", f"--seq_len={seq_len}",
-                                    f"--heads={heads}", f"--head_dim={head_dim}",
-                                    f"--forward={forward}")]
-  name = f"rung_{rung}" if forward == "wgmma" else f"rung_{rung}_{forward}"
-  return Stage(name, budget_s, argv, _json_line("rung"), min_s=20, stops_window=True)
+                                    f"--heads={heads}", f"--head_dim={head_dim}")]
+  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20, stops_window=True)
 
 
 def _trace_dir(w: Window) -> str:
@@ -372,14 +361,14 @@ def stages(sizes: Sizes) -> list[Stage]:
     batch, _, heads, head_dim = w.sizes.rung_shape
     return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
                    f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
-                   f"--heads={heads}", f"--head_dim={head_dim}", "--forward=wgmma,registers")
+                   f"--heads={heads}", f"--head_dim={head_dim}")
 
   def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
     def argv(w: Window, _limit: float) -> list[str]:
-      # The dQ kernel only: XLA's dQ path measured 65.5 vs 66.6 ms (H200, T=4096), no gain
-      # worth its 70 s of compile; `tiles` times both.
-      configs = _passed_configs(w, ["mosaic:64x16x16:kernel", "mosaic:64x8x4:kernel:registers",
-                                    "blockwise:256x256"], seq_len=seq_len)
+      # The matmul kernels only (the previous kernels' XLA dQ path measured 65.5 vs 66.6 ms,
+      # H200, T=4096, no gain worth 70 s of compile); `tiles` times both.
+      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", "blockwise:256x256"],
+                                seq_len=seq_len)
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if w.dry_run:
         configs = [c.replace("256x256", "32x32") for c in configs]
@@ -398,8 +387,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       _rung("forward", 30),
       _rung("backward", 80),
       _rung("dq", 80),
-      _rung("forward", 30, "registers"),
-      Stage("mosaic_parity", 200, mosaic_parity, _json_line("parity"), min_s=100,
+      Stage("mosaic_parity", 140, mosaic_parity, _json_line("parity"), min_s=100,
             stops_window=True),
       *(Stage(f"mosaic_time_{t}", 180, mosaic_time(t), _json_line("tune"), min_s=80)
         for t in sizes.mosaic_time_lens),

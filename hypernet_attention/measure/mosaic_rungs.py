@@ -1,17 +1,16 @@
 """The Mosaic kernels one at a time, each in its own process: the first minute of a GPU window.
 
   compute-sanitizer --tool memcheck python -m hypernet_attention.measure.mosaic_rungs forward
-  python -m hypernet_attention.measure.mosaic_rungs parity --seq_lens=128,256,1000 \
-      --forward=wgmma,registers
+  python -m hypernet_attention.measure.mosaic_rungs parity --seq_lens=128,256,1000
 
 Why: a kernel that faults on the GPU (`CUDA_ERROR_MISALIGNED_ADDRESS`) kills the process's
 CUDA context, and every later call in that process fails with it, so a kernel not yet seen
 to run in this window runs alone, smallest shape first, under `compute-sanitizer`, which
 names the faulting instruction and address. The ladder, bottom up:
-  forward       a forward kernel (--forward: `mosaic_kernel.FORWARDS`): TMA loads and
-                store, scores, RMSHead code, value network, read-out
-  backward      + the key-stationary backward kernel, dQ by one XLA matmul (dq="xla")
-  dq            + the query-stationary dQ kernel (dq="kernel", the default)
+  forward       the forward kernel: TMA loads and store, scores, RMSHead code, value
+                network, read-out
+  backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
+  dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
   parity        values and gradients in bfloat16 against the float64 reference at each T
                 (`ops/parity.check`, the GPU window's bound), once the rungs have passed
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
@@ -34,7 +33,7 @@ RUNGS = ("forward", "backward", "dq", "parity")
 RUNG_TOLERANCE = 0.05
 
 
-def _kernel_and_reference(rung: str, interpret, forward: str):
+def _kernel_and_reference(rung: str, interpret):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -43,8 +42,7 @@ def _kernel_and_reference(rung: str, interpret, forward: str):
 
   def kernel(q, k, v):
     return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
-                                   dq="xla" if rung == "backward" else "kernel",
-                                   forward=forward)
+                                   dq="xla" if rung == "backward" else "kernel")
 
   def ref(q, k, v):
     mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
@@ -85,12 +83,11 @@ def _interpret_or_reason():
   return None, None
 
 
-def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int,
-             forward: str = "wgmma") -> dict:
+def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  row = dict(rung=rung, forward=forward, batch=batch, seq_len=seq_len, heads=heads,
+  row = dict(rung=rung, batch=batch, seq_len=seq_len, heads=heads,
              head_dim=head_dim, dtype="bfloat16", causal=True, device=jax.devices()[0].device_kind)
   interpret, why_not = _interpret_or_reason()
   if why_not:
@@ -99,7 +96,7 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int,
   keys = jax.random.split(jax.random.PRNGKey(seq_len), 4)
   q, k, v, cot = (jax.random.normal(key, (batch, seq_len, heads, head_dim), jnp.float32)
                   for key in keys)
-  kernel, ref = _kernel_and_reference(rung, interpret, forward)
+  kernel, ref = _kernel_and_reference(rung, interpret)
   args = (q, k, v) if rung == "forward" else (q, k, v, cot)
   start = time.monotonic()
   got = jax.block_until_ready(kernel(*(a.astype(jnp.bfloat16) for a in args[:3]), *args[3:]))
@@ -123,15 +120,7 @@ def main(argv=None) -> int:
   parser.add_argument("--seq_lens", default="128,256,1000", help="parity's T")
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--forward", default="wgmma", help="the rung's forward kernel "
-                      "(mosaic_kernel.FORWARDS), or parity's, comma-separated")
   args = parser.parse_args(argv)
-  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  forwards, allowed = args.forward.split(","), ", ".join(mosaic_kernel.FORWARDS)
-  if not set(forwards) <= set(mosaic_kernel.FORWARDS) or (
-      args.rung != "parity" and len(forwards) != 1):
-    parser.error(f"--forward={args.forward!r}; allowed: one of {allowed} (parity: several, "
-                 "comma-separated)")
   for name in ("batch", "seq_len", "heads", "head_dim"):
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
@@ -140,15 +129,13 @@ def main(argv=None) -> int:
   except ValueError:
     parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
   if args.rung != "parity":
-    row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim,
-                   forwards[0])
+    row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim)
     print(json.dumps(row), flush=True)
     return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
   statuses = []
   for seq_len in seq_lens:
-    names = [f"mosaic:{f}" for f in forwards]  # parity's names of the Mosaic forwards
-    for row in parity.check(seq_len, "bfloat16", names, batch=args.batch,
+    for row in parity.check(seq_len, "bfloat16", ["mosaic"], batch=args.batch,
                             heads=args.heads, head_dim=args.head_dim):
       print(json.dumps(row), flush=True)
       statuses.append(row["status"])

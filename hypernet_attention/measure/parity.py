@@ -24,7 +24,6 @@ import numpy as np
 
 from hypernet_attention import errors
 from hypernet_attention.ops import dispatch
-from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
 
 U_FLOAT32 = 2.0**-24
@@ -45,17 +44,9 @@ def _reference(q, k, v):
 
 
 def _implementation(name: str) -> Callable:
-  """A `dispatch` implementation name, or "mosaic:FORWARD" for one of the Mosaic forwards
-  (`mosaic_kernel.FORWARDS`; dispatch runs the default one), behind the same device check."""
-  implementation, _, forward = name.partition(":")
-  if implementation != "mosaic" or not forward:  # dispatch refuses a name it lacks
-    return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True,
-                                              implementation=name, **HYLA)
-
-  def one_forward(q, k, v):
-    mosaic_kernel.check_device(q.dtype)
-    return mosaic_kernel.attention(q, k, v, is_causal=True, forward=forward, **HYLA)
-  return one_forward
+  """A `dispatch` implementation name, causal HYLA (dispatch refuses a name it lacks)."""
+  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
+                                            **HYLA)
 
 
 def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:

@@ -6,12 +6,12 @@ not there (deviceless ahead-of-time compilation: jax's CUDA PJRT plugin builds a
 compile-only H100 from a target description), and that runs Mosaic's whole pipeline down to
 ptxas, whose report (`MOSAIC_GPU_DUMP_PTXAS`) gives each kernel's registers and spill bytes.
 So a tile's register cost is known before a GPU window spends minutes on it; e.g. (ptxas
-12.9.86, 2026-11-27, B=4 T=1024 H=8 D=V=64 bf16) the key-stationary backward: 255
-registers and ~9 KB of spill stores per thread, the suspect of its 58 ms at T=4096 on an
-H200 (experiments/results/kernels.md has the table).
+12.9.86, 2026-11-27, B=4 T=1024 H=8 D=V=64 bf16) the first backward kernel: 255 registers
+and ~9 KB of spill stores per thread, the suspect of its 58 ms at T=4096 on an H200, and
+its replacement none (experiments/results/kernels.md has the table).
 
   pip install jax-cuda12-plugin==V jax-cuda12-pjrt==V nvidia-cuda-nvcc-cu12   # V: jax's
-  python experiments/tune_kernels.py --ptxas --configs=mosaic:64x16x4:kernel:registers
+  python experiments/tune_kernels.py --ptxas --configs=mosaic:64x8x4:kernel,mosaic:64x16x4:xla
 
 `prepare()` must run before JAX picks its backends (the plugin's CUDA version checks need a
 CUDA install this machine does not have; they are skipped, as nothing runs). Mosaic also

@@ -7,8 +7,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   factored   HYLA's MLP value network through one RMSHead/dropout scalar per (q, k) pair
              (`factored.py`): per-example matmuls instead of the reference's transposed
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
-  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only:
-             correct on an H200 but slower than blockwise (`EXPLICIT_PATHS`).
+  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
+             until a GPU window has timed it (`EXPLICIT_PATHS`).
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -43,11 +43,12 @@ FAST_PATHS: dict[str, reference.Computes] = {
     "factored": factored.COMPUTES,
     "blockwise": blockwise.COMPUTES,
 }
-# Asked for by name only: the fused Hopper kernel (`mosaic_kernel.py`, forward and backward
-# in Pallas Mosaic GPU): correct on an H200 (memcheck clean, bf16 parity at T=128-1000) but
-# fwd+bwd 66.6 ms at T=4096 against blockwise's 27.5 (2026-11-27), so `auto` does not take
-# it; it refuses other devices and float32 in one line. `auto` should take it on Hopper once
-# the GPU window (`launch/gpu_window.sh`) measures it faster than blockwise.
+# Asked for by name only: the fused Hopper kernels (`mosaic_kernel.py`, forward and backward
+# in Pallas Mosaic GPU, the per-pair tensors in registers). Their predecessor was correct on
+# an H200 but 66.6 ms fwd+bwd at T=4096 against blockwise's 27.5 (2026-11-27); these have
+# not run on a GPU yet, so `auto` does not take them. They refuse other devices and float32
+# in one line. `auto` should take them on Hopper once the GPU window
+# (`launch/gpu_window.sh`) measures them correct and faster than blockwise.
 EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).

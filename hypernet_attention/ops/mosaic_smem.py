@@ -1,8 +1,9 @@
 """What the Mosaic GPU HYLA kernels share: their SMEM buffers, Hopper's limits, layouts.
 
-`mosaic_kernel.py` (forward, and the custom VJP) and `mosaic_kernel_bwd.py` (backward) both
-build on these, so neither imports the other's internals: the import order is this module,
-then the backward, then the forward, which wires the two into one differentiable op.
+`mosaic_kernel.py` (forward, and the custom VJP) and `mosaic_kernel_bwd.py` (the backward's
+kernels) both build on these, so neither imports the other's internals: the import order is
+this module, then the backward, then the forward, which wires the two into one
+differentiable op.
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hypernet_attention.errors import BadInput
 
-HEADS_PADDED = 16  # wgmma K for 16-bit operands; also the padded head axis of V and C.
 _F32 = jnp.float32
 
 
@@ -92,6 +91,13 @@ def depth_padded(depth: int, dtype) -> int:
   return round_up(depth, 128 // jnp.dtype(dtype).itemsize)
 
 
+def heads_padded(heads: int, per_head: int, dtype) -> int:
+  """Hv >= H so that one ring slot of Hv heads, `per_head` elements each, spans a multiple
+  of 128 bytes (TMA's SMEM alignment); the padded heads are zeros."""
+  row = per_head * jnp.dtype(dtype).itemsize
+  return round_up(heads, TMA_SMEM_ALIGNMENT // math.gcd(row, TMA_SMEM_ALIGNMENT))
+
+
 def key_valid_slot(block_k: int) -> int:
   """Floats in one slot of a key-validity ring: block_k, rounded up to 128 bytes."""
   return round_up(block_k, TMA_SMEM_ALIGNMENT // 4)  # float32
@@ -106,19 +112,6 @@ def key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
     mask4 = mask.reshape(shape)
     valid = jnp.broadcast_to(mask4[:, 0, 0, :], (shape[0], k_len)).astype(_F32)
   return jnp.pad(valid, ((0, 0), (0, k_padded - k_len)))
-
-
-def selection_constants(heads: int, block_k: int, block_v: int, dtype):
-  """P (bk, H*bk, 16): P[k, h*bk + k, h] = 1, so S_cat @ P[k] = C[k] (bq, 16) head-minor;
-  B (H, 16, bv): B[h, h, :] = 1, so C[k] @ B[h] broadcasts column h over bv columns."""
-  perm = np.zeros((block_k, heads * block_k, HEADS_PADDED), np.float32)
-  for k in range(block_k):
-    for h in range(heads):
-      perm[k, h * block_k + k, h] = 1.0
-  bcast = np.zeros((heads, HEADS_PADDED, block_v), np.float32)
-  for h in range(heads):
-    bcast[h, h, :] = 1.0
-  return jnp.asarray(perm, dtype), jnp.asarray(bcast, dtype)
 
 
 def forward_program(*, block_q: int, block_k: int, num_k_tiles: int, is_causal: bool,
@@ -151,34 +144,86 @@ def copy_key_tile(step, slot, *, refs, rings, bars, v_tile, b, bm) -> None:
                           kval_bar.at[slot])
 
 
-def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
-              scale: float, eps: float) -> list[jax.Array]:
-  """RMSHead's code of one (bq, bk) tile inside a kernel, per head, float32 in the WGMMA
-  layout: once ring slot `slot` has arrived, the H score wgmmas q_h k_h^T from Q (H, bq, D)
-  and the slot's K (H, bk, D), the key mask (the slot's key validity) and the causal mask
-  (masked pairs -> 0), then Eq. 7's normalization across heads. Both forwards start each
-  key tile with it."""
+# Columns per thread-local accumulator: the WGMMA layout's column tile. A (rows, 8) float32
+# accumulator sums a (rows, N) tile over its columns with FMAs inside each thread, no
+# shuffles; the one cross-thread sum happens once, at the end (`store_row_sums`).
+CHUNK = 8
+
+
+def chunk_accumulators(rows: int, count: int) -> tuple[jax.Array, ...]:
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  return tuple(plgpu.layout_cast(jnp.zeros((rows, CHUNK), _F32), plgpu.Layout.WGMMA)
+               for _ in range(count))
+
+
+def add_chunks(acc: jax.Array, x: jax.Array) -> jax.Array:
+  """acc (rows, 8) plus x (rows, N) summed over its 8-column chunks, in-thread."""
+  return sum((x[:, i:i + CHUNK] for i in range(0, x.shape[1], CHUNK)), acc)
+
+
+def store_row_sums(accs, o_smem, dst) -> None:
+  """Each accumulator's row sums into o_smem (H, J, rows), in order, then one TMA store to
+  the HBM ref `dst`."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  heads, per_head = o_smem.shape[:2]
+  for h in range(heads):
+    for j in range(per_head):
+      o_smem[h, j] = jnp.sum(accs[h * per_head + j], axis=1)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, dst)
+  plgpu.wait_smem_to_gmem(0)
+
+
+def scores_tile(a_smem, b_smem) -> list[jax.Array]:
+  """H score wgmmas a_h b_h^T inside a kernel: a (H, M, D) and b (H, N, D) in SMEM, each
+  (M, N) float32 in the WGMMA layout. The forwards and the dS kernel pass (Q, K); the dV
+  kernel (K, Q), so that its rows are keys."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  heads, bq, _ = q_smem.shape
-  bk = k_smem.shape[2]
-  plgpu.barrier_wait(k_bar.at[slot])
-  plgpu.barrier_wait(kval_bar.at[slot])
-  k_smem, kval_smem = k_smem.at[slot], kval_smem.at[slot, pl.ds(0, bk)]
+  heads, rows, _ = a_smem.shape
 
   def scores(*accs):
     for h, acc in enumerate(accs):
-      plgpu.wgmma(acc, q_smem.at[h], k_smem.at[h].transpose((1, 0)))
+      plgpu.wgmma(acc, a_smem.at[h], b_smem.at[h].transpose((1, 0)))
     return [acc[...] for acc in accs]
 
-  s_h = pl.run_scoped(scores, *[plgpu.ACC((bq, bk), _F32) for _ in range(heads)])
-  layout = plgpu.Layout.WGMMA
-  valid = jax.lax.broadcast_in_dim(plgpu.load(kval_smem, layout=layout.reduce(0)),
-                                   (bq, bk), [1])
-  if is_causal:
-    rows = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 0, layout=layout)
-    cols = plgpu.broadcasted_iota(jnp.int32, (bq, bk), 1, layout=layout)
-    valid = jnp.where(q0 + rows >= k0 + cols, valid, 0.0)
+  return pl.run_scoped(scores, *[plgpu.ACC((rows, b_smem.shape[1]), _F32)
+                                 for _ in range(heads)])
+
+
+def causal(valid, *, q0, k0, keys_are_rows: bool = False):
+  """`valid` (M, N) with the pairs whose query precedes the key set to 0; q0 and k0 the
+  tile's first query and key, rows queries (or keys, if keys_are_rows)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  rows = plgpu.broadcasted_iota(jnp.int32, valid.shape, 0, layout=plgpu.Layout.WGMMA)
+  cols = plgpu.broadcasted_iota(jnp.int32, valid.shape, 1, layout=plgpu.Layout.WGMMA)
+  if keys_are_rows:
+    return jnp.where(q0 + cols >= k0 + rows, valid, 0.0)
+  return jnp.where(q0 + rows >= k0 + cols, valid, 0.0)
+
+
+def rms_code(s_h, valid, *, scale: float, eps: float):
+  """Eq. 7 on one tile, per pair across heads: (c_h, inv_rms) from the raw scores s_h and
+  the 0/1 validity of each pair (masked pairs: s = c = 0)."""
   s_h = [s * (scale * valid) for s in s_h]
-  inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / heads) + eps)
-  return [s * inv_rms for s in s_h]
+  inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / len(s_h)) + eps)
+  return [s * inv_rms for s in s_h], inv_rms
+
+
+def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
+              scale: float, eps: float):
+  """RMSHead's code of one (bq, bk) tile inside a kernel whose rows are queries: once ring
+  slot `slot` has arrived, the scores of Q (H, bq, D) and the slot's K (H, bk, D), the key
+  mask (the slot's key validity) and the causal mask, then Eq. 7 (`rms_code`): (c_h, inv_rms)
+  float32 in the WGMMA layout. The forward and the dS kernel start each key tile with it."""
+  import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  bq, bk = q_smem.shape[1], k_smem.shape[2]
+  plgpu.barrier_wait(k_bar.at[slot])
+  plgpu.barrier_wait(kval_bar.at[slot])
+  s_h = scores_tile(q_smem, k_smem.at[slot])
+  valid = jax.lax.broadcast_in_dim(plgpu.load(
+      kval_smem.at[slot, pl.ds(0, bk)], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
+  if is_causal:
+    valid = causal(valid, q0=q0, k0=k0)
+  return rms_code(s_h, valid, scale=scale, eps=eps)

@@ -70,11 +70,10 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   blockwise = [r for r in by_kind["tune"] if r["name"] == "blockwise"]
   assert [(r["block_q"], r["status"]) for r in blockwise] == [(32, "ok"), (32, "ok")], blockwise
   # Mosaic never passes parity on a CPU (it needs a Hopper GPU compiled), so no stage times
-  # it beside others: a "skipped" row with the reason, per forward and stage that would have.
+  # it beside others: a "skipped" row with the reason, per stage that would have.
   mosaic = [r for r in by_kind["tune"] if r["name"] == "mosaic"]
-  assert len(mosaic) == 4 and all(r["status"] == "skipped" and "parity" in r["message"]
+  assert len(mosaic) == 2 and all(r["status"] == "skipped" and "parity" in r["message"]
                                   for r in mosaic), mosaic
-  assert sum(r["config"].endswith(":registers") for r in mosaic) == 2
   trace = by_kind["trace"][0]
   assert trace["file"] and (out / trace["file"]).stat().st_size == trace["bytes"]
   assert sorted(os.listdir(out)) == ["attention", "c4_hyla_trace.tar.gz", "gpu_window.jsonl",
@@ -83,8 +82,7 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   assert stages["c4_b1048576"] == "refused" and stages["population_softmax"] == "skipped"
   # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2);
   # its parity refuses on a CPU (the kernel needs a Hopper GPU compiled).
-  mosaic = ("rung_forward", "rung_backward", "rung_dq", "rung_forward_registers",
-            "mosaic_parity")
+  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity")
   assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
   assert all(s == "ok" for n, s in stages.items()
              if n not in ("c4_b1048576", "population_softmax", *mosaic)), stages
@@ -125,25 +123,22 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
 
   for name in ("tiles", "mosaic_time_4096"):
     assert "mosaic:" not in configs(name) and "blockwise:256x256" in configs(name)
-  window.record("parity", implementation="mosaic:wgmma", seq_len=256, dtype="float32",
+  window.record("parity", implementation="mosaic", seq_len=256, dtype="float32",
                 status="unsupported")
   window.record("parity", implementation="blockwise", seq_len=256, dtype="bfloat16",
                 status="error")
   assert "mosaic:" not in configs()
-  window.record("parity", implementation="mosaic:wgmma", seq_len=256, dtype="bfloat16",
+  window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
                 status="pass")
-  # Each forward on its own parity: the registers forward has none yet.
-  assert "mosaic:64x16x16:kernel" in configs() and ":registers" not in configs()
-  window.record("parity", implementation="mosaic:registers", seq_len=256, dtype="bfloat16",
-                status="pass")
-  assert "mosaic:64x8x4:kernel:registers" in configs()
-  window.record("parity", implementation="mosaic:wgmma", seq_len=1000, dtype="bfloat16",
+  assert configs() == "--configs=mosaic:64x8x4:kernel,blockwise:256x256"
+  assert "mosaic:64x16x2:kernel" in configs("tiles")
+  window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert configs() == "--configs=mosaic:64x8x4:kernel:registers,blockwise:256x256"
+  assert configs() == "--configs=blockwise:256x256"
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
-  assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x16x16:kernel",
+  assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x4:kernel",
                   "status": "skipped", "seq_len": 4096,
-                  "message": "mosaic:wgmma's parity in this window: error at T=1000 bfloat16"}
+                  "message": "mosaic's parity in this window: error at T=1000 bfloat16"}
 
 
 def test_a_window_in_which_no_stage_can_run_says_so_and_fails(tmp_path):
