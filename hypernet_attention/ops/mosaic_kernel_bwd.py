@@ -57,7 +57,10 @@ from hypernet_attention.ops import mosaic_smem
 
 _F32 = jnp.float32
 BLOCK = 64  # queries per dS program, keys per dV program, both sides of the matmul tiles
-DS_BLOCK_K = 8  # keys per dS step: c and dc take H * bk / 2 registers each (bq = 64)
+# Keys per dS step: c and dc take H * bk / 2 registers each (bq = 64). 16 would halve the
+# dY loads per pair but does not lower: its (H, 64, 16) dS store becomes a TMA copy of 6
+# strided dimensions (Mosaic allows 5); it would need one store per head.
+DS_BLOCK_K = 8
 DV_BLOCK_Q, DV_BLOCK_V = 8, 4  # queries per dV step, value columns per dV program
 
 
