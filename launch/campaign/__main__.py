@@ -130,7 +130,8 @@ def main(argv) -> int:
   if flags.FLAGS.dry_run:
     print(report.plan_text(cells, existing, device["kind"], flags.FLAGS.root,
                            flags.FLAGS.budget_minutes,
-                           partial.read_all(flags.FLAGS.results_dir), flags.FLAGS.results_dir))
+                           partial.read_all(flags.FLAGS.results_dir), flags.FLAGS.results_dir,
+                           frozenset(flags.FLAGS.redo)))
     return 0
   options = runner.Options(
       root=os.path.abspath(flags.FLAGS.root), results_dir=os.path.abspath(flags.FLAGS.results_dir),

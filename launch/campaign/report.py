@@ -395,14 +395,19 @@ def remaining(records, cell_set=cells_lib.CELLS, root: Optional[str] = None,
 
 def plan_text(cell_set, records, device_kind: str, root: str,
               budget_minutes: Optional[float], partials=None,
-              results_dir: str = records_lib.DEFAULT_DIR) -> str:
+              results_dir: str = records_lib.DEFAULT_DIR, redo=frozenset()) -> str:
+  """The dry run's plan: what a runner with the same flags would start (--redo's cells too:
+  their files stay the result until the rerun ends)."""
   lines = [f"Plan on {device_kind}" + (f", budget {budget_minutes:g} min" if budget_minutes
                                        else "") + " (minutes: this device / H100):",
            f"{'cell':42s} {'members':>7s} {'steps':>8s} {'here':>6s} {'H100':>6s}  note"]
   used = 0.0
   options = runner.Options(root, results_dir, budget_s=0)
-  for c, here, _, h100 in remaining(records, cell_set, root, device_kind, partials):
+  pending = {name: r for name, r in records.items() if name not in redo}
+  for c, here, _, h100 in remaining(pending, cell_set, root, device_kind, partials):
     note = here.source if here else "no estimate on this device"
+    if c.name in redo:
+      note = "rerun (--redo); " + note
     if here and here.done_steps:
       note = f"resumes at step {here.done_steps:,}; " + note
     blocker = runner.blocker(c, options)
@@ -416,7 +421,7 @@ def plan_text(cell_set, records, device_kind: str, root: str,
     lines.append(f"{c.name:42s} {len(c.members) or 1:7d} {c.num_steps:8,d} "
                  f"{plan.fmt_minutes(here.minutes if here else None):>6s} "
                  f"{plan.fmt_minutes(h100.minutes if h100 else None):>6s}  {note}")
-  done = [c.name for c in cell_set if c.name in records]
+  done = [c.name for c in cell_set if c.name in pending]
   lines.append(f"{len(done)} of {len(cell_set)} cells done" + (
       f"; {used:.0f} of {budget_minutes:g} budget minutes planned" if budget_minutes else ""))
   return "\n".join(lines)

@@ -168,6 +168,20 @@ def test_a_probe_of_a_run_finished_without_parameters_is_told_how_to_get_them(tm
   assert "--redo" not in lines["c_sraven_decoding_linear"]
 
 
+def test_the_dry_run_plans_what_redo_would_rerun(tmp_path):
+  """--redo with --dry_run: the finished cell is in the plan as a rerun (it said "1 of 1
+  cells done" and planned nothing, though the real run would retrain it)."""
+  cell_set = [cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]]
+  records = {"a_fuzzy_hyla_seed1": _record("a_fuzzy_hyla_seed1", "hyla", [(1, 0.9)])}
+  plan_of = lambda redo: report.plan_text(cell_set, records, "cpu", str(tmp_path / "root"), 300,
+                                          results_dir=str(tmp_path / "results"), redo=redo)
+  assert "1 of 1 cells done" in plan_of(frozenset()) and "a_fuzzy" not in plan_of(frozenset())
+  rerun = plan_of(frozenset({"a_fuzzy_hyla_seed1"}))
+  assert "0 of 1 cells done" in rerun
+  assert any(line.startswith("a_fuzzy_hyla_seed1") and "fits; rerun (--redo)" in line
+             for line in rerun.splitlines()), rerun
+
+
 def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path):
   cell = cells_lib.BY_NAME["a_fuzzy_hyla_seed1"]
   reference = plan.estimate(cell, "cpu", [])
