@@ -63,6 +63,9 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   assert [r.get("label") for r in steps if "steps_per_s" in r] == ["softmax", "hyla"]
   refused = [r for r in steps if r.get("status") == "refused"]
   assert len(refused) == 1 and "does not fit" in refused[0]["message"]
+  # The Mosaic C4 step waits for its parity in this window, as the tile sweeps do.
+  skipped = [r for r in steps if r.get("status") == "skipped"]
+  assert [r["model"] for r in skipped] == ["hyla@model.implementation=mosaic"] * 2, skipped
   assert [r["members"] for r in by_kind["population"]] == [1, 2]
   tune = {r["name"]: r for r in by_kind["tune"]}
   assert tune["softmax"]["status"] == "ok" and tune["softmax"]["fwd_bwd_ms"] > 0
