@@ -6,7 +6,7 @@ The CPU table of experiments/results/kernels.md (B=4, H=8, d=64, causal, float32
     --out_dir=/tmp/bench_attention
 GPU (what `launch/gpu_window.py` runs): --dtype=bfloat16 --seq_lens=1024,4096,16384
   --parity_lens=256,1000 --cell_budget_s=15.
-Each measurement runs --calls calls inside one jitted loop (`hypernet_attention/ops/
+Each measurement runs --calls calls inside one jitted loop (`hypernet_attention/measure/
 benchmark.py`); rows give median and min ms per call, TFLOP/s and the ratio to cuDNN softmax
 (XLA's softmax where cuDNN does not run, named in the row) from the same process. Prints one
 line per cell, then a markdown table and the target ratios at --target_len; writes
@@ -31,6 +31,7 @@ from hypernet_attention import errors
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import parity
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import memory
 
@@ -116,7 +117,7 @@ def main():
               head_dim=args.head_dim, dtype=args.dtype, causal=args.causal,
               repeats=args.repeats, calls=args.calls, max_temp_gb=args.max_temp_gb)
   if backend == "cpu":
-    meta.update(benchmark.host_cpu())
+    meta.update(machine.host())  # CPU timings and their ratios move with the host.
   print(json.dumps(meta))
 
   if args.parity_lens:

@@ -39,9 +39,11 @@ import time
 from typing import Any, Mapping, Optional, Sequence
 
 from absl import flags
+from etils import epath
 
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import lock
 from hypernet_attention.runs import run_files
 from launch import grouping
 from launch import jobs
@@ -102,19 +104,15 @@ def wait_for_previous_trainer(workdir: str, log, timeout_s: float = 600.0) -> No
   rerun right after a killed run_local finds its trainers still checkpointing on their
   way out. A lock of a dead process is taken over by the trainer itself; after
   `timeout_s` the trainer names the holder."""
-  path, deadline, told = os.path.join(workdir, "lock.json"), time.time() + timeout_s, False
+  path, deadline, told = epath.Path(workdir) / lock.LOCK_FILE, time.time() + timeout_s, False
   while time.time() < deadline:
-    try:
-      with open(path) as f:
-        holder = json.load(f)
-      if holder["host"] != socket.gethostname():
-        return
-      os.kill(int(holder["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-      return  # No lock, an unreadable one, or its process is gone.
+    holder = lock.read_holder(path)  # None: no lock, or an unreadable one.
+    if (holder is None or holder.host != socket.gethostname()
+        or lock.is_stale(holder, time.time())):
+      return
     if not told:
       log(f"waiting for the previous trainer of {os.path.basename(workdir)} (pid "
-          f"{holder['pid']}) to stop")
+          f"{holder.pid}) to stop")
       told = True
     time.sleep(1.0)
 

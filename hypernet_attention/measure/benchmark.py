@@ -68,25 +68,6 @@ def allowed_names() -> tuple[str, ...]:
   return (*implementations(), "softmax")
 
 
-def host_cpu() -> dict:
-  """The CPU a table was made on: model, cores this process may use, AVX-512, XLA_FLAGS.
-
-  CPU timings (and their ratios) move with all four: a table must say which it came from.
-  """
-  model, avx512 = "unknown", False
-  if os.path.exists("/proc/cpuinfo"):
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown":
-          model = value.strip()
-        elif key.strip() == "flags":
-          avx512 = avx512 or "avx512f" in value.split()
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return dict(cpu_model=model, usable_cores=cores, avx512=avx512,
-              xla_flags=os.environ.get("XLA_FLAGS", ""))
-
-
 @dataclasses.dataclass(frozen=True)
 class Shape:
   batch: int

@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Any
 
+from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
@@ -33,52 +34,7 @@ def commit(repo: str) -> str:
     return "unknown"
 
 
-# /proc/cpuinfo fields that name a CPU where "model name" does not (a VM's "AMD EPYC").
-_CPU_FIELDS = ("model name", "cpu family", "model", "stepping")
-# Instruction sets that XLA:CPU's dot and reduction kernels (YNNPACK) choose between at run
-# time: the same code, config and jax round differently on hosts that differ in them.
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
-
-
-def _cpuinfo(path: str) -> tuple[dict[str, str], set[str]]:
-  """The first CPU's `_CPU_FIELDS` and flags; empty where /proc/cpuinfo cannot be read."""
-  fields, flags = {}, set()
-  try:
-    with open(path) as f:
-      for line in f:
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in _CPU_FIELDS:
-          fields.setdefault(key, value)
-        elif key == "flags" and not flags:
-          flags = set(value.split())
-  except OSError:
-    pass
-  return fields, flags
-
-
-def host_cpu(fields: dict[str, str] | None = None) -> str:
-  """The CPU's model name (a cell file's `device.host_cpu`)."""
-  fields = _cpuinfo("/proc/cpuinfo")[0] if fields is None else fields
-  return fields.get("model name") or platform.processor() or "unknown"
-
-
-def host(cpuinfo: str = "/proc/cpuinfo") -> dict[str, Any]:
-  """What a process's float32 results depend on besides code, config and jax version: the
-  CPU (model and the instruction sets above), the cores it may use and XLA_FLAGS.
-
-  Training is bit-reproducible on one host (same code, config and mode), not across hosts
-  that differ here; a last-bit difference grows into points of OOD R^2 (issue 43: commit
-  6bd1bde's fuzzy-logic single run, rerun on another 2-core "AMD EPYC" VM, parted from its
-  own curve within 1,000 steps, and "model name" alone could not tell the two hosts apart).
-  Recorded per process, since a cut-off cell may resume on another machine."""
-  fields, flags = _cpuinfo(cpuinfo)
-  cpu = host_cpu(fields)
-  if "cpu family" in fields:
-    cpu += " (family {}, model {}, stepping {})".format(
-        *(fields.get(k, "?") for k in _CPU_FIELDS[1:]))
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": cpu, "isa": [f for f in ISA_FLAGS if f in flags], "cores": cores,
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+host = machine.host  # runner.py records each process's host through this name.
 
 
 def segments(workdir: str) -> list[dict[str, Any]]:
@@ -132,7 +88,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "schema": records.SCHEMA, "cell": cell.name, "stage": cell.stage, "kind": cell.kind,
       "experiment": cell.experiment, "title": cell.title, "model": cell.model,
       "config": cell.config, "overrides": dict(cell.overrides),
-      "device": {**device, "host_cpu": host_cpu() if device["kind"] == "cpu" else None},
+      "device": {**device, "host_cpu": machine.host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
       # The code that trained it: each process's commit (one, unless resumed across commits).
       "commit": commits(runs) or commit(cells_lib.REPO), "finished_utc": time.strftime(

@@ -164,8 +164,9 @@ def test_rerun_waits_for_the_previous_trainer_to_let_go(tmp_path):
   holder = subprocess.Popen(["sleep", "3"])
   reaper = threading.Thread(target=holder.wait, daemon=True)  # Reaped when it exits.
   reaper.start()
-  with open(tmp_path / "lock.json", "w") as f:
-    json.dump({"host": socket.gethostname(), "pid": holder.pid}, f)
+  record = {"host": socket.gethostname(), "pid": holder.pid, "proc_start": None,
+            "start_time": time.time(), "heartbeat": time.time(), "token": "t"}
+  (tmp_path / "lock.json").write_text(json.dumps(record))
   lines, start = [], time.time()
   run_local.wait_for_previous_trainer(str(tmp_path), lines.append)
   waited_s = time.time() - start
@@ -175,7 +176,8 @@ def test_rerun_waits_for_the_previous_trainer_to_let_go(tmp_path):
   assert waited_s >= 2 and holder.returncode == 0  # Waited for it to exit on its own.
   assert lines == [f"waiting for the previous trainer of {tmp_path.name} (pid {holder.pid}) "
                    "to stop"]
-  (tmp_path / "lock.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  (tmp_path / "lock.json").write_text(json.dumps({**record, "host": "elsewhere", "pid": 1,
+                                                  "heartbeat": time.time()}))
   start = time.time()
   run_local.wait_for_previous_trainer(str(tmp_path), lines.append)  # Another host's lock:
   assert time.time() - start < 1  # the trainer judges it by its heartbeat.
