@@ -1,15 +1,7 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
-Tested together (2026-11): on Python 3.11 jax 0.10.2, flax 0.12.8, optax 0.2.8,
-orbax-checkpoint 0.12.8, chex 0.1.92, ml-collections 1.1.0, clu 0.0.12, tensorboard 2.21,
-gcsfs 2026.10.1; on Python 3.12.1 jax 0.12.0.1 (what pip picks there since the pin admits
-<0.13), flax 0.12.12, optax 0.2.8, orbax-checkpoint 0.12.8, chex 0.1.92, clu 0.0.12,
-numpy 2.5.5, tensorflow 2.21, protobuf 7.36 (jax >= 0.11 needs Python >= 3.12; on 3.13.0
-pip picks jax 0.12.0.1 too; the suite last ran there with 0.11.2). The README's "Versions"
-says which tests ran on which.
-The [lm] extra (C4 language modeling): tensorflow 2.21, tensorflow-datasets 4.9.10, seqio
-0.0.20, sentencepiece 0.2.1-0.2.2 (protobuf 6.33 and 7.36 both work). The [grain] extra (C4
-without TensorFlow): grain 0.2.18, array_record 0.8.6, tensorflow-datasets 4.9.10.
+The versions tested together, and why each pin: experiments/reference.md, "Versions" (the
+[grain] extra: grain 0.2.18 with array_record 0.8.6, tensorflow-datasets 4.9.10).
 """
 
 import setuptools
@@ -98,7 +90,7 @@ setuptools.setup(
     description=("Attention as a Hypernetwork: multi-head attention, HYLA and ablations in "
                  "JAX/Flax."),
     python_requires=">=3.11",
-    # The interpreters the test suite is run on (module docstring; CI: .ci/run).
+    # The interpreters the test suite is run on (reference.md, "Versions"; CI: .ci/run).
     classifiers=[
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",

@@ -22,11 +22,9 @@ active in training steps) to the *normalized* attention weights, i.e. to the lat
 after softmax / RMSHead / identity and before the value network, with one (Q, K) keep-mask
 broadcast over batch and heads; for HYLA the same dropped code then enters both generated
 layers, and the sown weights are the dropped ones. We do the same. The broadcast mask is
-drawn by `ops/dropout.py`'s counter-based hash of (seed, q, k), with the seed drawn from
-the `dropout` rng: the tiled kernels recompute it per tile (forward and backward), so
-training with dropout takes `ops.dispatch`'s fast path at any length, and the materialized path
-(probing) draws the very same mask. `broadcast_dropout=False` (a mask per batch element and
-head) uses `jax.random.bernoulli` on the materialized code.
+`ops/dropout.py`'s hash of (seed, q, k), the seed drawn from the `dropout` rng, so every
+path, tiled or materialized, drops the same pairs. `broadcast_dropout=False` (a mask per
+batch element and head) uses `jax.random.bernoulli` on the materialized code.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ Arguments (`--config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper`):
                 launch.run_local --sweep=table_a1_fuzzy_local`, then `launch/collect.py`.
          smoke  a few seconds, for tests.
 
-Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` (default None =
-follow `seed`, as the paper did) sets which combinations are held out, so 3 seeds give 3
-splits. Pass `--config.task.split_seed=0` to keep one split for every seed.
+Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` the held-out
+combinations (`config_common.follow_run_seed`: by default the run's seed, as in the paper).
 `task.split_draw`: `covering` (None, the default) re-draws a split until every known term is in some
 training task, so that `ood` tests new combinations of trained terms only; `authors` draws
 it exactly as the authors' code did, without that guarantee (at 70% held out, seed 2 never

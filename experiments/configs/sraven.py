@@ -14,12 +14,11 @@ Arguments (`--config=experiments/configs/sraven.py:model=hyla,size=paper,width=1
          local  5-11 min on a 2-core CPU: see `LOCAL` below for what it changes and
                 what it reaches.
          smoke  a few seconds, for tests.
-
-Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` (default None =
-follow `seed`, as the paper did) sets which combinations are held out, so 3 seeds give 3
-splits. Pass `--config.task.split_seed=0` to keep one split for every seed.
   width  multiplies D, heads, qk/v width and MLP width (the paper's scaling grid: 1, 2, 4).
   depth  number of layers (the paper: 4, 8, 16).
+
+Seeds: `seed` sets initialization, data order and dropout; `task.split_seed` the held-out
+combinations (`config_common.follow_run_seed`: by default the run's seed, as in the paper).
 
 Command (paper size, one run of the scaling grid):
   python experiments/sraven_scaling.py \
@@ -37,13 +36,9 @@ SIZES = ("paper", "demo", "local", "smoke")
 # 30 held out; 27 tokens) and a smaller model (2 layers, D=64, 8 heads, qk/v width 32,
 # MLP 128; 52,024 params), batch 64, 12,000 steps (768k problems), 4,096 eval problems.
 # Chosen by measurement on a 2-core CPU (paper size runs at only a few steps/s there).
-# Measured (3 seeds, 2-core AMD EPYC, `python -m launch.run_local
-# --sweep=table_a1_sraven_local`; experiments/results/cpu_table_a1.md): OOD accuracy softmax
-# 5.2 +- 0.7%, linear 13.8 +- 1.7%, HYLA 4.5 +- 1.0% against a ~91% ceiling, 5-8 CPU-min per
-# run. All models are at the start of their learning curves: linear attention separates,
-# HYLA and softmax do not (with 2 features softmax is ahead on every seed, at 12k and
-# at 24k steps: -9.2 +- 2.3 points for HYLA, p 0.057). Compare
-# HYLA with softmax at paper size on an accelerator.
+# Its results (`python -m launch.run_local --sweep=table_a1_sraven_local`,
+# experiments/results/cpu_table_a1.md): every model is at the start of its learning curve;
+# compare HYLA with softmax at paper size on an accelerator.
 LOCAL = dict(
     task=dict(num_features=3, num_values=8),
     model=dict(num_layers=2, emb_dim=64, num_heads=8, qk_dim=32, v_dim=32, mlp_dim=128),
@@ -51,10 +46,8 @@ LOCAL = dict(
     eval_problems=4096, eval_every_steps=2000)
 
 # size=demo: `local` with 2 features (C(9,2)=36 rule combinations, 9 held out; chance 1/64
-# for an answer panel) and twice the steps. Measured with `local` + 2 features at 24,000
-# steps (experiments/results/sraven_local_2features_24k.md, seeds 0-2): OOD accuracy HYLA
-# 61.6 / 29.2 / 27.1%, softmax 68.3 / 42.9 / 34.2%: every run far above chance, the
-# split (seed) accounting for most of the spread.
+# for an answer panel) and twice the steps; every run far above chance
+# (experiments/results/sraven_local_2features_24k.md).
 DEMO = dict(task=dict(num_features=2), num_train_steps=24_000)
 
 

@@ -340,8 +340,8 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
   except Exception as err:  # pylint: disable=broad-except
     # A kernel that refuses this device or dtype in one line (BadInput) is "unsupported",
     # as is a shape cuDNN refuses when the call is lowered. Any other failure is an "error"
-    # row, named, and the table goes on: a kernel that does not compile on a device (the
-    # Mosaic kernel on the 2026-11-26 H100 window) must not cost the window the others.
+    # row, named, and the table goes on: one kernel that does not compile on a device must
+    # not cost the window the others.
     if _is_oom(err):
       row["status"] = "out_of_memory"
     elif name.startswith("softmax_") or isinstance(err, errors.BadInput):

@@ -43,12 +43,9 @@ FAST_PATHS: dict[str, reference.Computes] = {
     "factored": factored.COMPUTES,
     "blockwise": blockwise.COMPUTES,
 }
-# Asked for by name only: the fused Hopper kernels (`mosaic_kernel.py`, forward and backward
-# in Pallas Mosaic GPU, the per-pair tensors in registers). Their predecessor was correct on
-# an H200 but 66.6 ms fwd+bwd at T=4096 against blockwise's 27.5 (2026-11-27); these have
-# not run on a GPU yet, so `auto` does not take them. They refuse other devices and float32
-# in one line. `auto` should take them on Hopper once the GPU window
-# (`launch/gpu_window.sh`) measures them correct and faster than blockwise.
+# Asked for by name only: the fused Hopper kernels (`mosaic_kernel.py`), which refuse other
+# devices and float32 in one line. `auto` should take them on Hopper once the GPU window
+# (`launch/gpu_window.py`) measures them correct and faster than blockwise (kernels.md).
 EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).

@@ -67,10 +67,9 @@ def add_bias(scores_BHQK: jax.Array, bias: jax.Array) -> jax.Array:
 
   Why: the T5 position bias is (1, H, Q, K), so its gradient is the (B, H, Q, K) score
   gradient summed over the batch. XLA:CPU runs that reduction over the leading axis through
-  YNNPACK ~6x slower than the same sum written as a ones-vector matmul (6.6 vs 1.1 ms at
-  SRAVEN's B=128, H=16, T=36), which cost every model ~5 ms per layer and training step
-  (`jax.profiler`, experiments/results/training_throughput.md). Other backends keep the
-  plain sum: on TPU a float32 matmul may run in bfloat16 passes.
+  YNNPACK ~6x slower than the same sum written as a ones-vector matmul
+  (experiments/results/training_throughput.md). Other backends keep the plain sum: on TPU
+  a float32 matmul may run in bfloat16 passes.
   """
   bias = bias.astype(scores_BHQK.dtype)
   if (jax.default_backend() != "cpu" or bias.ndim != scores_BHQK.ndim

@@ -19,13 +19,9 @@ ones; `*_unpermuted` are the same with identity permutations (for probing). The 
 is folded into the key, so `train` and `test` batches differ for the same key, while
 `ood_unpermuted` with key k is exactly `ood` with key k before its columns were permuted.
 
-Ambiguity (`is_ambiguous`, K=4, train split, 20,480 problems, experiments/task_stats.py):
-under our definition (some reading of the context predicts a different answer panel)
-23.6% of problems at F=8 and 61.9% at F=4 are ambiguous; under the authors' stricter check
-0.18% and 5.9% (Table A2: 0.32% and 6.4%, measured by them on 4,096 problems). Accuracy
-ceilings at F=8 (8,192 problems): uniform guessing among consistent answers 0.869 train /
-0.862 ood; Bayes-optimal 0.936 train / 0.944 ood (0.928 on ood with a prior over all
-combinations). Reported accuracies should be read against these, not against 1.
+Ambiguity (`is_ambiguous`) and accuracy ceilings, measured by experiments/task_stats.py
+(experiments/reference.md, "The tasks"): reported accuracies should be read against these,
+not against 1.
 """
 
 from __future__ import annotations

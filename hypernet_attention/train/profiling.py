@@ -12,8 +12,7 @@ kernels: only those count (the host's thunk events would count each op twice), a
 is named after its HLO fusion with `.` as `_` (`gemm_fusion_dot_28` for `gemm_fusion_dot.28`),
 which `instruction_ops` also answers to. Kernels no HLO instruction names (cuBLAS's
 `nvjet_*`, launched by a custom call) are rows of their own, `(kernel nvjet_...)`, so the
-step's time adds up: the H100 window of 2026-11-26 attributed 12.8 of a 101 ms C4 step
-before this.
+step's time adds up (experiments/results/gpu_windows/2026-11-26_h100).
 """
 
 from __future__ import annotations

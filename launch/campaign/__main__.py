@@ -6,9 +6,7 @@ r"""The paper-scale campaign: runs the next cells within a budget; reports what 
   cat workdirs/campaign/progress.txt                     # what runs, how far, what is left
   python -m launch.campaign --report                     # experiments/results/paper_scale.md
 
-Cells (`launch/campaign/cells.py`) run in priority order: a) fuzzy logic's Table A1 main
-rows, b) SRAVEN's, c) rule decoding of b, d) the rest of their grids, e) ablation and MoE
-rows, f) Figs. 4, 5C, A5, g) the C4 50M step. Each finished cell is one JSON file in
+Cells run in the priority order of `cells.STAGES`. Each finished cell is one JSON file in
 --results_dir (commit it: windows on different machines add up); finished cells are skipped
 (--redo=NAME reruns one); a cell cut off by the budget leaves its progress and resume state
 in --results_dir/partial/ (commit them too), and the next runner anywhere resumes it.
