@@ -37,6 +37,7 @@ from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
+from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
@@ -145,6 +146,7 @@ def session(config: ml_collections.ConfigDict, workdir: str,
         check(workdir, False)
         first_chunk = fits()
         check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
+        runtime.wait_for_all("check_workdir")  # Before the first collective (Gloo's set-up).
         multihost_utils.sync_global_devices("check_workdir")
       except errors.BadInput:
         raise

@@ -11,6 +11,7 @@
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
@@ -30,6 +31,7 @@ from hypernet_attention.train import runtime
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 NUM_STEPS = 8
+PEER_SKEW_S = 35
 
 
 def smoke_config(**mesh):
@@ -97,6 +99,10 @@ def process_mode(port, process_id, workdir, out_dir):
   runtime.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                      process_id=process_id, cpu_collectives="gloo")
   assert jax.process_count() == 2 and jax.device_count() == 4, runtime.log_topology()
+  if process_id == 1:
+    # Peers a while apart, as on a loaded machine: beyond Gloo's fixed 30 s wait for a
+    # peer's key at its set-up (runtime.wait_for_all is what lets the run go on).
+    time.sleep(PEER_SKEW_S)
   summary = loop.train_and_evaluate(smoke_config(), workdir)
   if process_id == 0:
     np.savez(os.path.join(out_dir, "params.npz"), **flat_params(summary["state"].params))
