@@ -23,11 +23,11 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from absl import logging
 import jax
-from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import sentencepiece as spm
 
+from hypernet_attention import multihost
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import docstring_corpus
 
@@ -238,7 +238,7 @@ def prepare_config(config: ml_collections.ConfigDict, workdir: str,
   reads the same files."""
   if jax.process_index() == 0:
     resolve_task(config.task, workdir)
-  multihost_utils.sync_global_devices("c4_prepare_config")
+  multihost.sync("c4_prepare_config")  # Process 0 may train a vocabulary meanwhile.
   out = copy.deepcopy(config)  # Keeps the config's field types and lock.
   out.task.update(resolve_task(config.task, workdir).to_dict())
   return out

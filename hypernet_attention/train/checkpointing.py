@@ -36,9 +36,9 @@ from typing import Any, Optional
 from absl import logging
 from etils import epath
 import jax
-from jax.experimental import multihost_utils
 import orbax.checkpoint as ocp
 
+from hypernet_attention import multihost
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import data as data_lib
 
@@ -285,7 +285,7 @@ class Checkpointer:
       (dst_dir / f"{name}.txt").write_text(reason + "\n")
       if src.exists():  # In a bucket a "move" is a copy and a delete, object by object.
         src.rename(dst_dir / name)
-    multihost_utils.sync_global_devices(f"quarantine_{step}")
+    multihost.sync(f"quarantine_{step}")
     self.manager.reload()
 
   def should_save(self, step: int) -> bool:

@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention import multihost
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
@@ -37,7 +38,6 @@ from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
-from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
@@ -146,8 +146,7 @@ def session(config: ml_collections.ConfigDict, workdir: str,
         check(workdir, False)
         first_chunk = fits()
         check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
-        runtime.wait_for_all("check_workdir")  # Before the first collective (Gloo's set-up).
-        multihost_utils.sync_global_devices("check_workdir")
+        multihost.sync("check_workdir")
       except errors.BadInput:
         raise
       except ValueError as e:

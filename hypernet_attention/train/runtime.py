@@ -113,23 +113,6 @@ def initialize(multi_process: bool = False, coordinator_address: Optional[str] =
   return cluster
 
 
-# How long a process waits at `wait_for_all` for the slowest of its peers.
-PEER_WAIT_S = 600
-
-
-def wait_for_all(name: str, timeout_s: float = PEER_WAIT_S) -> None:
-  """Every process reaches `name` before any goes on: a barrier of jax.distributed's
-  key-value store, no collective; a no-op for one process. Why: the first collective on CPUs
-  sets up Gloo, which waits a fixed 30 s for each peer's key ("Gloo context initialization
-  failed: ... GetKeyValue() timed out") though peers of one run can be minutes apart on a
-  loaded machine (the two-process test failed so under load 8 on 2 cores); after this
-  barrier they arrive together."""
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  client = distributed.global_state.client
-  if jax.process_count() > 1 and client is not None:
-    client.wait_at_barrier(name, timeout_in_ms=int(timeout_s * 1000))
-
-
 def initialize_from_flags() -> Optional[Cluster]:
   f = flags.FLAGS
   return initialize(f.multi_process, f.coordinator_address, f.num_processes, f.process_id,
