@@ -26,9 +26,6 @@ import flax
 import jax
 import jax.numpy as jnp
 
-# Per step, besides the collection: what the finiteness check reads.
-PER_STEP = ("loss", "grad_norm")
-
 
 @functools.lru_cache(maxsize=None)
 def averages(names: tuple[str, ...]) -> type[clu_metrics.Collection]:
@@ -54,7 +51,7 @@ def merge_all(collections: Sequence[clu_metrics.Collection]) -> clu_metrics.Coll
 
 
 def member(collection: clu_metrics.Collection, index: int) -> clu_metrics.Collection:
-  """Member `index`'s collection of a population's (leading member axis)."""
+  """Member `index`'s slice of a population's collection or state (leading member axis)."""
   return jax.tree.map(lambda x: x[index], collection)
 
 

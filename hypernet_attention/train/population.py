@@ -55,6 +55,7 @@ from hypernet_attention.train import trainer as trainer_lib
 
 MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
+member_state = metrics_lib.member  # Member `index`'s slice of a population state.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +232,3 @@ class PopulationTrainer:
                   for k, v in objective.finalize(metrics_lib.means(
                       metrics_lib.member(collection, i))).items()})
     return out
-
-
-def member_state(state: Any, index: int) -> Any:
-  """Member `index`'s slice of a population state: a single run's state."""
-  return jax.tree.map(lambda x: x[index], state)
