@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 
 import chex
 import jax
@@ -47,8 +46,6 @@ class FuzzyLogic:
       raise ValueError(f'num_variables={num_variables!r}; allowed: an int >= 1.')
     if not isinstance(num_examples, int) or num_examples < 2:
       raise ValueError(f'num_examples={num_examples!r}; allowed: an int >= 2.')
-    if not 0.0 < holdout_fraction < 1.0:
-      raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
     # None: the configs' default (see SPLIT_DRAWS); an empty string is refused, not read as
     # None (`--config.task.split_draw=` trained `covering` silently).
     split_draw = 'covering' if split_draw is None else split_draw
@@ -77,21 +74,9 @@ class FuzzyLogic:
     known = np.array(list(itertools.combinations(range(num_known), num_terms)), np.int32)
     unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)),
                       np.int32)
-    num_ood = int(math.floor(len(known) * holdout_fraction + 1e-9))
-    if num_ood < 1 or num_ood >= len(known):
-      raise ValueError(
-          f'holdout_fraction={holdout_fraction} holds out {num_ood} of the {len(known)} '
-          'combinations of known terms; allowed: a fraction that leaves both splits nonempty.')
-    if split_draw == 'authors':
-      split = heldout.authors_split(known, num_ood, seed)
-    else:
-      split = heldout.covering_split(known, num_ood, num_known, seed)
-    if split is None:
-      raise ValueError(
-          f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of '
-          f'{len(known)} known-term combinations keeps every known term in a training task; '
-          'allowed: a smaller fraction.')
-    train, ood = split
+    train, ood = heldout.split(known, holdout_fraction, num_known, seed,
+                               what='combinations of known terms',
+                               authors=split_draw == 'authors')
     self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
     self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
     self._terms = jnp.asarray(self.terms_table)

@@ -9,6 +9,7 @@ covers keeps it.
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import jax
@@ -47,3 +48,27 @@ def authors_split(combinations: np.ndarray, num_ood: int,
   with jax.threefry_partitionable(False):
     order = np.asarray(jax.random.permutation(key, len(combinations)))
   return combinations[np.sort(order[num_ood:])], combinations[np.sort(order[:num_ood])]
+
+
+def split(combinations: np.ndarray, holdout_fraction: float, num_symbols: int, seed: int, *,
+          what: str, authors: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """(train, ood) rows of `combinations` (n, K), `holdout_fraction` of them held out:
+  `covering_split` (or `authors_split`); a ValueError naming the fraction and `what` (the
+  rows, in words) when it holds out none or all of them, or no draw covers."""
+  if not 0.0 < holdout_fraction < 1.0:
+    raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
+  n = len(combinations)
+  num_ood = int(math.floor(n * holdout_fraction + 1e-9))
+  if num_ood < 1 or num_ood >= n:
+    raise ValueError(
+        f'holdout_fraction={holdout_fraction} holds out {num_ood} of the {n} {what}; '
+        f'allowed: a fraction that holds out between 1 and {n - 1}.')
+  if authors:
+    return authors_split(combinations, num_ood, seed)
+  found = covering_split(combinations, num_ood, num_symbols, seed)
+  if found is None:
+    raise ValueError(
+        f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of the {n} '
+        f'{what} keeps every symbol in a training combination; allowed: a smaller fraction '
+        'or longer combinations.')
+  return found

@@ -53,25 +53,6 @@ def _randint(bits, n):
   return (bits % jnp.uint32(n)).astype(jnp.int32)
 
 
-def _split_combinations(num_rules, num_features, holdout_fraction, seed):
-  """Fixed, seeded split of all rule multisets into (in-distribution, held-out)."""
-  combos = np.array(
-      list(itertools.combinations_with_replacement(range(num_rules), num_features)),
-      dtype=np.int32)
-  num_ood = int(math.floor(len(combos) * holdout_fraction + 1e-9))
-  if num_ood < 1 or num_ood >= len(combos):
-    raise ValueError(
-        f'holdout_fraction={holdout_fraction} holds out {num_ood} of {len(combos)} rule '
-        f'combinations (K={num_features}); allowed: a fraction that holds out between 1 '
-        f'and {len(combos) - 1}.')
-  split = heldout.covering_split(combos, num_ood, num_rules, seed)
-  if split is not None:
-    return split
-  raise ValueError(
-      f'No split with K={num_features}, holdout_fraction={holdout_fraction} keeps every '
-      f'rule in the training combinations; use more features or hold out less.')
-
-
 def memory_estimate(num_features: int, num_values: int = 8, grid_size: int = 3,
                     ceiling_batch: int = 0) -> int:
   """Bytes of host memory the task's tables need, before building them (a lower bound).
@@ -120,8 +101,6 @@ class SRaven:
       raise ValueError(
           f'num_values={num_values!r}; allowed: an int >= grid_size={grid_size} '
           '(distribute_three needs that many distinct values).')
-    if not 0.0 < holdout_fraction < 1.0:
-      raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
     self.num_features = num_features
     self.num_values = num_values
     self.grid_size = grid_size
@@ -129,7 +108,11 @@ class SRaven:
     self.permute_features = permute_features
     self.seed = seed
     self.num_rules = len(RULE_NAMES)
-    train, ood = _split_combinations(self.num_rules, num_features, holdout_fraction, seed)
+    combos = np.array(list(itertools.combinations_with_replacement(
+        range(self.num_rules), num_features)), np.int32)
+    train, ood = heldout.split(
+        combos, holdout_fraction, self.num_rules, seed,
+        what=f'rule combinations (num_features={num_features})')
     self._combinations = {'train': train, 'test': train, 'ood': ood}
     self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
 
