@@ -52,29 +52,8 @@ check_sequence_length = lm_text.check_sequence_length
 
 
 def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
-  """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable.
-
-  A gs:// path on a machine that cannot reach the bucket (no network, no credentials: most
-  accelerator hosts and CI) makes TensorFlow's file system raise, not return False.
-  """
-  try:
-    exists = bool(path) and tf.io.gfile.exists(path)
-  except tf.errors.OpError as e:
-    raise BadInput(_one_line(
-        f"vocabulary file {path!r} cannot be read here ({e.message}); allowed: "
-        f"{VOCABULARY_HELP}, at a path this machine can read.")) from None
-  if not exists:
-    raise BadInput(_one_line(
-        f"vocabulary file {path!r} does not exist; allowed: {VOCABULARY_HELP}."))
-  vocabulary = seqio.SentencePieceVocabulary(path)
-  try:
-    processor = vocabulary.tokenizer
-  except Exception as e:  # sentencepiece raises RuntimeError/OSError on a bad file.
-    raise BadInput(_one_line(
-        f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
-        f"{VOCABULARY_HELP}.")) from None
-  lm_text.check_special_ids(processor, path)
-  return vocabulary
+  """`lm_text.load_vocabulary` through TensorFlow's file system."""
+  return lm_text.load_vocabulary(path, tf.io.gfile.exists, seqio.SentencePieceVocabulary)
 
 
 def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32_000,
@@ -113,19 +92,13 @@ def c4_source(data_dir: str) -> seqio.TfdsDataSource:
 
 
 def text_files(pattern: str, split: str) -> list[str]:
-  """The files matching the comma-separated glob(s) `pattern`; errors for none / empty."""
-  files = sorted({f for p in pattern.split(",") if p.strip()
-                  for f in tf.io.gfile.glob(p.strip())})
-  lm_text.check_suffixes(files, pattern, split)
-  # Every file checked, not only up to the first with text.
-  lm_text.check_not_empty([check_text_file(f) for f in files], pattern, split)
-  return files
+  """`lm_text.text_files` through TensorFlow's file system."""
+  return lm_text.text_files(pattern, split, tf.io.gfile.glob, _head)
 
 
-def check_text_file(path: str) -> bool:
-  """`lm_text.check_text_head` of corpus file `path`'s first `CHECK_BYTES`."""
+def _head(path: str) -> bytes:
   with tf.io.gfile.GFile(path, "rb") as f:
-    return lm_text.check_text_head(path, f.read(CHECK_BYTES))
+    return f.read(CHECK_BYTES)
 
 
 def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:
@@ -257,11 +230,7 @@ def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: i
   `num_epochs=None` repeats forever (training); evaluation takes a fixed number of batches
   of one pass with `shuffle=False`.
   """
-  if split not in SPLITS:
-    raise BadInput(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
-  if sequence_length < 2 or batch_size < 1:
-    raise BadInput(f"sequence_length={sequence_length}, batch_size={batch_size}; "
-                     "allowed: sequence_length >= 2, batch_size >= 1.")
+  lm_text.check_batches(split, sequence_length, batch_size)
   dataset = seqio.get_dataset(
       task, task_feature_lengths={"targets": sequence_length},
       feature_converter=seqio.LMFeatureConverter(pack=False), dataset_split=split,

@@ -73,24 +73,9 @@ class Vocabulary:
 
 
 def load_vocabulary(path: str) -> Vocabulary:
-  """The SentencePiece vocabulary at `path` (local or gs://); a clear error if unusable."""
-  try:
-    exists = bool(path) and epath.Path(path).exists()
-  except Exception as e:  # pylint: disable=broad-except  # No network or credentials.
-    raise BadInput(lm_text.one_line(
-        f"vocabulary file {path!r} cannot be read here ({e}); allowed: "
-        f"{lm_text.VOCABULARY_HELP}, at a path this machine can read.")) from None
-  if not exists:
-    raise BadInput(lm_text.one_line(
-        f"vocabulary file {path!r} does not exist; allowed: {lm_text.VOCABULARY_HELP}."))
-  try:
-    vocabulary = Vocabulary(epath.Path(path).read_bytes())
-  except Exception as e:  # pylint: disable=broad-except  # sentencepiece: RuntimeError.
-    raise BadInput(lm_text.one_line(
-        f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
-        f"{lm_text.VOCABULARY_HELP}.")) from None
-  lm_text.check_special_ids(vocabulary.tokenizer, path)
-  return vocabulary
+  """`lm_text.load_vocabulary` through etils' epath."""
+  return lm_text.load_vocabulary(path, lambda p: epath.Path(p).exists(),
+                                 lambda p: Vocabulary(epath.Path(p).read_bytes()))
 
 
 def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32_000,
@@ -113,15 +98,6 @@ def _glob(pattern: str) -> list[str]:
     return glob.glob(pattern)
   fs, _ = fsspec.core.url_to_fs(pattern)
   return [fs.unstrip_protocol(p) for p in fs.glob(pattern)]
-
-
-def text_files(pattern: str, split: str) -> list[str]:
-  """The files matching the comma-separated glob(s) `pattern`; errors for none / empty."""
-  files = sorted({f for p in pattern.split(",") if p.strip() for f in _glob(p.strip())})
-  lm_text.check_suffixes(files, pattern, split)
-  lm_text.check_not_empty([lm_text.check_text_head(f, _head(f)) for f in files], pattern,
-                          split)
-  return files
 
 
 def _head(path: str) -> bytes:
@@ -215,8 +191,8 @@ def build_documents(task_config, split: str) -> grain.MapDataset:
   """The split's documents of `config.task`: TFDS c4/en or the text files."""
   if task_config.name == "c4_lm":
     return c4_documents(task_config.data_dir, split)
-  return grain.MapDataset.source(read_documents(text_files(task_config.get(f"{split}_files"),
-                                                           split)))
+  files = lm_text.text_files(task_config.get(f"{split}_files"), split, _glob, _head)
+  return grain.MapDataset.source(read_documents(files))
 
 
 def prepare_config(config: ml_collections.ConfigDict,
@@ -244,11 +220,7 @@ def batches(task: Task, *, split: str, sequence_length: int, batch_size: int, se
   `num_epochs=None` repeats forever (training); evaluation reads the first batches of the
   unshuffled split.
   """
-  if split not in SPLITS:
-    raise BadInput(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
-  if sequence_length < 2 or batch_size < 1:
-    raise BadInput(f"sequence_length={sequence_length}, batch_size={batch_size}; "
-                   "allowed: sequence_length >= 2, batch_size >= 1.")
+  lm_text.check_batches(split, sequence_length, batch_size)
   encode = task.vocabulary.tokenizer.encode
 
   def tokens(text):

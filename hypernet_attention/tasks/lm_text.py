@@ -57,6 +57,33 @@ def check_pipeline(task_config) -> str:
   return name
 
 
+def load_vocabulary(path: str, exists: Callable[[str], bool], make: Callable[[str], object]):
+  """`make(path)`, the SentencePiece vocabulary at `path` (local or gs://; `exists` and
+  `make` read through the path's file system), or one clear line if it is unusable.
+
+  A gs:// path on a machine that cannot reach the bucket (no network, no credentials: most
+  accelerator hosts and CI) makes the file system raise, not return False.
+  """
+  try:
+    found = bool(path) and exists(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise BadInput(one_line(
+        f"vocabulary file {path!r} cannot be read here ({getattr(e, 'message', e)}); "
+        f"allowed: {VOCABULARY_HELP}, at a path this machine can read.")) from None
+  if not found:
+    raise BadInput(one_line(
+        f"vocabulary file {path!r} does not exist; allowed: {VOCABULARY_HELP}."))
+  try:
+    vocabulary = make(path)
+    processor = vocabulary.tokenizer
+  except Exception as e:  # pylint: disable=broad-except  # sentencepiece: RuntimeError, OSError.
+    raise BadInput(one_line(
+        f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
+        f"{VOCABULARY_HELP}.")) from None
+  check_special_ids(processor, path)
+  return vocabulary
+
+
 def check_special_ids(processor: spm.SentencePieceProcessor, path: str) -> None:
   if (processor.pad_id(), processor.eos_id()) != (PAD_ID, EOS_ID):
     raise BadInput(one_line(
@@ -107,6 +134,17 @@ def token_byte_lengths(vocabulary) -> np.ndarray:
     else:
       lengths[i] = len(processor.id_to_piece(i).replace("\u2581", " ").encode("utf-8"))
   return lengths
+
+
+def text_files(pattern: str, split: str, glob: Callable[[str], Iterable[str]],
+               head: Callable[[str], bytes]) -> list[str]:
+  """The files matching the comma-separated glob(s) `pattern` (`glob` one pattern's files,
+  `head` a file's first `CHECK_BYTES`); errors for none, mixed suffixes or no text. Every
+  file is checked, not only up to the first with text."""
+  files = sorted({f for p in pattern.split(",") if p.strip() for f in glob(p.strip())})
+  check_suffixes(files, pattern, split)
+  check_not_empty([check_text_head(f, head(f)) for f in files], pattern, split)
+  return files
 
 
 def check_suffixes(files: list[str], pattern: str, split: str) -> None:
@@ -196,6 +234,15 @@ def json_text_or_skip(raw: bytes) -> str:
                       "" if count < WARN_SKIPPED else "; further bad lines are skipped "
                       "without a warning")
     return ""
+
+
+def check_batches(split: str, sequence_length: int, batch_size: int) -> None:
+  """The arguments of either path's `batches`."""
+  if split not in SPLITS:
+    raise BadInput(f"split {split!r}; allowed: {', '.join(SPLITS)}.")
+  if sequence_length < 2 or batch_size < 1:
+    raise BadInput(f"sequence_length={sequence_length}, batch_size={batch_size}; "
+                   "allowed: sequence_length >= 2, batch_size >= 1.")
 
 
 def check_sequence_length(sequence_length: int, max_len: Optional[int]) -> None:
