@@ -61,12 +61,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       arg.model, num_layers=6, emb_dim=512, num_heads=8, qk_dim=512, v_dim=512,
       mlp_dim=2048, position="rope", causal=True, attention_dropout=0.0,
       dtype="bfloat16", tied_embedding=False, max_len=512)
-  c.batch_size = 256
-  c.num_train_steps = 992_000  # x 256 x 512 = 130B tokens.
-  c.steps_per_loop = 100
-  c.log_every_steps = 1000
-  c.eval_every_steps = 10_000
-  c.checkpoint_every_steps = 5000
+  c.update(batch_size=256, num_train_steps=992_000,  # x 256 x 512 = 130B tokens.
+           steps_per_loop=100, log_every_steps=1000, eval_every_steps=10_000,
+           checkpoint_every_steps=5000)
   c.optimizer.update(learning_rate=1e-3, weight_decay=0.1, warmup_steps=1000)
   # num_problems = validation rows of sequence_length tokens (the first ones, unshuffled).
   c.eval.update(splits=("validation",), num_problems=2048, batch_size=256)
@@ -76,11 +73,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                   sequence_length=128)
     c.model.update(num_layers=2, emb_dim=128, num_heads=4, qk_dim=128, v_dim=128,
                    mlp_dim=512, dtype="float32", max_len=128)
-    c.batch_size = 16
-    c.num_train_steps = 600
-    c.steps_per_loop = 50
-    c.log_every_steps = 50
-    c.eval_every_steps = c.checkpoint_every_steps = 200
+    c.update(batch_size=16, num_train_steps=600, steps_per_loop=50, log_every_steps=50,
+             eval_every_steps=200, checkpoint_every_steps=200)
     c.optimizer.update(learning_rate=3e-3, warmup_steps=50)
     c.eval.update(num_problems=128, batch_size=32)
   elif arg.size == "smoke":

@@ -44,19 +44,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       split_draw=ml_collections.config_dict.placeholder(str)))
   c.model = config_common.model_config(
       arg.model, num_layers=2, emb_dim=128, num_heads=8, qk_dim=16, v_dim=16, mlp_dim=256)
-  c.batch_size = 128
-  c.num_train_steps = 50_000
-  c.steps_per_loop = 250
-  c.log_every_steps = 1000
-  c.eval_every_steps = c.checkpoint_every_steps = 5000
+  c.update(batch_size=128, num_train_steps=50_000, steps_per_loop=250, log_every_steps=1000,
+           eval_every_steps=5000, checkpoint_every_steps=5000)
   c.optimizer.update(learning_rate=1e-3, weight_decay=0.1, warmup_steps=100)
   c.eval.update(splits=("test", "ood", "unseen_terms"), num_problems=8192, batch_size=1024)
 
   if arg.size == "local":
-    c.num_train_steps = 6000
-    c.steps_per_loop = 50
-    c.log_every_steps = 500
-    c.eval_every_steps = c.checkpoint_every_steps = 1000
+    c.update(num_train_steps=6000, steps_per_loop=50, log_every_steps=500,
+             eval_every_steps=1000, checkpoint_every_steps=1000)
     c.eval.update(num_problems=4096, batch_size=512)
   elif arg.size == "smoke":
     c.task.update(num_examples=8)

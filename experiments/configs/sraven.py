@@ -42,8 +42,10 @@ SIZES = ("paper", "demo", "local", "smoke")
 LOCAL = dict(
     task=dict(num_features=3, num_values=8),
     model=dict(num_layers=2, emb_dim=64, num_heads=8, qk_dim=32, v_dim=32, mlp_dim=128),
-    batch_size=64, num_train_steps=12_000, warmup_steps=500, learning_rate=1e-3,
-    eval_problems=4096, eval_every_steps=2000)
+    batch_size=64, num_train_steps=12_000, steps_per_loop=50, log_every_steps=200,
+    eval_every_steps=2000, checkpoint_every_steps=2000,
+    optimizer=dict(learning_rate=1e-3, warmup_steps=500),
+    eval=dict(num_problems=4096, batch_size=512, ceiling_problems=2048))
 
 # size=demo: `local` with 2 features (C(9,2)=36 rule combinations, 9 held out; chance 1/64
 # for an answer panel) and twice the steps; every run far above chance
@@ -63,29 +65,16 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.model = config_common.model_config(
       arg.model, num_layers=arg.depth, emb_dim=128 * w, num_heads=16 * w, qk_dim=64 * w,
       v_dim=64 * w, mlp_dim=256 * w)
-  c.batch_size = 128
-  c.num_train_steps = 156_250
-  c.steps_per_loop = 250
-  c.log_every_steps = 1000
-  c.eval_every_steps = 15_625
-  c.checkpoint_every_steps = 15_625
+  c.update(batch_size=128, num_train_steps=156_250, steps_per_loop=250, log_every_steps=1000,
+           eval_every_steps=15_625, checkpoint_every_steps=15_625)
   c.optimizer.update(learning_rate=1e-3, weight_decay=0.1, warmup_steps=1000)
   c.eval.update(splits=("test", "ood"), num_problems=51_200, batch_size=1024,
                 ceiling_problems=4096)
 
   if arg.size in ("local", "demo"):
-    c.task.update(LOCAL["task"])
-    c.model.update(LOCAL["model"])
-    c.batch_size = LOCAL["batch_size"]
-    c.num_train_steps = LOCAL["num_train_steps"]
-    c.steps_per_loop = 50
-    c.log_every_steps = 200
-    c.eval_every_steps = c.checkpoint_every_steps = LOCAL["eval_every_steps"]
-    c.optimizer.update(learning_rate=LOCAL["learning_rate"], warmup_steps=LOCAL["warmup_steps"])
-    c.eval.update(num_problems=LOCAL["eval_problems"], batch_size=512, ceiling_problems=2048)
+    c.update(LOCAL)
     if arg.size == "demo":
-      c.task.update(DEMO["task"])
-      c.num_train_steps = DEMO["num_train_steps"]
+      c.update(DEMO)
   elif arg.size == "smoke":
     c.model.update(num_layers=2, emb_dim=32, num_heads=4, qk_dim=16, v_dim=16, mlp_dim=64)
     config_common.use_smoke_schedule(c)

@@ -79,11 +79,8 @@ def follow_run_seed() -> ml_collections.FieldReference:
 def use_smoke_schedule(c: ml_collections.ConfigDict) -> None:
   """The loop settings every `size=smoke` config shares: 8 steps at batch 16, logged,
   evaluated and checkpointed every 4, on 32 eval problems. Seconds on a CPU; tests use it."""
-  c.batch_size = 16
-  c.num_train_steps = 8
-  c.steps_per_loop = 4
-  c.log_every_steps = 4
-  c.eval_every_steps = c.checkpoint_every_steps = 4
+  c.update(batch_size=16, num_train_steps=8, steps_per_loop=4, log_every_steps=4,
+           eval_every_steps=4, checkpoint_every_steps=4)
   c.optimizer.update(warmup_steps=2)
   c.eval.update(num_problems=32, batch_size=16)
 
