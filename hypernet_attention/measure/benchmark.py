@@ -251,8 +251,7 @@ def time_loop(compiled, args, calls: int, repeats: int, budget_s: float) -> dict
   start = time.perf_counter()
   jax.block_until_ready(compiled(*args))
   warm_s = time.perf_counter() - start
-  samples = []
-  spent = warm_s
+  samples, spent = [], warm_s
   for _ in range(repeats):
     if spent + warm_s > budget_s:
       break
@@ -260,13 +259,7 @@ def time_loop(compiled, args, calls: int, repeats: int, budget_s: float) -> dict
     jax.block_until_ready(compiled(*args))
     samples.append(time.perf_counter() - start)
     spent += samples[-1]
-  per_call = [1e3 * s / calls for s in samples]
-  return dict(warmup_ms=1e3 * warm_s / calls, samples_ms=per_call)
-
-
-def _is_oom(err: Exception) -> bool:
-  text = str(err).lower()
-  return "resource_exhausted" in text or "out of memory" in text or "oom" in text
+  return dict(warmup_ms=1e3 * warm_s / calls, samples_ms=[1e3 * s / calls for s in samples])
 
 
 def _inputs(shape: Shape) -> tuple[jax.Array, ...]:
@@ -342,7 +335,7 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
     # as is a shape cuDNN refuses when the call is lowered. Any other failure is an "error"
     # row, named, and the table goes on: one kernel that does not compile on a device must
     # not cost the window the others.
-    if _is_oom(err):
+    if any(s in str(err).lower() for s in ("resource_exhausted", "out of memory", "oom")):
       row["status"] = "out_of_memory"
     elif name.startswith("softmax_") or isinstance(err, errors.BadInput):
       row["status"] = "unsupported"
@@ -366,13 +359,6 @@ def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
     exe = call_loop(fn, calls).lower(*shape.specs()).compile()
     out[kind] = statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
   return out
-
-
-def with_baselines(names: Sequence[str], backend: str) -> list[str]:
-  """`names` with the ratio's baselines first: cuDNN softmax on GPU, XLA softmax always
-  (cuDNN may not support the dtype; then the ratio is to XLA's, and says so)."""
-  wanted = (["softmax_cudnn"] if backend == "gpu" else []) + ["softmax_xla"]
-  return wanted + [n for n in names if n not in wanted]
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -405,7 +391,10 @@ def run(seq_lens: Sequence[int], names: Sequence[str], *, batch: int, heads: int
   unknown = [n for n in names if n not in allowed_names()]
   if unknown:
     raise ValueError(f"implementations {unknown}; allowed: {', '.join(allowed_names())}")
-  names = with_baselines(names, jax.default_backend())
+  # The ratio's baselines first: cuDNN softmax on GPU, XLA softmax always (cuDNN may not
+  # support the dtype; then the ratio is to XLA's, and says so).
+  wanted = (["softmax_cudnn"] if jax.default_backend() == "gpu" else []) + ["softmax_xla"]
+  names = wanted + [n for n in names if n not in wanted]
   rows, stopped, last_ok = [], {}, {}
   for seq_len in seq_lens:
     shape = Shape(batch, heads, head_dim, seq_len, causal, dtype)

@@ -37,23 +37,18 @@ def _kernel_and_reference(rung: str, interpret):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
+  from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.ops import reference  # pylint: disable=g-import-not-at-top
 
   def kernel(q, k, v):
     return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
                                    dq="xla" if rung == "backward" else "kernel")
 
-  def ref(q, k, v):
-    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
-    return reference.attention(q, k, v, mask=mask, normalization="rms_head",
-                               value_network="mlp", activation="relu")
-
   if rung == "forward":
-    return jax.jit(kernel), jax.jit(ref)
+    return jax.jit(kernel), jax.jit(parity.hyla_reference)
   grads = lambda fn: jax.jit(jax.grad(lambda q, k, v, cot: (fn(q, k, v).astype(
       jnp.float32) * cot).sum(), argnums=(0, 1, 2)))
-  return grads(kernel), grads(ref)
+  return grads(kernel), grads(parity.hyla_reference)
 
 
 def interpret_params():
@@ -72,13 +67,12 @@ def _interpret_or_reason():
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from hypernet_attention.errors import BadInput  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
   if jax.default_backend() != "gpu":
     return interpret_params()
   try:
     mosaic_kernel.check_device(jnp.bfloat16)  # dispatch's own check: a Hopper GPU
-  except BadInput as e:
+  except errors.BadInput as e:
     return None, str(e)
   return None, None
 
@@ -133,12 +127,10 @@ def main(argv=None) -> int:
     print(json.dumps(row), flush=True)
     return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
-  statuses = []
   for seq_len in seq_lens:
     for row in parity.check(seq_len, "bfloat16", ["mosaic"], batch=args.batch,
                             heads=args.heads, head_dim=args.head_dim):
       print(json.dumps(row), flush=True)
-      statuses.append(row["status"])
       if row["status"] != "pass":
         return 2 if row["status"] == "unsupported" else 1
   return 0

@@ -37,7 +37,7 @@ def hyla_implementations() -> tuple[str, ...]:
   return tuple(n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference"))
 
 
-def _reference(q, k, v):
+def hyla_reference(q, k, v):
   """The spec, with the causal mask built here (independently of `dispatch`)."""
   causal_QK = np.tril(np.ones((q.shape[1], k.shape[1]), bool))
   return reference.attention(q, k, v, mask=causal_QK, **HYLA)
@@ -84,15 +84,15 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
   n = seq_len * head_dim * heads
   floor = 4 * float(jnp.finfo(dtype).eps) / 2 if dtype == "bfloat16" else 0.0
   with jax.default_matmul_precision("float32"):
-    exact = _float64(_reference, *rounded)
-    ref32 = value_and_grads(_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
+    exact = _float64(hyla_reference, *rounded)
+    ref32 = value_and_grads(hyla_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
     bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor)
               for r, e in zip(ref32, exact)]
     if dtype != "float32":
       # A kernel that keeps per-pair intermediates in the narrow dtype (blockwise: u, z,
       # dz, du in bf16, accumulation in f32) may err NARROW_SLACK times as much as the
       # reference run on the same narrow inputs (tests/numerics.py, assert_close_narrow).
-      narrow = value_and_grads(_reference, *inputs)
+      narrow = value_and_grads(hyla_reference, *inputs)
       bounds = [max(b, NARROW_SLACK * _rel(r, e)) for b, r, e in zip(bounds, narrow, exact)]
     for name in names:
       row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
