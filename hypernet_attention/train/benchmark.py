@@ -101,7 +101,6 @@ class _Prepared:
   final_loss: float = float("nan")
 
   config = property(lambda self: self.plan.config)
-  trainer = property(lambda self: self.plan.trainer)
   setup = property(lambda self: self.plan.setup)
   members = property(lambda self: self.plan.members)
   bytes = property(lambda self: self.plan.bytes)

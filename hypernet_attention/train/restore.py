@@ -199,7 +199,8 @@ def member_dir(workdir: str, member: int) -> str:
   """The directory of member `member` of the population in `workdir` (its outputs)."""
   config = load_config(workdir)
   names = run_files.member_names(config)
-  if not run_files.is_population(config) or not 0 <= member < len(names):
+  if (not run_files.is_population(config) or not isinstance(member, int)
+      or not 0 <= member < len(names)):
     raise ValueError(f"--member={member}: {workdir!r} holds " + (
         f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
         if run_files.is_population(config) else "a single run, not a population"))
@@ -208,13 +209,8 @@ def member_dir(workdir: str, member: int) -> str:
 
 def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
   """One member of a population: its slice of the stacked checkpoint."""
-  size = len(run_files.members(config))
-  if not isinstance(member, int) or not 0 <= member < size:
-    raise ValueError(f"{workdir!r} holds " + (
-        f"a population of {size} members; pass member=0..{size - 1}" if size else
-        f"a single run, not a population; member={member!r} allowed only for populations"))
+  directory = member_dir(workdir, member)  # Refuses a member the population does not have.
   p, step, params = _population_params(workdir, step, config, devices)
-  return RestoredRun(workdir=member_dir(workdir, member), step=int(step),
-                     config=p.member_configs[member],
-                     params=jax.tree.map(lambda x: x[member], params), model=p.single.model,
+  return RestoredRun(workdir=directory, step=int(step), config=p.member_configs[member],
+                     params=population.member_state(params, member), model=p.single.model,
                      objective=p.member_objectives[member])
