@@ -113,15 +113,6 @@ def embeddings(codes, path: str, max_points: int = 600, seed: int = 0) -> None:
   _save(fig, path)
 
 
-def class_means(codes_NC: np.ndarray, codes) -> tuple[np.ndarray, np.ndarray]:
-  """Mean code of each class present (R', C) and the class ids."""
-  member_NR = (codes.labels.astype(bool) if codes.multilabel
-               else codes.labels[:, None] == np.arange(len(codes.class_names)))
-  present = np.flatnonzero(member_NR.any(0))
-  member_NR = member_NR[:, present].astype(np.float64)
-  return member_NR.T @ codes_NC / member_NR.sum(0)[:, None], present
-
-
 def _matrix(ax, m_RR, names, title):
   im = ax.imshow(m_RR, vmin=-1, vmax=1, cmap="RdBu_r")
   ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
@@ -135,7 +126,8 @@ def class_cosines(codes, path: str) -> None:
   fig, axes = plt.subplots(2, len(layers), figsize=(3.8 * len(layers) + 1, 7.4), squeeze=False,
                            layout="constrained")
   for l, title in enumerate(layers):
-    means, present = class_means(codes.codes_NLC[:, l], codes)
+    means, present = stats.class_means(codes.codes_NLC[:, l], codes.labels,
+                                       len(codes.class_names))
     for row, centred in enumerate((False, True)):
       im = _matrix(axes[row, l], stats.cosine_matrix(means, centred), codes.class_names[present],
                    f"{title}, {'centred' if centred else 'uncentred'}")

@@ -80,6 +80,18 @@ def task_means(codes_NC: np.ndarray, task_N: np.ndarray, stratum_N: np.ndarray
   return tasks, means.reshape(len(tasks), -1)
 
 
+def class_means(x_N: np.ndarray, labels: np.ndarray, num_classes: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+  """Mean of `x_N` (N, ...) over each class present (R', ...), and their class ids (R',).
+  `labels`: class ids (N,), or multi-label (N, R) indicators (a sample in several classes)."""
+  member_NR = (labels.astype(bool) if labels.ndim == 2
+               else labels[:, None] == np.arange(num_classes))
+  present = np.flatnonzero(member_NR.any(0))
+  member_NR = member_NR[:, present].astype(np.float64)
+  sums = np.tensordot(member_NR, np.asarray(x_N, np.float64), (0, 0))
+  return sums / member_NR.sum(0).reshape(-1, *[1] * (np.ndim(x_N) - 1)), present
+
+
 @dataclasses.dataclass(frozen=True)
 class Topographic:
   """Topographic similarity of one code (module docstring for the definition)."""

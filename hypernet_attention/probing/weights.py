@@ -74,13 +74,10 @@ def _spectrum(matrix_RXY: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return p_RK[:, :TOP_SINGULAR_VALUES], np.exp(entropy)
 
 
-def class_membership(setting, batch, num_pairs: int) -> np.ndarray:
-  """(N, R) bool: which class each probed sample belongs to, in `setting.samples` order."""
+def class_labels(setting, batch, num_pairs: int) -> np.ndarray:
+  """Each probed sample's class (N,) or classes (N, R), in `setting.samples` order."""
   dummy = np.zeros((batch_size(batch), 1, 1, num_pairs), np.float32)
-  labels = setting.samples(batch, dummy)["labels"]
-  if labels.ndim == 2:
-    return labels.astype(bool)
-  return labels[:, None] == np.arange(len(setting.class_names))[None, :]
+  return setting.samples(batch, dummy)["labels"]
 
 
 def batch_size(batch) -> int:
@@ -96,9 +93,7 @@ def generated_weights(run: Any, num_problems: int = 256, features: str = "all",
   batch = setting.batch(jax.random.key(seed), num_problems, split)
   inputs = run.objective.encode(batch)[0]
   num_pairs = len(setting.query_P)
-  member_NR = class_membership(setting, batch, num_pairs)
-  classes = np.flatnonzero(member_NR.any(0))
-  member_NR = member_NR[:, classes].astype(np.float64)
+  labels = class_labels(setting, batch, num_pairs)
   params = nn.meta.unbox(run.params)
   results = []
   for path, module, layer_inputs in attention_calls(run.model, params, inputs):
@@ -109,7 +104,7 @@ def generated_weights(run: Any, num_problems: int = 256, features: str = "all",
       B, P = w_BP.shape[:2]
       S = P // setting.pairs_per_sample
       w_NXY = w_BP.reshape(B, S, -1, *w_BP.shape[2:]).mean(2).reshape(B * S, *w_BP.shape[2:])
-      mean_RXY = np.einsum("nr,nxy->rxy", member_NR, w_NXY) / member_NR.sum(0)[:, None, None]
+      mean_RXY, classes = stats.class_means(w_NXY, labels, len(setting.class_names))
       flat = mean_RXY.reshape(len(classes), -1)
       spectrum, eff_rank = _spectrum(mean_RXY)
       results.append(GeneratedWeights(
