@@ -52,7 +52,7 @@ RANGES = (
 )
 
 
-def _get(config: ml_collections.ConfigDict, key: str) -> Any:
+def get_dotted(config: ml_collections.ConfigDict, key: str) -> Any:
   """`config.<dotted key>`, or None where a part of the path is absent."""
   node = config
   for name in key.split("."):
@@ -67,7 +67,7 @@ def _is_int(value: Any) -> bool:
 def check_positive(config: ml_collections.ConfigDict) -> None:
   """Raises `BadInput` naming the first of `POSITIVE_FIELDS` that is not a positive int."""
   for key in POSITIVE_FIELDS:
-    value = _get(config, key)
+    value = get_dotted(config, key)
     if value is not None and (not _is_int(value) or value <= 0):
       raise BadInput(f"config.{key}={value!r} must be a positive integer")
 
@@ -81,7 +81,7 @@ def _interval(low: float, high: float, low_in: bool, high_in: bool) -> str:
 def check_ranges(config: ml_collections.ConfigDict) -> None:
   """Raises `BadInput` naming the first of `RANGES` that is not a finite number in range."""
   for key, low, high, low_in, high_in in RANGES:
-    value = _get(config, key)
+    value = get_dotted(config, key)
     if value is None:
       continue
     ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -98,11 +98,11 @@ def check_run(config: ml_collections.ConfigDict) -> None:
   seed = config.get("seed")
   if not _is_int(seed) or not 0 <= seed < 2**32:
     raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
-  warmup, steps = _get(config, "optimizer.warmup_steps"), config.num_train_steps
+  warmup, steps = get_dotted(config, "optimizer.warmup_steps"), config.num_train_steps
   if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
     raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
                    f"[0, config.num_train_steps={steps})")
-  split_seed = _get(config, "task.split_seed")
+  split_seed = get_dotted(config, "task.split_seed")
   if split_seed is not None and (not _is_int(split_seed) or not 0 <= split_seed < 2**32):
     raise BadInput(f"config.task.split_seed={split_seed!r}; allowed: None (the run's seed) "
                    "or an integer in [0, 2**32)")
@@ -110,15 +110,15 @@ def check_run(config: ml_collections.ConfigDict) -> None:
   if stop is not None and (not _is_int(stop) or stop <= 0):
     raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
                    "integer")
-  splits = _get(config, "eval.splits")
+  splits = get_dotted(config, "eval.splits")
   if splits is not None and (isinstance(splits, str) or not tuple(splits)):
     raise BadInput(f"config.eval.splits={splits!r}; allowed: a non-empty list of split names")
-  ceiling = _get(config, "eval.ceiling_problems")
+  ceiling = get_dotted(config, "eval.ceiling_problems")
   if ceiling is not None and (not _is_int(ceiling) or ceiling < 0):
     raise BadInput(f"config.eval.ceiling_problems={ceiling!r}; allowed: an integer >= 0 "
                    "(0: no ceilings)")
   for key in ("model.dtype", "model.param_dtype"):
-    value = _get(config, key)
+    value = get_dotted(config, key)
     if value is not None and str(value) not in DTYPES:
       raise BadInput(f"config.{key}={value!r}; allowed: {', '.join(DTYPES)}")
   if config.eval.num_problems % config.eval.batch_size:
@@ -229,7 +229,7 @@ EVENTS_PREFIX = "events.out.tfevents"  # TensorBoard's event files.
 def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
   """`config.population.members` as a tuple of mappings; `BadInput` for any other shape
   (a dict where the tuple goes: `({'seed': 1})` lacks its trailing comma)."""
-  value = _get(config, "population.members")
+  value = get_dotted(config, "population.members")
   if value is None:
     return ()
   if not _is_sequence(value):
@@ -273,7 +273,7 @@ def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[st
   """Each member's directory name (`population.member_names`, or member0, member1, ...);
   `BadInput` unless there is one unique, plain name per member that no file of the
   population's own workdir has."""
-  names = _get(config, "population.member_names") or ()
+  names = get_dotted(config, "population.member_names") or ()
   if not _is_sequence(names):
     raise BadInput(f"config.population.member_names={_plain(names)!r}; allowed: a tuple of "
                    "directory names, one per member")

@@ -102,8 +102,6 @@ def read_holder(path: epath.Path) -> Optional[Holder]:
   try:
     record = json.loads(path.read_text())
     return Holder(**{f.name: record[f.name] for f in dataclasses.fields(Holder)})
-  except FileNotFoundError:
-    return None
   except (OSError, ValueError, KeyError, TypeError):
     return None
 

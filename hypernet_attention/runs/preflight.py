@@ -39,13 +39,6 @@ def _value(node, text: str):
     return text
 
 
-def _node(config: ml_collections.ConfigDict, key: str):
-  node = config
-  for name in key.split("."):
-    node = node[name] if isinstance(node, ml_collections.ConfigDict) and name in node else None
-  return node
-
-
 def load(experiment: str, config_arg: str,
          overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """The config the entry point would run: `get_config(config_arg)` plus `overrides`."""
@@ -59,7 +52,7 @@ def load(experiment: str, config_arg: str,
         raise errors.BadInput(f"{item!r}; allowed: --config.<key>=<value> overrides")
       key, text = item[len("--config."):].split("=", 1)
       try:
-        config_checks.set_dotted(config, key, _value(_node(config, key), text))
+        config_checks.set_dotted(config, key, _value(config_checks.get_dotted(config, key), text))
       except (ValueError, TypeError) as e:
         raise errors.BadInput(f"{item}: {e}") from None
   return config

@@ -247,12 +247,6 @@ def config_to_json(config: Any) -> dict[str, Any]:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def members(config: Any) -> tuple[dict[str, Any], ...]:
-  """The member settings of `config.population` (empty: a single run)."""
-  population = config.get("population")
-  return tuple(dict(m) for m in (population.get("members") or ())) if population else ()
-
-
 def is_population(config: Any) -> bool:
   """Whether `config` (a ConfigDict, or a recorded config.json's dict) is a population: any
   `population.members` set (of any shape: `config_checks.check_population` names a bad one)."""
@@ -265,8 +259,9 @@ def member_names(config: Any) -> tuple[str, ...]:
   (empty: a single run)."""
   if not is_population(config):
     return ()
-  names = tuple(config["population"].get("member_names") or ())
-  return names or tuple(f"member{i}" for i in range(len(members(config))))
+  population = config["population"]
+  names = tuple(population.get("member_names") or ())
+  return names or tuple(f"member{i}" for i in range(len(population["members"])))
 
 
 def is_finished(workdir: epath.PathLike) -> bool:
