@@ -28,12 +28,14 @@ def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):
   )
 
 
-class GeluMlp(nn.Module):
-  """E -> M -> E with GeLU, biases on both layers (the paper's synthetic-task models)."""
-
+class _Mlp(nn.Module):
   hidden_dim: int
   dtype: Dtype = None
   param_dtype: Dtype = jnp.float32
+
+
+class GeluMlp(_Mlp):
+  """E -> M -> E with GeLU, biases on both layers (the paper's synthetic-task models)."""
 
   @nn.compact
   def __call__(self, x_BTE: jax.Array) -> jax.Array:
@@ -43,12 +45,8 @@ class GeluMlp(nn.Module):
                   name="down")(h_BTM)
 
 
-class SwiGlu(nn.Module):
+class SwiGlu(_Mlp):
   """silu(W_gate x) * (W_up x) -> W_down, no biases (as the authors' SwiGLU block)."""
-
-  hidden_dim: int
-  dtype: Dtype = None
-  param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x_BTE: jax.Array) -> jax.Array:

@@ -88,13 +88,10 @@ def latent_code(
   for extra in (_position_bias(module, params, q_len, k_len), bias):
     if extra is not None:
       scores_BHQK = scores_BHQK + extra
-  if is_causal:
-    causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
-    mask = causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+  mask = attention_lib.combine_masks(
+      mask, attention_lib.causal_mask(q_len, k_len) if is_causal else None)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
-  return reference.normalize_scores(
-      scores_BHQK, None if mask is None else mask.astype(bool), module.preset.normalization,
-      module.eps)
+  return reference.normalize_scores(scores_BHQK, mask, module.preset.normalization, module.eps)
 
 
 def _value_layer_HVA(params, use_bias):

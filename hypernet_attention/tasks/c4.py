@@ -39,10 +39,8 @@ from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
 
 # Shared with the Grain path (`tasks/lm_text.py`), under the names this module always had.
-TASKS, SPLITS, TEXT_SUFFIXES = lm_text.TASKS, lm_text.SPLITS, lm_text.TEXT_SUFFIXES
+TASKS, SPLITS, CHECK_BYTES = lm_text.TASKS, lm_text.SPLITS, lm_text.CHECK_BYTES
 PAD_ID, EOS_ID, UNK_ID = lm_text.PAD_ID, lm_text.EOS_ID, lm_text.UNK_ID
-VOCABULARY_HELP, CHECK_BYTES, TEXT_HELP = (lm_text.VOCABULARY_HELP, lm_text.CHECK_BYTES,
-                                           lm_text.TEXT_HELP)
 _one_line = lm_text.one_line
 token_byte_lengths = lm_text.token_byte_lengths
 check_sequence_length = lm_text.check_sequence_length
