@@ -54,9 +54,9 @@ def main():
     parser.error(f'--seed={args.seed}; allowed: an integer in [0, 2**32)')
   key = jax.random.key(args.seed)
 
+  sravens = {F: SRaven(num_values=F, seed=args.seed) for F in (8, 4)}
   print('== split sizes')
-  for F in (8, 4):
-    task = SRaven(num_values=F, seed=args.seed)
+  for F, task in sravens.items():
     print(f'SRAVEN K=4 F={F}: ' + ', '.join(
         f'{s}={len(task.combinations(s))}' for s in ('train', 'test', 'ood')))
   for fraction in (0.3, 0.5, 0.7):
@@ -65,8 +65,7 @@ def main():
         f'{s}={len(task.combinations(s))}' for s in task.splits))
 
   print(f'== SRAVEN ambiguity, K=4, train split, {args.num_problems} problems')
-  for F in (8, 4):
-    task = SRaven(num_values=F, seed=args.seed)
+  for F, task in sravens.items():
     for definition in ('panel', 'authors'):
       start = time.perf_counter()
       rate, se = ambiguity_rate(task, key, args.num_problems, definition)
@@ -75,8 +74,7 @@ def main():
 
   print(f'== SRAVEN accuracy ceilings, {args.ceiling_problems} problems: mean 1/#consistent '
         'answers, and the Bayes-optimal accuracy (mean max posterior)')
-  for F in (8, 4):
-    task = SRaven(num_values=F, seed=args.seed)
+  for F, task in sravens.items():
     for split in ('train', 'ood'):
       start = time.perf_counter()
       k = jax.random.fold_in(key, 1)

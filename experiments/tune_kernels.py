@@ -41,7 +41,6 @@ from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.measure import ptxas
 from hypernet_attention.ops import blockwise
-from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
@@ -189,12 +188,9 @@ def main():
     rows.append(row)
     _emit(row, args.out)
 
-  record(dict(name="softmax"), lambda: lambda q, k, v: dispatch.attention(
-      q, k, v, is_causal=True, normalization="softmax", value_network="linear"))
+  record(dict(name="softmax"), lambda: benchmark.attention_fn("softmax", causal=True))
   if args.baselines:
-    record(dict(name="blockwise"), lambda: lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=True, normalization="rms_head", value_network="mlp",
-        implementation="blockwise"))
+    record(dict(name="blockwise"), lambda: benchmark.attention_fn("hyla_blockwise", causal=True))
   for config in configs:
     record(config, lambda config=config: kernel_fn(config, args.interpret))
   base = rows[0].get("fwd_bwd_ms")
