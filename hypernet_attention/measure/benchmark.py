@@ -264,9 +264,7 @@ def time_loop(compiled, args, calls: int, repeats: int, budget_s: float) -> dict
 
 def _inputs(shape: Shape) -> tuple[jax.Array, ...]:
   keys = jax.random.split(jax.random.PRNGKey(shape.seq_len), 3)
-  return tuple(jax.random.normal(key, (shape.batch, shape.seq_len, shape.heads,
-                                       shape.head_dim), jnp.dtype(shape.dtype))
-               for key in keys)
+  return tuple(jax.random.normal(key, s.shape, s.dtype) for key, s in zip(keys, shape.specs()))
 
 
 def calls_within(calls: int, estimate_ms: dict, budget_s: float) -> int:

@@ -103,9 +103,7 @@ def smem_alignment(value) -> int:
 
 def _swizzle_bytes(swizzle) -> int:
   """Mosaic passes swizzles as ints or as its dialect's SwizzlingMode (kNoSwizzle = 16)."""
-  if swizzle is None:
-    return 0
-  value = int(swizzle)
+  value = 0 if swizzle is None else int(swizzle)
   return 0 if value <= 16 else value
 
 

@@ -188,10 +188,8 @@ def set_dotted(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
   a string given for a number or bool field is converted to that field's type."""
   if (problem := unknown_key(config, key)) is not None:
     raise ValueError(problem)
-  *parents, leaf = key.split(".")
-  parent = config
-  for name in parents:
-    parent = parent[name]
+  parent_key, _, leaf = key.rpartition(".")
+  parent = get_dotted(config, parent_key) if parent_key else config
   node = parent[leaf]
   if isinstance(value, str) and isinstance(node, (bool, int, float)):
     value = _typed(key, value, type(node))

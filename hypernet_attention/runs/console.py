@@ -74,8 +74,7 @@ class _ShortFormatter(logging.Formatter):
 
 def configure(verbosity: int | None = None) -> None:
   """Installs the filter and short format on absl's handler unless `verbosity` >= 1."""
-  if verbosity is None:
-    verbosity = absl_logging.get_verbosity()
+  verbosity = absl_logging.get_verbosity() if verbosity is None else verbosity
   handler = absl_logging.get_absl_handler()
   for f in [f for f in handler.filters if isinstance(f, _OursOrWarnings)]:
     handler.removeFilter(f)

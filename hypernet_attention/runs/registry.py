@@ -31,8 +31,7 @@ import sys
 from typing import Any, Callable, Union
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INSTALLED_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                 "configs")
+INSTALLED_CONFIGS = os.path.join(REPO, "hypernet_attention", "configs")
 # The entry point of every experiment (it trains whatever `config.experiment` names); the
 # older per-task scripts are aliases of it that keep their default config.
 ENTRY_POINT = "experiments/train.py"
