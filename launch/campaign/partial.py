@@ -30,6 +30,7 @@ from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
 from launch.campaign import plan
+from launch.campaign import records
 from launch.campaign import schema
 
 DIR = "partial"
@@ -86,9 +87,8 @@ def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
   progress_path, state_path = paths(results_dir, cell.name)
   os.makedirs(os.path.dirname(progress_path), exist_ok=True)
   record = progress_record(cell, workdir, device)
-  with open(progress_path + ".tmp", "w") as f:
-    json.dump(record, f, indent=1, sort_keys=True, allow_nan=False)
-  os.replace(progress_path + ".tmp", progress_path)
+  run_files.write_bytes(progress_path, json.dumps(record, indent=1, sort_keys=True,
+                                                  allow_nan=False).encode())
   if not record["step"]:
     return f"progress in {progress_path}; no checkpoint to resume from"
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(state_path), prefix=f".{cell.name}.")
@@ -169,26 +169,11 @@ def forget(results_dir: str, cell: str) -> None:
 
 def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
   """Every progress record under `<results_dir>/partial/`, by cell name."""
-  directory = os.path.join(results_dir, DIR)
-  if not os.path.isdir(directory):
-    return {}
-  out = {}
-  for name in sorted(os.listdir(directory)):
-    if name.endswith(".json") and not name.startswith("."):
-      out[name[:-len(".json")]] = read(os.path.join(directory, name))
-  return out
+  return records.read_all(os.path.join(results_dir, DIR), read)
 
 
 def read(path: str) -> dict[str, Any]:
   """One progress record; BadInput naming the file and its first bad field if it is not
   one (corrupt, truncated, a field missing, of the wrong type or out of range: the
   checks of `schema.progress_file`), so --dry_run and --report say which file."""
-  try:
-    with open(path) as f:
-      record = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise errors.BadInput(f"progress file {path!r} is unreadable ({e}); restore it from git "
-                          "(`git checkout -- <file>`) or delete it (the cell then starts "
-                          "afresh)") from None
-  schema.progress_file(record, path, SCHEMA)
-  return record
+  return schema.progress_file(path, SCHEMA)

@@ -56,23 +56,17 @@ def check_writable(results_dir: str) -> None:
 def read(path: str) -> dict[str, Any]:
   """One cell file; BadInput naming it and its first bad field if it is not a cell file
   this version can read (`schema.cell_file`: types, ranges, its cell's definition)."""
-  try:
-    with open(path) as f:
-      record = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise errors.BadInput(f"cell file {path!r} is unreadable ({e}); restore it from git "
-                          "(`git checkout -- <file>`) or delete it to rerun the cell") from None
-  schema.cell_file(record, path, SCHEMA)
-  return record
+  return schema.cell_file(path, SCHEMA)
 
 
-def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
-  """Every cell file of `results_dir` by cell name (all checked: one bad file fails it)."""
+def read_all(results_dir: str, read_one=read) -> dict[str, dict[str, Any]]:
+  """Every cell file of `results_dir` by cell name (all checked: one bad file fails it);
+  `read_one` reads another kind of file (`partial.read_all`)."""
   if not os.path.isdir(results_dir):
     return {}
   names = sorted(n for n in os.listdir(results_dir)
                  if n.endswith(".json") and not n.startswith("."))
-  return {os.path.splitext(n)[0]: read(os.path.join(results_dir, n)) for n in names}
+  return {os.path.splitext(n)[0]: read_one(os.path.join(results_dir, n)) for n in names}
 
 
 def publish(results_dir: str, record: dict[str, Any], replace: bool = False) -> bool:

@@ -11,6 +11,7 @@ it enters an estimate or a table (wall time, rates, steps, learning rate).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Callable, Optional
@@ -191,34 +192,40 @@ BY_KIND = {
 }
 
 
-def cell_file(record: Any, path: str, schema: int) -> None:
-  """Checks a cell file's `record` read from `path` (`records.read`)."""
+_RESTORE = "restore it from git (`git checkout -- <file>`) or delete it"
+
+
+def cell_file(path: str, schema: int) -> dict[str, Any]:
+  """The cell file at `path`, checked (`records.read`)."""
   common = fields({**_common(), "kind": text(KINDS), "device": DEVICE, "jax_version": text(),
                    "commit": text(), "wall_s": number(0), "overrides": table(anything)},
                   {"processes": items(table(anything)), "python": text(), "title": text(),
                    "config": text()})
-  _check(record, path, "cell file", "restore it from git (`git checkout -- <file>`) or "
-         "delete it to rerun the cell", schema,
-         [common, lambda r, where: BY_KIND[r["kind"]](r, where)])  # The kind, once checked.
+  return _read(path, "cell file", f"{_RESTORE} to rerun the cell", schema,
+               [common, lambda r, where: BY_KIND[r["kind"]](r, where)])  # The kind, once checked.
 
 
-def progress_file(record: Any, path: str, schema: int) -> None:
-  """Checks a progress file's `record` read from `path` (`partial.read`)."""
-  _check(record, path, "progress file", "restore it from git (`git checkout -- <file>`) or "
-         "delete it (the cell then starts afresh)", schema, [fields({
-             **_common(), "step": number(0, integer=True), "num_steps": number(1, integer=True),
-             "device": fields({"kind": text(), "jax_version": text()}), "wall_s": number(0),
-             "members": items(fields({"name": text(), "curves": CURVES}))},
+def progress_file(path: str, schema: int) -> dict[str, Any]:
+  """The progress file at `path`, checked (`partial.read`)."""
+  return _read(path, "progress file", f"{_RESTORE} (the cell then starts afresh)", schema, [
+      fields({**_common(), "step": number(0, integer=True), "num_steps": number(1, integer=True),
+              "device": fields({"kind": text(), "jax_version": text()}), "wall_s": number(0),
+              "members": items(fields({"name": text(), "curves": CURVES}))},
              {"title": text(), "commit": text()})])
 
 
-def _check(record: Any, path: str, label: str, fix: str, schema: int,
-           checks: list[Check]) -> None:
-  """The schema first (a newer writer's file is named as that, not as a bad field), then
-  the fields in order, then what the file says against its name and its cell's definition."""
+def _read(path: str, label: str, fix: str, schema: int, checks: list[Check]) -> Any:
+  """The JSON at `path` once checked: the schema first (a newer writer's file is named as
+  that, not as a bad field), then the fields in order, then what the file says against its
+  name and its cell's definition."""
   def refuse(message: str):
     raise errors.BadInput(f"{label} {path!r}: {message}; {fix}")
 
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise errors.BadInput(f"{label} {path!r} is unreadable ({e}); {fix}") from None
   try:
     fields({"schema": number(integer=True)})(record, "")
     if record["schema"] != schema:
@@ -235,6 +242,7 @@ def _check(record: Any, path: str, label: str, fix: str, schema: int,
   problems = _against_the_cell(record)
   if problems:
     refuse(problems[0])
+  return record
 
 
 def _against_the_cell(record: dict[str, Any]) -> list[str]:
