@@ -31,9 +31,8 @@ PHI = {"relu": lambda x: np.maximum(x, 0), "identity": lambda x: x}
 def paper_einsums(p, x, mask, preset, eps=1e-6):
   """The paper's Eqs. 2-7 in numpy einsums (no position bias; causal+padding mask)."""
   p = jax.tree.map(np.asarray, p)
-  q = np.einsum("bte,ehd->bthd", x, p["query"]["kernel"]) + p["query"]["bias"]
-  k = np.einsum("bte,ehd->bthd", x, p["key"]["kernel"]) + p["key"]["bias"]
-  v = np.einsum("bte,ehd->bthd", x, p["value"]["kernel"]) + p["value"]["bias"]
+  q, k, v = (np.einsum("bte,ehd->bthd", x, p[n]["kernel"]) + p[n]["bias"]
+             for n in ("query", "key", "value"))
   s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   if preset.normalization == "softmax":
     e = np.where(mask, np.exp(s - s.max(-1, keepdims=True)), 0)

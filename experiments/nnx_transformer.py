@@ -129,9 +129,8 @@ def main(argv=None) -> list[Result]:
     results.append(train(kind, task, steps=args.steps, batch=args.batch, width=args.width,
                          heads=args.heads, depth=args.depth, learning_rate=args.learning_rate))
     r = results[-1]
-    print(f"{kind:8s} train loss {r.first_loss:.4f} -> {r.train_loss:.4f}  "
-          f"R^2 test {r.test_r2:.3f}  "
-          f"ood {r.ood_r2:.3f}  {1e3 * r.step_seconds:.1f} ms/step", flush=True)
+    print(f"{kind:8s} train loss {r.first_loss:.4f} -> {r.train_loss:.4f}  R^2 test "
+          f"{r.test_r2:.3f}  ood {r.ood_r2:.3f}  {1e3 * r.step_seconds:.1f} ms/step", flush=True)
   print(f"step time HYLA / softmax: {results[1].step_seconds / results[0].step_seconds:.2f}")
   return results
 

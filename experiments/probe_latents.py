@@ -48,9 +48,8 @@ def main(argv):
   except ValueError as e:  # restore's and the probe's bad input: one line, exit 2
     raise errors.BadInput(str(e)) from e
   for p in probes:
-    best = max(p.analysis.items(), key=lambda kv: report.score_of(
-        kv[1]["decode"], report.headline(p.codes)[-1]))
     metric = report.headline(p.codes)[-1]
+    best = max(p.analysis.items(), key=lambda a: report.score_of(a[1]["decode"], metric))
     print(f"{p.name}: step {p.codes.step}, best held-out {metric} "
           f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), "
           f"step 0 {report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; "

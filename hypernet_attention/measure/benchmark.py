@@ -449,8 +449,7 @@ def markdown_table(rows: list[dict]) -> str:
 def ratios(rows: list[dict], seq_len: int) -> dict:
   """The issue's targets at one T: blockwise vs the baseline and vs the HYLA reference."""
   cell = {r["implementation"]: r for r in rows if r["seq_len"] == seq_len and r["status"] == "ok"}
-  out = {}
-  blk = cell.get("hyla_blockwise")
+  out, blk = {}, cell.get("hyla_blockwise")
   if blk is None:
     return out
   for other in (blk.get("baseline"), "hyla_reference"):
@@ -484,9 +483,7 @@ def write_outputs(rows: list[dict], out_dir: str, meta: dict) -> tuple[str, str]
   for ax, ylabel in zip(axes, ("time per call (ms, median)",
                                "compiled temp memory, fwd+bwd loop (MiB)")):
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel(ylabel)
+    ax.set(yscale="log", xlabel="sequence length T", ylabel=ylabel)
     ax.grid(True, which="both", alpha=0.3)
   if axes[0].lines:
     axes[0].legend(fontsize=6)

@@ -63,8 +63,7 @@ def die_with_parent(env=None) -> None:
   if not parent or not sys.platform.startswith("linux"):
     return
   import ctypes  # pylint: disable=g-import-not-at-top
-  pr_set_pdeathsig = 1
-  ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
   if os.getppid() != int(parent):  # It died before the prctl call.
     os.kill(os.getpid(), signal.SIGTERM)
 

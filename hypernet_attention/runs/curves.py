@@ -76,9 +76,7 @@ def plot(curves: dict[str, tuple[np.ndarray, np.ndarray]], path: str, title: str
   fig, ax = plt.subplots(figsize=(6, 4))
   for tag, (steps, values) in curves.items():
     ax.plot(steps, values, marker="o", markersize=3, label=tag)
-  ax.set_xlabel("step")
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
+  ax.set(xlabel="step", ylabel=ylabel, title=title)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
