@@ -45,22 +45,18 @@ from launch import run_local
 from launch import sweeps
 
 _SWEEP = flags.DEFINE_enum("sweep", None, sweeps.SWEEPS, "Which sweep to launch.")
-_EXECUTOR = flags.DEFINE_enum(
-    "executor", "local", ["local", "vertex", "kubernetes"], "Where jobs run."
-)
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator", None, "xm resource name, e.g. h100, a100, tpu_v5e; none = CPU."
-)
+_EXECUTOR = flags.DEFINE_enum("executor", "local", ["local", "vertex", "kubernetes"],
+                              "Where jobs run.")
+_ACCELERATOR = flags.DEFINE_string("accelerator", None,
+                                   "xm resource name, e.g. h100, a100, tpu_v5e; none = CPU.")
 _ACCELERATOR_COUNT = flags.DEFINE_integer("accelerator_count", 1, "Accelerators per host.")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology such as 2x4 (overrides count).")
 _NUM_HOSTS = flags.DEFINE_integer(
     "num_hosts", 1, "Hosts per point (vertex, kubernetes); they join one jax.distributed run.")
 _WORKDIR_ROOT = flags.DEFINE_string(
-    "workdir_root", "./workdirs/xm", "Each point writes to <root>/<experiment id>/<point name>."
-)
-_BASE_IMAGE = flags.DEFINE_string(
-    "base_image", "python:3.11-slim", "Container base image for PythonContainer."
-)
+    "workdir_root", "./workdirs/xm", "Each point writes to <root>/<experiment id>/<point name>.")
+_BASE_IMAGE = flags.DEFINE_string("base_image", "python:3.11-slim",
+                                  "Container base image for PythonContainer.")
 _MAX_JOBS = flags.DEFINE_integer("max_jobs", None, "Launch only the first N points (before "
                                  "grouping into populations).")
 run_local.define_population_flags()  # --single_runs, --members_per_job, --dry_run, ...
@@ -86,24 +82,9 @@ def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
 
 
 def _requirements(xm, replicas: int):
-  resources = {}
-  if _ACCELERATOR.value:
-    resources[_ACCELERATOR.value] = _TOPOLOGY.value or _ACCELERATOR_COUNT.value
+  accelerator = _ACCELERATOR.value
+  resources = {accelerator: _TOPOLOGY.value or _ACCELERATOR_COUNT.value} if accelerator else {}
   return xm.JobRequirements(resources, replicas=replicas)
-
-
-def _executor(xm, xm_local, replicas: int = 1):
-  requirements = _requirements(xm, replicas)
-  if _EXECUTOR.value == "vertex":
-    return xm_local.Vertex(requirements=requirements)
-  if _EXECUTOR.value == "kubernetes":
-    return xm_local.Kubernetes(requirements=requirements)
-  return xm_local.Local(requirements=requirements)
-
-
-def _executor_spec(xm_local):
-  return {"vertex": xm_local.Vertex.Spec, "kubernetes": xm_local.Kubernetes.Spec,
-          "local": xm_local.Local.Spec}[_EXECUTOR.value]()
 
 
 def main(argv: list[str]) -> None:
@@ -138,6 +119,7 @@ def main(argv: list[str]) -> None:
   sweep = sweeps.load(_SWEEP.value)
   points = run_local.sweep_jobs(sweep, _MAX_JOBS.value, run_local.Grouping.from_flags())
   experiment_name = sweep.EXPERIMENT
+  executor = getattr(xm_local, _EXECUTOR.value.capitalize())  # Local, Vertex or Kubernetes.
   script = registry.get(experiment_name).script
   directory = os.path.basename(os.getcwd())
   accelerator = _ACCELERATOR.value or ""
@@ -156,7 +138,7 @@ def main(argv: list[str]) -> None:
         ],
     )
     [executable] = experiment.package(
-        [xm.Packageable(executable_spec=spec, executor_spec=_executor_spec(xm_local))])
+        [xm.Packageable(executable_spec=spec, executor_spec=executor.Spec())])
 
     def make_unit(point):
       async def add_jobs(work_unit):
@@ -169,7 +151,7 @@ def main(argv: list[str]) -> None:
                                  num_hosts=_NUM_HOSTS.value, host_address=address)
         work_unit.add(xm.JobGroup(**{
             job.name: xm.Job(executable=executable, args=job.args,
-                             executor=_executor(xm, xm_local, job.replicas))
+                             executor=executor(requirements=_requirements(xm, job.replicas)))
             for job in host_jobs}))
       return add_jobs
 
