@@ -72,32 +72,30 @@ def select(patterns, cell_set: str) -> list[cells_lib.Cell]:
 
 
 def _check_flags(cells) -> None:
-  budget = flags.FLAGS.budget_minutes
-  if budget is None and not (flags.FLAGS.dry_run or flags.FLAGS.report):
+  f = flags.FLAGS
+  if f.budget_minutes is None and not (f.dry_run or f.report):
     raise errors.BadInput("--budget_minutes is required to run cells; allowed: minutes "
                           "> 0 (or --dry_run / --report)")
-  if budget is not None:
-    if not (math.isfinite(budget) and budget > 0):
-      raise errors.BadInput(f"--budget_minutes={budget}; allowed: a number of minutes > 0")
-  if flags.FLAGS.max_concurrent < 1:
-    raise errors.BadInput(f"--max_concurrent={flags.FLAGS.max_concurrent}; allowed: an "
-                          "integer >= 1")
-  if not (math.isfinite(flags.FLAGS.stop_margin_s) and flags.FLAGS.stop_margin_s >= 0):
-    raise errors.BadInput(f"--stop_margin_s={flags.FLAGS.stop_margin_s}; allowed: seconds >= 0")
-  unknown = [r for r in flags.FLAGS.redo if r not in {c.name for c in cells}]
+  if f.budget_minutes is not None and not (math.isfinite(f.budget_minutes)
+                                           and f.budget_minutes > 0):
+    raise errors.BadInput(f"--budget_minutes={f.budget_minutes}; allowed: a number of minutes > 0")
+  if f.max_concurrent < 1:
+    raise errors.BadInput(f"--max_concurrent={f.max_concurrent}; allowed: an integer >= 1")
+  if not (math.isfinite(f.stop_margin_s) and f.stop_margin_s >= 0):
+    raise errors.BadInput(f"--stop_margin_s={f.stop_margin_s}; allowed: seconds >= 0")
+  unknown = [r for r in f.redo if r not in {c.name for c in cells}]
   if unknown:
     raise errors.BadInput(f"--redo={','.join(unknown)}: not among the selected cells; "
                           "allowed: names of cells --cells selects")
-  if not flags.FLAGS.root.strip():
+  if not f.root.strip():
     raise errors.BadInput("--root=''; allowed: a directory path")
   # A folder to be (a file there, or above it, is named; created if missing).
-  run_files.check_output_dir(flags.FLAGS.root, "--root")
-  if flags.FLAGS.report:
-    path = flags.FLAGS.report_path
-    if os.path.isdir(path) or not path.endswith(".md"):
-      raise errors.BadInput(f"--report_path={path!r}; allowed: a Markdown file path ending "
-                            "in .md (its figures go beside it)")
-    run_files.output_path(path, "--report_path", overwrite=True)  # Below a file: refused.
+  run_files.check_output_dir(f.root, "--root")
+  if f.report:
+    if os.path.isdir(f.report_path) or not f.report_path.endswith(".md"):
+      raise errors.BadInput(f"--report_path={f.report_path!r}; allowed: a Markdown file path "
+                            "ending in .md (its figures go beside it)")
+    run_files.output_path(f.report_path, "--report_path", overwrite=True)  # Below a file: refused.
 
 
 def _on_sigterm(signum, frame):
@@ -109,38 +107,34 @@ def main(argv) -> int:
   del argv
   # First: a SIGTERM from now on stops cleanly (exit 75), even before any cell has started.
   signal.signal(signal.SIGTERM, _on_sigterm)
-  cells = select(flags.FLAGS.cells, flags.FLAGS.set)
+  f = flags.FLAGS
+  cells = select(f.cells, f.set)
   _check_flags(cells)
-  existing = records.read_all(flags.FLAGS.results_dir)  # A corrupt cell file fails here, first.
-  if flags.FLAGS.report:
-    print(report.write(existing, flags.FLAGS.report_path,
-                       partial.read_all(flags.FLAGS.results_dir)))
+  existing = records.read_all(f.results_dir)  # A corrupt cell file fails here, first.
+  if f.report:
+    print(report.write(existing, f.report_path, partial.read_all(f.results_dir)))
     return 0
-  if not flags.FLAGS.dry_run:
-    records.check_writable(flags.FLAGS.results_dir)
-    if flags.FLAGS.device_kind is not None:
+  if not f.dry_run:
+    records.check_writable(f.results_dir)
+    if f.device_kind is not None:
       # A run records the device that ran it: another kind there would publish, say, a
       # CPU's rates as an H100's, and later plans would read them so.
-      raise errors.BadInput(f"--device_kind={flags.FLAGS.device_kind!r} without --dry_run; "
+      raise errors.BadInput(f"--device_kind={f.device_kind!r} without --dry_run; "
                             "allowed: only with --dry_run (a run asks jax what it runs on)")
-  device = ({"kind": flags.FLAGS.device_kind, "jax_version": "?"} if flags.FLAGS.device_kind
+  device = ({"kind": f.device_kind, "jax_version": "?"} if f.device_kind
             else runner.device_info())
-  if flags.FLAGS.dry_run:
-    print(report.plan_text(cells, existing, device["kind"], flags.FLAGS.root,
-                           flags.FLAGS.budget_minutes,
-                           partial.read_all(flags.FLAGS.results_dir), flags.FLAGS.results_dir,
-                           frozenset(flags.FLAGS.redo)))
+  if f.dry_run:
+    print(report.plan_text(cells, existing, device["kind"], f.root, f.budget_minutes,
+                           partial.read_all(f.results_dir), f.results_dir, frozenset(f.redo)))
     return 0
   options = runner.Options(
-      root=os.path.abspath(flags.FLAGS.root), results_dir=os.path.abspath(flags.FLAGS.results_dir),
-      budget_s=flags.FLAGS.budget_minutes * 60, redo=frozenset(flags.FLAGS.redo),
-      max_concurrent=flags.FLAGS.max_concurrent,
-      stop_margin_s=flags.FLAGS.stop_margin_s)
+      root=os.path.abspath(f.root), results_dir=os.path.abspath(f.results_dir),
+      budget_s=f.budget_minutes * 60, redo=frozenset(f.redo),
+      max_concurrent=f.max_concurrent, stop_margin_s=f.stop_margin_s)
   start = time.time()
   print(f"campaign on {device['kind']} (jax {device['jax_version']}): {len(cells)} cell(s) "
-        f"selected, {len(existing)} done before; budget {flags.FLAGS.budget_minutes:g} min; "
-        f"progress in "
-        f"{os.path.join(options.root, runner.PROGRESS)}", flush=True)
+        f"selected, {len(existing)} done before; budget {f.budget_minutes:g} min; "
+        f"progress in {os.path.join(options.root, runner.PROGRESS)}", flush=True)
   outcomes = runner.Campaign(cells, options, device,
                              log=lambda s: print(f"{time.strftime('%H:%M:%S')} {s}",
                                                  flush=True)).run()
@@ -149,7 +143,7 @@ def main(argv) -> int:
   print(f"Result: {count['finished']} cell(s) finished, {count['stopped']} stopped "
         f"(resumable), {count['failed']} failed, {count['skipped']} not started, "
         f"{count['done']} done before; {(time.time() - start) / 60:.1f} min. Cell files in "
-        f"{flags.FLAGS.results_dir}; `python -m launch.campaign --report` updates the report.")
+        f"{f.results_dir}; `python -m launch.campaign --report` updates the report.")
   return 1 if count["failed"] else 0
 
 
