@@ -30,7 +30,6 @@ Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing n
 
 import argparse
 import json
-import statistics
 import time
 
 import jax
@@ -85,12 +84,8 @@ def kernel_fn(config: dict, interpret: bool):
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
   """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
   loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
-  out = []
-  for f in (fn, jax.grad(loss, (0, 1, 2))):
-    compiled = benchmark.call_loop(f, calls).lower(*args).compile()
-    samples = benchmark.time_loop(compiled, args, calls, repeats, budget_s=float("inf"))
-    out.append(statistics.median(samples["samples_ms"]))
-  return out[0], out[1]
+  return tuple(benchmark.median_ms(f, args, calls, repeats)
+               for f in (fn, jax.grad(loss, (0, 1, 2))))
 
 
 def _emit(row: dict, out: str) -> None:

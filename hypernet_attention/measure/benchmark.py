@@ -262,6 +262,12 @@ def time_loop(compiled, args, calls: int, repeats: int, budget_s: float) -> dict
   return dict(warmup_ms=1e3 * warm_s / calls, samples_ms=[1e3 * s / calls for s in samples])
 
 
+def median_ms(fn: Callable, args, calls: int, repeats: int) -> float:
+  """Median ms per call of `fn` in a compiled `call_loop`, `repeats` times, no budget."""
+  exe = call_loop(fn, calls).lower(*args).compile()
+  return statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
+
+
 def _inputs(shape: Shape) -> tuple[jax.Array, ...]:
   keys = jax.random.split(jax.random.PRNGKey(shape.seq_len), 3)
   return tuple(jax.random.normal(key, s.shape, s.dtype) for key, s in zip(keys, shape.specs()))
@@ -352,11 +358,7 @@ def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
     return None
   idle = {"fwd": lambda q, k, v: q, "fwd_bwd": lambda q, k, v: (q, k, v)}
   args = _inputs(shape)
-  out = {}
-  for kind, fn in idle.items():
-    exe = call_loop(fn, calls).lower(*shape.specs()).compile()
-    out[kind] = statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
-  return out
+  return {kind: median_ms(fn, args, calls, repeats) for kind, fn in idle.items()}
 
 
 def add_ratios(rows: list[dict]) -> None:

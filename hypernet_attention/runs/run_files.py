@@ -270,8 +270,7 @@ def is_finished(workdir: epath.PathLike) -> bool:
   root = path(workdir)
   if (root / SUMMARY).exists():
     return True
-  recorded = read_json(root / POPULATION_SUMMARY)
-  names = (recorded or {}).get("members", [])
+  names = (read_json(root / POPULATION_SUMMARY) or {}).get("members", [])
   return bool(names) and all((root / n / SUMMARY).exists() for n in names)
 
 
