@@ -12,7 +12,7 @@ names the faulting instruction and address. The ladder, bottom up:
   backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
   dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
   parity        values and gradients in bfloat16 against the float64 reference at each T
-                (`ops/parity.check`, the GPU window's bound), once the rungs have passed
+                (`measure/parity.check`, the GPU window's bound), once the rungs have passed
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
 reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
 and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
