@@ -300,14 +300,12 @@ SMOKE_STEPS = 8  # config_common.use_smoke_schedule
 
 
 def _smoke() -> list[Cell]:
-  seeds = [{"seed": 0}, {"seed": 1}]
   return [
-      _train("smoke_fuzzy_hyla", "a", FUZZY, "hyla", seeds, "smoke: fuzzy logic, hyla",
-             config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
-      _train("smoke_fuzzy_softmax", "a", FUZZY, "softmax", seeds, "smoke: fuzzy logic, softmax",
-             config="model=softmax,size=smoke", num_steps=SMOKE_STEPS),
-      _train("smoke_sraven_hyla", "b", SRAVEN, "hyla", seeds, "smoke: SRAVEN, hyla",
-             config="model=hyla,size=smoke", num_steps=SMOKE_STEPS),
+      *(_train(f"smoke_{name}_{m}", stage, e, m, [{"seed": 0}, {"seed": 1}],
+               f"smoke: {label}, {m}", config=f"model={m},size=smoke", num_steps=SMOKE_STEPS)
+        for name, stage, e, label, m in [("fuzzy", "a", FUZZY, "fuzzy logic", "hyla"),
+                                         ("fuzzy", "a", FUZZY, "fuzzy logic", "softmax"),
+                                         ("sraven", "b", SRAVEN, "SRAVEN", "hyla")]),
       Cell("smoke_sraven_decoding_hyla", "c", "probe", SRAVEN, "smoke: decoding of SRAVEN hyla",
            model="hyla", source="smoke_sraven_hyla",
            overrides=(("num_problems", 64), ("permutations", 2))),

@@ -104,8 +104,7 @@ def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> 
              for name, f in zip(cell.member_names, frozen)]
   record = _base(cell, device, workdir)
   steps = population["step"]
-  record.update(num_steps=steps, scale=plan.scale(cell),
-                members=members,
+  record.update(num_steps=steps, scale=plan.scale(cell), members=members,
                 member_steps_per_s=(len(members) * steps / record["wall_s"]
                                     if record["wall_s"] else None),
                 member_steps_per_s_training=population.get("member_steps_per_s_overall"))
@@ -117,33 +116,21 @@ def probe_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> 
   0, the chance levels, the control task's selectivity, topographic similarity and the
   authors' own ridge metric (`hypernet_attention/probing/report.py`'s metrics.json)."""
   metrics = _read_json(os.path.join(workdir, "probe", "metrics.json"))
-  members = []
-  for name, m in metrics.items():
-    layers = {}
-    for layer, block in m["trained"].items():
-      layers[layer] = {"trained": block["decode"], "step0": m["step0"][layer]["decode"],
-                       "selectivity": block.get("selectivity"),
-                       "topographic": block.get("topographic"),
-                       "ridge_r2_authors_metric": block.get("ridge_r2_authors_metric")}
-    members.append({"name": name, "step": m["step"], "splits": m["splits"],
-                    "feature_sets": layers})
-  record = _base(cell, device, workdir)
-  record.update(source=cell.source, members=members)
-  return record
+  keys = ("selectivity", "topographic", "ridge_r2_authors_metric")
+  members = [{"name": name, "step": m["step"], "splits": m["splits"], "feature_sets": {
+      layer: {"trained": block["decode"], "step0": m["step0"][layer]["decode"],
+              **{k: block.get(k) for k in keys}} for layer, block in m["trained"].items()}}
+             for name, m in metrics.items()]
+  return {**_base(cell, device, workdir), "source": cell.source, "members": members}
 
 
 def benchmark_record(cell: cells_lib.Cell, workdir: str,
                      device: dict[str, Any]) -> dict[str, Any]:
-  rows = []
   with open(os.path.join(workdir, "benchmark.log")) as f:
-    for line in f:
-      if line.startswith("{"):
-        rows.append(json.loads(line))
+    rows = [json.loads(line) for line in f if line.startswith("{")]
   if not rows:
     raise ValueError(f"{cell.name}: the benchmark printed no result rows")
-  record = _base(cell, device, workdir)
-  record.update(rows=rows)
-  return record
+  return {**_base(cell, device, workdir), "rows": rows}
 
 
 BUILDERS = {"train": train_record, "probe": probe_record, "benchmark": benchmark_record}

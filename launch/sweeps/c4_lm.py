@@ -11,12 +11,9 @@ pick the best lr/wd per model, as the paper does.
 from launch.sweeps import common
 
 EXPERIMENT = "c4_lm"
-LEARNING_RATES = (1e-3, 3e-3)
-WEIGHT_DECAYS = (0.1, 0.03)
 
 
 def get_sweep():
-  return [{"config": f"model={p['model']},size=50m",
-           "optimizer.learning_rate": p["lr"], "optimizer.weight_decay": p["wd"]}
-          for p in common.product(model=list(common.MAIN_MODELS), lr=list(LEARNING_RATES),
-                                  wd=list(WEIGHT_DECAYS))]
+  return [{"config": f"model={p['model']},size=50m", "optimizer.learning_rate": p["lr"],
+           "optimizer.weight_decay": p["wd"]}
+          for p in common.product(model=list(common.MAIN_MODELS), lr=[1e-3, 3e-3], wd=[0.1, 0.03])]
