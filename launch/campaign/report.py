@@ -58,14 +58,15 @@ def _default_setting(experiment: str) -> tuple:
 
 
 def versus_paper(ours: collect.Stat, paper: tuple[float, float], paper_seeds: int = 3) -> str:
-  """`ours - paper` (x100) and Welch's two-sided p from the two summaries.
+  """The paper's cell (mean +- s.e.), then `ours - paper` (x100) and Welch's two-sided p
+  from the two summaries.
 
   Table A1 gives mean +- s.e. over 3 seeds, not the seeds, so a test on summaries is all
   its numbers allow; Welch's, because nothing says the two runs' seed spreads are equal.
   Without a second seed of ours there is no spread to test with: the difference alone.
   """
   from scipy import stats  # pylint: disable=g-import-not-at-top
-  diff = f"{ours.mean - paper[0]:+.1f}"
+  diff = f"{paper[0]:.2f} ± {paper[1]:.2f} | {ours.mean - paper[0]:+.1f}"
   n = len(ours.values)
   if n < 2:
     return diff
@@ -102,9 +103,8 @@ def table_a1(records, experiment: str) -> str:
       per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" for m in members)
       ours = _stat(members, f"ood/{metric}")
       text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
-      lines.append(f"| {name} | {text} ({why}) | {len(members)} | "
-                   + " | ".join(stats) + f" | {per_seed} | {paper_ood[0]:.2f} ± "
-                   f"{paper_ood[1]:.2f} | {versus_paper(ours, paper_ood)} |")
+      lines.append(f"| {name} | {text} ({why}) | {len(members)} | " + " | ".join(stats)
+                   + f" | {per_seed} | {versus_paper(ours, paper_ood)} |")
   return "\n".join(lines) + "\n"
 
 
@@ -159,8 +159,8 @@ def authors_split_text(records) -> str:
     name = common.TABLE_A1_ROWS[(model, False)]
     per_seed = ", ".join(f"seed {s}: {by_seed[s] * 100:.1f}" for s in sorted(by_seed))
     paper_ood = cells_lib.paper(cells_lib.FUZZY).table_a1[(model, False)]
-    lines.append(f"| {name} | {len(by_seed)} | {ours} | {per_seed} | {paper_ood[0]:.2f} ± "
-                 f"{paper_ood[1]:.2f} | {versus_paper(ours, paper_ood)} |")
+    lines.append(f"| {name} | {len(by_seed)} | {ours} | {per_seed} | "
+                 f"{versus_paper(ours, paper_ood)} |")
   notes = "; ".join(f"seed {s}: " + (f"terms {', '.join(map(str, t))} in no training task"
                                      if t else "every known term trained")
                     for s, t in untrained.items())
@@ -429,13 +429,10 @@ def plan_text(cell_set, records, device_kind: str, root: str,
 
 def remaining_text(records, partials=None) -> str:
   rows = remaining(records, partials=partials)
-  by_stage = collections.OrderedDict()
+  by_stage = {}  # stage: [cells, member runs, CPU minutes, H100 minutes]
   for c, _, cpu, h100 in rows:
-    s = by_stage.setdefault(c.stage, [0, 0, 0.0, 0.0])
-    s[0] += 1
-    s[1] += len(c.members) or 1
-    s[2] += cpu.minutes if cpu else float("nan")
-    s[3] += h100.minutes if h100 else float("nan")
+    add = (1, len(c.members) or 1, *(e.minutes if e else math.nan for e in (cpu, h100)))
+    by_stage[c.stage] = [a + b for a, b in zip(by_stage.get(c.stage, (0, 0, 0.0, 0.0)), add)]
   lines = ["| stage | cells left | member runs | est. CPU hours | est. H100 minutes |",
            "|---|---|---|---|---|"]
   for stage, (n, members, cpu, h100) in by_stage.items():
