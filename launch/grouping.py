@@ -74,9 +74,7 @@ def group(points: Sequence[Mapping[str, Any]], max_members: Optional[int],
 
 def point_config(point: Mapping[str, Any], experiment: str):
   """The config a point trains (its config argument plus its overrides)."""
-  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.runs import registry
-  # pylint: enable=g-import-not-at-top
+  from hypernet_attention.runs import registry  # pylint: disable=g-import-not-at-top
   config = registry.get(experiment).get_config(point["config"])
   for key, value in point.items():
     if key != "config":
@@ -90,11 +88,9 @@ def member_bytes(config) -> float:
   ~24 float32 tensors of that size kept for the backward pass, attention scores on top).
   Imports JAX and the training stack on first use (the module docstring says why)."""
   try:
-    # pylint: disable=g-import-not-at-top
-    import jax
+    import jax  # pylint: disable=g-import-not-at-top
 
-    from hypernet_attention.train import build
-    # pylint: enable=g-import-not-at-top
+    from hypernet_attention.train import build  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise errors.BadInput(
         f"sizing population jobs by memory builds the model, which needs JAX ({e}); "

@@ -19,12 +19,8 @@ from launch import grouping
 def job_args(point: Mapping[str, Any], experiment: str, workdir: str) -> dict[str, str]:
   """A sweep point's flags for the experiment's entry point: `--config=`, `--workdir=` and
   one `--config.<key>=` override per other key of the point."""
-  point = dict(point)
-  config = point.pop("config")
-  args = {"config": registry.get(experiment).config_flag(config), "workdir": workdir}
-  for key, value in point.items():
-    args[f"config.{key}"] = str(value)
-  return args
+  return {"config": registry.get(experiment).config_flag(point["config"]), "workdir": workdir,
+          **{f"config.{k}": str(v) for k, v in point.items() if k != "config"}}
 
 
 def point_name(point: Mapping[str, Any]) -> str:
@@ -44,9 +40,8 @@ def populations(points: Sequence[Mapping[str, Any]], experiment: str,
                 budget_gib: float = grouping.DEFAULT_BUDGET_GIB) -> list[dict[str, Any]]:
   """The sweep's points as population jobs (`launch.grouping`); members are named by
   `point_name`. `max_members` None: each group's cap from its memory estimate."""
-  def cap_of(common):
-    return grouping.default_max_members(grouping.point_config(common, experiment), budget_gib)
-  return grouping.group(points, max_members, point_name, cap_of)
+  return grouping.group(points, max_members, point_name, lambda common: (
+      grouping.default_max_members(grouping.point_config(common, experiment), budget_gib)))
 
 
 def flags_list(args: Mapping[str, str]) -> list[str]:

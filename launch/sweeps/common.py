@@ -28,10 +28,8 @@ TABLE_A1_ROWS = {
     ("hyla_linear_value_no_rmshead", False): "HYLA - nonlinearity - RMSHead",
     ("softmax_hyla", False): "HYLA - RMSHead + softmax",
     ("hyla_deep", False): "HYLA + deep value network",
-    ("softmax", True): "Softmax attention + MoE",
-    ("linear", True): "Linear attention + MoE",
-    ("hyla", True): "HYLA + MoE",
 }
+TABLE_A1_ROWS.update({(p, True): TABLE_A1_ROWS[p, False] + " + MoE" for p in TABLE_A1_MOE_PRESETS})
 
 
 # Short names of the grid's settings, in member names and tables.
