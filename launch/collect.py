@@ -364,14 +364,11 @@ def report(root: str, sweep_name: Optional[str], select: str, out: str) -> str:
   text += (f"\n\n{len(finished)} finished runs under {root}; CPU time of their training "
            f"processes {sum(r.cpu_s for r in finished) / 3600:.2f} h (run_local), wall time "
            f"{sum(r.summary['wall_time_s'] for r in finished) / 3600:.2f} h (summaries).")
-  if missing:
-    text += f"\n\nMissing jobs of sweep {sweep_name} ({len(missing)}):\n"
-    text += "\n".join(f"- {name}" for name in missing)
-  elif unfinished:
-    text += "\n\nUnfinished runs:\n" + "\n".join(f"- {name}" for name in unfinished)
-  if failed:
-    text += ("\n\nFailed runs (non-finite loss; not counted):\n"
-             + "\n".join(f"- {name}" for name in failed))
+  lists = [(f"Missing jobs of sweep {sweep_name} ({len(missing)})", missing) if missing
+           else ("Unfinished runs", unfinished),
+           ("Failed runs (non-finite loss; not counted)", failed)]
+  text += "".join(f"\n\n{title}:\n" + "\n".join(f"- {name}" for name in names)
+                  for title, names in lists if names)
   out = run_files.path(out, "--out")
   out.mkdir(parents=True, exist_ok=True)
   run_files.write_bytes(out / "table_a1.md", (text + "\n").encode())

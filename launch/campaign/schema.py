@@ -41,6 +41,11 @@ def _shown(value: Any, limit: int = 60) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _or_null(check: Check, optional: bool) -> Check:
+  """`check`, and with `optional` None as well."""
+  return (lambda value, where: value is None or check(value, where)) if optional else check
+
+
 def number(low: float = -math.inf, *, positive: bool = False, integer: bool = False,
            optional: bool = False) -> Check:
   """A finite number (an integer if `integer`) >= `low` (> 0 if `positive`); None too if
@@ -50,12 +55,10 @@ def number(low: float = -math.inf, *, positive: bool = False, integer: bool = Fa
       " or null" if optional else "")
 
   def check(value, where):
-    if value is None and optional:
-      return
     if (isinstance(value, bool) or not isinstance(value, int if integer else (int, float))
         or not math.isfinite(value) or value < low or (positive and value <= 0)):
       raise _Bad(where, value, allowed)
-  return check
+  return _or_null(check, optional)
 
 
 def text(choices: Optional[tuple[str, ...]] = None, optional: bool = False) -> Check:
@@ -63,11 +66,9 @@ def text(choices: Optional[tuple[str, ...]] = None, optional: bool = False) -> C
       " or null" if optional else "")
 
   def check(value, where):
-    if value is None and optional:
-      return
     if not isinstance(value, str) or (choices is not None and value not in choices):
       raise _Bad(where, value, allowed)
-  return check
+  return _or_null(check, optional)
 
 
 def boolean(value, where):
@@ -99,13 +100,11 @@ def table(value_check: Check, optional: bool = False, nonempty: bool = False) ->
       " or null" if optional else "")
 
   def check(value, where):
-    if value is None and optional:
-      return
     if not isinstance(value, dict) or (nonempty and not value):
       raise _Bad(where, value, allowed)
     for k, v in value.items():
       value_check(v, f"{where}[{k!r}]")
-  return check
+  return _or_null(check, optional)
 
 
 def fields(required: dict[str, Check], optional: Optional[dict[str, Check]] = None,
@@ -115,8 +114,6 @@ def fields(required: dict[str, Check], optional: Optional[dict[str, Check]] = No
   optional = optional or {}
 
   def check(value, where):
-    if value is None and nullable:
-      return
     if not isinstance(value, dict):
       raise _Bad(where, value, "an object")
     for key, field_check in {**required, **optional}.items():
@@ -126,7 +123,7 @@ def fields(required: dict[str, Check], optional: Optional[dict[str, Check]] = No
       elif key in required:
         field_check(_ABSENT, inner)  # Says what the field may hold,
         raise _Bad(inner, _ABSENT, "any value")  # or, for `anything`, that it must be there.
-  return check
+  return _or_null(check, nullable)
 
 
 def either(first: Check, second: Check, allowed: str) -> Check:
