@@ -244,29 +244,22 @@ def _stage_e() -> list[Cell]:
 
 
 def _stage_f() -> list[Cell]:
-  cells = []
-  problems = fig4_sraven_scaling.PROBLEMS
-  for m in common.MAIN_MODELS:
-    for width, depth, n in itertools.product((1, 4), (4, 16), (problems[0], problems[-1])):
-      steps = n // fig4_sraven_scaling.BATCH_SIZE
-      cells.append(_train(
-          f"f_fig4_{m}_w{width}_d{depth}_{n // 1_000_000}m", "f", SRAVEN, m,
-          _default_members(), f"Fig. 4 corner: {m}, width {width}, depth {depth}, "
-          f"{n // 1_000_000}M problems",
-          config=registry.get(SRAVEN).campaign_config.format(model=m, width=width,
-                                                               depth=depth),
-          overrides=_default_overrides(SRAVEN) + (("num_train_steps", steps),),
-          num_steps=steps))
-  for m, h in itertools.product(common.MAIN_MODELS, fig5c_heads_sraven.HEADS):
-    cells.append(_train(f"f_fig5c_{m}_heads{h}", "f", SRAVEN, m, _default_members(),
-                        f"Fig. 5C: {m}, {h} heads",
-                        overrides=_default_overrides(SRAVEN) + (("model.num_heads", h),)))
-  for m, fraction in itertools.product(common.MAIN_MODELS, figa5_holdout_sraven.HOLDOUT_FRACTIONS):
-    cells.append(_train(f"f_figa5_{m}_holdout{fraction:g}", "f", SRAVEN, m,
-                        _default_members(), f"Fig. A5: {m}, {fraction:g} held out",
-                        overrides=_default_overrides(SRAVEN)
-                        + (("task.holdout_fraction", fraction),)))
-  return cells
+  def cell(name, m, title, key, value, **kwargs):  # SRAVEN, default setting, one override.
+    return _train(f"f_{name}", "f", SRAVEN, m, _default_members(), title,
+                  overrides=_default_overrides(SRAVEN) + ((key, value),), **kwargs)
+  problems, batch = fig4_sraven_scaling.PROBLEMS, fig4_sraven_scaling.BATCH_SIZE
+  config = registry.get(SRAVEN).campaign_config
+  fig4 = [cell(f"fig4_{m}_w{w}_d{d}_{n // 1_000_000}m", m, f"Fig. 4 corner: {m}, width {w}, "
+               f"depth {d}, {n // 1_000_000}M problems", "num_train_steps", n // batch,
+               config=config.format(model=m, width=w, depth=d), num_steps=n // batch)
+          for m in common.MAIN_MODELS
+          for w, d, n in itertools.product((1, 4), (4, 16), (problems[0], problems[-1]))]
+  return fig4 + [
+      cell(f"fig5c_{m}_heads{h}", m, f"Fig. 5C: {m}, {h} heads", "model.num_heads", h)
+      for m, h in itertools.product(common.MAIN_MODELS, fig5c_heads_sraven.HEADS)] + [
+      cell(f"figa5_{m}_holdout{f:g}", m, f"Fig. A5: {m}, {f:g} held out",
+           "task.holdout_fraction", f)
+      for m, f in itertools.product(common.MAIN_MODELS, figa5_holdout_sraven.HOLDOUT_FRACTIONS)]
 
 
 def _stage_g() -> list[Cell]:

@@ -106,6 +106,4 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
 
 
 def fmt_minutes(minutes: Optional[float]) -> str:
-  if minutes is None:
-    return "?"
-  return f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"
+  return "?" if minutes is None else f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"

@@ -227,9 +227,8 @@ def _decode_score(block: dict[str, Any]) -> Optional[float]:
 
 def _chance_max(block: dict[str, Any]) -> Optional[float]:
   chance = block.get("chance")
-  if not isinstance(chance, dict):
-    return None
-  return max((v for v in map(_headline, chance.values()) if v is not None), default=None)
+  return max((v for v in map(_headline, chance.values()) if v is not None),
+             default=None) if isinstance(chance, dict) else None
 
 
 def _verdict(d: dict[str, Any]) -> str:
@@ -351,9 +350,7 @@ def _num(x, spec: str = ".3f") -> str:
 
 
 def _chance(chance) -> str:
-  if not isinstance(chance, dict):
-    return "-"
-  return ", ".join(f"{k} {_num(v)}" for k, v in chance.items())
+  return ", ".join(f"{k} {_num(v)}" for k, v in chance.items()) if isinstance(chance, dict) else "-"
 
 
 def benchmark_text(records) -> str:
