@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 SWEEPS = ("table_a1_sraven", "table_a1_fuzzy", "table_a1_fuzzy_local", "table_a1_sraven_local",
           "fig2c_fuzzy", "fig4_sraven_scaling", "fig5c_heads_sraven", "figa5_holdout_sraven",
-          "activations_sraven", "smoke_fuzzy", "smoke_population_fuzzy")
+          "activations_sraven", "smoke_fuzzy", "smoke_population_fuzzy", "c4_lm")
 
 
 def load(name: str):
