@@ -294,6 +294,43 @@ def _seed_of(cell: str) -> Optional[str]:
   return last if last.startswith("seed") else None
 
 
+def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear"))) -> str:
+  """One model's held-out decoding minus another's, paired by seed: a seed fixes the split,
+  so both are probed on the same held-out terms. Per seed, the Wilcoxon signed-rank test
+  over those terms' F1; across seeds, the paired t-test over macro-F1 (`collect.Paired`).
+  Stage c cells of one member named ..._seedN; '' when no seed has both models."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  codes = {(r["model"], int(_seed_of(r["cell"])[4:])): r["members"][0]["feature_sets"]
+           for r in records.values()
+           if r["kind"] == "probe" and _seed_of(r["cell"]) and len(r["members"]) == 1}
+  lines = []
+  for row, base in pairs:
+    seeds = sorted(s for m, s in codes if m == row and (base, s) in codes)
+    for layer in (codes[(row, seeds[0])] if seeds else ()):
+      f1 = {m: {s: codes[(m, s)][layer]["trained"]["macro_f1"] for s in seeds}
+            for m in (row, base)}
+      if not any(f1[row].values()) or not any(f1[base].values()):
+        continue  # A constant code (HYLA's layer 0 at the fixed query, above): no pair.
+      for s in seeds:
+        diff = np.array([a - b for a, b in zip(*(codes[(m, s)][layer]["trained"]["per_term_f1"]
+                                                 for m in (row, base)))
+                         if a is not None and b is not None])
+        p = stats.wilcoxon(diff).pvalue if np.any(diff) else 1.0
+        lines.append(f"| {row} - {base} | {layer} | seed {s} | {100 * f1[row][s]:.1f} | "
+                     f"{100 * f1[base][s]:.1f} | {100 * (f1[row][s] - f1[base][s]):+.1f} | "
+                     f"{(diff > 0).sum()} of {diff.size} terms | {_p_text(p)} (Wilcoxon) |")
+      q = collect.Paired.of("", f1[row], f1[base])
+      lines.append(f"| {row} - {base} | {layer} | **{len(seeds)} seed(s)** | "
+                   f"{collect.Stat.of(list(f1[row].values()))} | "
+                   f"{collect.Stat.of(list(f1[base].values()))} | {q.diff} | {q.wins} of "
+                   f"{len(seeds)} | {_p_text(q.p_value)} (paired t) |")
+  return ("Held-out macro-F1 x100, paired by seed (a seed fixes the held-out terms for both "
+          "models). Per seed: Wilcoxon signed-rank over the held-out terms' F1; over seeds: "
+          "mean ± s.e., paired t-test (none below 2 seeds).\n\n| difference | layer | seed | "
+          "first | second | first - second | ahead in | p |\n|---|---|---|---|---|---|---|---|\n"
+          + "\n".join(lines) + "\n") if lines else ""
+
+
 def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   """Held-out decoding score by layer, one bar per model (trained), the untrained code as a
   black tick and the best chance level as a dashed line: the layout of the paper's Fig. 2B."""
@@ -532,6 +569,7 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
             authors_split_text(records)]
   parts += ["## Decoding the operation from the latent code, by layer (Fig. 2, Fig. 5F)\n",
             decoding_text(records, figures, out_dir),
+            decoding_paired_text(records),
             "## C4 50M training step\n", benchmark_text(records),
             "## Cut off by a window's end (resumable)\n",
             "Progress of cells whose window ended first, from `paper_scale/partial/`: not "

@@ -493,3 +493,38 @@ def test_decoding_table_shows_a_constant_code_as_undefined():
             if line.startswith("| c_x")]
   assert row.split(" | ")[3:5] == ["layer 0", "0.000"] and " | no | " in row
   assert row.split(" | ")[-2] == "-"
+
+
+def test_decoding_paired_by_seed_and_term():
+  """HYLA minus softmax's held-out decoding: per seed over the same terms (exact Wilcoxon:
+  with every one of n differences positive, two-sided p = 2 / 2^n), across seeds the paired
+  t-test (t = mean / (sd / sqrt(n)) on the macro-F1 differences, by hand)."""
+  def probe(model, seed, per_term, skipped=()):
+    terms = [None if t in skipped else f for t, f in enumerate(per_term)]
+    macro = float(np.mean([f for f in terms if f is not None]))
+    code = {"trained": {"macro_f1": macro, "per_term_f1": terms}}
+    return {"kind": "probe", "cell": f"c_fuzzy_decoding_{model}_seed{seed}", "model": model,
+            "members": [{"name": model, "feature_sets": {
+                "layer 0": {"trained": {"macro_f1": 0.0, "per_term_f1": [0.0] * 7}},
+                "layer 1": code}}]}
+  base = np.linspace(0.2, 0.5, 7)
+  lift = {0: 0.02 * np.arange(1, 8), 1: 0.01 * np.arange(1, 8), 2: np.full(7, -0.01)}
+  cells = [probe("softmax", s, base) for s in lift]
+  cells += [probe("hyla", s, base + lift[s], skipped=(3,) if s == 0 else ()) for s in lift]
+  text = report.decoding_paired_text({c["cell"]: c for c in cells}, pairs=[("hyla", "softmax")])
+  rows = {r.split(" | ")[2]: r.split(" | ") for r in text.splitlines() if "hyla - softmax" in r}
+  assert {r.split(" | ")[1] for r in text.splitlines() if "hyla - " in r} == {"layer 1"}
+  assert rows["seed 0"][6] == "6 of 6 terms"  # term 3 skipped by HYLA's probe: not paired
+  assert float(rows["seed 0"][7].split()[0]) == pytest.approx(2 / 2**6, abs=1e-3)
+  assert rows["seed 1"][6] == "7 of 7 terms"
+  assert float(rows["seed 1"][7].split()[0]) == pytest.approx(2 / 2**7, abs=1e-3)
+  assert rows["seed 2"][6] == "0 of 7 terms"
+  macro = lambda m, s: next(c for c in cells if c["cell"].endswith(f"{m}_seed{s}"))[
+      "members"][0]["feature_sets"]["layer 1"]["trained"]["macro_f1"]
+  d = np.array([macro("hyla", s) - macro("softmax", s) for s in lift])
+  t = d.mean() / (d.std(ddof=1) / np.sqrt(3))
+  p = 2 * stats.t.sf(abs(t), df=2)
+  summary = rows["**3 seed(s)**"]
+  assert summary[5].startswith(f"{100 * d.mean():+.2f}".lstrip("+")) and summary[6] == "2 of 3"
+  assert float(summary[7].split()[0]) == pytest.approx(p, rel=2e-3)
+  assert report.decoding_paired_text({c["cell"]: c for c in cells[:3]}) == ""  # no pair
