@@ -48,18 +48,14 @@ def _lengths(parser, flag: str, text: str, allow_empty: bool) -> list[int]:
   return lens
 
 
-def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check(parser: errors.ArgumentParser, args: argparse.Namespace) -> None:
   """Any bad argument is `parser.error` (one line, exit 2), before any work."""
   args.seq_lens = _lengths(parser, "seq_lens", args.seq_lens, allow_empty=args.parity_only)
   args.parity_lens = _lengths(parser, "parity_lens", args.parity_lens, allow_empty=True)
   if args.parity_only and not args.parity_lens:
     parser.error("--parity_only without --parity_lens; allowed: e.g. --parity_lens=256,1000")
-  for name in ("batch", "heads", "head_dim", "repeats", "target_len", "calls"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
-  for name in ("max_temp_gb", "cell_budget_s", "deadline_s"):
-    if not getattr(args, name) > 0:
-      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive number")
+  parser.check_positive(args, "batch", "heads", "head_dim", "repeats", "target_len", "calls")
+  parser.check_positive(args, "max_temp_gb", "cell_budget_s", "deadline_s", what="number")
   run_files.check_output_dir(args.out_dir, "--out_dir")  # BadInput: one line, before work.
   if args.jsonl:  # Appended to: an existing file is kept.
     run_files.output_path(args.jsonl, "--jsonl", overwrite=True)

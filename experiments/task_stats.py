@@ -47,9 +47,7 @@ def main():
   parser.add_argument('--ceiling_problems', type=int, default=8192)
   parser.add_argument('--seed', type=int, default=0)
   args = parser.parse_args()
-  for name in ('num_problems', 'ceiling_problems'):
-    if getattr(args, name) < 1:
-      parser.error(f'--{name}={getattr(args, name)}; allowed: a positive integer')
+  parser.check_positive(args, 'num_problems', 'ceiling_problems')
   if not 0 <= args.seed < 2**32:
     parser.error(f'--seed={args.seed}; allowed: an integer in [0, 2**32)')
   key = jax.random.key(args.seed)

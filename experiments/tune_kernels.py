@@ -151,9 +151,7 @@ def main():
     configs = [parse_config(c) for c in args.configs.split(",") if c]
   except ValueError as err:
     parser.error(str(err))
-  for flag in ("seq_len", "batch", "heads", "head_dim", "calls", "repeats"):
-    if getattr(args, flag) < 1:
-      parser.error(f"--{flag}={getattr(args, flag)}; allowed: a positive integer")
+  parser.check_positive(args, "seq_len", "batch", "heads", "head_dim", "calls", "repeats")
   if args.out:  # Appended to as rows finish: a file in the way is named before any work.
     run_files.output_path(args.out, "--out", overwrite=True)
   if args.ptxas:

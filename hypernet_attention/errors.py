@@ -28,3 +28,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {message}\n")
+
+  def check_positive(self, args: argparse.Namespace, *names: str, what: str = "integer"):
+    """`error` for the first flag of `names` whose value is not > 0."""
+    for name in names:
+      if not getattr(args, name) > 0:
+        self.error(f"--{name}={getattr(args, name)}; allowed: a positive {what}")

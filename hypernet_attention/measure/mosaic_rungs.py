@@ -115,9 +115,7 @@ def main(argv=None) -> int:
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
   args = parser.parse_args(argv)
-  for name in ("batch", "seq_len", "heads", "head_dim"):
-    if getattr(args, name) < 1:
-      parser.error(f"--{name}={getattr(args, name)}; allowed: a positive integer")
+  parser.check_positive(args, "batch", "seq_len", "heads", "head_dim")
   try:
     seq_lens = [int(t) for t in args.seq_lens.split(",")]
   except ValueError:
