@@ -69,7 +69,7 @@ def _proc_start(pid: int) -> Optional[str]:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
   """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
   try:
     os.kill(pid, 0)
@@ -91,7 +91,7 @@ def is_stale(holder: Holder, now: float, stale_after_s: float = STALE_AFTER_S,
     return True
   if holder.host != (host or socket.gethostname()):
     return False
-  if not _pid_alive(holder.pid):
+  if not pid_alive(holder.pid):
     return True
   current = _proc_start(holder.pid)
   return bool(holder.proc_start and current and current != holder.proc_start)

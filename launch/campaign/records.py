@@ -22,6 +22,7 @@ import tempfile
 from typing import Any, Optional
 
 from hypernet_attention import errors
+from hypernet_attention.runs import lock
 from launch.campaign import schema
 
 SCHEMA = 1
@@ -103,13 +104,10 @@ def _claim_path(results_dir: str, cell: str) -> str:
 def _alive(claim: dict[str, Any]) -> bool:
   if claim.get("host") != socket.gethostname():
     return True  # Another machine's claim: cannot check, so respect it.
-  try:
-    os.kill(int(claim["pid"]), 0)
-  except (ProcessLookupError, ValueError, KeyError, TypeError):
+  try:  # Same host: alive unless its process is gone (or a zombie, unreaped).
+    return lock.pid_alive(int(claim["pid"]))
+  except (ValueError, KeyError, TypeError):  # A damaged claim holds nothing.
     return False
-  except PermissionError:
-    return True
-  return True
 
 
 def claim(results_dir: str, cell: str) -> Optional[dict[str, Any]]:
