@@ -119,7 +119,8 @@ def main():
   if host_data and not args.synthetic_tokens:  # [lm]: TensorFlow, seqio.
     console.import_tensorflow_quietly()  # seqio loads TensorFlow, which logs natively.
     from hypernet_attention.tasks import c4  # pylint: disable=g-import-not-at-top
-    configs = [c4.prepare_config(c, args.data_dir) for c in configs]
+    from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
+    configs = [lm_text.prepare_config(c, args.data_dir, c4.resolve) for c in configs]
     pipeline = benchmark.input_tokens_per_second(configs[0])
   rows = benchmark.train_steps_per_second(configs, steps=args.steps, repeats=args.repeats,
                                          labels=models)

@@ -211,12 +211,6 @@ def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
                          train_vocabulary=train_vocabulary)
 
 
-def prepare_config(config: ml_collections.ConfigDict,
-                   workdir: str) -> ml_collections.ConfigDict:
-  """`lm_text.prepare_config` with this path's `resolve`."""
-  return lm_text.prepare_config(config, workdir, resolve)
-
-
 # --- batches ------------------------------------------------------------------------------
 
 

@@ -195,12 +195,6 @@ def build_documents(task_config, split: str) -> grain.MapDataset:
   return grain.MapDataset.source(read_documents(files))
 
 
-def prepare_config(config: ml_collections.ConfigDict,
-                   workdir: str) -> ml_collections.ConfigDict:
-  """`lm_text.prepare_config` with this path's `resolve`."""
-  return lm_text.prepare_config(config, workdir, resolve)
-
-
 # --- batches ------------------------------------------------------------------------------
 
 

@@ -91,7 +91,7 @@ def train_and_sample(config: ml_collections.ConfigDict | config_checks.Checked, 
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   pipeline = objectives.lm_pipeline(config.task)
   # Resolving the data changes only `config.task`'s files, which `validate` does not read.
-  checked = config_checks.Checked(pipeline.prepare_config(config, workdir))
+  checked = config_checks.Checked(lm_text.prepare_config(config, workdir, pipeline.resolve))
   config = checked.config
   vocabulary = pipeline.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
   decoding.check_prompt_length(1 + len(vocabulary.encode(prompt)), config.model.get("max_len"))
