@@ -39,10 +39,8 @@ from hypernet_attention.ops import sharded
 from hypernet_attention.ops import tiling
 
 # What each fast implementation computes; the reference computes every registered name.
-FAST_PATHS: dict[str, reference.Computes] = {
-    "factored": factored.COMPUTES,
-    "blockwise": blockwise.COMPUTES,
-}
+FAST_PATHS: dict[str, reference.Computes] = {"factored": factored.COMPUTES,
+                                             "blockwise": blockwise.COMPUTES}
 # Asked for by name only: the fused Hopper kernels (`mosaic_kernel.py`), which refuse other
 # devices and float32 in one line. `auto` should take them on Hopper once the GPU window
 # (`launch/gpu_window.py`) measures them correct and faster than blockwise (kernels.md).
@@ -92,14 +90,10 @@ def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[i
   return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
-def _causal_mask(q_len: int, k_len: int) -> jax.Array:
-  return jnp.tril(jnp.ones((q_len, k_len), bool))
-
-
 def _with_causal(mask, is_causal, q_len, k_len):
   if not is_causal:
     return mask
-  causal_QK = _causal_mask(q_len, k_len)
+  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
   return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
 
 
@@ -135,10 +129,8 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
   of returning 0; such rows only occur for padding.
   """
   full = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-  bias4 = tiling.as_rank4(bias, "bias", full)
-  mask4 = tiling.as_rank4(mask, "mask", full)
-  if mask4 is not None:
-    mask4 = mask4.astype(bool)
+  bias4 = tiling.as_rank4(bias, "bias", full, query.dtype)
+  mask4 = tiling.as_rank4(mask, "mask", full, bool)
   use_cudnn = (
       jax.default_backend() == "gpu"
       and query.dtype in (jnp.bfloat16, jnp.float16)
@@ -146,8 +138,6 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
       and mask4 is None
       and (bias4 is None or bias4.shape[2:] == full[2:])
   )
-  if bias4 is not None:
-    bias4 = bias4.astype(query.dtype)
   return jax.nn.dot_product_attention(
       query, key, value, bias=bias4, mask=mask4, is_causal=is_causal,
       implementation="cudnn" if use_cudnn else None,

@@ -25,12 +25,9 @@ _M2 = int(np.uint32(0x846CA68B).view(np.int32))
 
 
 def _mix32(x):
-  shr = jax.lax.shift_right_logical
-  x = x ^ shr(x, jnp.int32(16))
-  x = x * jnp.int32(_M1)
-  x = x ^ shr(x, jnp.int32(15))
-  x = x * jnp.int32(_M2)
-  return x ^ shr(x, jnp.int32(16))
+  for shift, multiplier in ((16, _M1), (15, _M2)):
+    x = (x ^ jax.lax.shift_right_logical(x, jnp.int32(shift))) * jnp.int32(multiplier)
+  return x ^ jax.lax.shift_right_logical(x, jnp.int32(16))
 
 
 def check_rate(rate: float, name: str = "dropout_rate") -> None:
@@ -50,17 +47,13 @@ def seed_from_rng(rng: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
 
 
-def keep_scale(seed, q_pos, k_pos, rate: float) -> jax.Array:
-  """float32 keep(seed, q, k) / (1 - rate) for int32 positions that broadcast together."""
-  seed = jnp.asarray(seed, jnp.int32)
-  h = _mix32(_mix32(seed ^ q_pos.astype(jnp.int32)) + k_pos.astype(jnp.int32))
-  top = jax.lax.shift_right_logical(h, jnp.int32(32 - _BITS))
-  keep = top >= jnp.int32(round(rate * (1 << _BITS)))
-  return jnp.where(keep, jnp.float32(1.0 / (1.0 - rate)), jnp.float32(0.0))
-
-
 def grid_keep_scale(seed, q_len: int, k_len: int, rate: float, q_start=0, k_start=0):
-  """(q_len, k_len) `keep_scale` of the pairs from (q_start, k_start) on."""
+  """float32 keep(seed, q, k) / (1 - rate) of a (q_len, k_len) grid of pairs, its first
+  (q_start, k_start): the whole mask, or any tile of it."""
   q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0)
   k_pos = k_start + jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
-  return keep_scale(seed, q_pos, k_pos, rate)
+  h = _mix32(_mix32(jnp.asarray(seed, jnp.int32) ^ q_pos.astype(jnp.int32))
+             + k_pos.astype(jnp.int32))
+  keep = (jax.lax.shift_right_logical(h, jnp.int32(32 - _BITS))
+          >= jnp.int32(round(rate * (1 << _BITS))))
+  return jnp.where(keep, jnp.float32(1.0 / (1.0 - rate)), jnp.float32(0.0))

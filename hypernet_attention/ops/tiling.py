@@ -103,8 +103,8 @@ def make_config(
   )
 
 
-def as_rank4(x: Optional[jax.Array], name: str, full_shape) -> Optional[jax.Array]:
-  """Left-pads `x`'s rank to 4 and checks that it broadcasts to (B, H, Q, K)."""
+def as_rank4(x: Optional[jax.Array], name: str, full_shape, dtype=None):
+  """Left-pads `x`'s rank to 4 (as `dtype` if given); it must broadcast to (B, H, Q, K)."""
   if x is None:
     return None
   if x.ndim > 4:
@@ -114,7 +114,7 @@ def as_rank4(x: Optional[jax.Array], name: str, full_shape) -> Optional[jax.Arra
     if got not in (1, want):
       raise ValueError(
           f"{name} of shape {x.shape} does not broadcast to (B, H, Q, K) = {full_shape}.")
-  return x4
+  return x4 if dtype is None else x4.astype(dtype)
 
 
 def pad_axis(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
@@ -136,16 +136,9 @@ def pair_tile(x4: Optional[jax.Array], q_start, k_start, cfg: TileConfig) -> Opt
   """The (.., bq, bk) tile of a rank-4 bias/mask; broadcast axes stay size 1."""
   if x4 is None:
     return None
-  sizes = (
-      x4.shape[0], x4.shape[1],
-      1 if x4.shape[2] == 1 else cfg.block_q,
-      1 if x4.shape[3] == 1 else cfg.block_k,
-  )
-  starts = (
-      0, 0,
-      0 if x4.shape[2] == 1 else q_start,
-      0 if x4.shape[3] == 1 else k_start,
-  )
+  sizes = (*x4.shape[:2], 1 if x4.shape[2] == 1 else cfg.block_q,
+           1 if x4.shape[3] == 1 else cfg.block_k)
+  starts = (0, 0, 0 if x4.shape[2] == 1 else q_start, 0 if x4.shape[3] == 1 else k_start)
   return jax.lax.dynamic_slice(x4, starts, sizes)
 
 
