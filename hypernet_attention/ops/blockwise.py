@@ -107,12 +107,12 @@ def tile_code(s_BHqk, valid, lse_BHq, cfg):
                    f"computes {COMPUTES.normalizations}.")
 
 
-def tile_dropout(q_start, k_start, seed, cfg):
-  """(bq, bk) keep/(1-rate) of a tile, or None without dropout (`dropout.py`)."""
+def _tile_drop(seed, qi, kj, cfg):
+  """(bq, bk) keep/(1-rate) of tile (qi, kj), or None without dropout (`dropout.py`)."""
   if not cfg.dropout_rate:
     return None
   return dropout.grid_keep_scale(seed, cfg.block_q, cfg.block_k, cfg.dropout_rate,
-                                 q_start, k_start).astype(cfg.compute_dtype)
+                                 qi * cfg.block_q, kj * cfg.block_k).astype(cfg.compute_dtype)
 
 
 def _drop(a_BHqk, drop):
@@ -210,21 +210,13 @@ def _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg):
   return s, valid
 
 
-def _tile_drop(seed, qi, kj, cfg):
-  return tile_dropout(qi * cfg.block_q, kj * cfg.block_k, seed, cfg)
-
-
-def _rows(x_BHQ, qi, cfg):
-  return jax.lax.dynamic_slice_in_dim(x_BHQ, qi * cfg.block_q, cfg.block_q, axis=2)
-
-
 def _logsumexp_rows(q_BHQD, k_BHKD, bias4, mask4, cfg):
   """Softmax statistics of every query over its visible keys: (B, H, Qp)."""
   batch, heads = q_BHQD.shape[:2]
 
   def body(carry, qi, kj):
     m_all, l_all = carry
-    m_prev, l_prev = _rows(m_all, qi, cfg), _rows(l_all, qi, cfg)
+    m_prev, l_prev = _q_tile(m_all, qi, cfg), _q_tile(l_all, qi, cfg)
     s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
     s = jnp.where(valid, s, -jnp.inf)
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=-1))
@@ -249,7 +241,7 @@ def _forward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, cfg):
 
   def body(out_BHQV, qi, kj):
     s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-    lse_q = None if lse is None else _rows(lse, qi, cfg)
+    lse_q = None if lse is None else _q_tile(lse, qi, cfg)
     a = _drop(tile_code(s, valid, lse_q, cfg), _tile_drop(seed, qi, kj, cfg))
     return _add_at(out_BHQV, qi * cfg.block_q, tile_value(a, _k_tile(v_BHKV, kj, cfg), cfg))
 
@@ -266,7 +258,7 @@ def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV,
 
   def body(rows_BHQ, qi, kj):
     s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
-    a = _drop(tile_code(s, valid, _rows(lse, qi, cfg), cfg), _tile_drop(seed, qi, kj, cfg))
+    a = _drop(tile_code(s, valid, _q_tile(lse, qi, cfg), cfg), _tile_drop(seed, qi, kj, cfg))
     da, _ = tile_value_grad(a, _k_tile(v_BHKV, kj, cfg), _q_tile(dy_BHQV, qi, cfg), cfg,
                             need_dv=False)
     return _add_at(rows_BHQ, qi * cfg.block_q, jnp.sum(a * da, axis=-1))
@@ -290,7 +282,7 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg
     s, valid = _tile_setup(q_BHQD, k_BHKD, bias4, mask4, qi, kj, cfg)
     lse_q = row_q = None
     if cfg.normalization == "softmax":
-      lse_q, row_q = _rows(lse, qi, cfg), _rows(row, qi, cfg)
+      lse_q, row_q = _q_tile(lse, qi, cfg), _q_tile(row, qi, cfg)
     a = tile_code(s, valid, lse_q, cfg)
     drop = _tile_drop(seed, qi, kj, cfg)
     da, dv_tile = tile_value_grad(_drop(a, drop), _k_tile(v_BHKV, kj, cfg),
@@ -316,8 +308,7 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg
 
 
 def _to_heads_major(x_BTHX, length):
-  x = jnp.swapaxes(x_BTHX, 1, 2)
-  return tiling.pad_axis(x, 2, length) if x.shape[2] != length else x
+  return tiling.pad_axis(jnp.swapaxes(x_BTHX, 1, 2), 2, length)
 
 
 def _prepare(query, key, value, bias, mask, cfg):
@@ -326,8 +317,7 @@ def _prepare(query, key, value, bias, mask, cfg):
   v = _to_heads_major(value, cfg.k_padded)
   full = (query.shape[0], query.shape[2], cfg.q_len, cfg.k_len)
   bias4 = tiling.pad_pair_operand(tiling.as_rank4(bias, "bias", full), cfg, 0)
-  mask4 = tiling.as_rank4(mask, "mask", full)
-  mask4 = None if mask4 is None else tiling.pad_pair_operand(mask4.astype(bool), cfg, False)
+  mask4 = tiling.pad_pair_operand(tiling.as_rank4(mask, "mask", full, bool), cfg, False)
   return q, k, v, bias4, mask4
 
 
@@ -355,10 +345,8 @@ def _attention_bwd(cfg, residuals, dout_BQHV):
   dq, dk, dv, dbias4 = _backward(q, k, v, bias4, mask4, seed, lse, row, dy, cfg)
   unpad = lambda x, n, like: jnp.swapaxes(x[:, :, :n], 1, 2).astype(like.dtype)
   dbias = None
-  if bias is not None:
-    dbias4 = dbias4[:, :, :bias4.shape[2] if bias4.shape[2] == 1 else cfg.q_len,
-                    :bias4.shape[3] if bias4.shape[3] == 1 else cfg.k_len]
-    dbias = dbias4.reshape(bias.shape).astype(bias.dtype)
+  if bias is not None:  # Slicing a broadcast (size-1) axis to :q_len keeps it size 1.
+    dbias = dbias4[:, :, :cfg.q_len, :cfg.k_len].reshape(bias.shape).astype(bias.dtype)
   return (unpad(dq, cfg.q_len, query), unpad(dk, cfg.k_len, key),
           unpad(dv, cfg.k_len, value), dbias, None, None)
 
@@ -389,11 +377,8 @@ def attention(
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
       dtype=query_BQHD.dtype, dropout_rate=dropout_rate)
-  if mask is not None and mask.dtype != jnp.bool_:
-    mask = mask.astype(bool)
-  seed = None
-  if cfg.dropout_rate:
-    if dropout_seed is None:
-      raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
-    seed = jnp.asarray(dropout_seed, jnp.int32)
+  mask = None if mask is None else mask.astype(bool)
+  if cfg.dropout_rate and dropout_seed is None:
+    raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
+  seed = jnp.asarray(dropout_seed, jnp.int32) if cfg.dropout_rate else None
   return _attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, seed, cfg)

@@ -32,13 +32,8 @@ from hypernet_attention import errors
 from hypernet_attention.ops import dropout
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
-    "relu": jax.nn.relu,
-    "gelu": jax.nn.gelu,
-    "silu": jax.nn.silu,
-    "sigmoid": jax.nn.sigmoid,
-    "tanh": jnp.tanh,
-    "identity": lambda x: x,
-}
+    "relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh, "identity": lambda x: x}
 RMS_HEAD_EPS = 1e-6
 
 
@@ -47,19 +42,12 @@ def get_activation(name: str) -> Callable[[jax.Array], jax.Array]:
   return ACTIVATIONS[name]
 
 
-def attention_scores(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    bias: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention_scores(query_BQHD: jax.Array, key_BKHD: jax.Array,
+                     bias: Optional[jax.Array] = None) -> jax.Array:
   """Scaled dot-product scores (B, H, Q, K), plus `bias` (broadcastable to it)."""
-  depth = query_BQHD.shape[-1]
-  scores_BHQK = jnp.einsum(
-      "bqhd,bkhd->bhqk", query_BQHD / math.sqrt(depth), key_BKHD
-  )
-  if bias is not None:
-    scores_BHQK = add_bias(scores_BHQK, bias)
-  return scores_BHQK
+  scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", query_BQHD / math.sqrt(query_BQHD.shape[-1]),
+                           key_BKHD)
+  return scores_BHQK if bias is None else add_bias(scores_BHQK, bias)
 
 
 def add_bias(scores_BHQK: jax.Array, bias: jax.Array) -> jax.Array:
@@ -133,19 +121,12 @@ def _rms_head(scores_BHQK, mask, eps):
 # The spec of each normalization: (scores (B, H, Q, K), mask broadcast to it or None, eps)
 # -> latent code (B, H, Q, K). A new entry runs on the reference everywhere until a fast
 # path declares it (`Computes`).
-NORMALIZATIONS: dict[str, Callable] = {
-    "softmax": _softmax,
-    "linear": _linear,
-    "rms_head": _rms_head,
-}
+NORMALIZATIONS: dict[str, Callable] = {"softmax": _softmax, "linear": _linear,
+                                       "rms_head": _rms_head}
 
 
-def normalize_scores(
-    scores_BHQK: jax.Array,
-    mask: Optional[jax.Array] = None,
-    normalization: str = "rms_head",
-    eps: float = RMS_HEAD_EPS,
-) -> jax.Array:
+def normalize_scores(scores_BHQK: jax.Array, mask: Optional[jax.Array] = None,
+                     normalization: str = "rms_head", eps: float = RMS_HEAD_EPS) -> jax.Array:
   """Turns scores into the latent code a_hqk (B, H, Q, K); masked pairs get exactly 0.
 
   `mask` is boolean, broadcastable to (B, H, Q, K), True where the query may attend.
@@ -207,20 +188,13 @@ def _deep_mlp_value(code_BHQK, value_BKHV, phi, value_weight_HVV):
 # The spec of each value network: (code (B, H, Q, K), values (B, K, H, V), phi,
 # value_weight_HVV or None) -> (B, Q, H, V). As NORMALIZATIONS, new entries run on the
 # reference until a fast path declares them.
-VALUE_NETWORKS: dict[str, Callable] = {
-    "linear": _linear_value,
-    "mlp": _mlp_value,
-    "deep_mlp": _deep_mlp_value,
-}
+VALUE_NETWORKS: dict[str, Callable] = {"linear": _linear_value, "mlp": _mlp_value,
+                                       "deep_mlp": _deep_mlp_value}
 
 
-def apply_value_network(
-    code_BHQK: jax.Array,
-    value_BKHV: jax.Array,
-    value_network: str = "mlp",
-    activation: str = "relu",
-    value_weight_HVV: Optional[jax.Array] = None,
-) -> jax.Array:
+def apply_value_network(code_BHQK: jax.Array, value_BKHV: jax.Array,
+                        value_network: str = "mlp", activation: str = "relu",
+                        value_weight_HVV: Optional[jax.Array] = None) -> jax.Array:
   """Applies the value network configured by the latent code; returns (B, Q, H, V)."""
   errors.check_choice("value_network", value_network, VALUE_NETWORKS)
   return VALUE_NETWORKS[value_network](code_BHQK, value_BKHV, get_activation(activation),
@@ -315,6 +289,5 @@ def attention(
   code_BHQK = normalize_scores(scores_BHQK, mask, normalization, eps)
   if dropout_rate:
     code_BHQK = apply_dropout(code_BHQK, dropout_rate, dropout_seed)
-  return apply_value_network(
-      code_BHQK, value_BKHV, value_network, activation, value_weight_HVV
-  )
+  return apply_value_network(code_BHQK, value_BKHV, value_network, activation,
+                             value_weight_HVV)
