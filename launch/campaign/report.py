@@ -346,7 +346,7 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   width = 0.8 / len(runs)
   # Several cells of one model (fuzzy logic's *_seed0, *_seed1, ...): their seeds in the legend.
   shared_model = len({r["model"] for r in probes}) < len(probes)
-  fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(layers), 3.8))
+  fig, ax = plt.subplots(figsize=(3.2 + 1.4 * len(layers), 3.8))
   chance = None
   for i, (r, m) in enumerate(runs):
     xs = np.arange(len(layers)) + (i - (len(runs) - 1) / 2) * width
@@ -367,7 +367,7 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   ax.set_ylabel(f"held-out {cells_lib.paper(experiment).decoding_metric}")
   ax.set_title(f"Decoding from the latent code, {cells_lib.paper(experiment).label}\n"
                f"{_versions(probes)}", fontsize=9)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # off the bars
   ax.grid(alpha=0.3, axis="y")
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
