@@ -7,8 +7,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   factored   HYLA's MLP value network through one RMSHead/dropout scalar per (q, k) pair
              (`factored.py`): per-example matmuls instead of the reference's transposed
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
-  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`), by name only
-             until a GPU window has timed it (`EXPLICIT_PATHS`).
+  mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`): `auto` takes
+             it where a GPU window timed it faster than blockwise (`MOSAIC_MIN_PAIRS`).
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -41,9 +41,9 @@ from hypernet_attention.ops import tiling
 # What each fast implementation computes; the reference computes every registered name.
 FAST_PATHS: dict[str, reference.Computes] = {"factored": factored.COMPUTES,
                                              "blockwise": blockwise.COMPUTES}
-# Asked for by name only: the fused Hopper kernels (`mosaic_kernel.py`), which refuse other
-# devices and float32 in one line. `auto` should take them on Hopper once the GPU window
-# (`launch/gpu_window.py`) measures them correct and faster than blockwise (kernels.md).
+# The fused Hopper kernels (`mosaic_kernel.py`): by name they refuse other devices, float32
+# and what they do not compute in one line; `auto` takes them only where
+# `mosaic_kernel.runs_here` and from MOSAIC_MIN_PAIRS on.
 EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
 IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
@@ -81,6 +81,12 @@ FACTORED_MAX_HEAD_DIM = 8
 #   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
 # Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
+# On Hopper, bf16/f16 (`mosaic_kernel.runs_here`), the fused kernels from this many (q, k)
+# pairs on: the shortest length a GPU window timed them against blockwise. T=4096 fwd+bwd
+# 17.7 vs 27.0 ms (256 x 256 tiles), forward 6.96 vs 8.60 (one H200, B=4, H=8, D=V=64,
+# bf16, causal, one run; experiments/results/gpu_windows/2026-11-27_h200_registers).
+# Lower it when a window times shorter ones faster (gpu_window's mosaic_time_1024 stage).
+MOSAIC_MIN_PAIRS = 4096 * 4096
 
 
 def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
@@ -100,13 +106,14 @@ def _with_causal(mask, is_causal, q_len, k_len):
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
-    factorable: bool = False,
+    factorable: bool = False, fused: bool = False,
 ) -> str:
   """The `auto` choice for everything except plain softmax attention without dropout:
   a fast path only for what it declares (`FAST_PATHS`), the reference otherwise.
 
   `head_dim`, `factorable` (mask and bias as `factored.supports` needs them): whether the
-  short-sequence choice may be `factored` instead of the reference.
+  short-sequence choice may be `factored` instead of the reference. `fused`: whether the
+  fused Hopper kernels can run the call here (`mosaic_kernel.runs_here`).
   """
   backend = backend or jax.default_backend()
   if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
@@ -117,9 +124,9 @@ def choose_implementation(
     return "reference"
   if not FAST_PATHS["blockwise"].covers(normalization, value_network):
     return "reference"
-  # Everywhere, blockwise: XLA gives its einsums to the matrix units. The fused kernel is
-  # asked for by name only (`EXPLICIT_PATHS`).
-  return "blockwise"
+  if fused and q_len * k_len >= MOSAIC_MIN_PAIRS:
+    return "mosaic"
+  return "blockwise"  # XLA gives its einsums to the matrix units, on every backend.
 
 
 def _softmax_attention(query, key, value, bias, mask, is_causal):
@@ -187,7 +194,10 @@ def attention(
     implementation = choose_implementation(
         q_len, k_len, normalization, value_network, dropout=bool(dropout_rate),
         head_dim=query_BQHD.shape[-1],
-        factorable=factored.supports(normalization, value_network, mask, bias))
+        factorable=factored.supports(normalization, value_network, mask, bias),
+        fused=q_len * k_len >= MOSAIC_MIN_PAIRS and mosaic_kernel.runs_here(
+            query_BQHD, value_BKHV, normalization, value_network, activation, bias=bias,
+            mask=mask, dropout_rate=dropout_rate))
   elif implementation != "reference":
     {**FAST_PATHS, **EXPLICIT_PATHS}[implementation].check(normalization, value_network)
   kwargs = dict(normalization=normalization, value_network=value_network,

@@ -33,9 +33,12 @@ the value network's own work, and its backward held 24 accumulators per thread (
 registers, ~9.3 KB of spills, by ptxas). On an H200 (2026-11-27,
 experiments/results/gpu_windows/2026-11-27_h200_kernel) it was correct and slow: fwd+bwd
 66.6 ms at T=4096, B=4, H=8, D=V=64, bf16, causal, against blockwise XLA's 27.5 and cuDNN
-softmax's 0.76; it was retired for this one before this one had run on a GPU, so the
-window's ladder (`measure/mosaic_rungs.py`) runs this one alone first. Until a window has
-timed it, `dispatch`'s `auto` does not take it.
+softmax's 0.76. This one, written without a GPU, passed the window's ladder
+(`measure/mosaic_rungs.py`: each kernel alone under compute-sanitizer memcheck) and bf16
+parity on an H200 at its first run (experiments/results/gpu_windows/2026-11-27_h200_registers):
+fwd+bwd 17.7 ms at the same shape (forward 6.96), against blockwise's 27.0 and cuDNN's 0.754
+in the same process: faster than XLA, 23.5x cuDNN. `dispatch`'s `auto` takes it on Hopper
+from the length timed (`dispatch.MOSAIC_MIN_PAIRS`).
 
 The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
 forward and ~3.4x that backward; at T=4096, B=4, H=8, V=64 that is ~37 G forward and ~160 G
@@ -97,8 +100,8 @@ def available() -> Optional[str]:
   return None
 
 
-# What `dispatch` may ask of this kernel by name (`implementation="mosaic"`; `auto` does
-# not take it until a GPU window has measured it): HYLA's pair, relu only (`supports`).
+# What `dispatch` may ask of this kernel (by name, or `auto` where `runs_here`): HYLA's
+# pair, relu only (`supports`).
 COMPUTES = reference.Computes("mosaic", ("rms_head",), ("mlp",))
 
 
@@ -117,6 +120,32 @@ def check_device(dtype) -> None:
   if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
     raise BadInput(f"implementation='mosaic' takes bfloat16 or float16 inputs, got "
                    f"{jnp.dtype(dtype)} (float32 tiles do not fit Hopper's shared memory)")
+
+
+def check_tiles(query_BQHD, value_BKHV, blocks: Blocks = DEFAULT_BLOCKS) -> None:
+  """BadInput in one line, before lowering, when the compiled forward's or backward's buffers
+  cannot take these shapes (`mosaic_smem.check_tiles`); interpret mode has no such limit."""
+  heads, depth, dtype = query_BQHD.shape[2], query_BQHD.shape[3], query_BQHD.dtype
+  buffers = forward_smem(blocks, heads, mosaic_smem.depth_padded(depth, dtype), dtype)
+  mosaic_smem.check_tiles(buffers, f"mosaic_kernel blocks={blocks}, {heads} heads, {dtype}")
+  mosaic_kernel_bwd.check_tiles(heads, depth, mosaic_smem.round_up(
+      value_BKHV.shape[-1], mosaic_kernel_bwd.DV_BLOCK_V), dtype)
+
+
+def runs_here(query_BQHD, value_BKHV, normalization: str, value_network: str,
+              activation: str, *, bias=None, mask=None, dropout_rate: float = 0.0) -> bool:
+  """Whether `dispatch`'s `auto` may run this call through the compiled kernels here: they
+  compute it (`supports`), this is a Hopper GPU with 16-bit inputs (`check_device`), and
+  the tiles fit (`check_tiles`)."""
+  if not supports(normalization, value_network, activation, bias=bias, mask=mask,
+                  dropout_rate=dropout_rate):
+    return False
+  try:
+    check_device(query_BQHD.dtype)
+    check_tiles(query_BQHD, value_BKHV)
+  except BadInput:
+    return False
+  return True
 
 
 def supports(normalization: str, value_network: str, activation: str, *, bias=None,
@@ -315,9 +344,6 @@ def attention(
     raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
                    "block_k of 8 (wgmma M and N), block_v at least 1.")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
-    heads, dtype = query_BQHD.shape[2], query_BQHD.dtype
-    buffers = forward_smem(blocks, heads, mosaic_smem.depth_padded(query_BQHD.shape[3], dtype),
-                           dtype)
-    mosaic_smem.check_tiles(buffers, f"mosaic_kernel blocks={blocks}, {heads} heads, {dtype}")
+    check_tiles(query_BQHD, value_BKHV, blocks)
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
                     interpret, dq)

@@ -365,8 +365,6 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   round_up = mosaic_smem.round_up
   q_padded, k_padded = round_up(q_len, BLOCK), round_up(k_len, BLOCK)
   v_padded, d_padded = round_up(v_dim, DV_BLOCK_V), mosaic_smem.depth_padded(depth, dtype)
-  if not interpret:  # compiled (None or False)
-    check_tiles(heads, depth, v_padded, dtype)
   pad = lambda x, length, heads_to, width: jnp.pad(x.astype(dtype), (
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))

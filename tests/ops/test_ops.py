@@ -310,10 +310,54 @@ def test_auto_choice_by_shape_and_backend():
   assert choose(16, 16, "rms_head", "mlp", backend="cpu") == "reference"
   assert choose(36, 36, "rms_head", "mlp", backend="cpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="cpu") == "blockwise"
-  # Blockwise on GPU too: the fused Mosaic kernel is asked for by name only.
+  # Blockwise on GPU too, unless the fused kernels run the call there (`fused`), and only
+  # from the length a window timed them faster.
   assert choose(1024, 1024, "rms_head", "mlp", backend="gpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="tpu") == "blockwise"
   assert choose(4096, 4096, "rms_head", "deep_mlp", backend="gpu") == "reference"
+  timed = int(np.sqrt(dispatch.MOSAIC_MIN_PAIRS))
+  assert choose(timed, timed, "rms_head", "mlp", backend="gpu", fused=True) == "mosaic"
+  assert choose(timed, timed - 1, "rms_head", "mlp", backend="gpu", fused=True) == "blockwise"
+  assert choose(timed, timed, "rms_head", "mlp", backend="gpu") == "blockwise"
+
+
+class _Hopper:
+  platform, compute_capability, device_kind = "gpu", "9.0", "NVIDIA H100 (pretend)"
+
+
+def test_auto_takes_the_fused_kernels_only_on_hopper_for_what_they_run(monkeypatch):
+  """`runs_here` is False off Hopper (this CPU); on a (pretend) Hopper, False for float32,
+  anything but HYLA with relu, a bias, dropout, a query-dependent mask or tiles that do not
+  fit; and `auto` then calls the kernels from MOSAIC_MIN_PAIRS on."""
+  zeros = lambda *shape, dtype=jnp.bfloat16: jnp.zeros(shape, dtype)
+  q = zeros(1, 32, 8, 64)
+  hyla = ("rms_head", "mlp", "relu")
+  assert not mosaic_kernel.runs_here(q, q, *hyla)
+  monkeypatch.setattr(mosaic_kernel.jax, "devices", lambda: [_Hopper()])
+  assert mosaic_kernel.runs_here(q, q, *hyla)
+  assert mosaic_kernel.runs_here(q, q, *hyla, mask=zeros(1, 1, 1, 32, dtype=bool))
+  assert not mosaic_kernel.runs_here(q.astype(jnp.float32), q, *hyla)
+  assert not mosaic_kernel.runs_here(q, q, "rms_head", "mlp", "gelu")
+  assert not mosaic_kernel.runs_here(q, q, "softmax", "mlp", "relu")
+  assert not mosaic_kernel.runs_here(q, q, *hyla, bias=zeros(1, 8, 32, 32))
+  assert not mosaic_kernel.runs_here(q, q, *hyla, dropout_rate=0.1)
+  assert not mosaic_kernel.runs_here(q, q, *hyla, mask=zeros(1, 1, 32, 32, dtype=bool))
+  assert not mosaic_kernel.runs_here(zeros(1, 32, 32, 128), zeros(1, 32, 32, 128), *hyla)
+
+  calls = []
+  def kernel(query, key, value, **kwargs):
+    calls.append(kwargs)
+    return jnp.zeros(query.shape[:3] + value.shape[-1:], query.dtype)
+  monkeypatch.setattr(mosaic_kernel, "attention", kernel)
+  run = lambda x, **kw: dispatch.attention(x, x, x, is_causal=True, **kw)
+  run(q)  # 32 x 32 pairs: below MOSAIC_MIN_PAIRS, blockwise
+  assert not calls
+  monkeypatch.setattr(dispatch, "MOSAIC_MIN_PAIRS", 32 * 32)
+  run(q.astype(jnp.float32))
+  run(q, dropout_rate=0.1, dropout_seed=jnp.int32(0))
+  assert not calls
+  run(q)
+  assert len(calls) == 1 and calls[0]["is_causal"]
 
 
 @pytest.mark.parametrize("kwargs,word", [
