@@ -82,10 +82,11 @@ def kernel_fn(config: dict, interpret: bool):
 
 
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
-  """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
+  """Median ms per call of the forward and of forward+backward (the loss's value kept, else
+  XLA drops the forward: `benchmark.fwd_and_fwd_bwd`), `calls` per jitted loop."""
   loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
   return tuple(benchmark.median_ms(f, args, calls, repeats)
-               for f in (fn, jax.grad(loss, (0, 1, 2))))
+               for f in (fn, jax.value_and_grad(loss, (0, 1, 2))))
 
 
 def _emit(row: dict, out: str) -> None:

@@ -139,10 +139,15 @@ def unsupported(name: str, shape: Shape, backend: str) -> Optional[str]:
 
 
 def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
-  """The two timed functions of a column: the output, and d(sum out)/d(q, k, v)."""
+  """The two timed functions of a column: the output, and (sum out, d(sum out)/d(q, k, v)).
+
+  The second returns the value, as a train step uses it: the tiled kernels' custom VJPs keep
+  only the inputs as residuals, so under `jax.grad` alone XLA drops their forward and times
+  the backward only (what every blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27
+  measured), while softmax and the reference keep theirs, which their gradients need."""
   fn = attention_fn(name, causal)
   loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
-  return {"fwd": fn, "fwd_bwd": jax.grad(loss, (0, 1, 2))}
+  return {"fwd": fn, "fwd_bwd": jax.value_and_grad(loss, (0, 1, 2))}
 
 
 def call_loop(fn: Callable, calls: int) -> Callable:

@@ -73,17 +73,18 @@ FACTORED_MAX_HEAD_DIM = 8
 # is one 36 x 36 tile, T=130 two of 65, not 128 + 2 padded to 256).
 #   cpu: 32 x 64 was fastest on a 2-core CPU at T=256-4096 (kernels.md): small tiles stay in
 #        cache, and a step of the static schedule costs little there.
-#   gpu: 256 x 256, measured fastest (B=4, H=8, D=V=64, bf16, causal, fwd+bwd): on an H100
-#        31.7 ms vs 40.8 at 128 x 128 (T=4096) and 2.45 vs 2.90 (T=1024), 2026-11-27; on an
-#        H200 27.5 ms at T=4096 (experiments/results/gpu_windows/2026-11-27_h200_kernel).
+#   gpu: 256 x 256, measured fastest (B=4, H=8, D=V=64, bf16, causal; the backward, which
+#        those windows timed as "fwd+bwd": kernels.md's correction): on an H100 31.7 ms vs
+#        40.8 at 128 x 128 (T=4096) and 2.45 vs 2.90 (T=1024), 2026-11-27; on an H200 27.5
+#        ms at T=4096 (experiments/results/gpu_windows/2026-11-27_h200_kernel).
 #        Fewer schedule steps (each launches a dozen kernels: 2,866 vs 14,795 per call at
 #        T=4096) for a 4x larger bf16 (B, bq, bk, V) hidden tensor (536 MB at C4's B=64).
 #   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
 # Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
 # On Hopper, bf16/f16 (`mosaic_kernel.runs_here`), the fused kernels from this many (q, k)
-# pairs on: the shortest length a GPU window timed them against blockwise. T=4096 fwd+bwd
-# 17.7 vs 27.0 ms (256 x 256 tiles), forward 6.96 vs 8.60 (one H200, B=4, H=8, D=V=64,
+# pairs on: the shortest length a GPU window timed them against blockwise. T=4096 forward
+# 6.96 vs 8.60 ms (256 x 256 tiles), backward 17.7 vs 27.0 (one H200, B=4, H=8, D=V=64,
 # bf16, causal, one run; experiments/results/gpu_windows/2026-11-27_h200_registers).
 # Lower it when a window times shorter ones faster (gpu_window's mosaic_time_1024 stage).
 MOSAIC_MIN_PAIRS = 4096 * 4096

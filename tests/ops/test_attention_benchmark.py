@@ -72,6 +72,24 @@ def test_the_attention_stays_inside_the_loop():
   assert not has_dot(_reachable(computations, "ENTRY", skip=bodies))
 
 
+def test_fwd_bwd_runs_the_forward_too(x64):
+  """Blockwise's custom VJP keeps only the inputs, so under `jax.grad` alone XLA drops its
+  forward (the "fwd+bwd" of every measurement through 2026-11-27 timed the backward only):
+  the timed function returns the loss's value, the sum of the outputs (float64 reference),
+  and its program holds the forward's tile loop beside the backward's."""
+  shape = benchmark.Shape(seq_len=64, **SMALL)
+  fns = benchmark.fwd_and_fwd_bwd("hyla_blockwise", causal=True)
+  q, k, v = (jax.random.normal(jax.random.PRNGKey(i), s.shape, jnp.float32) for i, s in
+             enumerate(shape.specs()))
+  value, grads = jax.jit(fns["fwd_bwd"])(q, k, v)
+  expected = jnp.sum(parity.hyla_reference(*(np.asarray(x, np.float64) for x in (q, k, v))))
+  np.testing.assert_allclose(value, expected, rtol=1e-4)
+  assert len(grads) == 3
+  loops = lambda f: jax.jit(f).lower(*shape.specs()).compile().as_text().count(" while(")
+  grad_only = jax.grad(lambda *a: jnp.sum(fns["fwd"](*a)), (0, 1, 2))
+  assert loops(fns["fwd_bwd"]) > loops(grad_only) >= 1
+
+
 @pytest.fixture
 def no_allocation(monkeypatch):
   """Fails the test if the benchmark draws inputs; returns a check that no array appeared."""
