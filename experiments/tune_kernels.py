@@ -43,6 +43,7 @@ from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
+from hypernet_attention.train import profiling
 
 # The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
 BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
@@ -81,12 +82,15 @@ def kernel_fn(config: dict, interpret: bool):
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
 
+def fwd_bwd(fn):
+  """The loss's value and gradients: with the value kept (else XLA drops the forward:
+  `benchmark.fwd_and_fwd_bwd`)."""
+  return jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
+
+
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
-  """Median ms per call of the forward and of forward+backward (the loss's value kept, else
-  XLA drops the forward: `benchmark.fwd_and_fwd_bwd`), `calls` per jitted loop."""
-  loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
-  return tuple(benchmark.median_ms(f, args, calls, repeats)
-               for f in (fn, jax.value_and_grad(loss, (0, 1, 2))))
+  """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
+  return tuple(benchmark.median_ms(f, args, calls, repeats) for f in (fn, fwd_bwd(fn)))
 
 
 def _emit(row: dict, out: str) -> None:
@@ -142,6 +146,8 @@ def main():
   parser.add_argument("--interpret", action="store_true",
                       help="run the kernels in Pallas interpret mode (CPU; tiny sizes only)")
   parser.add_argument("--out", default="", help="JSON lines, one per row, as they finish")
+  parser.add_argument("--profile", action="store_true", help="also trace each timed row's "
+                      "fwd+bwd and record its kernels' ms per call (kernels_ms, the top 8)")
   parser.add_argument("--ptxas", action="store_true", help="time nothing: each Mosaic "
                       "config's kernels compiled for an H100 without a GPU, their registers "
                       "and spills as ptxas reports them (measure/ptxas.py)")
@@ -171,8 +177,12 @@ def main():
   def record(config, make_fn):
     start = time.perf_counter()
     try:
-      fwd, fwd_bwd = time_ms(make_fn(), qkv, args.calls, args.repeats)
-      row = dict(config, fwd_ms=fwd, fwd_bwd_ms=fwd_bwd, status="ok")
+      fn = make_fn()
+      fwd, both = time_ms(fn, qkv, args.calls, args.repeats)
+      row = dict(config, fwd_ms=fwd, fwd_bwd_ms=both, status="ok")
+      if args.profile:
+        kernels = profiling.kernel_ms(fwd_bwd(fn), qkv, args.calls)
+        row["kernels_ms"] = {k: round(ms, 4) for k, ms in list(kernels.items())[:8]}
     except Exception as err:  # pylint: disable=broad-except
       first = (str(err).strip().splitlines() or [""])[0][:200]
       status = ("refused" if isinstance(err, ValueError) else
@@ -201,6 +211,10 @@ def main():
     ratio = f"{r['fwd_bwd_ms'] / base:.2f}" if base else "-"
     print(f"| {r['name']} | {tiles} | {how} | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
           f"{ratio} |")
+  for r in rows:
+    if r.get("kernels_ms"):
+      print(f"{r['name']} fwd+bwd kernels, ms per call: " +
+            ", ".join(f"{k} {ms:.3f}" for k, ms in r["kernels_ms"].items()))
   done = sum(r["status"] == "ok" for r in rows)
   print(f"tune_kernels: {done} of {len(rows)} rows timed", flush=True)
 

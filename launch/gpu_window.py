@@ -22,20 +22,20 @@ kernel correct on the GPU, then timed:
   mosaic_time_1024, mosaic_time_4096, mosaic_time_16384
                fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels beside cuDNN
                and blockwise 256 x 256 in one process per length
-               (`experiments/tune_kernels.py`), left out unless their parity passed in this
-               window
+               (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
+               from a trace), left out unless their parity passed in this window
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
+  tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
+               (`experiments/tune_kernels.py`; 64x8x2, 64x16x2, 64x32x1), Mosaic left out
+               unless its parity passed in this window
 Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
   parity       every HYLA implementation against the float64 reference at T=256 and 1000
                (`experiments/benchmark_attention.py --parity_only`), float32 first
   attention    forward and forward+backward at T=1k/4k/16k for every implementation
                (`measure/benchmark.py`), >= 20 calls per measurement in one jitted loop
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
-  tiles        tile configurations at T=4k beside cuDNN (`experiments/tune_kernels.py`):
-               the forward's block_v and block_k, XLA's dQ/dK path, blockwise 256 x 256
-               (Mosaic left out unless its parity passed in this window)
   trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
   c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
   population_softmax  the population gain of softmax
@@ -109,10 +109,13 @@ GPU = Sizes(
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    # The forward's other tiles that ptxas compiles without spilling (measure/ptxas.py), and
-    # 64x16x4's 20 bytes; blockwise. XLA's dQ/dK path (mosaic:64x8x4:xla) is timed when
-    # named: for the first kernels it gained nothing for ~70 s of compile (H200).
-    tune_configs=("mosaic:64x16x2:kernel", "mosaic:64x16x4:kernel", "blockwise:256x256"),
+    # The forward's other tiles that ptxas compiles without spilling (measure/ptxas.py):
+    # 64x8x2 at 145 registers (3 programs per SM, not 2; twice the score recomputation),
+    # 64x16x2 (199), 64x32x1 (244: fewer, wider key tiles); blockwise. XLA's dQ/dK path
+    # (mosaic:64x8x4:xla) is timed when named: for the first kernels it gained nothing
+    # for ~70 s of compile (H200).
+    tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x16x2:kernel", "mosaic:64x32x1:kernel",
+                  "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
 # float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
@@ -131,7 +134,7 @@ DRY_RUN = Sizes(
 # (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_registers): env 4 s,
 # rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
 # mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
-# models ran past 100 s. Expected default window ~400 s of the 520.
+# models ran past 100 s. Expected default window, tiles included, ~430 s of the 520.
 
 
 @dataclasses.dataclass
@@ -386,8 +389,11 @@ def stages(sizes: Sizes) -> list[Stage]:
         tune = [f for f in tune if not f.startswith("--calls=")] + ["--calls=5"]
       if w.dry_run:
         configs = [c.replace("256x256", "32x32") for c in configs]
+      # At T=4096, each row's kernels by name from a trace (forward, dS, dV, dQ/dK, XLA's
+      # layout work): where the time goes, for the next kernel change.
+      profile = ["--profile"] if seq_len == 4096 or w.dry_run else []
       return _python("experiments/tune_kernels.py", *tune, f"--seq_len={seq_len}",
-                     f"--configs={','.join(configs)}")
+                     f"--configs={','.join(configs)}", *profile)
     return argv
 
   env_probe = lambda w, _limit: _python("-c", ENV_PROBE)
@@ -409,7 +415,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("attention", 150, attention, min_s=40, default=False),
       _c4(sizes.c4_batches[0], min_s=30, default=True),
       _population("hyla", 110),
-      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40, default=False),
+      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
       Stage("trace", 40, trace, finish=_pack_trace, min_s=30, default=False),
       _c4(sizes.c4_batches[1], min_s=25),
       _population("softmax", 60),

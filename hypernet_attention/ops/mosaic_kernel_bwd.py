@@ -166,13 +166,13 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
         plgpu.copy_smem_to_gmem(ds_smem.at[0], ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(kt * bk, bk)])
     plgpu.wait_smem_to_gmem(0)
 
-  def entry(*refs):
+  def hyla_ds(*refs):
     buffers = mosaic_smem.allocate(plgpu, ds_smem(heads, depth, v_dim, dtype))
     barriers = [plgpu.Barrier(num_barriers=2) for _ in range(4)]
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *buffers, *barriers)
 
   return plgpu.kernel(
-      entry, out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, k_padded), dtype),
+      hyla_ds, out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, k_padded), dtype),
       grid=(batch, q_padded // bq, 1), grid_names=("batch", "q_tile", "v_slice"),
       interpret=interpret,
   )(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK)
@@ -243,14 +243,14 @@ def _dv_call(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK, *, scale, is_causa
                               mosaic_smem.chunk_accumulators(bk, heads * bv))
     mosaic_smem.store_row_sums(dv_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(k0, bk)])
 
-  def entry(*refs):
+  def hyla_dv(*refs):
     buffers = mosaic_smem.allocate(plgpu, dv_smem(heads, depth, dtype))
     barriers = (plgpu.Barrier(num_barriers=3), plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=2))
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *buffers, *barriers)
 
   return plgpu.kernel(
-      entry, out_type=jax.ShapeDtypeStruct((batch, num_slices, heads, bv, k_padded), _F32),
+      hyla_dv, out_type=jax.ShapeDtypeStruct((batch, num_slices, heads, bv, k_padded), _F32),
       grid=(batch, k_padded // bk, num_slices), grid_names=("batch", "k_tile", "v_slice"),
       interpret=interpret,
   )(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK)
@@ -314,7 +314,7 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
     plgpu.copy_smem_to_gmem(o_smem, out_ref.at[b, h, pl.ds(x0, n)])
     plgpu.wait_smem_to_gmem(0)
 
-  def entry(*refs):
+  def hyla_dq_dk(*refs):
     smem = (plgpu.SMEM((2, n, n), dtype, transforms=transforms),
             plgpu.SMEM((2, n, width), dtype, transforms=transforms),
             plgpu.SMEM((n, width), dtype))
@@ -322,7 +322,7 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *smem, *barriers)
 
   return plgpu.kernel(
-      entry, out_type=jax.ShapeDtypeStruct((batch, heads, out_len, width), dtype),
+      hyla_dq_dk, out_type=jax.ShapeDtypeStruct((batch, heads, out_len, width), dtype),
       grid=(batch, out_len // n, heads), grid_names=("batch", "tile", "head"),
       interpret=interpret,
   )(ds_BHQK, y_BHXW)

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import tempfile
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -87,7 +88,7 @@ def event_durations_us(events: list[dict]) -> tuple[collections.Counter, bool]:
   return durations, bool(devices)
 
 
-def _trace_events(trace_dir: str) -> list[dict]:
+def trace_events(trace_dir: str) -> list[dict]:
   paths = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
   if not paths:
     raise FileNotFoundError(f"no perfetto trace under {trace_dir}")
@@ -126,6 +127,21 @@ def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     prepared.run_chunk(steps)
-  rows = op_times(_trace_events(trace_dir), instruction_ops(prepared.compiled.as_text()),
+  rows = op_times(trace_events(trace_dir), instruction_ops(prepared.compiled.as_text()),
                   steps)
   return Profile(sum(r.ms_per_step for r in rows), rows, trace_dir)
+
+
+def kernel_ms(fn: Callable, args: Any, calls: int) -> dict[str, float]:
+  """Milliseconds per call of each device kernel of `jit(fn)(*args)`, largest first, from a
+  trace of `calls` calls after one untraced: by name (a Mosaic kernel by its body's, e.g.
+  `hyla_dv_mosaic_gpu_kernel`; XLA's by fusion). Empty without a device (XLA:CPU)."""
+  jitted = jax.jit(fn)
+  jax.block_until_ready(jitted(*args))
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      for _ in range(calls):
+        out = jitted(*args)
+      jax.block_until_ready(out)
+    durations, on_device = event_durations_us(trace_events(folder))
+  return {name: micros / calls / 1e3 for name, micros in durations.most_common() if on_device}
