@@ -30,16 +30,11 @@ the tensor cores, which needs the code head-minor per key; Mosaic has no registe
 and no head-minor store of a tiled SMEM ref ("Unimplemented primitive in Pallas Mosaic GPU
 lowering: transpose"; "Unsupported index type"), so it permuted by 0/1 matmuls that cost ~9x
 the value network's own work, and its backward held 24 accumulators per thread (255
-registers, ~9.3 KB of spills, by ptxas). On an H200 (2026-11-27,
-experiments/results/gpu_windows/2026-11-27_h200_kernel) it was correct and slow: backward
-66.6 ms at T=4096, B=4, H=8, D=V=64, bf16, causal (timed as "fwd+bwd", which dropped the
-forward: kernels.md's correction), against blockwise XLA's 27.5 and cuDNN softmax's fwd+bwd
-0.76. This one, written without a GPU, passed the window's ladder (`measure/mosaic_rungs.py`:
-each kernel alone under compute-sanitizer memcheck) and bf16 parity on an H200 at its first
-run (experiments/results/gpu_windows/2026-11-27_h200_registers): backward 17.7 ms at the
-same shape, forward 6.96, against blockwise's 27.0 and 8.60 in the same process: faster
-than XLA, and ~33x cuDNN's fwd+bwd (fwd + bwd). `dispatch`'s `auto` takes it on Hopper from
-the length timed (`dispatch.MOSAIC_MIN_PAIRS`).
+registers, ~9.3 KB of spills, by ptxas). On an H200 it was correct and slow (backward 66.6
+ms at T=4096, B=4, H=8, D=V=64, bf16, causal; blockwise XLA 27.5). This one, written without
+a GPU, passed the ladder (`measure/mosaic_rungs.py`) and bf16 parity on an H200 at its first
+run, and beat blockwise (forward 6.96 vs 8.60 ms, backward 17.7 vs 27.0, same shape; ~33x
+cuDNN's fwd+bwd): experiments/results/gpu_windows/2026-11-27_h200_{kernel,registers}.
 
 The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
 forward and ~3.4x that backward; at T=4096, B=4, H=8, V=64 that is ~37 G forward and ~160 G
