@@ -82,15 +82,9 @@ def kernel_fn(config: dict, interpret: bool):
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
 
-def fwd_bwd(fn):
-  """The loss's value and gradients: with the value kept (else XLA drops the forward:
-  `benchmark.fwd_and_fwd_bwd`)."""
-  return jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
-
-
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
   """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
-  return tuple(benchmark.median_ms(f, args, calls, repeats) for f in (fn, fwd_bwd(fn)))
+  return tuple(benchmark.median_ms(f, args, calls, repeats) for f in (fn, benchmark.fwd_bwd(fn)))
 
 
 def _emit(row: dict, out: str) -> None:
@@ -181,7 +175,7 @@ def main():
       fwd, both = time_ms(fn, qkv, args.calls, args.repeats)
       row = dict(config, fwd_ms=fwd, fwd_bwd_ms=both, status="ok")
       if args.profile:
-        kernels = profiling.kernel_ms(fwd_bwd(fn), qkv, args.calls)
+        kernels = profiling.kernel_ms(benchmark.fwd_bwd(fn), qkv, args.calls)
         row["kernels_ms"] = {k: round(ms, 4) for k, ms in list(kernels.items())[:8]}
     except Exception as err:  # pylint: disable=broad-except
       first = (str(err).strip().splitlines() or [""])[0][:200]

@@ -138,16 +138,21 @@ def unsupported(name: str, shape: Shape, backend: str) -> Optional[str]:
   return None
 
 
-def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
-  """The two timed functions of a column: the output, and (sum out, d(sum out)/d(q, k, v)).
+def fwd_bwd(fn: Callable) -> Callable:
+  """(q, k, v) -> (sum out, d(sum out)/d(q, k, v)): forward+backward as a train step runs it.
 
-  The second returns the value, as a train step uses it: the tiled kernels' custom VJPs keep
-  only the inputs as residuals, so under `jax.grad` alone XLA drops their forward and times
-  the backward only (what every blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27
-  measured), while softmax and the reference keep theirs, which their gradients need."""
+  The value is returned: the tiled kernels' custom VJPs keep only the inputs as residuals,
+  so under `jax.grad` alone XLA drops their forward and times the backward only (what every
+  blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27 measured), while softmax and the
+  reference keep theirs, which their gradients need."""
+  return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)),
+                            (0, 1, 2))
+
+
+def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
+  """The two timed functions of a column: the output, and `fwd_bwd` of it."""
   fn = attention_fn(name, causal)
-  loss = lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32))
-  return {"fwd": fn, "fwd_bwd": jax.value_and_grad(loss, (0, 1, 2))}
+  return {"fwd": fn, "fwd_bwd": fwd_bwd(fn)}
 
 
 def call_loop(fn: Callable, calls: int) -> Callable:

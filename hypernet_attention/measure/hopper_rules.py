@@ -40,6 +40,7 @@ from jax.experimental.mosaic.gpu import launch_context
 from jax.experimental.mosaic.gpu import utils
 import jax.numpy as jnp
 
+from hypernet_attention.measure import benchmark
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import mosaic_smem
 
@@ -223,10 +224,10 @@ def main() -> int:
   summary line; exit 1 on any."""
 
   shape = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
-  # value_and_grad: under grad alone the forward, whose output goes unused, is not lowered.
-  loss = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True).astype(
-      jnp.float32).sum()
-  found = uses(jax.value_and_grad(loss, argnums=(0, 1, 2)), shape, shape, shape)
+  # With the loss's value: under grad alone the forward, its output unused, is not lowered.
+  found = uses(benchmark.fwd_bwd(lambda q, k, v: mosaic_kernel.attention(q, k, v,
+                                                                      is_causal=True)),
+               shape, shape, shape)
   bad = [describe(u) for u in found if not u.ok]
   counts = ", ".join(f"{sum(u.what == k for u in found)} {k}" for k in sorted({u.what for u
                                                                              in found}))

@@ -196,9 +196,9 @@ def attention(
         q_len, k_len, normalization, value_network, dropout=bool(dropout_rate),
         head_dim=query_BQHD.shape[-1],
         factorable=factored.supports(normalization, value_network, mask, bias),
-        fused=q_len * k_len >= MOSAIC_MIN_PAIRS and mosaic_kernel.runs_here(
-            query_BQHD, value_BKHV, normalization, value_network, activation, bias=bias,
-            mask=mask, dropout_rate=dropout_rate))
+        fused=mosaic_kernel.runs_here(query_BQHD, value_BKHV, normalization, value_network,
+                                      activation, bias=bias, mask=mask,
+                                      dropout_rate=dropout_rate))
   elif implementation != "reference":
     {**FAST_PATHS, **EXPLICIT_PATHS}[implementation].check(normalization, value_network)
   kwargs = dict(normalization=normalization, value_network=value_network,

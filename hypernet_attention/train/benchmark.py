@@ -193,13 +193,13 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan],
   time / the first config's chunk time in that round. `labels` (default: the attention
   presets) name the configs in the progress lines.
   """
+  labels = labels or [(c.config if isinstance(c, _Plan) else c).model.attention
+                      for c in configs]
   plans = []
-  for i, c in enumerate(configs):  # A progress line each: a window cut mid-compile says where.
+  for c, label in zip(configs, labels):  # A line each: a window cut mid-compile says where.
     start = time.perf_counter()
     plans.append(c if isinstance(c, _Plan) else plan(c, steps))
-    log(f"planned {labels[i] if labels else plans[-1].config.model.attention}: "
-        f"{time.perf_counter() - start:.1f} s")
-  labels = labels or [p.config.model.attention for p in plans]
+    log(f"planned {label}: {time.perf_counter() - start:.1f} s")
   prepared = []
   for planned, label in zip(plans, labels):
     prepared.append(prepare(planned, steps))
