@@ -8,7 +8,7 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with the forward's Blocks(BQ, BK, BV) and
                          the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
-                         | xla)
+                         | xla); a suffix :overlap sets Blocks.overlap
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
@@ -58,14 +58,15 @@ def parse_config(entry: str) -> dict:
   parts = entry.split(":")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
-    if min(tiles) > 0 and parts[0] == "mosaic" and len(parts) == 3 and len(tiles) == 3:
+    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) in (3, 4) and len(tiles) == 3
+        and parts[3:] in ([], ["overlap"])):
       return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
-                  dq=parts[2])
+                  dq=parts[2], overlap=parts[3:] == ["overlap"])
     if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ (e.g. "
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:overlap] (e.g. "
                    "mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
 
 
@@ -77,7 +78,8 @@ def kernel_fn(config: dict, interpret: bool):
   params, why_not = mosaic_rungs.interpret_params() if interpret else (None, None)
   if why_not:
     raise Unsupported(why_not)
-  blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"])
+  blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"],
+                                config["overlap"])
   return lambda q, k, v: mosaic_kernel.attention(
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
@@ -85,6 +87,12 @@ def kernel_fn(config: dict, interpret: bool):
 def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
   """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
   return tuple(benchmark.median_ms(f, args, calls, repeats) for f in (fn, benchmark.fwd_bwd(fn)))
+
+
+def _tiles(config: dict) -> str:
+  """A row's tiles as its tables print them: BQxBKxBV (+ overlap) or BQxBK."""
+  tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v") if k in config)
+  return (tiles or "-") + (" overlap" if config.get("overlap") else "")
 
 
 def _emit(row: dict, out: str) -> None:
@@ -106,7 +114,7 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
   for config in (c for c in configs if c["name"] == "mosaic"):
     fn = kernel_fn(config, interpret=False)
     grad = jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
-    tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v"))
+    tiles = _tiles(config)
     passes = [("forward", fn)]
     if config["dq"] not in backward_done:  # the backward's kernels depend on dq alone
       passes.append(("backward", grad))
@@ -197,7 +205,7 @@ def main():
   print("| kernel | tiles | dq | fwd ms | fwd+bwd ms | x softmax |")
   print("|---|---|---|---|---|---|")
   for r in rows:
-    tiles = "x".join(str(r[k]) for k in ("block_q", "block_k", "block_v") if k in r) or "-"
+    tiles = _tiles(r)
     how = r.get("dq") or "-"
     if r["status"] != "ok":
       print(f"| {r['name']} | {tiles} | {how} | {r['status']}: {r['message'][:70]} | | |")

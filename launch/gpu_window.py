@@ -19,32 +19,30 @@ kernel correct on the GPU, then timed:
                faulting access; a failure ends the window
   mosaic_parity  bf16 values and gradients against the float64 reference at T=1000
                (`measure/parity.check`), alone; a wrong answer ends the window
-  mosaic_time_1024, mosaic_time_4096, mosaic_time_16384
-               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels beside cuDNN
-               and blockwise 256 x 256 in one process per length
+  rung_forward_overlap, mosaic_parity_overlap
+               the same two checks of the forward with Blocks.overlap (the next key tile's
+               score wgmmas under this tile's value network); a failure here leaves the
+               overlapped rows out and the window goes on
+  mosaic_time_4096, mosaic_time_1024, mosaic_time_16384
+               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels, plain and
+               overlapped, beside cuDNN and blockwise 256 x 256 in one process per length
                (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
-               from a trace), left out unless their parity passed in this window
+               from a trace); a kernel is left out unless its parity passed in this window
+  tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
+               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x32x1)
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
-  tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
-               (`experiments/tune_kernels.py`; 64x8x2, 64x16x2, 64x32x1), Mosaic left out
-               unless its parity passed in this window
-Named only (--stages=NAME,... or --stages=all), what earlier windows measured:
-  parity       every HYLA implementation against the float64 reference at T=256 and 1000
-               (`experiments/benchmark_attention.py --parity_only`), float32 first
-  attention    forward and forward+backward at T=1k/4k/16k for every implementation
-               (`measure/benchmark.py`), >= 20 calls per measurement in one jitted loop
+Named only (--stages=NAME,... or --stages=all):
   population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
-  trace        a profiler trace of the HYLA C4 step (2 steps), packed as one file
-  c4_b256      the same step at batch 256 (a refusal to fit is recorded as such)
-  population_softmax  the population gain of softmax
+What earlier windows measured with XLA's kernels (every implementation's parity and
+attention sweep, the C4 step's trace, batch 256, softmax's population) stands in their
+READMEs (experiments/results/gpu_windows/); the tools that measured it run by hand.
 
-Output in --out (at most 5 files, as the device tool returns them): gpu_window.jsonl (one
-JSON object per line, appended and flushed as each result exists: kind = window, env,
-rung, parity, attention, c4_step, population, trace, tune, stage, window_end), gpu_window.log (every
-stage's output), attention/results.json and attention/attention_benchmark.png, and
-c4_hyla_trace.tar.gz. Exit status: 0, or 1 if parity failed or a stage failed.
+Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each
+result exists: kind = window, env, rung, parity, c4_step, population, tune, stage,
+window_end) and gpu_window.log (every stage's output). Exit status: 0, or 1 if parity failed
+or a stage failed.
 
 Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
 """
@@ -61,7 +59,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from typing import Callable, Optional
@@ -69,8 +66,7 @@ from typing import Callable, Optional
 from hypernet_attention import errors  # no dependencies: the launch layer may import it
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JSONL, LOG, TRACE = "gpu_window.jsonl", "gpu_window.log", "c4_hyla_trace.tar.gz"
-MAX_TRACE_BYTES = 15 * 2**20  # The device tool returns files of at most 16 MiB.
+JSONL, LOG = "gpu_window.jsonl", "gpu_window.log"
 # The C4 step through the Mosaic kernels (benchmark_training's per-model override).
 MOSAIC_C4 = "hyla@model.implementation=mosaic"
 # Of a 600 s device call: the machine's start, the wrapper's wheel install and the copy
@@ -81,11 +77,8 @@ H100_DEADLINE_S = 520
 @dataclasses.dataclass(frozen=True)
 class Sizes:
   """Everything that differs between a GPU window and the CPU dry run."""
-  parity_lens: str
-  seq_lens: str
-  attention: tuple[str, ...]  # Further benchmark_attention.py flags.
   c4_size: str
-  c4_batches: tuple[int, int]  # The second may not fit: its refusal is a result.
+  c4_batch: int
   steps: int
   repeats: int
   population: tuple[str, ...]  # --experiment, --size, --members.
@@ -93,48 +86,41 @@ class Sizes:
   tune_configs: tuple[str, ...]
   scale: float  # Stage budgets are seconds on an H100 times this.
   deadline_s: float
-  left_out: tuple[str, ...] = ()  # Stages that run the same path as an earlier one.
   # The Mosaic ladder (`hypernet_attention/measure/mosaic_rungs.py`): B,T,H,D of each rung,
   # parity's lengths, and the tile sweep's lengths.
   rung_shape: tuple[int, int, int, int] = (1, 128, 8, 64)
   mosaic_parity_lens: str = "1000"
-  mosaic_time_lens: tuple[int, ...] = (1024, 4096, 16384)
+  mosaic_time_lens: tuple[int, ...] = (4096, 1024, 16384)
 
 
 GPU = Sizes(
-    parity_lens="256,1000", seq_lens="1024,4096,16384",
-    attention=("--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16", "--repeats=5",
-               "--max_temp_gb=40", "--cell_budget_s=8"),
-    c4_size="50m", c4_batches=(64, 256), steps=5, repeats=2,
+    c4_size="50m", c4_batch=64, steps=5, repeats=2,
     population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    # The forward's other tiles that ptxas compiles without spilling (measure/ptxas.py):
-    # 64x8x2 at 145 registers (3 programs per SM, not 2; twice the score recomputation),
-    # 64x16x2 (199), 64x32x1 (244: fewer, wider key tiles); blockwise. XLA's dQ/dK path
-    # (mosaic:64x8x4:xla) is timed when named: for the first kernels it gained nothing
-    # for ~70 s of compile (H200).
-    tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x16x2:kernel", "mosaic:64x32x1:kernel",
-                  "blockwise:256x256"),
+    # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py,
+    # H100): 64x8x2 at 145 registers (3 programs per SM, not 2; twice the score
+    # recomputation) and overlapped at 190, 64x32x1 at 244 (fewer, wider key tiles);
+    # blockwise. 64x16x2 (199) is named only. XLA's dQ/dK path (mosaic:64x8x4:xla) too: for
+    # the first kernels it gained nothing for ~70 s of compile (H200).
+    tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
+                  "mosaic:64x32x1:kernel", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
-# Tiny sizes on the CPU. The second C4 batch is one no host holds, so the refusal path runs.
-# float32 (bfloat16 adds only a parity case on the CPU); one length; one population.
+# Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length; one population.
 DRY_RUN = Sizes(
-    parity_lens="16,40", seq_lens="48",
-    attention=("--batch=1", "--heads=2", "--head_dim=16", "--dtype=float32", "--repeats=2",
-               "--max_temp_gb=1", "--cell_budget_s=10"),
-    c4_size="smoke", c4_batches=(2, 2**20), steps=2, repeats=1,
+    c4_size="smoke", c4_batch=2, steps=2, repeats=1,
     population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
     tune_configs=("blockwise:32x32", "mosaic:64x8x4:kernel"),
-    scale=3.0, deadline_s=600, left_out=("population_softmax",), rung_shape=(1, 64, 2, 16),
+    scale=3.0, deadline_s=600, rung_shape=(1, 64, 2, 16),
     mosaic_parity_lens="64", mosaic_time_lens=(64,))
 # Stage budgets below are seconds on an H100, from what today's kernels measured on an H200
 # (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_registers): env 4 s,
 # rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
 # mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
-# models ran past 100 s. Expected default window, tiles included, ~430 s of the 520.
+# models ran past 100 s. The overlapped forward adds a rung (~12 s), a parity (~29) and a row
+# to each mosaic_time (~10 s each): ~480 s of the 520 expected, C4 last.
 
 
 @dataclasses.dataclass
@@ -159,20 +145,17 @@ class Window:
 @dataclasses.dataclass(frozen=True)
 class Stage:
   name: str
-  # Seconds on an H100: what the H100 window of 2026-11-26 measured (env 5 s, parity > 120,
-  # attention 137, C4 batch 64 51, trace 32; the population > 75 and C4 batch 256 > 50
-  # did not finish), with room.
-  budget_s: float
+  budget_s: float  # Seconds on an H100, from what the last windows measured, with room.
   argv: Callable[[Window, float], list[str]]  # (window, the stage's time limit) -> command.
   parse: Callable[[Window, str], None] = lambda w, line: None  # Each output line, as it comes.
-  # After it ends: (window, exit status, its last lines of output).
-  finish: Callable[[Window, int, list[str]], None] = lambda w, rc, tail: None
   min_s: float = 20.0  # Not started with less than this left (seconds on an H100).
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
   # Run when --stages is not given; the others only when named (or --stages=all).
   default: bool = True
+  # (window) -> why it must not run now (recorded as skipped), or None.
+  requires: Callable[[Window], Optional[str]] = lambda w: None
 
 
 ENV_PROBE = """
@@ -230,7 +213,7 @@ def _error_line(tail: list[str]) -> str:
   return next((t for t in reversed(tail) if "error:" in t), tail[-1] if tail else "")
 
 
-def _c4(batch: int, min_s: float, default: bool = False) -> Stage:
+def _c4(batch: int, min_s: float) -> Stage:
   def argv(w: Window, _limit: float) -> list[str]:
     models = "softmax,hyla"
     why_not = _mosaic_not_passed(w, "mosaic")
@@ -243,14 +226,11 @@ def _c4(batch: int, min_s: float, default: bool = False) -> Stage:
                    f"--size={w.sizes.c4_size}", "--synthetic_tokens", f"--models={models}",
                    f"--steps={w.sizes.steps}", f"--repeats={w.sizes.repeats}",
                    f"--config_overrides=batch_size={batch}")
-  def refused(w: Window, rc: int, tail: list[str]) -> None:
-    if rc == 2:  # Does not fit (or bad input): the answer for this batch.
-      w.record("c4_step", batch_size=batch, status="refused", message=_error_line(tail))
 
   # Three models took ~75 s at batch 64 (H100, 2026-11-27); with the Mosaic model as a third,
-  # 100 s ran out (H200, 2026-11-27): the budget is doubled.
-  return Stage(f"c4_b{batch}", 200, argv, _json_line("c4_step"), refused, min_s=min_s,
-               default=default)
+  # 100 s ran out (H200, 2026-11-27): the budget is doubled. A batch that does not fit ends
+  # the stage as "refused" with benchmark_training's one line (`run_stage`).
+  return Stage(f"c4_b{batch}", 200, argv, _json_line("c4_step"), min_s=min_s)
 
 
 def _population(model: str, budget_s: float) -> Stage:
@@ -261,18 +241,22 @@ def _population(model: str, budget_s: float) -> Stage:
                default=False)
 
 
+def _rows(w: Window) -> list[dict]:
+  """The rows this window has recorded so far."""
+  path = os.path.join(w.out, JSONL)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
 def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
-  """Why a Mosaic forward (`implementation`: parity's name, mosaic:FORWARD) may not share a
-  process with other measurements yet: a kernel that faults kills the process's CUDA
+  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_overlap) may not
+  share a process with other measurements yet: a kernel that faults kills the process's CUDA
   context (the H100 window of 2026-11-27), so it is timed beside others only after its
   bfloat16 parity passed in this same window (the rungs and `mosaic_parity` run it alone,
   in their own processes)."""
-  path = os.path.join(w.out, JSONL)
-  rows = []
-  if os.path.exists(path):
-    with open(path) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
-  parity = [r for r in rows if r.get("kind") == "parity" and r.get("implementation") ==
+  parity = [r for r in _rows(w) if r.get("kind") == "parity" and r.get("implementation") ==
             implementation and r.get("dtype") == "bfloat16"]
   bad = [r for r in parity if r.get("status") != "pass"]
   if bad:
@@ -288,7 +272,8 @@ def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
   timing a kernel that is wrong or does not compile only costs time."""
   kept = []
   for config in configs:
-    why_not = config.startswith("mosaic:") and _mosaic_not_passed(w, "mosaic")
+    why_not = config.startswith("mosaic:") and _mosaic_not_passed(
+        w, "mosaic_overlap" if config.endswith(":overlap") else "mosaic")
     if why_not:
       w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
     else:
@@ -305,10 +290,10 @@ def _sanitizer() -> list[str]:
       found) else []
 
 
-def _rung(rung: str, budget_s: float) -> Stage:
-  """One rung of the Mosaic ladder, alone in its process, under
-  memcheck; a failure (a fault, a memcheck error, wrong numbers) ends the window: nothing
-  after it is timed."""
+def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
+  """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a
+  fault, a memcheck error, wrong numbers) ends the window (`stops_window`): nothing after
+  it is timed."""
   def argv(w: Window, _limit: float) -> list[str]:
     batch, seq_len, heads, head_dim = w.sizes.rung_shape
     # Autotuning would launch hundreds of XLA kernels under the sanitizer; no preallocation
@@ -317,73 +302,36 @@ def _rung(rung: str, budget_s: float) -> Stage:
             *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
                                     f"--batch={batch}", f"--seq_len={seq_len}",
                                     f"--heads={heads}", f"--head_dim={head_dim}")]
-  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20, stops_window=True)
-
-
-def _trace_dir(w: Window) -> str:
-  return os.path.join(w.out, "trace_tmp")
-
-
-def _pack_trace(w: Window, rc: int, tail: list[str]) -> None:
-  """The trace folder as one file under the size the device tool returns, or a row saying
-  why not: the whole folder, else the Perfetto trace alone."""
-  del tail
-  folder = _trace_dir(w)
-  files = sorted(glob.glob(os.path.join(folder, "**", "*"), recursive=True))
-  files = [f for f in files if os.path.isfile(f)]
-  perfetto = [f for f in files if f.endswith(".trace.json.gz")]
-  target = os.path.join(w.out, TRACE)
-  for chosen in (files, perfetto):
-    if chosen and sum(os.path.getsize(f) for f in chosen) <= MAX_TRACE_BYTES:
-      with tarfile.open(target, "w:gz") as tar:
-        for f in chosen:
-          tar.add(f, arcname=os.path.relpath(f, folder))
-      w.record("trace", file=TRACE, bytes=os.path.getsize(target), members=len(chosen),
-               rc=rc, only_perfetto=chosen is perfetto)
-      break
-  else:
-    w.record("trace", file=None, rc=rc, message=f"{len(files)} trace files, "
-             f"{sum(os.path.getsize(f) for f in files)} bytes: none kept")
-  shutil.rmtree(folder, ignore_errors=True)
+  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20,
+               stops_window=stops_window)
 
 
 def stages(sizes: Sizes) -> list[Stage]:
   """The window's stages in order (see the module docstring)."""
-  def attention_flags(w: Window) -> list[str]:
-    return [*w.sizes.attention, f"--jsonl={os.path.join(w.out, JSONL)}",
-            f"--out_dir={os.path.join(w.out, 'attention')}"]
-
-  def parity(w: Window, _limit: float) -> list[str]:
-    return _python("experiments/benchmark_attention.py", "--parity_only",
-                   f"--parity_lens={w.sizes.parity_lens}", *attention_flags(w))
-
-  def attention(w: Window, limit: float) -> list[str]:
-    inner = max(limit - 20 * w.sizes.scale, 10)  # Room to write the table after the cells.
-    return _python("experiments/benchmark_attention.py", f"--seq_lens={w.sizes.seq_lens}",
-                   f"--deadline_s={inner:.0f}", *attention_flags(w))
-
-  def trace(w: Window, _limit: float) -> list[str]:
-    return _python("experiments/profile_step.py", "--experiment=c4_lm",
-                   f"--size={w.sizes.c4_size}",
-                   f"--model=hyla@batch_size={w.sizes.c4_batches[0]}", "--steps=2", "--top=15",
-                   f"--trace_dir={_trace_dir(w)}")
-
   def tiles(w: Window, _limit: float) -> list[str]:
     configs = _passed_configs(w, list(w.sizes.tune_configs))
     return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
 
-  def mosaic_parity(w: Window, _limit: float) -> list[str]:
-    batch, _, heads, head_dim = w.sizes.rung_shape
-    return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
-                   f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
-                   f"--heads={heads}", f"--head_dim={head_dim}")
+  def mosaic_parity(*flags: str) -> Callable[[Window, float], list[str]]:
+    def argv(w: Window, _limit: float) -> list[str]:
+      batch, _, heads, head_dim = w.sizes.rung_shape
+      return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
+                     f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
+                     f"--heads={heads}", f"--head_dim={head_dim}", *flags)
+    return argv
+
+  def overlap_rung_passed(w: Window) -> Optional[str]:
+    if not any(r.get("kind") == "rung" and r.get("rung") == "forward_overlap" and
+               r.get("status") == "pass" for r in _rows(w)):
+      return "the overlapped forward has not passed its rung in this window"
+    return None
 
   def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
     def argv(w: Window, _limit: float) -> list[str]:
       # The matmul kernels only (the previous kernels' XLA dQ path measured 65.5 vs 66.6 ms,
       # H200, T=4096, no gain worth 70 s of compile); `tiles` times both.
-      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", "blockwise:256x256"],
-                                seq_len=seq_len)
+      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", "mosaic:64x8x4:kernel:overlap",
+                                    "blockwise:256x256"], seq_len=seq_len)
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if seq_len > 4096:  # Quadratic cost: 5 calls per measurement keep T=16k near a minute.
         tune = [f for f in tune if not f.startswith("--calls=")] + ["--calls=5"]
@@ -399,32 +347,32 @@ def stages(sizes: Sizes) -> list[Stage]:
   env_probe = lambda w, _limit: _python("-c", ENV_PROBE)
   # The default window (issue 52): the Mosaic ladder, alone and under memcheck, then its
   # bf16 parity, then its time beside cuDNN and blockwise (budgets: the measured times
-  # above with ~40% room). The rest runs when named (--stages=NAME or --stages=all): what
-  # the windows of 2026-11-26/27 measured there stands and does not change until the
-  # kernels do.
+  # above with ~40% room). The population runs when named (--stages=NAME or --stages=all).
   return [
       Stage("env", 20, env_probe, _json_line("env"), min_s=10),
       _rung("forward", 30),
       _rung("backward", 40),
       _rung("dq", 40),
-      Stage("mosaic_parity", 80, mosaic_parity, _json_line("parity"), min_s=40,
+      Stage("mosaic_parity", 80, mosaic_parity(), _json_line("parity"), min_s=40,
             stops_window=True),
+      _rung("forward_overlap", 30, stops_window=False),
+      Stage("mosaic_parity_overlap", 60, mosaic_parity("--overlap"), _json_line("parity"),
+            min_s=40, requires=overlap_rung_passed),
       *(Stage(f"mosaic_time_{t}", 120, mosaic_time(t), _json_line("tune"), min_s=60)
         for t in sizes.mosaic_time_lens),
-      Stage("parity", 120, parity, min_s=30, stops_window=True, default=False),
-      Stage("attention", 150, attention, min_s=40, default=False),
-      _c4(sizes.c4_batches[0], min_s=30, default=True),
-      _population("hyla", 110),
       Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
-      Stage("trace", 40, trace, finish=_pack_trace, min_s=30, default=False),
-      _c4(sizes.c4_batches[1], min_s=25),
-      _population("softmax", 60),
+      _c4(sizes.c4_batch, min_s=30),
+      _population("hyla", 110),
   ]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:
   """Runs one stage under its budget clipped by the deadline; records its end as a row."""
   limit = min(stage.budget_s * w.sizes.scale, w.left())
+  why_not = stage.requires(w)
+  if why_not:
+    w.record("stage", stage=stage.name, status="skipped", seconds=0, message=why_not)
+    return "skipped"
   if limit < stage.min_s * w.sizes.scale:
     w.record("stage", stage=stage.name, status="skipped", seconds=0,
              message=f"{w.left():.0f} s left of the window, "
@@ -461,7 +409,6 @@ def run_stage(w: Window, stage: Stage, env: dict) -> str:
     status = "timed_out"
   reader.join(timeout=10)
   log.close()
-  stage.finish(w, rc, tail)
   row = dict(stage=stage.name, status=status, rc=rc, seconds=time.monotonic() - start,
              limit_s=limit)
   if status != "ok":
@@ -545,10 +492,6 @@ def main(argv: Optional[list[str]] = None) -> int:
   statuses = {}
   for stage in stages(sizes):
     if stage.name not in chosen:
-      continue
-    if stage.name in sizes.left_out:
-      w.record("stage", stage=stage.name, status="skipped", seconds=0,
-               message="dry run: the same path as an earlier stage")
       continue
     statuses[stage.name] = run_stage(w, stage, env)
     print(f"gpu_window: {stage.name} {statuses[stage.name]} ({w.left():.0f} s left)",

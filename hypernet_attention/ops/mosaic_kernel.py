@@ -16,6 +16,7 @@ through a two-slot TMA ring: the tile after next loads while this one computes):
     z_j  = relu(u_j)
     y_hj += sum over 8-column chunks of c_h * z_j  (bq, 8) per (h, j): FMAs within a thread
 At the end y_hj is summed over its 8 columns (the one cross-thread reduction) and stored.
+With `Blocks.overlap` tile k+1's score wgmmas run under tile k's value network.
 Per pair and column that is 2H+1 multiply-adds, the value network's own count, with no
 shuffles in the key loop: the code never leaves the registers the score wgmmas leave it in,
 as flash attention keeps its scores, and the value network is elementwise arithmetic in that
@@ -71,13 +72,20 @@ _F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class Blocks:
   """The forward's tiles: bq queries (wgmma M: a multiple of 64), bk keys (wgmma N: a
-  multiple of 8), bv value columns (a loop). The defaults are the largest that ptxas 12.9
-  compiles for an H100 without spilling (B=4 T=1024 H=8 D=V=64 bf16, measure/ptxas.py):
-  64x8x4 219 registers; 64x16x2 199; 64x16x4 255 and 20 B spilled; 64x8x8 and 128x16x2
-  spill 0.5-0.7 KB per thread."""
+  multiple of 8), bv value columns (a loop); and its schedule. The defaults are the largest
+  that ptxas 12.9 compiles for an H100 without spilling (B=4 T=1024 H=8 D=V=64 bf16,
+  measure/ptxas.py): 64x8x4 219 registers; 64x16x2 199; 64x16x4 255 and 20 B spilled;
+  64x8x8 and 128x16x2 spill 0.5-0.7 KB per thread.
+
+  overlap: issue key tile k+1's score wgmmas, then run tile k's value network while they
+  are in flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead
+  of waiting on each tile's scores before its value network. It holds a second tile's
+  code: 64x8x4 255 registers, no spill; 64x8x2 190; 64x16x2 spills 24 B. Off by default
+  until a GPU window times it (the plain schedule passed on an H200)."""
   block_q: int = 64
   block_k: int = 8
   block_v: int = 4
+  overlap: bool = False  # tile k+1's score wgmmas under tile k's value network
 
 
 DEFAULT_BLOCKS = Blocks()
@@ -202,15 +210,11 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
         b=b, bm=bm)
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
-    for step in range(2):  # the two-slot ring's prologue
+    for step in range(min(2, num_k_tiles)):  # the two-slot ring's prologue
       pl.when(step < steps)(functools.partial(load_tile, step, step))
     plgpu.barrier_wait(q_bar.at[0])
 
-    def key_tile(step, y_HJ):
-      slot = jax.lax.rem(step, 2)
-      c_h, _ = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, slot=slot,
-                                  q0=q0, k0=step * bk, is_causal=is_causal, scale=scale,
-                                  eps=eps)
+    def value_network(c_h, y_HJ, slot):  # the tile's pairs, y += c_h relu(sum_h c_h v_h)
       plgpu.barrier_wait(v_bar.at[slot])
       y_HJ = list(y_HJ)
       for j in range(bv):
@@ -219,9 +223,13 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
                 for h, c in enumerate(c_h))
         z = jnp.maximum(u, 0.0)
         for h, c in enumerate(c_h):
-          cz = c * z
-          y_HJ[h * bv + j] = mosaic_smem.add_chunks(y_HJ[h * bv + j], cz)
+          y_HJ[h * bv + j] = mosaic_smem.add_chunks(y_HJ[h * bv + j], c * z)
+      return tuple(y_HJ)
 
+    code = functools.partial(mosaic_smem.code_tile, q_smem, k_smem, kval_smem, k_bar,
+                             kval_bar, q0=q0, is_causal=is_causal, scale=scale, eps=eps)
+
+    def release(step, slot):
       # Every thread's reads of this slot (V, key validity) done before TMA overwrites it:
       # without this barrier interpret mode's race detector sees the prefetch race them.
       plgpu.commit_smem()
@@ -230,10 +238,31 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
       def _prefetch():  # this slot is free again: its wgmmas and loads have completed
         load_tile(step + 2, slot)
 
-      return tuple(y_HJ)
+    def key_tile(step, y_HJ):
+      slot = jax.lax.rem(step, 2)
+      (c_h, _), _ = code(slot=slot, k0=step * bk)
+      y_HJ = value_network(c_h, y_HJ, slot)
+      release(step, slot)
+      return y_HJ
 
-    y_HJ = jax.lax.fori_loop(0, steps, key_tile,
-                             mosaic_smem.chunk_accumulators(bq, heads * bv))
+    def key_tile_overlapped(step, carry):
+      # Tile step+1's score wgmmas run on the tensor cores while tile step's value network
+      # runs on the CUDA cores (flash attention 3's overlap). The last step recomputes its
+      # own tile's scores (arrived; the result unused) rather than branch.
+      c_h, y_HJ = carry
+      slot, following = jax.lax.rem(step, 2), jnp.minimum(step + 1, steps - 1)
+      (c_following, _), y_HJ = code(
+          slot=jax.lax.rem(following, 2), k0=following * bk, wait=step + 1 < steps,
+          overlap=lambda: value_network(c_h, y_HJ, slot))
+      release(step, slot)
+      return c_following, y_HJ
+
+    y_HJ = mosaic_smem.chunk_accumulators(bq, heads * bv)
+    if blocks.overlap:
+      (c_first, _), _ = code(slot=0, k0=0)
+      _, y_HJ = jax.lax.fori_loop(0, steps, key_tile_overlapped, (c_first, y_HJ))
+    else:
+      y_HJ = jax.lax.fori_loop(0, steps, key_tile, y_HJ)
     mosaic_smem.store_row_sums(y_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(q0, bq)])
 
   def hyla_forward(*refs):  # the kernel's name in profiles and ptxas reports

@@ -122,9 +122,9 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
 
     def key_tile(step, carry):
       slot, k0 = jax.lax.rem(step, 2), step * bk
-      c_h, inv_rms = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar,
-                                           slot=slot, q0=q0, k0=k0, is_causal=is_causal,
-                                           scale=scale, eps=eps)
+      (c_h, inv_rms), _ = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar,
+                                                slot=slot, q0=q0, k0=k0, is_causal=is_causal,
+                                                scale=scale, eps=eps)
       plgpu.barrier_wait(v_bar.at[slot])
 
       def column(j, dc_h):
@@ -218,8 +218,8 @@ def _dv_call(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK, *, scale, is_causa
       plgpu.barrier_wait(q_bar.at[slot])
       valid = mosaic_smem.causal(key_valid, q0=q0, k0=k0, keys_are_rows=True) if (
           is_causal) else key_valid
-      c_h, _ = mosaic_smem.rms_code(mosaic_smem.scores_tile(k_smem, q_smem.at[slot]), valid,
-                                    scale=scale, eps=eps)
+      c_h, _ = mosaic_smem.rms_code(mosaic_smem.scores_tile(k_smem, q_smem.at[slot])[0],
+                                    valid, scale=scale, eps=eps)
       plgpu.barrier_wait(dy_bar.at[slot])
       dv_HJ = list(dv_HJ)
       for j in range(bv):

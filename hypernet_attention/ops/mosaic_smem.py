@@ -174,10 +174,12 @@ def store_row_sums(accs, o_smem, dst) -> None:
   plgpu.wait_smem_to_gmem(0)
 
 
-def scores_tile(a_smem, b_smem) -> list[jax.Array]:
+def scores_tile(a_smem, b_smem, overlap=None):
   """H score wgmmas a_h b_h^T inside a kernel: a (H, M, D) and b (H, N, D) in SMEM, each
   (M, N) float32 in the WGMMA layout. The forwards and the dS kernel pass (Q, K); the dV
-  kernel (K, Q), so that its rows are keys."""
+  kernel (K, Q), so that its rows are keys. `overlap` (no arguments) runs on the CUDA cores
+  while the wgmmas are in flight, before their results are read; returns (scores, its
+  result)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   heads, rows, _ = a_smem.shape
@@ -185,7 +187,8 @@ def scores_tile(a_smem, b_smem) -> list[jax.Array]:
   def scores(*accs):
     for h, acc in enumerate(accs):
       plgpu.wgmma(acc, a_smem.at[h], b_smem.at[h].transpose((1, 0)))
-    return [acc[...] for acc in accs]
+    during = None if overlap is None else overlap()
+    return [acc[...] for acc in accs], during
 
   return pl.run_scoped(scores, *[plgpu.ACC((rows, b_smem.shape[1]), _F32)
                                  for _ in range(heads)])
@@ -211,19 +214,25 @@ def rms_code(s_h, valid, *, scale: float, eps: float):
 
 
 def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
-              scale: float, eps: float):
+              scale: float, eps: float, wait=True, overlap=None):
   """RMSHead's code of one (bq, bk) tile inside a kernel whose rows are queries: once ring
-  slot `slot` has arrived, the scores of Q (H, bq, D) and the slot's K (H, bk, D), the key
-  mask (the slot's key validity) and the causal mask, then Eq. 7 (`rms_code`): (c_h, inv_rms)
-  float32 in the WGMMA layout. The forward and the dS kernel start each key tile with it."""
+  slot `slot` has arrived (its barriers waited on where `wait`, a bool or traced predicate,
+  holds), the scores of Q (H, bq, D) and the slot's K (H, bk, D), the key mask (the slot's
+  key validity) and the causal mask, then Eq. 7 (`rms_code`): ((c_h, inv_rms) float32 in
+  the WGMMA layout, `overlap`'s result; `scores_tile`). The forward and the dS kernel start
+  each key tile with it."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   bq, bk = q_smem.shape[1], k_smem.shape[2]
-  plgpu.barrier_wait(k_bar.at[slot])
-  plgpu.barrier_wait(kval_bar.at[slot])
-  s_h = scores_tile(q_smem, k_smem.at[slot])
+
+  @pl.when(wait)
+  def _arrived():
+    plgpu.barrier_wait(k_bar.at[slot])
+    plgpu.barrier_wait(kval_bar.at[slot])
+
+  s_h, during = scores_tile(q_smem, k_smem.at[slot], overlap)
   valid = jax.lax.broadcast_in_dim(plgpu.load(
       kval_smem.at[slot, pl.ds(0, bk)], layout=plgpu.Layout.WGMMA.reduce(0)), (bq, bk), [1])
   if is_causal:
     valid = causal(valid, q0=q0, k0=k0)
-  return rms_code(s_h, valid, scale=scale, eps=eps)
+  return rms_code(s_h, valid, scale=scale, eps=eps), during

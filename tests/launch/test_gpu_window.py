@@ -11,8 +11,8 @@ import pytest
 
 import train_testlib as tl
 
-KINDS = ("window", "env", "rung", "parity", "attention", "c4_step", "population", "trace", "tune",
-         "stage", "window_end")
+KINDS = ("window", "env", "rung", "parity", "c4_step", "population", "tune", "stage",
+         "window_end")
 
 
 def _numbers(row):
@@ -37,58 +37,39 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   assert all(math.isfinite(x) for r in rows for x in _numbers(r))
   assert rows[0]["kind"] == "window" and rows[0]["commit"] == "test"
   assert rows[-1]["kind"] == "window_end"
-  # Parity before any timing, for every HYLA implementation dispatch names, all passing.
-  first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "attention")
+  stages = {r["stage"]: r["status"] for r in by_kind["stage"]}
+  # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2);
+  # the overlapped forward's parity runs only once its rung passed. Parity before any timing;
+  # on a CPU the Mosaic forwards refuse it in one line (they need a Hopper GPU compiled).
+  overlap_ran = stages["rung_forward_overlap"] == "ok"
+  assert stages["mosaic_parity_overlap"] == ("refused" if overlap_ran else "skipped"), stages
+  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity", "rung_forward_overlap")
+  assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
+  assert all(s == "ok" for n, s in stages.items()
+             if n not in (*mosaic, "mosaic_parity_overlap")), stages
+  first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "tune")
   assert max(i for i, r in enumerate(rows) if r["kind"] == "parity") < first_timing
   parity = by_kind["parity"]
-  assert {r["implementation"] for r in parity} >= {"blockwise", "factored"}
-  assert {r["seq_len"] for r in parity} == {16, 40, 64}  # 64: mosaic_parity's dry length
-  # Every implementation passes, or refuses this device in one line (mosaic: Hopper only).
-  assert all(r["status"] == "pass" and r["out_err"] < r["out_bound"]
-             or r["status"] == "unsupported" and r["implementation"].startswith("mosaic")
-             for r in parity), parity
-  assert any(r["status"] == "pass" and r["implementation"] == "blockwise" for r in parity)
-  # Every column at every length, the baseline and the ratio to it on each timed row.
-  timed = [r for r in by_kind["attention"] if r["status"] == "ok"]
-  assert {r["implementation"] for r in timed} >= {
-      "softmax_xla", "linear", "hyla_reference", "hyla_blockwise"}
-  for r in timed:
-    assert r["baseline"] == "softmax_xla" and r["calls"] >= 20
-    assert 0 < r["fwd_min_ms"] <= r["fwd_ms"] and r["fwd_bwd_tflops"] > 0
-  assert {r["status"] for r in by_kind["attention"] if r["implementation"] == "softmax_cudnn"
-          } == {"unsupported"}  # Named, not silently absent, on the CPU.
-  # The C4 step of both models at the first batch; the second batch refused in one line.
+  assert [(r["implementation"], r["seq_len"], r["status"]) for r in parity] == [
+      ("mosaic", 64, "unsupported"),
+      *[("mosaic_overlap", 64, "unsupported")] * overlap_ran], parity
+  # The C4 step of both models; the Mosaic one waits for its parity in this window.
   steps = by_kind["c4_step"]
-  assert {r["model"] for r in steps if "steps_per_s" in r} == {"softmax", "hyla"}
   assert [r.get("label") for r in steps if "steps_per_s" in r] == ["softmax", "hyla"]
-  refused = [r for r in steps if r.get("status") == "refused"]
-  assert len(refused) == 1 and "does not fit" in refused[0]["message"]
-  # The Mosaic C4 step waits for its parity in this window, as the tile sweeps do.
   skipped = [r for r in steps if r.get("status") == "skipped"]
-  assert [r["model"] for r in skipped] == ["hyla@model.implementation=mosaic"] * 2, skipped
+  assert [r["model"] for r in skipped] == ["hyla@model.implementation=mosaic"], skipped
   assert [r["members"] for r in by_kind["population"]] == [1, 2]
   tune = {r["name"]: r for r in by_kind["tune"]}
   assert tune["softmax"]["status"] == "ok" and tune["softmax"]["fwd_bwd_ms"] > 0
   # blockwise at 32 x 32 tiles, once in mosaic_time_64 and once in tiles.
   blockwise = [r for r in by_kind["tune"] if r["name"] == "blockwise"]
   assert [(r["block_q"], r["status"]) for r in blockwise] == [(32, "ok"), (32, "ok")], blockwise
-  # Mosaic never passes parity on a CPU (it needs a Hopper GPU compiled), so no stage times
-  # it beside others: a "skipped" row with the reason, per stage that would have.
+  # Mosaic never passes parity on a CPU, so no stage times it beside others: a "skipped"
+  # row with the reason, per configuration that would have run (plain and overlapped).
   mosaic = [r for r in by_kind["tune"] if r["name"] == "mosaic"]
-  assert len(mosaic) == 2 and all(r["status"] == "skipped" and "parity" in r["message"]
+  assert len(mosaic) == 3 and all(r["status"] == "skipped" and "parity" in r["message"]
                                   for r in mosaic), mosaic
-  trace = by_kind["trace"][0]
-  assert trace["file"] and (out / trace["file"]).stat().st_size == trace["bytes"]
-  assert sorted(os.listdir(out)) == ["attention", "c4_hyla_trace.tar.gz", "gpu_window.jsonl",
-                                     "gpu_window.log"]
-  stages = {r["stage"]: r["status"] for r in by_kind["stage"]}
-  assert stages["c4_b1048576"] == "refused" and stages["population_softmax"] == "skipped"
-  # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2);
-  # its parity refuses on a CPU (the kernel needs a Hopper GPU compiled).
-  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity")
-  assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
-  assert all(s == "ok" for n, s in stages.items()
-             if n not in ("c4_b1048576", "population_softmax", *mosaic)), stages
+  assert sorted(os.listdir(out)) == ["gpu_window.jsonl", "gpu_window.log"]
 
 
 def test_a_failed_rung_ends_the_window_before_timing(tmp_path, monkeypatch):
@@ -133,11 +114,21 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   assert "mosaic:" not in configs()
   window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
                 status="pass")
+  # The overlapped forward needs its own parity (mosaic_overlap), which needs its rung.
   assert configs() == "--configs=mosaic:64x8x4:kernel,blockwise:256x256"
-  assert "mosaic:64x16x2:kernel" in configs("tiles")
+  overlap_parity = next(s for s in gpu_window.stages(gpu_window.GPU)
+                        if s.name == "mosaic_parity_overlap")
+  assert gpu_window.run_stage(window, overlap_parity, {}) == "skipped"
+  window.record("rung", rung="forward_overlap", status="pass")
+  assert overlap_parity.requires(window) is None
+  window.record("parity", implementation="mosaic_overlap", seq_len=1000, dtype="bfloat16",
+                status="pass")
+  assert configs() == ("--configs=mosaic:64x8x4:kernel,mosaic:64x8x4:kernel:overlap,"
+                       "blockwise:256x256")
+  assert "mosaic:64x8x2:kernel:overlap" in configs("tiles")
   window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert configs() == "--configs=blockwise:256x256"
+  assert configs() == "--configs=mosaic:64x8x4:kernel:overlap,blockwise:256x256"
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
   assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x4:kernel",
                   "status": "skipped", "seq_len": 4096,

@@ -81,6 +81,10 @@ def _padding_mask(valid_lengths, length):
     (1, 128, 8, True, (100,), (64, 16, 2), "kernel", 16),
     # 40 pads to 64 queries and keys; one mask per example.
     (2, 40, 8, False, (40, 23), (64, 8, 4), "kernel", 16),
+    # The overlapped forward (Blocks.overlap): two query tiles to the diagonal, a padded
+    # mask; and one key tile, where the step after the last is the last's own.
+    (1, 128, 8, True, (100,), (64, 16, 2, True), "kernel", 16),
+    (1, 8, 4, True, None, (64, 8, 2, True), "kernel", 16),
     # XLA's matmuls read all of dS: the dS kernel writes zeros past the diagonal.
     (1, 72, 4, True, None, (64, 8, 4), "xla", 16),
     # H=3: V ring slots pad to 4 heads (128 bytes in float32); V=10 pads to 12.
@@ -137,8 +141,9 @@ def test_ds_matmul_kernels(k_padded, causal, capsys):
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("dtype,with_backward", [(jnp.bfloat16, True), (jnp.float16, False)])
-def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
+@pytest.mark.parametrize("dtype,with_backward,overlap", [
+    (jnp.bfloat16, True, False), (jnp.float16, False, False), (jnp.bfloat16, False, True)])
+def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, overlap):
   """Pallas -> Mosaic GPU lowering, layout inference, TMA descriptors and the SMEM budget run
   at lowering time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU.
   H=8, D=V=64. A batch of two: with one, Mosaic drops the unit batch axis from every TMA
@@ -149,7 +154,8 @@ def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward):
   on (2026-11-27). The backward lowers in ~15 s on a 2-core CPU."""
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), dtype)
-  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)
+  blocks = mosaic_kernel.Blocks(overlap=overlap)
+  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
   if with_backward:
     fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
         jnp.float32).sum(), argnums=(0, 1, 2))
