@@ -29,7 +29,8 @@ kernel correct on the GPU, then timed:
                (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
                from a trace); a kernel is left out unless its parity passed in this window
   tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
-               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x32x1)
+               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x16x4,
+               64x32x1)
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
@@ -99,12 +100,12 @@ GPU = Sizes(
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
     # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py,
-    # H100): 64x8x2 at 145 registers (3 programs per SM, not 2; twice the score
-    # recomputation) and overlapped at 190, 64x32x1 at 244 (fewer, wider key tiles);
-    # blockwise. 64x16x2 (199) is named only. XLA's dQ/dK path (mosaic:64x8x4:xla) too: for
-    # the first kernels it gained nothing for ~70 s of compile (H200).
+    # H100): 64x8x2 at 160 registers (3 programs per SM, not 2; twice the score
+    # recomputation) and overlapped at 192; 64x16x4 at 249 (half the key tiles); 64x32x1 at
+    # 246; blockwise. XLA's dQ/dK path (mosaic:64x8x4:xla) is named only: for the first
+    # kernels it gained nothing for ~70 s of compile (H200).
     tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
-                  "mosaic:64x32x1:kernel", "blockwise:256x256"),
+                  "mosaic:64x16x4:kernel", "mosaic:64x32x1:kernel", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length; one population.
 DRY_RUN = Sizes(
@@ -120,7 +121,8 @@ DRY_RUN = Sizes(
 # rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
 # mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
 # models ran past 100 s. The overlapped forward adds a rung (~12 s), a parity (~29) and a row
-# to each mosaic_time (~10 s each): ~480 s of the 520 expected, C4 last.
+# to each mosaic_time (~10 s each); tiles ~70 s: ~320 s expected before the C4 step, which
+# gets the rest (~200 s of the 520).
 
 
 @dataclasses.dataclass
@@ -360,7 +362,7 @@ def stages(sizes: Sizes) -> list[Stage]:
             min_s=40, requires=overlap_rung_passed),
       *(Stage(f"mosaic_time_{t}", 120, mosaic_time(t), _json_line("tune"), min_s=60)
         for t in sizes.mosaic_time_lens),
-      Stage("tiles", 120, tiles, _json_line("tune"), min_s=40),
+      Stage("tiles", 150, tiles, _json_line("tune"), min_s=40),
       _c4(sizes.c4_batch, min_s=30),
       _population("hyla", 110),
   ]

@@ -72,16 +72,16 @@ _F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class Blocks:
   """The forward's tiles: bq queries (wgmma M: a multiple of 64), bk keys (wgmma N: a
-  multiple of 8), bv value columns (a loop); and its schedule. The defaults are the largest
-  that ptxas 12.9 compiles for an H100 without spilling (B=4 T=1024 H=8 D=V=64 bf16,
-  measure/ptxas.py): 64x8x4 219 registers; 64x16x2 199; 64x16x4 255 and 20 B spilled;
-  64x8x8 and 128x16x2 spill 0.5-0.7 KB per thread.
+  multiple of 8), bv value columns (a loop); and its schedule. The defaults passed on an
+  H200 (2026-11-27). Registers by ptxas 12.9 for an H100 (B=4 T=1024 H=8 D=V=64 bf16,
+  measure/ptxas.py; experiments/results/kernels.md): 64x8x4 230; 64x8x2 160; 64x16x4 249;
+  64x32x1 246; none spills; 64x8x8 and 128x16x2 spill 0.3-0.7 KB per thread.
 
   overlap: issue key tile k+1's score wgmmas, then run tile k's value network while they
   are in flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead
   of waiting on each tile's scores before its value network. It holds a second tile's
-  code: 64x8x4 255 registers, no spill; 64x8x2 190; 64x16x2 spills 24 B. Off by default
-  until a GPU window times it (the plain schedule passed on an H200)."""
+  code: 64x8x2 192 registers; 64x8x4 255 and 16 B spilled. Off by default until a GPU
+  window times it."""
   block_q: int = 64
   block_k: int = 8
   block_v: int = 4
@@ -173,14 +173,14 @@ def _v_heads(heads: int, blocks: Blocks, dtype) -> int:
 
 
 def forward_smem(blocks, heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
-  """The forward's SMEM buffers, in the kernel's order (depth: D padded to 128-byte rows);
-  at bq=64, bk=8, bv=4, H=8, D=64, bf16: ~82 KiB (Q 64, K ring 16). `check_tiles` budgets
-  them."""
+  """The forward's SMEM buffers, in the kernel's order (depth: D padded to 128-byte rows; V
+  in float32: no conversion per value loaded); at bq=64, bk=8, bv=4, H=8, D=64, bf16: ~90
+  KiB (Q 64, K ring 16, output 8). `check_tiles` budgets them."""
   bq, bk, bv = blocks.block_q, blocks.block_k, blocks.block_v
   return (
       mosaic_smem.Buffer("Q", (heads, bq, depth), dtype, depth),
       mosaic_smem.Buffer("K ring", (2, heads, bk, depth), dtype, depth),
-      mosaic_smem.Buffer("V ring", (2, _v_heads(heads, blocks, dtype), bv, bk), dtype),
+      mosaic_smem.Buffer("V ring", (2, _v_heads(heads, blocks, _F32), bv, bk), _F32),
       mosaic_smem.Buffer("key validity ring", (2, mosaic_smem.key_valid_slot(bk)), _F32),
       mosaic_smem.Buffer("output", (heads, bv, bq), _F32),
   )
@@ -219,7 +219,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
       y_HJ = list(y_HJ)
       for j in range(bv):
         u = sum(c * jax.lax.broadcast_in_dim(
-            plgpu.load(v_smem.at[slot, h, j], layout=along_rows).astype(_F32), (bq, bk), [1])
+            plgpu.load(v_smem.at[slot, h, j], layout=along_rows), (bq, bk), [1])
                 for h, c in enumerate(c_h))
         z = jnp.maximum(u, 0.0)
         for h, c in enumerate(c_h):
@@ -293,8 +293,8 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, heads, d_padded), (0, 2, 1, 3))
-  hv = _v_heads(heads, blocks, dtype)
-  v_BJHVK = jnp.transpose(pad(value_BKHV, k_padded, hv, v_padded).reshape(
+  hv = _v_heads(heads, blocks, _F32)
+  v_BJHVK = jnp.transpose(pad(value_BKHV.astype(_F32), k_padded, hv, v_padded).reshape(
       batch, k_padded, hv, v_padded // bv, bv), (0, 3, 2, 4, 1))
   out_BJHVQ = _forward_call(q_BHQD, k_BHKD, v_BJHVK, mosaic_smem.key_valid(mask, k_len, k_padded),
                     scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,

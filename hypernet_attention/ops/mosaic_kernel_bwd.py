@@ -67,12 +67,12 @@ DV_BLOCK_Q, DV_BLOCK_V = 8, 4  # queries per dV step, value columns per dV progr
 def ds_smem(heads: int, depth: int, v_dim: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
   """The dS kernel's SMEM buffers, in its order (depth: D padded to a 128-byte row)."""
   bq, bk, buf = BLOCK, DS_BLOCK_K, mosaic_smem.Buffer
-  hv = mosaic_smem.heads_padded(heads, v_dim * bk, dtype)
+  hv = mosaic_smem.heads_padded(heads, v_dim * bk, _F32)
   return (
       buf("Q", (heads, bq, depth), dtype, depth),
       buf("dY", (heads, v_dim, bq), dtype),
       buf("K ring", (2, heads, bk, depth), dtype, depth),
-      buf("V ring", (2, hv, v_dim, bk), dtype),
+      buf("V ring", (2, hv, v_dim, bk), _F32),
       buf("key validity ring", (2, mosaic_smem.key_valid_slot(bk)), _F32),
       buf("dS ring", (2, heads, bq, bk), dtype),
   )
@@ -83,10 +83,10 @@ def dv_smem(heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
   bk, bq, bv, buf = BLOCK, DV_BLOCK_Q, DV_BLOCK_V, mosaic_smem.Buffer
   return (
       buf("K", (heads, bk, depth), dtype, depth),
-      buf("V", (heads, bv, bk), dtype),
+      buf("V", (heads, bv, bk), _F32),
       buf("key validity", (bk,), _F32),
       buf("Q ring", (2, heads, bq, depth), dtype, depth),
-      buf("dY ring", (2, mosaic_smem.heads_padded(heads, bv * bq, dtype), bv, bq), dtype),
+      buf("dY ring", (2, mosaic_smem.heads_padded(heads, bv * bq, _F32), bv, bq), _F32),
       buf("dV", (heads, bv, bk), _F32),
   )
 
@@ -128,8 +128,8 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
       plgpu.barrier_wait(v_bar.at[slot])
 
       def column(j, dc_h):
-        v_h = [jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[slot, h, j], layout=cols).astype(
-            _F32), (bq, bk), [1]) for h in range(heads)]
+        v_h = [jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[slot, h, j], layout=cols),
+                                        (bq, bk), [1]) for h in range(heads)]
         dy_h = [jax.lax.broadcast_in_dim(plgpu.load(dy_smem.at[h, j], layout=rows).astype(
             _F32), (bq, bk), [0]) for h in range(heads)]
         u = sum(c * v for c, v in zip(c_h, v_h))
@@ -223,11 +223,10 @@ def _dv_call(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK, *, scale, is_causa
       plgpu.barrier_wait(dy_bar.at[slot])
       dv_HJ = list(dv_HJ)
       for j in range(bv):
-        u = sum(c * jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[h, j], layout=rows).astype(
-            _F32), (bk, bq), [0]) for h, c in enumerate(c_h))
-        dz = sum(c * jax.lax.broadcast_in_dim(plgpu.load(
-            dy_smem.at[slot, h, j], layout=cols).astype(_F32), (bk, bq), [1])
-                 for h, c in enumerate(c_h))
+        u = sum(c * jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[h, j], layout=rows),
+                                             (bk, bq), [0]) for h, c in enumerate(c_h))
+        dz = sum(c * jax.lax.broadcast_in_dim(plgpu.load(dy_smem.at[slot, h, j], layout=cols),
+                                              (bk, bq), [1]) for h, c in enumerate(c_h))
         du = jnp.where(u > 0.0, dz, 0.0)
         for h, c in enumerate(c_h):
           dv_HJ[h * bv + j] = mosaic_smem.add_chunks(dv_HJ[h * bv + j], c * du)
@@ -365,12 +364,13 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
   round_up = mosaic_smem.round_up
   q_padded, k_padded = round_up(q_len, BLOCK), round_up(k_len, BLOCK)
   v_padded, d_padded = round_up(v_dim, DV_BLOCK_V), mosaic_smem.depth_padded(depth, dtype)
-  pad = lambda x, length, heads_to, width: jnp.pad(x.astype(dtype), (
+  pad = lambda x, length, heads_to, width, to=dtype: jnp.pad(x.astype(to), (
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, heads, d_padded), (0, 2, 1, 3))
-  hv_ds = mosaic_smem.heads_padded(heads, v_padded * DS_BLOCK_K, dtype)
-  v_BHVK = jnp.transpose(pad(value_BKHV, k_padded, hv_ds, v_padded), (0, 2, 3, 1))
+  # V (and dY, for dV) in float32: the kernels' FMAs take it without a conversion per load.
+  hv_ds = mosaic_smem.heads_padded(heads, v_padded * DS_BLOCK_K, _F32)
+  v_BHVK = jnp.transpose(pad(value_BKHV, k_padded, hv_ds, v_padded, _F32), (0, 2, 3, 1))
   dy_BHVQ = jnp.transpose(pad(d_out_BQHV, q_padded, heads, v_padded), (0, 2, 3, 1))
   key_valid_BK = mosaic_smem.key_valid(mask, k_len, k_padded)
   scale = 1.0 / math.sqrt(depth)
@@ -379,14 +379,14 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
                      interpret=interpret)
 
   def sliced(x_BXHV, length, heads_to):  # (B, J, Hv, bv, X): the value slice leading
-    x = pad(x_BXHV, length, heads_to, v_padded).reshape(
+    x = pad(x_BXHV, length, heads_to, v_padded, _F32).reshape(
         batch, length, heads_to, v_padded // DV_BLOCK_V, DV_BLOCK_V)
     return jnp.transpose(x, (0, 3, 2, 4, 1))
 
   dv_BJHVK = _dv_call(
       k_BHKD, q_BHQD, sliced(value_BKHV, k_padded, heads),
       sliced(d_out_BQHV, q_padded,
-             mosaic_smem.heads_padded(heads, DV_BLOCK_V * DV_BLOCK_Q, dtype)),
+             mosaic_smem.heads_padded(heads, DV_BLOCK_V * DV_BLOCK_Q, _F32)),
       key_valid_BK, scale=scale, is_causal=is_causal, eps=eps, interpret=interpret)
   # Padded keys and queries have dS = 0 (their scores are 0), so the padded Q and K are
   # exact here.

@@ -207,10 +207,12 @@ def causal(valid, *, q0, k0, keys_are_rows: bool = False):
 
 def rms_code(s_h, valid, *, scale: float, eps: float):
   """Eq. 7 on one tile, per pair across heads: (c_h, inv_rms) from the raw scores s_h and
-  the 0/1 validity of each pair (masked pairs: s = c = 0)."""
-  s_h = [s * (scale * valid) for s in s_h]
-  inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (1.0 / len(s_h)) + eps)
-  return [s * inv_rms for s in s_h], inv_rms
+  the 0/1 validity of each pair (masked pairs: c = 0; their inv_rms, finite, is unused).
+  Scale and validity fold into one factor per pair: one multiply per head and pair, not
+  two."""
+  inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (scale * scale / len(s_h)) + eps)
+  factor = inv_rms * (scale * valid)
+  return [s * factor for s in s_h], inv_rms
 
 
 def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
