@@ -168,8 +168,9 @@ def _key_mask_shape_ok(mask) -> bool:
   return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
 
 
-def _v_heads(heads: int, blocks: Blocks, dtype) -> int:
-  return mosaic_smem.heads_padded(heads, blocks.block_v * blocks.block_k, dtype)
+def _v_heads(heads: int, blocks: Blocks) -> int:
+  """Heads of the V ring (float32), padded so each slot spans a multiple of 128 bytes."""
+  return mosaic_smem.heads_padded(heads, blocks.block_v * blocks.block_k, _F32)
 
 
 def forward_smem(blocks, heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
@@ -180,7 +181,7 @@ def forward_smem(blocks, heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buf
   return (
       mosaic_smem.Buffer("Q", (heads, bq, depth), dtype, depth),
       mosaic_smem.Buffer("K ring", (2, heads, bk, depth), dtype, depth),
-      mosaic_smem.Buffer("V ring", (2, _v_heads(heads, blocks, _F32), bv, bk), _F32),
+      mosaic_smem.Buffer("V ring", (2, _v_heads(heads, blocks), bv, bk), _F32),
       mosaic_smem.Buffer("key validity ring", (2, mosaic_smem.key_valid_slot(bk)), _F32),
       mosaic_smem.Buffer("output", (heads, bv, bq), _F32),
   )
@@ -293,7 +294,7 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, heads, d_padded), (0, 2, 1, 3))
-  hv = _v_heads(heads, blocks, _F32)
+  hv = _v_heads(heads, blocks)
   v_BJHVK = jnp.transpose(pad(value_BKHV.astype(_F32), k_padded, hv, v_padded).reshape(
       batch, k_padded, hv, v_padded // bv, bv), (0, 3, 2, 4, 1))
   out_BJHVQ = _forward_call(q_BHQD, k_BHKD, v_BJHVK, mosaic_smem.key_valid(mask, k_len, k_padded),
