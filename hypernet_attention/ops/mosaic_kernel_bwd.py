@@ -1,10 +1,10 @@
 """HYLA's backward in Pallas Mosaic GPU, its per-pair tensors in registers (issue 52).
 
-The forward is `mosaic_forward_registers.py`; read its docstring first (the layout: scores
-from the tensor cores, the value network on the CUDA cores in the WGMMA layout). For every
-pair (q, k), head h and value column j, with s = scores * scale (masked -> 0),
-r = rsqrt(mean_h s^2 + eps), c = s r (the code), u_j = sum_h c_h v_hj, z = relu(u) and dy the
-output's cotangent:
+The forward is `mosaic_kernel.py`; read its docstring first (the layout: scores from the
+tensor cores, the value network on the CUDA cores in the WGMMA layout). For every pair
+(q, k), head h and value column j, with s = scores * scale, r = rsqrt(mean_h s^2 + eps),
+c = s r valid (the code; valid 0 for a masked pair), u_j = sum_h c_h v_hj, z = relu(u) and dy
+the output's cotangent:
 
   dz_j    = sum_h c_h dy_hj                      (the read-out's gradient into z)
   du_j    = dz_j [u_j > 0]
@@ -13,8 +13,8 @@ output's cotangent:
   dV_hj   = sum_q c_h du_j                       (per key)
   dQ_h    = dS_h K_h,  dK_h = dS_h^T Q_h         (matmuls over the written dS)
 
-A masked or padded pair has s = 0, so c = u = z = 0 and dc = 0: its dS and its share of dV
-are exactly 0 with no mask in the backward beyond the recomputed scores'.
+A masked or padded pair has c = 0 (`mosaic_smem.rms_code`), so u = z = 0 and dc = 0: its dS
+and its share of dV are exactly 0 with no mask in the backward beyond the recomputed code's.
 
 Why three kinds of program. dc needs all V columns of a pair and dV sums over all queries of
 a key, so no one tile order serves both without holding per-key accumulators across queries
