@@ -28,6 +28,8 @@ kernel correct on the GPU, then timed:
                overlapped, beside cuDNN and blockwise 256 x 256 in one process per length
                (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
                from a trace); a kernel is left out unless its parity passed in this window
+  counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (time,
+               occupancy, issue slots, warp stall reasons, pipes): what bounds each kernel
   tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
                (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x16x4,
                64x32x1)
@@ -41,7 +43,7 @@ attention sweep, the C4 step's trace, batch 256, softmax's population) stands in
 READMEs (experiments/results/gpu_windows/); the tools that measured it run by hand.
 
 Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each
-result exists: kind = window, env, rung, parity, c4_step, population, tune, stage,
+result exists: kind = window, env, rung, parity, ncu, c4_step, population, tune, stage,
 window_end) and gpu_window.log (every stage's output). Exit status: 0, or 1 if parity failed
 or a stage failed.
 
@@ -50,6 +52,7 @@ Imports no JAX (the launch layer runs where JAX is not installed); the stages do
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import datetime
 import glob
@@ -90,6 +93,7 @@ class Sizes:
   # The Mosaic ladder (`hypernet_attention/measure/mosaic_rungs.py`): B,T,H,D of each rung,
   # parity's lengths, and the tile sweep's lengths.
   rung_shape: tuple[int, int, int, int] = (1, 128, 8, 64)
+  counters_shape: tuple[int, int, int, int] = (4, 4096, 8, 64)  # B,T,H,D under ncu.
   mosaic_parity_lens: str = "1000"
   mosaic_time_lens: tuple[int, ...] = (4096, 1024, 16384)
 
@@ -114,15 +118,16 @@ DRY_RUN = Sizes(
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
     tune_configs=("blockwise:32x32", "mosaic:64x8x4:kernel"),
-    scale=3.0, deadline_s=600, rung_shape=(1, 64, 2, 16),
+    scale=3.0, deadline_s=600, rung_shape=(1, 64, 2, 16), counters_shape=(1, 64, 2, 16),
     mosaic_parity_lens="64", mosaic_time_lens=(64,))
 # Stage budgets below are seconds on an H100, from what today's kernels measured on an H200
 # (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_registers): env 4 s,
 # rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
 # mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
 # models ran past 100 s. The overlapped forward adds a rung (~12 s), a parity (~29) and a row
-# to each mosaic_time (~10 s each); tiles ~70 s: ~320 s expected before the C4 step, which
-# gets the rest (~200 s of the 520).
+# to each mosaic_time (~10 s each); counters ~40 (a rung's ~14 at T=4096, with ncu's ~20
+# replays of 5 kernels of 1-10 ms); tiles ~70 s: ~360 s expected before the C4 step, which
+# gets the rest (~160 s of the 520).
 
 
 @dataclasses.dataclass
@@ -283,13 +288,69 @@ def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
   return kept
 
 
+def _cuda_tool(name: str) -> Optional[str]:
+  """A CUDA tool on the GPU image (compute-sanitizer, ncu), or None (the CPU dry run)."""
+  return shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/local/cuda*/bin/{name}") +
+                                                glob.glob(f"/opt/nvidia/*/*/{name}"))), None)
+
+
 def _sanitizer() -> list[str]:
-  """compute-sanitizer's memcheck (on the GPU image, beside CUDA), exit 1 on any error; []
-  where it is absent (the CPU dry run)."""
-  found = shutil.which("compute-sanitizer") or next(iter(sorted(glob.glob(
-      "/usr/local/cuda*/bin/compute-sanitizer"))), None)
+  """compute-sanitizer's memcheck, exit 1 on any error; [] where it is absent."""
+  found = _cuda_tool("compute-sanitizer")
   return [found, "--tool", "memcheck", "--error-exitcode", "1", "--print-limit", "20"] if (
       found) else []
+
+
+# Nsight Compute's sections for the counters stage: time, occupancy, issue slots and warp
+# stall reasons, pipe use, instruction mix; `--page raw` prints every metric they collect.
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
+                "ComputeWorkloadAnalysis", "SchedulerStats", "InstructionStats")
+
+
+def _number(text: str):
+  try:
+    return float(text.replace(",", ""))
+  except ValueError:
+    return text
+
+
+def _counters(budget_s: float) -> Stage:
+  """The hardware counters of one fwd+bwd's Mosaic kernels (forward, dS, dV, dQ, dK) at the
+  timing shape, from ncu (`mosaic_rungs fwd_bwd`): whether each kernel is issue-bound, stalled
+  on its wgmmas or barriers, or short of warps decides the next kernel change. One `ncu` row
+  per kernel (its metrics by ncu's names, base units); needs Mosaic's parity in this window
+  and ncu reading counters (Firecracker machines; not gVisor: the device tool's KINDS.md)."""
+  header: list[str] = []
+  units: list[str] = []
+
+  def parse(w: Window, line: str) -> None:
+    if line.startswith("{"):
+      return _json_line("rung")(w, line)
+    cells = next(csv.reader([line]), [])
+    if "Kernel Name" in cells:
+      header[:] = cells
+    elif header and len(cells) == len(header) and not cells[0]:
+      units[:] = cells
+    elif header and len(cells) == len(header) and cells[0].isdigit():
+      row = dict(zip(header, cells))
+      w.record("ncu", kernel=row["Kernel Name"], grid=row.get("Grid Size"),
+               metrics={k: _number(v) for k, v in row.items() if "__" in k},
+               units={k: u for k, u in zip(header, units) if "__" in k and u})
+
+  def requires(w: Window) -> Optional[str]:
+    return _mosaic_not_passed(w, "mosaic") or (
+        None if _cuda_tool("ncu") else "no ncu (Nsight Compute) on this machine")
+
+  def argv(w: Window, _limit: float) -> list[str]:
+    batch, seq_len, heads, head_dim = w.sizes.counters_shape
+    sections = [a for name in NCU_SECTIONS for a in ("--section", name)]
+    return ["env", "XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_FLAGS=--xla_gpu_autotune_level=0",
+            _cuda_tool("ncu"), "--clock-control", "none", "--kernel-name", "regex:^hyla_",
+            "--launch-count", "5", *sections, "--page", "raw", "--csv", "--print-units", "base",
+            *_python("-m", "hypernet_attention.measure.mosaic_rungs", "fwd_bwd",
+                     f"--batch={batch}", f"--seq_len={seq_len}", f"--heads={heads}",
+                     f"--head_dim={head_dim}")]
+  return Stage("counters", budget_s, argv, parse, min_s=40, requires=requires)
 
 
 def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
@@ -362,6 +423,7 @@ def stages(sizes: Sizes) -> list[Stage]:
             min_s=40, requires=overlap_rung_passed),
       *(Stage(f"mosaic_time_{t}", 120, mosaic_time(t), _json_line("tune"), min_s=60)
         for t in sizes.mosaic_time_lens),
+      _counters(90),
       Stage("tiles", 150, tiles, _json_line("tune"), min_s=40),
       _c4(sizes.c4_batch, min_s=30),
       _population("hyla", 110),

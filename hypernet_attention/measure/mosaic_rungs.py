@@ -13,6 +13,8 @@ names the faulting instruction and address. The ladder, bottom up:
                 flight under this tile's value network)
   backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
   dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
+  fwd_bwd       the dq rung's forward and backward once at a timing shape, unchecked (the
+                reference would not fit): the program the window's profiler (ncu) reads
   parity        values and gradients in bfloat16 against the float64 reference at each T
                 (`measure/parity.check`, the GPU window's bound), once the rungs have passed;
                 with --overlap, of the overlapped forward (rows named mosaic_overlap)
@@ -30,7 +32,7 @@ import time
 
 from hypernet_attention import errors
 
-RUNGS = ("forward", "forward_overlap", "backward", "dq", "parity")
+RUNGS = ("forward", "forward_overlap", "backward", "dq", "fwd_bwd", "parity")
 # A sanity bound for the rungs (bf16 inputs and operands against the float32 reference, in
 # relative Frobenius norm per quantity); the parity rung holds the real, derived bound.
 RUNG_TOLERANCE = 0.05
@@ -108,13 +110,15 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> 
   start = time.monotonic()
   got = jax.block_until_ready(kernel(*(a.astype(jnp.bfloat16) for a in args[:3]), *args[3:]))
   row["seconds"] = round(time.monotonic() - start, 2)  # compile and one call
+  finite = all(bool(np.isfinite(np.float32(g)).all()) for g in jax.tree.leaves(got))
+  if rung == "fwd_bwd":  # the dq rung checked these kernels' numbers at T=128
+    return {**row, "status": "pass" if finite else "fail"}
   rounded = [a.astype(jnp.bfloat16).astype(jnp.float32) for a in args[:3]]
   exact = ref(*rounded, *args[3:])
   errors = [float(np.linalg.norm(np.float32(g) - np.float32(e)) / np.linalg.norm(e))
             for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(exact))]
   row["rel_errs"] = [round(e, 5) for e in errors]  # out, or dq, dk, dv
   row["max_rel_err"] = max(errors)
-  finite = all(bool(np.isfinite(np.float32(g)).all()) for g in jax.tree.leaves(got))
   row["status"] = "pass" if finite and row["max_rel_err"] < RUNG_TOLERANCE else "fail"
   return row
 

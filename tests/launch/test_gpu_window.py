@@ -46,7 +46,8 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity", "rung_forward_overlap")
   assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
   assert all(s == "ok" for n, s in stages.items()
-             if n not in (*mosaic, "mosaic_parity_overlap")), stages
+             if n not in (*mosaic, "mosaic_parity_overlap", "counters")), stages
+  assert stages["counters"] == "skipped", stages  # ncu waits for Mosaic's parity
   first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "tune")
   assert max(i for i, r in enumerate(rows) if r["kind"] == "parity") < first_timing
   parity = by_kind["parity"]
@@ -143,3 +144,44 @@ def test_a_window_in_which_no_stage_can_run_says_so_and_fails(tmp_path):
   rows = [json.loads(line) for line in (tmp_path / "gpu_window.jsonl").read_text().splitlines()]
   assert {r["status"] for r in rows if r["kind"] == "stage"} == {"skipped"}
   assert "no stage ran" in rows[-1]["message"]
+
+
+def test_counters_run_ncu_on_the_passed_kernels_and_keep_one_row_per_kernel(tmp_path,
+                                                                            monkeypatch):
+  """The counters stage waits for Mosaic's bf16 parity and for ncu; it runs the kernels'
+  fwd+bwd at B=4, T=4096 under ncu, and each kernel's line of ncu's raw CSV (a header, a
+  units line, then one line per kernel; numbers may carry thousands separators) becomes one
+  `ncu` row with its metrics as numbers and their units."""
+  from launch import gpu_window  # pylint: disable=g-import-not-at-top
+  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
+  stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == "counters")
+  monkeypatch.setattr(gpu_window, "_cuda_tool", lambda name: None)
+  assert "parity" in stage.requires(window)
+  window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
+                status="pass")
+  assert "no ncu" in stage.requires(window)
+  monkeypatch.setattr(gpu_window, "_cuda_tool", lambda name: f"/opt/{name}")
+  assert stage.requires(window) is None
+  argv = stage.argv(window, 90)
+  ncu = argv.index("/opt/ncu")
+  assert argv[ncu + 1:ncu + 3] == ["--clock-control", "none"]  # the device's clocks as set
+  assert argv[argv.index("--launch-count") + 1] == "5"  # forward, dS, dV, dQ, dK
+  assert argv[-5:] == ["fwd_bwd", "--batch=4", "--seq_len=4096", "--heads=8", "--head_dim=64"]
+  lines = ['==PROF== Connected to process 7',
+           '{"rung": "fwd_bwd", "status": "pass", "seconds": 9.1}',
+           '"ID","Process ID","Kernel Name","Grid Size","gpu__time_duration.sum",'
+           '"sm__warps_active.avg.pct_of_peak_sustained_active"',
+           '"","","","","nsecond","%"',
+           '"0","7","hyla_forward_mosaic_gpu_kernel","(64, 16, 4)","6,960,512","12.4"',
+           '"1","7","hyla_ds_mosaic_gpu_kernel","(64, 4, 1)","n/a","30"']
+  for line in lines:
+    stage.parse(window, line)
+  rows = [json.loads(x) for x in (tmp_path / "gpu_window.jsonl").read_text().splitlines()]
+  assert rows[1] == {"kind": "rung", "rung": "fwd_bwd", "status": "pass", "seconds": 9.1}
+  ncu_rows = [r for r in rows if r["kind"] == "ncu"]
+  assert [r["kernel"] for r in ncu_rows] == ["hyla_forward_mosaic_gpu_kernel",
+                                             "hyla_ds_mosaic_gpu_kernel"]
+  assert ncu_rows[0]["metrics"] == {"gpu__time_duration.sum": 6960512.0,
+                                    "sm__warps_active.avg.pct_of_peak_sustained_active": 12.4}
+  assert ncu_rows[0]["units"]["gpu__time_duration.sum"] == "nsecond"
+  assert ncu_rows[1]["metrics"]["gpu__time_duration.sum"] == "n/a"

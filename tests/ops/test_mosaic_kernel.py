@@ -118,6 +118,15 @@ def test_ignoring_the_mask_would_fail():
     assert err > 100 * bound, (name, err, bound)
 
 
+def test_the_profilers_rung_runs_forward_and_backward_unchecked():
+  """`mosaic_rungs fwd_bwd`, the program the GPU window runs under ncu: every kernel of one
+  fwd+bwd, finite, with no float64 reference (it would not fit at T=4096)."""
+  from hypernet_attention.measure import mosaic_rungs  # pylint: disable=g-import-not-at-top
+  row = mosaic_rungs.run_rung("fwd_bwd", batch=1, seq_len=64, heads=2, head_dim=16)
+  assert row["status"] == "pass" and row["mode"] == "interpret", row
+  assert "max_rel_err" not in row
+
+
 @pytest.mark.parametrize("k_padded,causal", [(128, True), (192, False)])
 def test_ds_matmul_kernels(k_padded, causal, capsys):
   """dQ = dS K and dK = dS^T Q by the matmul kernels alone, against float64 matmuls, at 128
