@@ -8,7 +8,7 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with the forward's Blocks(BQ, BK, BV) and
                          the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
-                         | xla); a suffix :overlap sets Blocks.overlap
+                         | xla); suffixes :overlap, :paired set Blocks.overlap, .paired
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
 blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
@@ -47,6 +47,8 @@ from hypernet_attention.train import profiling
 
 # The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
 BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
+# The forward's schedule flags (`mosaic_kernel.Blocks`), as --configs suffixes.
+SCHEDULES = ("overlap", "paired")
 
 
 class Unsupported(Exception):
@@ -58,16 +60,17 @@ def parse_config(entry: str) -> dict:
   parts = entry.split(":")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
-    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) in (3, 4) and len(tiles) == 3
-        and parts[3:] in ([], ["overlap"])):
+    flags = parts[3:]
+    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) >= 3 and len(tiles) == 3
+        and set(flags) <= set(SCHEDULES) and len(set(flags)) == len(flags)):
       return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
-                  dq=parts[2], overlap=parts[3:] == ["overlap"])
+                  dq=parts[2], **{flag: flag in flags for flag in SCHEDULES})
     if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:overlap] (e.g. "
-                   "mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:overlap][:paired] "
+                   "(e.g. mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
 
 
 def kernel_fn(config: dict, interpret: bool):
@@ -79,7 +82,7 @@ def kernel_fn(config: dict, interpret: bool):
   if why_not:
     raise Unsupported(why_not)
   blocks = mosaic_kernel.Blocks(config["block_q"], config["block_k"], config["block_v"],
-                                config["overlap"])
+                                **{flag: config[flag] for flag in SCHEDULES})
   return lambda q, k, v: mosaic_kernel.attention(
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
@@ -90,9 +93,9 @@ def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
 
 
 def _tiles(config: dict) -> str:
-  """A row's tiles as its tables print them: BQxBKxBV (+ overlap) or BQxBK."""
+  """A row's tiles as its tables print them: BQxBKxBV (+ overlap, paired) or BQxBK."""
   tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v") if k in config)
-  return (tiles or "-") + (" overlap" if config.get("overlap") else "")
+  return " ".join([tiles or "-", *(flag for flag in SCHEDULES if config.get(flag))])
 
 
 def _emit(row: dict, out: str) -> None:

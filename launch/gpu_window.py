@@ -19,20 +19,22 @@ kernel correct on the GPU, then timed:
                faulting access; a failure ends the window
   mosaic_parity  bf16 values and gradients against the float64 reference at T=1000
                (`measure/parity.check`), alone; a wrong answer ends the window
-  rung_forward_overlap, mosaic_parity_overlap
-               the same two checks of the forward with Blocks.overlap (the next key tile's
-               score wgmmas under this tile's value network); a failure here leaves the
-               overlapped rows out and the window goes on
+  rung_forward_overlap, mosaic_parity_overlap, rung_forward_paired, mosaic_parity_paired
+               the same two checks of the forward's other schedules (mosaic_rungs.SCHEDULES):
+               Blocks.overlap (the next key tile's score wgmmas under this tile's value
+               network) and Blocks.paired at 64x8x8 (two value columns per accumulator); a
+               failure here leaves that schedule's rows out and the window goes on
   mosaic_time_4096, mosaic_time_1024, mosaic_time_16384
                fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels, plain and
-               overlapped, beside cuDNN and blockwise 256 x 256 in one process per length
+               paired (and overlapped at T=4096), beside cuDNN and blockwise 256 x 256 in
+               one process per length
                (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
                from a trace); a kernel is left out unless its parity passed in this window
   counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (time,
                occupancy, issue slots, warp stall reasons, pipes): what bounds each kernel
   tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
-               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x16x4,
-               64x32x1)
+               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x8x4 paired,
+               64x16x4)
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
@@ -105,11 +107,12 @@ GPU = Sizes(
           "--calls=20", "--repeats=3"),
     # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py,
     # H100): 64x8x2 at 160 registers (3 programs per SM, not 2; twice the score
-    # recomputation) and overlapped at 192; 64x16x4 at 249 (half the key tiles); 64x32x1 at
-    # 246; blockwise. XLA's dQ/dK path (mosaic:64x8x4:xla) is named only: for the first
-    # kernels it gained nothing for ~70 s of compile (H200).
+    # recomputation) and overlapped at 192; 64x8x4 paired at 166 (today's instructions, 3
+    # programs per SM); 64x16x4 at 249 (half the key tiles); blockwise. Named only: 64x32x1
+    # (246), XLA's dQ/dK path (mosaic:64x8x4:xla; for the first kernels it gained nothing
+    # for ~70 s of compile, H200).
     tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
-                  "mosaic:64x16x4:kernel", "mosaic:64x32x1:kernel", "blockwise:256x256"),
+                  "mosaic:64x8x4:kernel:paired", "mosaic:64x16x4:kernel", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
 # Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length; one population.
 DRY_RUN = Sizes(
@@ -124,10 +127,10 @@ DRY_RUN = Sizes(
 # (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_registers): env 4 s,
 # rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
 # mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
-# models ran past 100 s. The overlapped forward adds a rung (~12 s), a parity (~29) and a row
-# to each mosaic_time (~10 s each); counters ~40 (a rung's ~14 at T=4096, with ncu's ~20
-# replays of 5 kernels of 1-10 ms); tiles ~70 s: ~360 s expected before the C4 step, which
-# gets the rest (~160 s of the 520).
+# models ran past 100 s. Each other schedule adds a rung (~12 s), a parity (~29) and rows to
+# the mosaic_time stages (~10 s each; the overlapped forward at T=4096 only); counters ~40
+# (a rung's ~14 at T=4096, with ncu's ~20 replays of 5 kernels of 1-10 ms); tiles ~70 s:
+# ~410 s expected before the C4 step, which gets the rest (~110 s of the 520).
 
 
 @dataclasses.dataclass
@@ -258,7 +261,7 @@ def _rows(w: Window) -> list[dict]:
 
 
 def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
-  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_overlap) may not
+  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_SCHEDULE) may not
   share a process with other measurements yet: a kernel that faults kills the process's CUDA
   context (the H100 window of 2026-11-27), so it is timed beside others only after its
   bfloat16 parity passed in this same window (the rungs and `mosaic_parity` run it alone,
@@ -280,7 +283,7 @@ def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
   kept = []
   for config in configs:
     why_not = config.startswith("mosaic:") and _mosaic_not_passed(
-        w, "mosaic_overlap" if config.endswith(":overlap") else "mosaic")
+        w, "_".join(["mosaic", *config.split(":")[3:]]))  # its schedule's own parity
     if why_not:
       w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
     else:
@@ -383,18 +386,22 @@ def stages(sizes: Sizes) -> list[Stage]:
                      f"--heads={heads}", f"--head_dim={head_dim}", *flags)
     return argv
 
-  def overlap_rung_passed(w: Window) -> Optional[str]:
-    if not any(r.get("kind") == "rung" and r.get("rung") == "forward_overlap" and
-               r.get("status") == "pass" for r in _rows(w)):
-      return "the overlapped forward has not passed its rung in this window"
-    return None
+  def rung_passed(schedule: str) -> Callable[[Window], Optional[str]]:
+    def why_not(w: Window) -> Optional[str]:
+      if not any(r.get("kind") == "rung" and r.get("rung") == f"forward_{schedule}" and
+                 r.get("status") == "pass" for r in _rows(w)):
+        return f"the {schedule} forward has not passed its rung in this window"
+      return None
+    return why_not
 
   def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
     def argv(w: Window, _limit: float) -> list[str]:
       # The matmul kernels only (the previous kernels' XLA dQ path measured 65.5 vs 66.6 ms,
       # H200, T=4096, no gain worth 70 s of compile); `tiles` times both.
-      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", "mosaic:64x8x4:kernel:overlap",
-                                    "blockwise:256x256"], seq_len=seq_len)
+      overlap = ["mosaic:64x8x4:kernel:overlap"] if seq_len == 4096 or w.dry_run else []
+      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", *overlap,
+                                    "mosaic:64x8x8:kernel:paired", "blockwise:256x256"],
+                                seq_len=seq_len)
       tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
       if seq_len > 4096:  # Quadratic cost: 5 calls per measurement keep T=16k near a minute.
         tune = [f for f in tune if not f.startswith("--calls=")] + ["--calls=5"]
@@ -418,9 +425,10 @@ def stages(sizes: Sizes) -> list[Stage]:
       _rung("dq", 40),
       Stage("mosaic_parity", 80, mosaic_parity(), _json_line("parity"), min_s=40,
             stops_window=True),
-      _rung("forward_overlap", 30, stops_window=False),
-      Stage("mosaic_parity_overlap", 60, mosaic_parity("--overlap"), _json_line("parity"),
-            min_s=40, requires=overlap_rung_passed),
+      *(stage for schedule in ("overlap", "paired") for stage in (
+          _rung(f"forward_{schedule}", 30, stops_window=False),
+          Stage(f"mosaic_parity_{schedule}", 60, mosaic_parity(f"--schedule={schedule}"),
+                _json_line("parity"), min_s=40, requires=rung_passed(schedule)))),
       *(Stage(f"mosaic_time_{t}", 120, mosaic_time(t), _json_line("tune"), min_s=60)
         for t in sizes.mosaic_time_lens),
       _counters(90),

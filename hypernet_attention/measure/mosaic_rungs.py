@@ -11,13 +11,16 @@ names the faulting instruction and address. The ladder, bottom up:
                 network, read-out
   forward_overlap  the forward with Blocks.overlap (the next key tile's score wgmmas in
                 flight under this tile's value network)
+  forward_paired  the forward with Blocks.paired at 64x8x8 (two value columns per
+                accumulator; the code's key pairs exchanged in registers by inline Mosaic GPU)
   backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
   dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
   fwd_bwd       the dq rung's forward and backward once at a timing shape, unchecked (the
                 reference would not fit): the program the window's profiler (ncu) reads
   parity        values and gradients in bfloat16 against the float64 reference at each T
                 (`measure/parity.check`, the GPU window's bound), once the rungs have passed;
-                with --overlap, of the overlapped forward (rows named mosaic_overlap)
+                with --schedule=overlap|paired, of that forward (rows named mosaic_overlap,
+                mosaic_paired)
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
 reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
 and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
@@ -32,7 +35,10 @@ import time
 
 from hypernet_attention import errors
 
-RUNGS = ("forward", "forward_overlap", "backward", "dq", "fwd_bwd", "parity")
+RUNGS = ("forward", "forward_overlap", "forward_paired", "backward", "dq", "fwd_bwd", "parity")
+# The forward's other schedules (`mosaic_kernel.Blocks`), each checked as its own rung and
+# parity before a window times it: name -> Blocks fields over the defaults.
+SCHEDULES = {"overlap": dict(overlap=True), "paired": dict(paired=True, block_v=8)}
 # A sanity bound for the rungs (bf16 inputs and operands against the float32 reference, in
 # relative Frobenius norm per quantity); the parity rung holds the real, derived bound.
 RUNG_TOLERANCE = 0.05
@@ -48,8 +54,7 @@ def _kernel_and_reference(rung: str, interpret):
   def kernel(q, k, v):
     return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
                                    dq="xla" if rung == "backward" else "kernel",
-                                   blocks=overlapped() if rung == "forward_overlap" else
-                                   mosaic_kernel.DEFAULT_BLOCKS)
+                                   blocks=schedule(rung.partition("forward_")[2]))
 
   if rung.startswith("forward"):
     return jax.jit(kernel), jax.jit(parity.hyla_reference)
@@ -58,12 +63,12 @@ def _kernel_and_reference(rung: str, interpret):
   return grads(kernel), grads(parity.hyla_reference)
 
 
-def overlapped():
-  """The default tiles with the forward's score wgmmas overlapped (Blocks.overlap)."""
+def schedule(name: str = ""):
+  """The forward's Blocks for a name of SCHEDULES ('': the defaults)."""
   import dataclasses  # pylint: disable=g-import-not-at-top
 
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(mosaic_kernel.DEFAULT_BLOCKS, overlap=True)
+  return dataclasses.replace(mosaic_kernel.DEFAULT_BLOCKS, **SCHEDULES.get(name, {}))
 
 
 def interpret_params():
@@ -131,8 +136,8 @@ def main(argv=None) -> int:
   parser.add_argument("--seq_lens", default="128,256,1000", help="parity's T")
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--overlap", action="store_true",
-                      help="parity of the overlapped forward (Blocks.overlap)")
+  parser.add_argument("--schedule", default="", choices=("", *SCHEDULES),
+                      help="parity of the forward with this schedule (SCHEDULES)")
   args = parser.parse_args(argv)
   parser.check_positive(args, "batch", "seq_len", "heads", "head_dim")
   try:
@@ -146,14 +151,14 @@ def main(argv=None) -> int:
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
 
-  def mosaic_overlap(q, k, v):  # refuses what dispatch's "mosaic" refuses, in one line
+  def scheduled(q, k, v):  # refuses what dispatch's "mosaic" refuses, in one line
     mosaic_kernel.check_device(q.dtype)
-    return mosaic_kernel.attention(q, k, v, is_causal=True, blocks=overlapped())
+    return mosaic_kernel.attention(q, k, v, is_causal=True, blocks=schedule(args.schedule))
 
-  fns = {"mosaic_overlap": mosaic_overlap}
+  name = f"mosaic_{args.schedule}" if args.schedule else "mosaic"  # plain: dispatch's own
   for seq_len in seq_lens:
-    for row in parity.check(seq_len, "bfloat16",
-                            ["mosaic_overlap" if args.overlap else "mosaic"], fns=fns,
+    for row in parity.check(seq_len, "bfloat16", [name], fns={name: scheduled} if (
+                                args.schedule) else None,
                             batch=args.batch, heads=args.heads, head_dim=args.head_dim):
       print(json.dumps(row), flush=True)
       if row["status"] != "pass":

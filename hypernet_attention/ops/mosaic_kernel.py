@@ -22,7 +22,8 @@ shuffles in the key loop: the code never leaves the registers the score wgmmas l
 as flash attention keeps its scores, and the value network is elementwise arithmetic in that
 same (WGMMA) layout. What it trades: the scores are recomputed once per value slice (V / bv
 times, H*D tensor-core multiply-adds per pair each time) against (2H+1)*bv vector ones, and
-registers bound bk and bv (per thread, bq=64: H*bk/2 for the code, H*bv*4 for y).
+registers bound bk and bv (per thread, bq=64: H*bk/2 for the code, H*bv*4 for y; H*bv*2
+with `Blocks.paired`, two value columns per accumulator).
 The backward (`mosaic_kernel_bwd.py`) keeps the same layout; `attention` is a
 `jax.custom_vjp` whose residuals are the inputs only.
 
@@ -81,11 +82,21 @@ class Blocks:
   are in flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead
   of waiting on each tile's scores before its value network. It holds a second tile's
   code: 64x8x2 192 registers; 64x8x4 255 and 16 B spilled. Off by default until a GPU
-  window times it."""
+  window times it.
+
+  paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its
+  odd columns) instead of one, each summed over the thread's two keys in-thread, so y takes
+  half the registers and bv can double (64x8x8) at the same multiply-adds per pair: half
+  the score recomputation and half the per-tile work (code, barriers) per value column.
+  How: with c' the code with each key pair (2m, 2m+1) exchanged (`mosaic_smem.swap_pairs`),
+  acc += c * relu(sum_h c_h v_mix_h) + c' * relu(sum_h c'_h v_swap_h), where XLA lays out
+  v_mix[k] = v[j + k % 2, k] and v_swap[k] = v[j + k % 2, k ^ 1] (`_paired_values`). Off
+  by default until a GPU window times it."""
   block_q: int = 64
   block_k: int = 8
   block_v: int = 4
   overlap: bool = False  # tile k+1's score wgmmas under tile k's value network
+  paired: bool = False  # two value columns per accumulator (bv even)
 
 
 DEFAULT_BLOCKS = Blocks()
@@ -215,13 +226,29 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
       pl.when(step < steps)(functools.partial(load_tile, step, step))
     plgpu.barrier_wait(q_bar.at[0])
 
+    def v_row(slot, h, j):  # V's row j of head h in this slot, broadcast down the rows
+      return jax.lax.broadcast_in_dim(
+          plgpu.load(v_smem.at[slot, h, j], layout=along_rows), (bq, bk), [1])
+
+    def value_network_paired(c_h, y_HP, slot):  # Blocks.paired: rows 2p, 2p+1 of V's slot
+      plgpu.barrier_wait(v_bar.at[slot])        # are v_mix and v_swap of columns 2p, 2p+1
+      y_HP, swapped_h = list(y_HP), [mosaic_smem.swap_pairs(c, interpret) for c in c_h]
+      for p in range(bv // 2):
+        z_mix = jnp.maximum(sum(c * v_row(slot, h, 2 * p) for h, c in enumerate(c_h)), 0.0)
+        z_swap = jnp.maximum(sum(c * v_row(slot, h, 2 * p + 1)
+                                 for h, c in enumerate(swapped_h)), 0.0)
+        for h, (c, swapped) in enumerate(zip(c_h, swapped_h)):  # two FMAs, not mul+FMA+add
+          y_HP[h * (bv // 2) + p] = mosaic_smem.add_chunks(mosaic_smem.add_chunks(
+              y_HP[h * (bv // 2) + p], c * z_mix), swapped * z_swap)
+      return tuple(y_HP)
+
     def value_network(c_h, y_HJ, slot):  # the tile's pairs, y += c_h relu(sum_h c_h v_h)
+      if blocks.paired:
+        return value_network_paired(c_h, y_HJ, slot)
       plgpu.barrier_wait(v_bar.at[slot])
       y_HJ = list(y_HJ)
       for j in range(bv):
-        u = sum(c * jax.lax.broadcast_in_dim(
-            plgpu.load(v_smem.at[slot, h, j], layout=along_rows), (bq, bk), [1])
-                for h, c in enumerate(c_h))
+        u = sum(c * v_row(slot, h, j) for h, c in enumerate(c_h))
         z = jnp.maximum(u, 0.0)
         for h, c in enumerate(c_h):
           y_HJ[h * bv + j] = mosaic_smem.add_chunks(y_HJ[h * bv + j], c * z)
@@ -258,13 +285,14 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
       release(step, slot)
       return c_following, y_HJ
 
-    y_HJ = mosaic_smem.chunk_accumulators(bq, heads * bv)
+    y_HJ = mosaic_smem.chunk_accumulators(bq, heads * bv // (2 if blocks.paired else 1))
     if blocks.overlap:
       (c_first, _), _ = code(slot=0, k0=0)
       _, y_HJ = jax.lax.fori_loop(0, steps, key_tile_overlapped, (c_first, y_HJ))
     else:
       y_HJ = jax.lax.fori_loop(0, steps, key_tile, y_HJ)
-    mosaic_smem.store_row_sums(y_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(q0, bq)])
+    mosaic_smem.store_row_sums(y_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(q0, bq)],
+                               paired=blocks.paired)
 
   def hyla_forward(*refs):  # the kernel's name in profiles and ptxas reports
     buffers = mosaic_smem.allocate(plgpu, forward_smem(blocks, heads, depth, q_BHQD.dtype))
@@ -297,11 +325,26 @@ def _forward(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, int
   hv = _v_heads(heads, blocks)
   v_BJHVK = jnp.transpose(pad(value_BKHV.astype(_F32), k_padded, hv, v_padded).reshape(
       batch, k_padded, hv, v_padded // bv, bv), (0, 3, 2, 4, 1))
+  if blocks.paired:
+    v_BJHVK = _paired_values(v_BJHVK)
   out_BJHVQ = _forward_call(q_BHQD, k_BHKD, v_BJHVK, mosaic_smem.key_valid(mask, k_len, k_padded),
                     scale=1.0 / math.sqrt(depth), is_causal=is_causal, eps=eps, blocks=blocks,
                     interpret=interpret)
   out_BQHV = jnp.transpose(out_BJHVQ, (0, 4, 2, 1, 3)).reshape(batch, q_padded, heads, v_padded)
   return out_BQHV[:, :q_len, :, :v_dim].astype(dtype)
+
+
+def _paired_values(v_BJHVK):
+  """Blocks.paired's V: rows 2p, 2p+1 of each slice become v_mix and v_swap of its columns
+  j = 2p, 2p+1 (`Blocks`): v_mix[k] = v[j + k % 2, k], v_swap[k] = v[j + k % 2, k ^ 1]."""
+  *lead, bv, k_padded = v_BJHVK.shape
+  even = jnp.arange(k_padded) % 2 == 0
+  pairs = v_BJHVK.reshape(*lead, bv // 2, 2, k_padded)
+  key_swapped = pairs.reshape(*lead, bv // 2, 2, k_padded // 2, 2)[..., ::-1].reshape(
+      pairs.shape)
+  mix = jnp.where(even, pairs[..., 0, :], pairs[..., 1, :])
+  swap = jnp.where(even, key_swapped[..., 0, :], key_swapped[..., 1, :])
+  return jnp.stack([mix, swap], axis=-2).reshape(v_BJHVK.shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
@@ -366,9 +409,10 @@ def attention(
   dq = mosaic_kernel_bwd.DEFAULT_DQ if dq is None else dq
   if dq not in mosaic_kernel_bwd.DQ_PATHS:
     raise BadInput(f"mosaic_kernel dq={dq!r}; allowed: {', '.join(mosaic_kernel_bwd.DQ_PATHS)}.")
-  if blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v < 1:
+  if (blocks.block_q % 64 or blocks.block_k % 8 or blocks.block_v < 1 or
+      blocks.paired and blocks.block_v % 2):
     raise BadInput(f"mosaic_kernel blocks={blocks}: block_q must be a multiple of 64 and "
-                   "block_k of 8 (wgmma M and N), block_v at least 1.")
+                   "block_k of 8 (wgmma M and N), block_v at least 1 (even when paired).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     check_tiles(query_BQHD, value_BKHV, blocks)
   return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,

@@ -161,14 +161,53 @@ def add_chunks(acc: jax.Array, x: jax.Array) -> jax.Array:
   return sum((x[:, i:i + CHUNK] for i in range(0, x.shape[1], CHUNK)), acc)
 
 
-def store_row_sums(accs, o_smem, dst) -> None:
+def swap_pairs(x: jax.Array, interpret) -> jax.Array:
+  """x (rows, N) in the WGMMA layout with each pair of columns (2m, 2m+1) exchanged. One
+  thread holds both columns of a pair (the layout's 2-vectors), so nothing moves between
+  threads and ptxas only renames registers; Mosaic's layout inference cannot express it in
+  jnp (a reshape, or slices and a concatenate: "Failed to infer a possible set of layouts",
+  jax 0.11.2), so compiled it is inline Mosaic GPU, which interpret mode cannot run: there
+  it is the same exchange in jnp."""
+  rows, width = x.shape
+  if interpret:
+    return x.reshape(rows, width // 2, 2)[..., ::-1].reshape(rows, width)
+  import jax.experimental.mosaic.gpu as mgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jaxlib.mlir.dialects import vector  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  wgmma = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(wgmma,),
+                     return_type=plgpu.ShapeDtypeStruct(x.shape, x.dtype, layout=wgmma))
+  def swapped(_ctx, fragments):
+    if fragments.layout.vector_length != 2:  # a pair per register is what makes it free
+      raise ValueError(f"swap_pairs needs 2-vectors per register, got {fragments.layout}")
+    registers = np.empty_like(fragments.registers)
+    for index, pair in np.ndenumerate(fragments.registers):
+      registers[index] = vector.shuffle(pair, pair, [1, 0])
+    return mgpu.FragmentedArray(_registers=registers, _layout=fragments.layout,
+                                _is_signed=None)
+  return swapped(x)
+
+
+def store_row_sums(accs, o_smem, dst, paired: bool = False) -> None:
   """Each accumulator's row sums into o_smem (H, J, rows), in order, then one TMA store to
-  the HBM ref `dst`."""
+  the HBM ref `dst`. `paired`: each accumulator holds two columns j, j+1, in its even and
+  its odd columns (`mosaic_kernel.Blocks.paired`)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   heads, per_head = o_smem.shape[:2]
-  for h in range(heads):
-    for j in range(per_head):
-      o_smem[h, j] = jnp.sum(accs[h * per_head + j], axis=1)
+  if paired:
+    rows = o_smem.shape[2]
+    even = plgpu.broadcasted_iota(jnp.int32, (rows, CHUNK), 1, layout=plgpu.Layout.WGMMA) % 2 == 0
+    for h in range(heads):
+      for p in range(per_head // 2):
+        acc = accs[h * (per_head // 2) + p]
+        o_smem[h, 2 * p] = jnp.sum(jnp.where(even, acc, 0.0), axis=1)
+        o_smem[h, 2 * p + 1] = jnp.sum(jnp.where(even, 0.0, acc), axis=1)
+  else:
+    for h in range(heads):
+      for j in range(per_head):
+        o_smem[h, j] = jnp.sum(accs[h * per_head + j], axis=1)
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(o_smem, dst)
   plgpu.wait_smem_to_gmem(0)

@@ -41,19 +41,22 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2);
   # the overlapped forward's parity runs only once its rung passed. Parity before any timing;
   # on a CPU the Mosaic forwards refuse it in one line (they need a Hopper GPU compiled).
-  overlap_ran = stages["rung_forward_overlap"] == "ok"
-  assert stages["mosaic_parity_overlap"] == ("refused" if overlap_ran else "skipped"), stages
-  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity", "rung_forward_overlap")
+  ran = {s: stages[f"rung_forward_{s}"] == "ok" for s in ("overlap", "paired")}
+  for schedule, rung_ran in ran.items():
+    assert stages[f"mosaic_parity_{schedule}"] == ("refused" if rung_ran else "skipped"), stages
+  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity", "rung_forward_overlap",
+            "rung_forward_paired")
   assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
-  assert all(s == "ok" for n, s in stages.items()
-             if n not in (*mosaic, "mosaic_parity_overlap", "counters")), stages
+  assert all(s == "ok" for n, s in stages.items() if n not in (
+      *mosaic, "mosaic_parity_overlap", "mosaic_parity_paired", "counters")), stages
   assert stages["counters"] == "skipped", stages  # ncu waits for Mosaic's parity
   first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "tune")
   assert max(i for i, r in enumerate(rows) if r["kind"] == "parity") < first_timing
   parity = by_kind["parity"]
   assert [(r["implementation"], r["seq_len"], r["status"]) for r in parity] == [
       ("mosaic", 64, "unsupported"),
-      *[("mosaic_overlap", 64, "unsupported")] * overlap_ran], parity
+      *[("mosaic_overlap", 64, "unsupported")] * ran["overlap"],
+      *[("mosaic_paired", 64, "unsupported")] * ran["paired"]], parity
   # The C4 step of both models; the Mosaic one waits for its parity in this window.
   steps = by_kind["c4_step"]
   assert [r.get("label") for r in steps if "steps_per_s" in r] == ["softmax", "hyla"]
@@ -66,9 +69,9 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   blockwise = [r for r in by_kind["tune"] if r["name"] == "blockwise"]
   assert [(r["block_q"], r["status"]) for r in blockwise] == [(32, "ok"), (32, "ok")], blockwise
   # Mosaic never passes parity on a CPU, so no stage times it beside others: a "skipped"
-  # row with the reason, per configuration that would have run (plain and overlapped).
+  # row with the reason, per configuration that would have run (plain, overlapped, paired).
   mosaic = [r for r in by_kind["tune"] if r["name"] == "mosaic"]
-  assert len(mosaic) == 3 and all(r["status"] == "skipped" and "parity" in r["message"]
+  assert len(mosaic) == 4 and all(r["status"] == "skipped" and "parity" in r["message"]
                                   for r in mosaic), mosaic
   assert sorted(os.listdir(out)) == ["gpu_window.jsonl", "gpu_window.log"]
 
@@ -127,9 +130,16 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   assert configs() == ("--configs=mosaic:64x8x4:kernel,mosaic:64x8x4:kernel:overlap,"
                        "blockwise:256x256")
   assert "mosaic:64x8x2:kernel:overlap" in configs("tiles")
+  # The paired forward likewise, at each length; the overlapped one is timed at T=4096 only.
+  window.record("parity", implementation="mosaic_paired", seq_len=1000, dtype="bfloat16",
+                status="pass")
+  assert configs("mosaic_time_1024") == ("--configs=mosaic:64x8x4:kernel,"
+                                         "mosaic:64x8x8:kernel:paired,blockwise:256x256")
+  assert "mosaic:64x8x4:kernel:paired" in configs("tiles")
   window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert configs() == "--configs=mosaic:64x8x4:kernel:overlap,blockwise:256x256"
+  assert configs() == ("--configs=mosaic:64x8x4:kernel:overlap,mosaic:64x8x8:kernel:paired,"
+                       "blockwise:256x256")
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
   assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x4:kernel",
                   "status": "skipped", "seq_len": 4096,

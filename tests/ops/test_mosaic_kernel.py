@@ -85,6 +85,9 @@ def _padding_mask(valid_lengths, length):
     # mask; and one key tile, where the step after the last is the last's own.
     (1, 128, 8, True, (100,), (64, 16, 2, True), "kernel", 16),
     (1, 8, 4, True, None, (64, 8, 2, True), "kernel", 16),
+    # Two value columns per accumulator (Blocks.paired): the code's key pairs exchanged in
+    # registers, V laid out as v_mix and v_swap by XLA; two query tiles, a padded mask.
+    (1, 128, 8, True, (100,), (64, 8, 4, False, True), "kernel", 16),
     # XLA's matmuls read all of dS: the dS kernel writes zeros past the diagonal.
     (1, 72, 4, True, None, (64, 8, 4), "xla", 16),
     # H=3: V ring slots pad to 4 heads (128 bytes in float32); V=10 pads to 12.
@@ -150,9 +153,10 @@ def test_ds_matmul_kernels(k_padded, causal, capsys):
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(exact).max())
 
 
-@pytest.mark.parametrize("dtype,with_backward,overlap", [
-    (jnp.bfloat16, True, False), (jnp.float16, False, False), (jnp.bfloat16, False, True)])
-def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, overlap):
+@pytest.mark.parametrize("dtype,with_backward,schedule", [
+    (jnp.bfloat16, True, {}), (jnp.float16, False, {}), (jnp.bfloat16, False, {"overlap": True}),
+    (jnp.bfloat16, False, {"paired": True, "block_v": 8})])
+def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, schedule):
   """Pallas -> Mosaic GPU lowering, layout inference, TMA descriptors and the SMEM budget run
   at lowering time, for an abstract H100 (compute capability 9.0); only PTX needs the GPU.
   H=8, D=V=64. A batch of two: with one, Mosaic drops the unit batch axis from every TMA
@@ -160,10 +164,11 @@ def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, over
   the H100 window of 2026-11-26 at B=4. While it lowers, every TMA copy, TMA descriptor and
   wgmma operand is checked against Hopper's alignment and size rules
   (`measure/hopper_rules.py`): what lowering and interpret mode accept but the H100 faulted
-  on (2026-11-27). The backward lowers in ~15 s on a 2-core CPU."""
+  on (2026-11-27). The backward lowers in ~15 s on a 2-core CPU. The paired schedule's
+  register exchange (inline Mosaic GPU, which interpret mode cannot run) lowers here."""
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), dtype)
-  blocks = mosaic_kernel.Blocks(overlap=overlap)
+  blocks = mosaic_kernel.Blocks(**schedule)
   fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
   if with_backward:
     fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
@@ -204,6 +209,8 @@ def test_refuses_what_it_does_not_compute():
     mosaic_kernel.attention(q, q, q, dq="cudnn")
   with pytest.raises(ValueError, match="block_k of 8"):
     mosaic_kernel.attention(q, q, q, blocks=mosaic_kernel.Blocks(64, 12, 4))
+  with pytest.raises(ValueError, match=r"block_v at least 1 \(even when paired\)"):
+    mosaic_kernel.attention(q, q, q, blocks=mosaic_kernel.Blocks(64, 8, 3, paired=True))
   assert mosaic_kernel.supports("rms_head", "mlp", "relu", mask=jnp.ones((2, 1, 1, 64), bool))
 
 
