@@ -38,16 +38,15 @@ kernel correct on the GPU, then timed:
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
-Named only (--stages=NAME,... or --stages=all):
-  population_hyla  the SRAVEN paper-size population gain at 1/3/24 members, HYLA
 What earlier windows measured with XLA's kernels (every implementation's parity and
-attention sweep, the C4 step's trace, batch 256, softmax's population) stands in their
-READMEs (experiments/results/gpu_windows/); the tools that measured it run by hand.
+attention sweep, the C4 step's trace, batch 256, the populations) stands in their READMEs
+(experiments/results/gpu_windows/); the tools that measured it run by hand (the population
+gain: `experiments/benchmark_training.py --experiment=sraven --size=paper --members=1,3,24`).
 
 Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each
-result exists: kind = window, env, rung, parity, ncu, c4_step, population, tune, stage,
-window_end) and gpu_window.log (every stage's output). Exit status: 0, or 1 if parity failed
-or a stage failed.
+result exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and
+gpu_window.log (every stage's output). Exit status: 0, or 1 if parity failed or a stage
+failed.
 
 Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
 """
@@ -87,7 +86,6 @@ class Sizes:
   c4_batch: int
   steps: int
   repeats: int
-  population: tuple[str, ...]  # --experiment, --size, --members.
   tune: tuple[str, ...]  # experiments/tune_kernels.py flags, and its --configs:
   tune_configs: tuple[str, ...]
   scale: float  # Stage budgets are seconds on an H100 times this.
@@ -102,7 +100,6 @@ class Sizes:
 
 GPU = Sizes(
     c4_size="50m", c4_batch=64, steps=5, repeats=2,
-    population=("--experiment=sraven", "--size=paper", "--members=1,3,24", "--steps=20"),
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
     # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py,
@@ -114,10 +111,9 @@ GPU = Sizes(
     tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
                   "mosaic:64x8x4:kernel:paired", "mosaic:64x16x4:kernel", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
-# Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length; one population.
+# Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length.
 DRY_RUN = Sizes(
     c4_size="smoke", c4_batch=2, steps=2, repeats=1,
-    population=("--experiment=sraven", "--size=smoke", "--members=1,2", "--steps=2"),
     tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
           "--dtype=float32", "--calls=1", "--repeats=1"),
     tune_configs=("blockwise:32x32", "mosaic:64x8x4:kernel"),
@@ -162,8 +158,6 @@ class Stage:
   # A failure here ends the window (a wrong kernel must not be timed); running out of time
   # does not: the rows it recorded say which kernels passed, and the timing stages go on.
   stops_window: bool = False
-  # Run when --stages is not given; the others only when named (or --stages=all).
-  default: bool = True
   # (window) -> why it must not run now (recorded as skipped), or None.
   requires: Callable[[Window], Optional[str]] = lambda w: None
 
@@ -202,22 +196,6 @@ def _json_line(kind: str) -> Callable[[Window, str], None]:
   return parse
 
 
-def _population_row(window: Window, line: str) -> None:
-  """A row of benchmark_training.py's population table (it prints no JSON for them)."""
-  cells = [c.strip() for c in line.strip().strip("|").split("|")]
-  if len(cells) < 8 or not cells[3].isdigit():
-    return
-  names = ("experiment", "size", "model", "members", "member_steps_per_s", "speedup",
-           "mib_per_member", "memory_vs_one_run")
-  row = dict(zip(names, cells))
-  for key in names[3:]:
-    try:
-      row[key] = float(row[key]) if key != "members" else int(row[key])
-    except ValueError:
-      pass
-  window.record("population", **row)
-
-
 def _error_line(tail: list[str]) -> str:
   """A refusal's one line, `<program>: error: <what and what is allowed>`."""
   return next((t for t in reversed(tail) if "error:" in t), tail[-1] if tail else "")
@@ -241,14 +219,6 @@ def _c4(batch: int, min_s: float) -> Stage:
   # 100 s ran out (H200, 2026-11-27): the budget is doubled. A batch that does not fit ends
   # the stage as "refused" with benchmark_training's one line (`run_stage`).
   return Stage(f"c4_b{batch}", 200, argv, _json_line("c4_step"), min_s=min_s)
-
-
-def _population(model: str, budget_s: float) -> Stage:
-  def argv(w: Window, _limit: float) -> list[str]:
-    return _python("experiments/benchmark_training.py", *w.sizes.population,
-                   f"--models={model}", f"--repeats={w.sizes.repeats}")
-  return Stage(f"population_{model}", budget_s, argv, _population_row, min_s=30,
-               default=False)
 
 
 def _rows(w: Window) -> list[dict]:
@@ -321,10 +291,10 @@ def _counters(budget_s: float) -> Stage:
   """The hardware counters of one fwd+bwd's Mosaic kernels (forward, dS, dV, dQ, dK) at the
   timing shape, from ncu (`mosaic_rungs fwd_bwd`): whether each kernel is issue-bound, stalled
   on its wgmmas or barriers, or short of warps decides the next kernel change. One `ncu` row
-  per kernel (its metrics by ncu's names, base units); needs Mosaic's parity in this window
-  and ncu reading counters (Firecracker machines; not gVisor: the device tool's KINDS.md)."""
+  per kernel (its metrics by ncu's names, in base units: the log keeps ncu's units line);
+  needs Mosaic's parity in this window and ncu reading counters (Firecracker machines; not
+  gVisor: the device tool's KINDS.md)."""
   header: list[str] = []
-  units: list[str] = []
 
   def parse(w: Window, line: str) -> None:
     if line.startswith("{"):
@@ -332,13 +302,10 @@ def _counters(budget_s: float) -> Stage:
     cells = next(csv.reader([line]), [])
     if "Kernel Name" in cells:
       header[:] = cells
-    elif header and len(cells) == len(header) and not cells[0]:
-      units[:] = cells
     elif header and len(cells) == len(header) and cells[0].isdigit():
       row = dict(zip(header, cells))
       w.record("ncu", kernel=row["Kernel Name"], grid=row.get("Grid Size"),
-               metrics={k: _number(v) for k, v in row.items() if "__" in k},
-               units={k: u for k, u in zip(header, units) if "__" in k and u})
+               metrics={k: _number(v) for k, v in row.items() if "__" in k})
 
   def requires(w: Window) -> Optional[str]:
     return _mosaic_not_passed(w, "mosaic") or (
@@ -417,7 +384,7 @@ def stages(sizes: Sizes) -> list[Stage]:
   env_probe = lambda w, _limit: _python("-c", ENV_PROBE)
   # The default window (issue 52): the Mosaic ladder, alone and under memcheck, then its
   # bf16 parity, then its time beside cuDNN and blockwise (budgets: the measured times
-  # above with ~40% room). The population runs when named (--stages=NAME or --stages=all).
+  # above with ~40% room).
   return [
       Stage("env", 20, env_probe, _json_line("env"), min_s=10),
       _rung("forward", 30),
@@ -434,7 +401,6 @@ def stages(sizes: Sizes) -> list[Stage]:
       _counters(90),
       Stage("tiles", 150, tiles, _json_line("tune"), min_s=40),
       _c4(sizes.c4_batch, min_s=30),
-      _population("hyla", 110),
   ]
 
 
@@ -532,16 +498,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                       help=f"no stage runs after this (default {GPU.deadline_s:.0f} s, dry "
                       f"run {DRY_RUN.deadline_s:.0f} s)")
   parser.add_argument("--commit", default=None, help="the commit being run (else git's)")
-  parser.add_argument("--stages", default="", help="comma-separated names, or all (default: "
-                      "the Mosaic ladder, parity and times)")
+  parser.add_argument("--stages", default="all", help="comma-separated names, or all")
   args = parser.parse_args(argv)
   sizes = DRY_RUN if args.dry_run else GPU
   deadline_s = sizes.deadline_s if args.deadline_s is None else args.deadline_s
   if not deadline_s > 0:
     parser.error(f"--deadline_s={deadline_s}; allowed: a positive number of seconds")
   names = [s.name for s in stages(sizes)]
-  chosen = ([n for n in args.stages.split(",") if n] if args.stages != "all" else names) or [
-      s.name for s in stages(sizes) if s.default]
+  chosen = [n for n in args.stages.split(",") if n not in ("", "all")] or names
   if set(chosen) - set(names):
     parser.error(f"--stages: unknown {sorted(set(chosen) - set(names))}; allowed: "
                  f"{','.join(names)}")
