@@ -47,8 +47,9 @@ from hypernet_attention.train import profiling
 
 # The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
 BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
-# The forward's schedule flags (`mosaic_kernel.Blocks`), as --configs suffixes.
-SCHEDULES = ("overlap", "paired")
+# The forward's schedule flags (`mosaic_kernel.Blocks` fields), as --configs suffixes: the
+# ladder's own list (each is checked there as a rung and a parity before a window times it).
+SCHEDULES = tuple(mosaic_rungs.SCHEDULES)
 
 
 class Unsupported(Exception):

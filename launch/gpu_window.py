@@ -295,10 +295,11 @@ def _counters(budget_s: float) -> Stage:
   needs Mosaic's parity in this window and ncu reading counters (Firecracker machines; not
   gVisor: the device tool's KINDS.md)."""
   header: list[str] = []
+  rung_row = _json_line("rung")  # the fwd_bwd rung's own line
 
   def parse(w: Window, line: str) -> None:
     if line.startswith("{"):
-      return _json_line("rung")(w, line)
+      return rung_row(w, line)
     cells = next(csv.reader([line]), [])
     if "Kernel Name" in cells:
       header[:] = cells
