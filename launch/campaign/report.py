@@ -546,9 +546,12 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "the paper's best of grid, which favours the paper.\n")
     parts.append(table_a1(records, experiment))
     # The main rows against each other, then HYLA against each ablation row: what each of
-    # its two changes (RMSHead, the nonlinear value network) is worth on the same splits.
+    # its two changes (RMSHead, the nonlinear value network) is worth on the same splits;
+    # then the steps from linear attention towards HYLA, one component at a time.
     comparisons = [("hyla", "softmax"), ("hyla", "linear"), ("linear", "softmax")]
     comparisons += [("hyla", p) for p in cells_lib.ABLATION_ORDER]
+    comparisons += [("linear_rmshead", "linear"),
+                    ("linear_rmshead_nonlinear_value", "linear_rmshead")]
     pairs = [p for p in (paired(records, experiment, a, b) for a, b in comparisons) if p]
     if pairs:
       parts.append("Paired by seed at the default setting (one seed = one held-out split; "
