@@ -6,7 +6,8 @@ and compilation included), or (2) the single-run training rates measured in the 
 (the `reference_rates` of the experiment's record, `registry.Paper`, each with its source),
 assuming no population gain (conservative: a window then runs fewer cells than it could,
 never more). Cells of another width or depth
-(Fig. 4) scale by width x depth. Probes and benchmarks take twice the longest finished cell
+(Fig. 4) scale by width x depth; a MoE feed-forward cell with no finished MoE cell to go by
+takes its dense family's rate over MOE_STEP_COST. Probes and benchmarks take twice the longest finished cell
 of their kind and experiment on the device kind, else a fixed allowance.
 """
 
@@ -27,6 +28,12 @@ FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu")
                  ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0,
                  ("benchmark", "tpu"): 5.0}
 H100 = "NVIDIA H100 80GB HBM3"
+# A MoE feed-forward step over the dense one, fuzzy logic at paper size, timed interleaved on a
+# 2-core AMD EPYC (`benchmark_training.py --experiment=fuzzy_logic --size=paper
+# --models=linear,linear@model.feed_forward=moe,hyla,hyla@model.feed_forward=moe`): linear
+# 4.29, HYLA 4.34. Without it a MoE cell was planned at its dense family's 118 minutes and
+# ran at ~1.1 s per population step (~15 h).
+MOE_STEP_COST = 4.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,13 @@ def measured_rate(cell: cells_lib.Cell, device_kind: str,
            if r["kind"] == "train" and r["device"]["kind"] == device_kind
            and r["experiment"] == cell.experiment and r.get("member_steps_per_s")
            and model_family(r["model"]) == model_family(cell.model)
-           and r.get("scale", 1.0) == scale(cell)]
+           and r.get("scale", 1.0) == scale(cell)
+           and is_moe(r.get("overrides", {})) == is_moe(dict(cell.overrides))]
   return (max(rates), len(rates)) if rates else None
+
+
+def is_moe(overrides: dict[str, Any]) -> bool:
+  return overrides.get("model.feed_forward") == "moe"
 
 
 def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
@@ -96,6 +108,12 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
   if measured:
     rate, n = measured
     return Estimate(member_steps / rate / 60, f"measured: {n} cell(s) on {device_kind}", done)
+  if is_moe(dict(cell.overrides)):  # no MoE cell finished here yet: the dense rate, scaled
+    dense = estimate(dataclasses.replace(cell, overrides=tuple(
+        (k, v) for k, v in cell.overrides if k != "model.feed_forward")), device_kind,
+                     records, workdir, saved_step)
+    return dense and Estimate(dense.minutes * MOE_STEP_COST,
+                              f"{dense.source} x {MOE_STEP_COST} (MoE)", dense.done_steps)
   paper = registry.get(cell.experiment).paper
   reference = paper.reference_rates.get(fam) if paper else None
   if reference is None:

@@ -465,6 +465,22 @@ def test_decoding_verdict_needs_every_control():
   assert report._verdict(multiclass) == "**decodes**"       # SRAVEN: the accuracy's p
 
 
+def test_a_moe_cell_is_planned_from_moe_cells_else_at_its_dense_rate_times_moe_cost():
+  """A MoE cell was planned at its dense family's rate (118 min) and ran ~4x slower: dense
+  cells' rates are not its own."""
+  cell = cells_lib.BY_NAME["d_fuzzy_linear_moe_default"]
+  dense = _record("d_fuzzy_linear_rmshead_default", "linear_rmshead", [(0, 0.6)], rate=20.0)
+  minutes = 50_000 * len(cell.members) / 20.0 / 60
+  from_dense = plan.estimate(cell, "cpu", [dense])
+  assert from_dense.minutes == pytest.approx(minutes * plan.MOE_STEP_COST)
+  assert "MoE" in from_dense.source
+  moe = dict(_record("d_fuzzy_softmax_moe_default", "linear", [(0, 0.6)], rate=4.0),
+             overrides={"model.feed_forward": "moe"})
+  assert plan.estimate(cell, "cpu", [dense, moe]).minutes == pytest.approx(minutes * 5)
+  plain = cells_lib.BY_NAME["d_fuzzy_linear_rmshead_default"]  # MoE rates are not its own
+  assert plan.estimate(plain, "cpu", [moe]).source != plan.estimate(plain, "cpu", [dense]).source
+
+
 def test_probe_estimate_learns_from_finished_probe_cells():
   """A probe cell's estimate is twice the longest finished one like it, else the allowance."""
   cell = next(c for c in cells_lib.CELLS if c.name == "c_fuzzy_decoding_hyla_seed0")
