@@ -1,8 +1,7 @@
 r"""Trains a decoder-only language model on C4 (or local text); see configs/c4_lm.py.
 
-With no flags: HYLA at `size=local` (minutes on a 2-core CPU: ~4 MB of docstrings of the
-installed packages, a vocabulary trained on them) into ./workdirs/c4_lm_<time>, then
-prints a sample:
+With no flags: HYLA at `size=local` (minutes on a 2-core CPU: ~4 MB of docstrings of the installed
+packages, a vocabulary trained on them) into ./workdirs/c4_lm_<time>, then prints a sample:
   python experiments/c4_lm.py
 The paper's 50M model on TFDS c4/en:
   python experiments/c4_lm.py --config=experiments/configs/c4_lm.py:model=hyla,size=50m \

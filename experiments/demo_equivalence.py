@@ -2,11 +2,10 @@
 
   python experiments/demo_equivalence.py [--batch 128] [--steps 5]
 
-Prints, for every attention preset, the max abs difference (float64) between
-`MultiHeadAttention`, its explicit hypernetwork form (`hypernetwork.py`) and the paper's
-equations written here as einsums; the parameter counts of the paper's fuzzy-logic
-(151,009) and SRAVEN width-1 depth-4 (402,824) models; and the time of a jitted
-forward+backward pass of the SRAVEN model at batch 128.
+Prints, for every attention preset, the max abs difference (float64) between `MultiHeadAttention`,
+its explicit hypernetwork form (`hypernetwork.py`) and the paper's equations written here as
+einsums; the parameter counts of the paper's fuzzy-logic (151,009) and SRAVEN width-1 depth-4
+(402,824) models; and the time of a jitted forward+backward pass of the SRAVEN model at batch 128.
 """
 
 import time

@@ -3,11 +3,10 @@ r"""Seconds from a preemption notice (SIGTERM) at a random moment to the run's e
   python experiments/measure_preemption.py --trials=10 --label=after \
       [--repo=/path/to/other/checkout --label=before] [--tasks=fuzzy_logic,sraven]
 
-Each trial starts the task's entry point at `size=paper` in a fresh workdir, waits until
-its state is built (the `Model:` line; compilation and training follow), then a uniformly
-random 0..`--window_s` seconds, sends SIGTERM and times the exit. A trial records the exit
-code (75 expected), the step of the newest checkpoint, and whether an evaluation line came
-after the notice.
+Each trial starts the task's entry point at `size=paper` in a fresh workdir, waits until its state
+is built (the `Model:` line; compilation and training follow), then a uniformly random
+0..`--window_s` seconds, sends SIGTERM and times the exit. A trial records the exit code (75
+expected), the step of the newest checkpoint, and whether an evaluation line came after the notice.
 `--repo` runs another checkout's code (e.g. the commit before a change) with the same
 interpreter. Results (every trial, then the median and maximum per task) go to
 `experiments/results/preemption_latency_<label>.json`; a timing, not a test: run on the

@@ -5,9 +5,8 @@ r"""Trains any registered experiment: the one its config's `experiment` names.
     --workdir=workdirs/<task>_smoke
 The trainer, data and objective come from the experiment's record
 (`hypernet_attention/runs/registry.py`), so a new task needs no entry point of its own.
-`sraven_scaling.py`, `fuzzy_logic.py` (and `c4_lm.py`'s training) are this program with a
-default --config. Rerunning with the same --workdir resumes; multi-process flags as in
-sraven_scaling.py.
+`sraven_scaling.py`, `fuzzy_logic.py` (and `c4_lm.py`'s training) are this program with a default
+--config. Rerunning with the same --workdir resumes; multi-process flags as in sraven_scaling.py.
 """
 
 from hypernet_attention.runs import cli

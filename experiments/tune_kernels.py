@@ -10,14 +10,13 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
                          the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
                          | xla); suffixes :overlap, :paired set Blocks.overlap, .paired
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
-Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds
-blockwise HYLA. Each row is timed over --calls calls inside one jitted loop
-(`measure/benchmark.call_loop`: sub-millisecond baselines are not inflated by a dispatch per
-call), median of --repeats, and is printed and appended to --out as one JSON line as soon as
-it exists; a table of the rows, in the order timed, ends the run. A configuration the kernel refuses
-(tiles over Hopper's shared memory, Mosaic's swizzles) or that does not compile is a row
-with its one-line reason (status refused, error, or unsupported where this jax cannot
-interpret Mosaic), not the end of the sweep.
+Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds blockwise
+HYLA. Each row is timed over --calls calls inside one jitted loop (`measure/benchmark.call_loop`:
+sub-millisecond baselines are not inflated by a dispatch per call), median of --repeats, and is
+printed and appended to --out as one JSON line as soon as it exists; a table of the rows, in the
+order timed, ends the run. A configuration the kernel refuses (tiles over Hopper's shared memory,
+Mosaic's swizzles) or that does not compile is a row with its one-line reason (status refused,
+error, or unsupported where this jax cannot interpret Mosaic), not the end of the sweep.
 
 The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4);
 --ptxas reports each kernel's registers and spills, compiled for an H100 without a GPU).

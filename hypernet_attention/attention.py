@@ -79,33 +79,24 @@ def head_widths(num_heads: int, qk_features: int, v_features: int) -> tuple[int,
     raise ValueError(f"num_heads={num_heads}; allowed: a positive integer.")
   for name, width in (("qk_features", qk_features), ("v_features", v_features)):
     if width % num_heads:
-      raise ValueError(
-          f"{name}={width} is not divisible by num_heads={num_heads}; allowed: "
-          f"multiples of {num_heads}."
-      )
+      raise ValueError(f"{name}={width} is not divisible by num_heads={num_heads}; allowed: "
+                       f"multiples of {num_heads}.")
   return qk_features // num_heads, v_features // num_heads
 
 
-def check_mask(
-    mask: Optional[jax.Array], full_shape: tuple[int, ...], name: str = "mask"
-) -> None:
+def check_mask(mask: Optional[jax.Array], full_shape: tuple[int, ...], name: str = "mask") -> None:
   """`mask` must be broadcastable to (B, H, Q, K); raise a ValueError saying so if not."""
   if mask is None:
     return
-  ok = mask.ndim <= 4 and all(
-      m in (1, f) for m, f in zip(mask.shape[::-1], full_shape[::-1])
-  )
+  ok = mask.ndim <= 4 and all(m in (1, f) for m, f in zip(mask.shape[::-1], full_shape[::-1]))
   if not ok:
-    raise ValueError(
-        f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Q, K) = "
-        f"{full_shape}; allowed: up to 4 dims, each 1 or the matching size."
-    )
+    raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Q, K) = "
+                     f"{full_shape}; allowed: up to 4 dims, each 1 or the matching size.")
 
 
 def _contract(assertion, *args, message: str) -> None:
   """A chex shape assertion that fails as one ValueError line: `message` alone."""
-  assertion(*args, custom_message=message, include_default_message=False,
-            exception_type=ValueError)
+  assertion(*args, custom_message=message, include_default_message=False, exception_type=ValueError)
 
 
 def check_inputs(inputs_q: jax.Array, inputs_k: jax.Array, inputs_v: jax.Array,
@@ -146,15 +137,10 @@ def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
   return functools.reduce(jnp.logical_and, present)
 
 
-def latent_code_dropout(
-    code_BHQK: jax.Array, rate: float, rng: jax.Array, broadcast: bool = True
-) -> jax.Array:
-  """Inverted dropout on the latent code, one (Q, K) mask shared across batch and heads.
-
-  As the authors' code does (its default `broadcast_dropout=True`): the mask has shape
-  (1, 1, Q, K), so a dropped pair loses its whole latent code, and for HYLA the same
-  dropped code configures both generated layers.
-  """
+def latent_code_dropout(code_BHQK: jax.Array, rate: float, rng: jax.Array,
+                        broadcast: bool = True) -> jax.Array:
+  """Inverted dropout on the latent code: one (Q, K) mask shared across batch and heads (the
+  authors' default, see the module docstring), else a mask per element (`broadcast=False`)."""
   if broadcast:
     return reference.apply_dropout(code_BHQK, rate, dropout.seed_from_rng(rng))
   keep_prob = 1.0 - rate
@@ -210,10 +196,8 @@ def place_heads(settings, query_BQHD, key_BKHD, value_BKHV, cache: Optional[Cach
     return Heads(query_BQHD, key_BKHD, value_BKHV, query_pos, key_pos, None, None)
   batch, max_length, _, _ = cache.key_BKHD.shape
   if query_BQHD.shape[1] != 1 or query_BQHD.shape[0] != batch:
-    raise ValueError(
-        f"decode=True expects one token per call, query of shape ({batch}, 1, ...); "
-        f"got {query_BQHD.shape[:2]}."
-    )
+    raise ValueError(f"decode=True expects one token per call, query of shape ({batch}, 1, ...); "
+                     f"got {query_BQHD.shape[:2]}.")
   index = cache.index
   if not isinstance(index, jax.core.Tracer) and int(index) >= max_length:
     raise ValueError(
@@ -237,18 +221,10 @@ def place_heads(settings, query_BQHD, key_BKHD, value_BKHV, cache: Optional[Cach
                cache_mask, Cache(key_BKHD, value_BKHV, index + 1))
 
 
-def attend(
-    settings,
-    heads: Heads,
-    *,
-    mask: Optional[jax.Array],
-    bias: Optional[jax.Array],
-    position_bias: Optional[jax.Array],
-    is_causal: bool,
-    value_weight_HVV: Optional[jax.Array],
-    dropout_rng: Optional[jax.Array],
-    materialize: bool,
-) -> Attended:
+def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[jax.Array],
+           position_bias: Optional[jax.Array], is_causal: bool,
+           value_weight_HVV: Optional[jax.Array], dropout_rng: Optional[jax.Array],
+           materialize: bool) -> Attended:
   """Latent code and value network of `settings.preset` on placed heads -> (B, Q, H, V).
 
   `mask` and `bias` are the caller's (checked here), `position_bias` the T5 one (or None).
@@ -258,8 +234,7 @@ def attend(
   """
   preset = settings.preset
   query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
-  full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1],
-                key_BKHD.shape[1])
+  full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
   check_mask(mask, full_shape)
   check_mask(bias, full_shape, "bias")
   if position_bias is not None:
@@ -278,8 +253,7 @@ def attend(
     # The slow path: materialize the latent code, drop out pairs, expose it.
     mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
     scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
-    code_BHQK = reference.normalize_scores(
-        scores_BHQK, mask, preset.normalization, settings.eps)
+    code_BHQK = reference.normalize_scores(scores_BHQK, mask, preset.normalization, settings.eps)
     if use_dropout:
       code_BHQK = latent_code_dropout(
           code_BHQK, settings.dropout_rate, dropout_rng, settings.broadcast_dropout)
@@ -293,8 +267,7 @@ def attend(
       activation=activation, value_weight_HVV=value_weight_HVV, eps=settings.eps,
       implementation=settings.implementation,
       dropout_rate=settings.dropout_rate if use_dropout else 0.0,
-      dropout_seed=dropout.seed_from_rng(dropout_rng) if use_dropout else None,
-  )
+      dropout_seed=dropout.seed_from_rng(dropout_rng) if use_dropout else None)
   return Attended(out_BQHV, None)
 
 
@@ -353,31 +326,22 @@ class MultiHeadAttention(nn.Module):
         kernel_init=partitioning.with_logical_partitioning(self.kernel_init, names),
         bias_init=partitioning.with_logical_partitioning(self.bias_init, names[-len(
             features if isinstance(features, tuple) else (features,)):]),
-        use_bias=self.use_bias, precision=self.precision, name=name,
-    )
+        use_bias=self.use_bias, precision=self.precision, name=name)
 
   def _cache(self, key_BKHD, value_BKHV) -> Optional[Cache]:
     """The decoding cache, as flax's module keeps it: `init` with a full-length input
     creates it (and returns None: that call attends to the input as a whole)."""
     initialized = self.has_variable("cache", "cached_key")
     key = self.variable("cache", "cached_key", jnp.zeros, key_BKHD.shape, key_BKHD.dtype)
-    value = self.variable(
-        "cache", "cached_value", jnp.zeros, value_BKHV.shape, value_BKHV.dtype)
+    value = self.variable("cache", "cached_value", jnp.zeros, value_BKHV.shape, value_BKHV.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     return Cache(key.value, value.value, index.value) if initialized else None
 
   @nn.compact
-  def __call__(
-      self,
-      inputs_q: jax.Array,
-      inputs_k: Optional[jax.Array] = None,
-      inputs_v: Optional[jax.Array] = None,
-      *,
-      mask: Optional[jax.Array] = None,
-      bias: Optional[jax.Array] = None,
-      is_causal: bool = False,
-      deterministic: bool = True,
-  ) -> jax.Array:
+  def __call__(self, inputs_q: jax.Array, inputs_k: Optional[jax.Array] = None,
+               inputs_v: Optional[jax.Array] = None, *, mask: Optional[jax.Array] = None,
+               bias: Optional[jax.Array] = None, is_causal: bool = False,
+               deterministic: bool = True) -> jax.Array:
     """(B, Q, E) queries, (B, K, E) keys/values (default: self-attention) -> (B, Q, O).
 
     mask: bool broadcastable to (B, H, Q, K), True = attend (flax's convention).
@@ -422,16 +386,13 @@ class MultiHeadAttention(nn.Module):
       value_weight_HVV = self.param(
           "value_hidden",
           partitioning.with_logical_partitioning(VALUE_HIDDEN_INIT, ("heads", "kv", None)),
-          (heads, head_v, head_v), self.param_dtype,
-      )
+          (heads, head_v, head_v), self.param_dtype)
     use_dropout = not deterministic and self.dropout_rate > 0.0
     attended = attend(
         self, placed, mask=mask, bias=bias, position_bias=position_bias, is_causal=is_causal,
         value_weight_HVV=value_weight_HVV,
         dropout_rng=self.make_rng("dropout") if use_dropout else None,
-        materialize=self.is_mutable_collection("intermediates"),
-    )
+        materialize=self.is_mutable_collection("intermediates"))
     if attended.latent_code_BHQK is not None:
       self.sow("intermediates", "latent_code", attended.latent_code_BHQK)
-    out_BQHV = attended.out_BQHV
-    return self._dense(out_features, (-2, -1), ("heads", "kv", "embed"), "out")(out_BQHV)
+    return self._dense(out_features, (-2, -1), ("heads", "kv", "embed"), "out")(attended.out_BQHV)

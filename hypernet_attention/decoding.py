@@ -2,12 +2,11 @@
 
 Shape letters: B batch, T positions (prompt + generated), P prompt length, V vocabulary.
 
-Each step feeds one token through `Transformer(config.replace(decode=True))`, whose
-attention modules append that token's key and value to the `cache` collection and attend
-to the cache (see `attention.place_heads`), so a step costs O(T)
-instead of re-running the O(T^2) prefix. Prompt tokens are fed the same way (teacher
-forcing), so `decode_logits` of a whole sequence equals the full forward pass: the test
-that the cache is right.
+Each step feeds one token through `Transformer(config.replace(decode=True))`, whose attention
+modules append that token's key and value to the `cache` collection and attend to the cache (see
+`attention.place_heads`), so a step costs O(T) instead of re-running the O(T^2) prefix. Prompt
+tokens are fed the same way (teacher forcing), so `decode_logits` of a whole sequence equals the
+full forward pass: the test that the cache is right.
 
 The language models here read inputs shifted right with BOS = 0 (seqio's convention), so a
 prompt starts with token 0.
@@ -15,6 +14,7 @@ prompt starts with token 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -35,8 +35,7 @@ def _decode_model(config: transformer.TransformerConfig) -> transformer.Transfor
 def init_cache(config: transformer.TransformerConfig, batch_size: int, length: int) -> Any:
   """An empty cache for `batch_size` sequences of up to `length` tokens."""
   if config.max_len is not None and length > config.max_len:
-    raise ValueError(f"decoding {length} positions; allowed: at most max_len="
-                     f"{config.max_len}.")
+    raise ValueError(f"decoding {length} positions; allowed: at most max_len={config.max_len}.")
   model = _decode_model(config)
   shapes = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((batch_size, length), jnp.int32))["cache"])
@@ -54,11 +53,7 @@ def decode_logits(config: transformer.TransformerConfig, params: Any,
   """(B, T, V) logits of `tokens_BT` computed one position at a time through the cache."""
   model = _decode_model(config)
   cache = init_cache(config, *tokens_BT.shape)
-
-  def body(cache, token_B):
-    return _step(model, params, cache, token_B)
-
-  _, logits_TBV = jax.lax.scan(body, cache, tokens_BT.T)
+  _, logits_TBV = jax.lax.scan(functools.partial(_step, model, params), cache, tokens_BT.T)
   return logits_TBV.transpose(1, 0, 2)
 
 

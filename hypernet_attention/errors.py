@@ -13,9 +13,8 @@ class BadInput(ValueError):
 
 
 def check_choice(name: str, value, allowed: Iterable) -> None:
-  """BadInput in one line unless `value` is one of `allowed` (a registry's names): the end
-  of every branch on a name, so that a name nobody wrote code for is never computed as
-  another."""
+  """BadInput in one line unless `value` is one of `allowed` (a registry's names): the end of every
+  branch on a name, so that a name nobody wrote code for is never computed as another."""
   allowed = tuple(allowed)
   if value not in allowed:
     raise BadInput(f"Unknown {name} {value!r}; allowed: {', '.join(map(str, allowed))}.")

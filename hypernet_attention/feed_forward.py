@@ -23,9 +23,7 @@ def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):
   return nn.Dense(
       features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
       kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, names),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names[-1:]),
-      name=name,
-  )
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names[-1:]), name=name)
 
 
 class _Mlp(nn.Module):
@@ -85,10 +83,8 @@ class MoE(nn.Module):
   @nn.compact
   def __call__(self, x_BTE: jax.Array) -> jax.Array:
     if not 1 <= self.top_k <= self.num_experts:
-      raise ValueError(
-          f"top_k={self.top_k} with num_experts={self.num_experts}; allowed: "
-          f"1 <= top_k <= num_experts."
-      )
+      raise ValueError(f"top_k={self.top_k} with num_experts={self.num_experts}; allowed: "
+                       "1 <= top_k <= num_experts.")
     width = x_BTE.shape[-1]
     logits_BTX = _dense(self.num_experts, ("embed", "experts"), self.dtype, self.param_dtype,
                         use_bias=False, name="router")(x_BTE)
@@ -96,15 +92,14 @@ class MoE(nn.Module):
     self.sow("intermediates", "router_gates", gates_BTX)
     param = lambda name, names, shape, fn: self.param(
         name, nn.with_logical_partitioning(fn, names), shape, self.param_dtype)
+    per_expert = nn.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2, batch_axis=(0,))
     up_XEM = param("up_kernel", ("experts", "embed", "mlp"),
-                   (self.num_experts, width, self.hidden_dim), nn.initializers.variance_scaling(
-                       1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2, batch_axis=(0,)))
+                   (self.num_experts, width, self.hidden_dim), per_expert)
     up_bias_XM = param("up_bias", ("experts", "mlp"), (self.num_experts, self.hidden_dim),
                        nn.initializers.zeros_init())
     down_XME = param("down_kernel", ("experts", "mlp", "embed"),
-                     (self.num_experts, self.hidden_dim, width), nn.initializers.variance_scaling(
-                         1.0, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
-                         batch_axis=(0,)))
+                     (self.num_experts, self.hidden_dim, width), per_expert)
     down_bias_XE = param("down_bias", ("experts", "embed"), (self.num_experts, width),
                          nn.initializers.zeros_init())
     x_BTE, up_XEM, up_bias_XM, down_XME, down_bias_XE = nn.dtypes.promote_dtype(

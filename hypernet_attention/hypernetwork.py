@@ -11,11 +11,10 @@ It exists to prove the equivalence (tests) and to analyse trained models (`pair_
 returns the generated weights of chosen pairs); it materializes (B, Q, K, ...) weight
 tensors and is slow on purpose.
 
-Weights are matrices acting on column vectors, W x, as in the paper: a flax kernel
-(E, H, V) gives W_h^v = kernel[:, h, :].T of shape (V, E). Biases are folded in by acting
-on the augmented input [x_k; 1]: the value bias b_h^v becomes the last column of the
-generated first layer; the output bias b^out is added once per query, outside the sum
-over keys (it is not generated).
+Weights are matrices acting on column vectors, W x, as in the paper: a flax kernel (E, H, V) gives
+W_h^v = kernel[:, h, :].T of shape (V, E). Biases are folded in by acting on the augmented input
+[x_k; 1]: the value bias b_h^v becomes the last column of the generated first layer; the output bias
+b^out is added once per query, outside the sum over keys (it is not generated).
 
 Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
@@ -55,16 +54,9 @@ def _position_bias(module, params, q_len, k_len):
   return table_HN[:, bucket_QK][None]  # (1, H, Q, K)
 
 
-def latent_code(
-    module: attention_lib.MultiHeadAttention,
-    params: Params,
-    inputs_q: jax.Array,
-    inputs_kv: Optional[jax.Array] = None,
-    *,
-    mask: Optional[jax.Array] = None,
-    bias: Optional[jax.Array] = None,
-    is_causal: bool = False,
-) -> jax.Array:
+def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs_q: jax.Array,
+                inputs_kv: Optional[jax.Array] = None, *, mask: Optional[jax.Array] = None,
+                bias: Optional[jax.Array] = None, is_causal: bool = False) -> jax.Array:
   """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs.
 
   The normalization is the ops' entry (`reference.NORMALIZATIONS`), the code the module
@@ -99,20 +91,17 @@ def _value_layer_HVA(params, use_bias):
   kernel_EHV = params["value"]["kernel"]
   bias_HV = (params["value"]["bias"] if use_bias
              else jnp.zeros(kernel_EHV.shape[1:], kernel_EHV.dtype))
-  return jnp.concatenate(
-      [jnp.transpose(kernel_EHV, (1, 2, 0)), bias_HV[..., None]], axis=-1)
+  return jnp.concatenate([jnp.transpose(kernel_EHV, (1, 2, 0)), bias_HV[..., None]], axis=-1)
 
 
 def _value_network(module: attention_lib.MultiHeadAttention) -> str:
   network = module.preset.value_network
-  errors.check_choice("value_network (in the explicit hypernetwork form)", network,
-                      VALUE_NETWORKS)
+  errors.check_choice("value_network (in the explicit hypernetwork form)", network, VALUE_NETWORKS)
   return network
 
 
-def generate_value_network(
-    module: attention_lib.MultiHeadAttention, params: Params, code_BHQK: jax.Array
-) -> dict[str, jax.Array]:
+def generate_value_network(module: attention_lib.MultiHeadAttention, params: Params,
+                           code_BHQK: jax.Array) -> dict[str, jax.Array]:
   """The linear hypernetwork: latent codes -> weights of every pair's value network.
 
   Returns a dict of generated weights, each with leading (B, Q, K):
@@ -145,12 +134,8 @@ def generate_value_network(
   return weights
 
 
-def apply_value_network(
-    module: attention_lib.MultiHeadAttention,
-    params: Params,
-    weights: dict[str, jax.Array],
-    inputs_kv: jax.Array,
-) -> jax.Array:
+def apply_value_network(module: attention_lib.MultiHeadAttention, params: Params,
+                        weights: dict[str, jax.Array], inputs_kv: jax.Array) -> jax.Array:
   """Applies every pair's generated network to x_k and sums over keys: (B, Q, O)."""
   params = nn.meta.unbox(params)
   chex.assert_rank(inputs_kv, 3)
@@ -158,8 +143,7 @@ def apply_value_network(
   q_len = next(iter(weights.values())).shape[1]
   chex.assert_tree_shape_prefix(weights, (*inputs_kv.shape[:1], q_len, inputs_kv.shape[1]))
   phi = reference.get_activation(module.preset.activation)
-  x_BKA = jnp.concatenate([inputs_kv, jnp.ones(inputs_kv.shape[:-1] + (1,),
-                                               inputs_kv.dtype)], axis=-1)
+  x_BKA = jnp.concatenate([inputs_kv, jnp.ones((*inputs_kv.shape[:-1], 1), inputs_kv.dtype)], -1)
   network = _value_network(module)
   if network == "linear":
     out_BQO = jnp.einsum("bqkoa,bka->bqo", weights["W"], x_BKA)
@@ -178,16 +162,10 @@ def apply_value_network(
   return out_BQO
 
 
-def hypernetwork_attention(
-    module: attention_lib.MultiHeadAttention,
-    params: Params,
-    inputs_q: jax.Array,
-    inputs_kv: Optional[jax.Array] = None,
-    *,
-    mask: Optional[jax.Array] = None,
-    bias: Optional[jax.Array] = None,
-    is_causal: bool = False,
-) -> jax.Array:
+def hypernetwork_attention(module: attention_lib.MultiHeadAttention, params: Params,
+                           inputs_q: jax.Array, inputs_kv: Optional[jax.Array] = None, *,
+                           mask: Optional[jax.Array] = None, bias: Optional[jax.Array] = None,
+                           is_causal: bool = False) -> jax.Array:
   """`module.apply({'params': params}, ...)` computed as latent code -> W_qk -> sum_k."""
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   code_BHQK = latent_code(module, params, inputs_q, inputs_kv, mask=mask, bias=bias,
@@ -196,16 +174,9 @@ def hypernetwork_attention(
   return apply_value_network(module, params, weights, inputs_kv)
 
 
-def pair_weights(
-    module: attention_lib.MultiHeadAttention,
-    params: Params,
-    inputs: jax.Array,
-    query_index: jax.Array,
-    key_index: jax.Array,
-    *,
-    mask: Optional[jax.Array] = None,
-    is_causal: bool = False,
-) -> dict[str, jax.Array]:
+def pair_weights(module: attention_lib.MultiHeadAttention, params: Params, inputs: jax.Array,
+                 query_index: jax.Array, key_index: jax.Array, *,
+                 mask: Optional[jax.Array] = None, is_causal: bool = False) -> dict[str, jax.Array]:
   """Generated value-network weights of chosen (q, k) pairs, for analysis.
 
   `query_index`, `key_index`: int arrays of the same shape P. Returns the dict of

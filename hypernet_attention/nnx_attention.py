@@ -132,11 +132,9 @@ class MultiHeadAttention(nnx.Module):
   def init_cache(self, input_shape: tuple[int, ...], dtype: Dtype = jnp.float32) -> None:
     """Allocates the decoding cache for inputs of shape (B, max length, E), as flax's."""
     batch, max_length = input_shape[0], input_shape[1]
-    head_qk = self.qkv_features // self.num_heads
-    head_v = self.v_features // self.num_heads
+    head_qk, head_v = self.qkv_features // self.num_heads, self.v_features // self.num_heads
     self.cached_key = nnx.Cache(jnp.zeros((batch, max_length, self.num_heads, head_qk), dtype))
-    self.cached_value = nnx.Cache(
-        jnp.zeros((batch, max_length, self.num_heads, head_v), dtype))
+    self.cached_value = nnx.Cache(jnp.zeros((batch, max_length, self.num_heads, head_v), dtype))
     self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
 
   def _dropout_rng(self, deterministic, rngs) -> Optional[jax.Array]:
@@ -160,20 +158,12 @@ class MultiHeadAttention(nnx.Module):
     return linen_attention.Cache(
         self.cached_key[...], self.cached_value[...], self.cache_index[...])
 
-  def __call__(
-      self,
-      inputs_q: jax.Array,
-      inputs_k: Optional[jax.Array] = None,
-      inputs_v: Optional[jax.Array] = None,
-      *,
-      mask: Optional[jax.Array] = None,
-      bias: Optional[jax.Array] = None,
-      is_causal: bool = False,
-      deterministic: Optional[bool] = None,
-      rngs: Union[nnx.Rngs, nnx.RngStream, jax.Array, None] = None,
-      sow_weights: bool = False,
-      decode: Optional[bool] = None,
-  ) -> jax.Array:
+  def __call__(self, inputs_q: jax.Array, inputs_k: Optional[jax.Array] = None,
+               inputs_v: Optional[jax.Array] = None, *, mask: Optional[jax.Array] = None,
+               bias: Optional[jax.Array] = None, is_causal: bool = False,
+               deterministic: Optional[bool] = None,
+               rngs: Union[nnx.Rngs, nnx.RngStream, jax.Array, None] = None,
+               sow_weights: bool = False, decode: Optional[bool] = None) -> jax.Array:
     """(B, Q, E) queries, (B, K, E) keys/values (default: self-attention) -> (B, Q, O).
 
     As `nnx.MultiHeadAttention.__call__`, plus `bias` (float, broadcastable to (B, H, Q, K),
@@ -204,13 +194,11 @@ class MultiHeadAttention(nnx.Module):
     attended = linen_attention.attend(
         self, placed, mask=mask, bias=bias, position_bias=position_bias, is_causal=is_causal,
         value_weight_HVV=None if self.value_hidden is None else self.value_hidden[...],
-        dropout_rng=dropout_rng, materialize=sow_weights,
-    )
+        dropout_rng=dropout_rng, materialize=sow_weights)
     # Only when asked: the dropout path materializes the code too, for its own use.
     if sow_weights and attended.latent_code_BHQK is not None:
       self.sow(nnx.Intermediate, "latent_code", attended.latent_code_BHQK)
     return self.out(attended.out_BQHV)
-
 
 
 def _first(*values, name: str, default=None):
@@ -226,11 +214,10 @@ def _first(*values, name: str, default=None):
 def linen_params(source: Union[nnx.Module, Params]) -> dict:
   """The parameters of `source` as a plain Linen params dict ({'query': {'kernel': ...}}).
 
-  `source`: this module or `nnx.MultiHeadAttention` (their `nnx.Param`s), an `nnx.State`
-  of them (gradients from `nnx.grad`), or a Linen
-  params dict of `attention.MultiHeadAttention` or `nn.MultiHeadDotProductAttention`
-  (with or without the 'params' level, logical-axis boxes removed).
-  """
+  `source`: this module or `nnx.MultiHeadAttention` (their `nnx.Param`s), an `nnx.State` of them
+  (gradients from `nnx.grad`), or a Linen params dict of `attention.MultiHeadAttention` or
+  `nn.MultiHeadDotProductAttention` (with or without the 'params' level, logical-axis boxes
+  removed)."""
   if isinstance(source, nnx.Module):
     source = nnx.state(source, nnx.Param)
   if isinstance(source, nnx.State):

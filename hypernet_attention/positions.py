@@ -4,13 +4,12 @@ Shape letters:
   B batch, Q query positions, K key positions, T positions, H heads, D per-head width,
   N buckets of relative distance.
 
-The T5 bias is what the paper's synthetic-task models use (the paper's appendix): one learned
-(heads x buckets) table per layer, added to the scores before the normalization. The
-authors set num_buckets = max_distance = sequence length and `bidirectional=False` even
-though those tasks attend non-causally, so every key *after* the query falls into bucket 0
-together with the query itself. We keep that default for fidelity; it is configurable.
-RoPE (used by the C4 language model) rotates queries and keys instead and has no
-parameters.
+The T5 bias is what the paper's synthetic-task models use (the paper's appendix): one learned (heads
+x buckets) table per layer, added to the scores before the normalization. The authors set
+num_buckets = max_distance = sequence length and `bidirectional=False` even though those tasks
+attend non-causally, so every key *after* the query falls into bucket 0 together with the query
+itself. We keep that default for fidelity; it is configurable. RoPE (used by the C4 language model)
+rotates queries and keys instead and has no parameters.
 """
 
 from __future__ import annotations
@@ -27,13 +26,8 @@ from hypernet_attention import partitioning
 Dtype = Any
 
 
-def relative_position_bucket(
-    relative_position: jax.Array,
-    *,
-    bidirectional: bool,
-    num_buckets: int,
-    max_distance: int,
-) -> jax.Array:
+def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
   """T5's bucketing of relative_position = key_position - query_position.
 
   Half of the buckets (per direction) hold the exact distances 0..max_exact-1; the rest
@@ -51,9 +45,8 @@ def relative_position_bucket(
     distance = jnp.maximum(distance, 0)
   max_exact = num_buckets // 2
   # Float32 and the tiny epsilon as in T5, so that bucket boundaries match it exactly.
-  log_ratio = jnp.log(
-      distance.astype(jnp.float32) / max_exact + np.finfo(np.float32).eps
-  ) / np.log(max_distance / max_exact)
+  log_ratio = (jnp.log(distance.astype(jnp.float32) / max_exact + np.finfo(np.float32).eps)
+               / np.log(max_distance / max_exact))
   if_large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
   if_large = jnp.minimum(if_large, num_buckets - 1)
   return bucket + jnp.where(distance < max_exact, distance, if_large)
@@ -62,10 +55,8 @@ def relative_position_bucket(
 def check_buckets(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
   smallest = 4 if bidirectional else 2
   if num_buckets < smallest:
-    raise ValueError(
-        f"num_buckets={num_buckets} is too small; allowed: >= {smallest} "
-        f"(bidirectional={bidirectional})."
-    )
+    raise ValueError(f"num_buckets={num_buckets} is too small; allowed: >= {smallest} "
+                     f"(bidirectional={bidirectional}).")
   if max_distance < 1:
     raise ValueError(f"max_distance={max_distance}; allowed: >= 1.")
 
@@ -87,39 +78,27 @@ class RelativePositionBias(nn.Module):
     table_HN = self.param(
         "rel_embedding",
         partitioning.with_logical_partitioning(self.embedding_init, ("heads", "relpos_buckets")),
-        (self.num_heads, self.num_buckets),
-        self.param_dtype,
-    )
+        (self.num_heads, self.num_buckets), self.param_dtype)
     return relative_position_bias(
         table_HN, query_positions_Q, key_positions_K, bidirectional=self.bidirectional,
         max_distance=self.max_distance, dtype=self.dtype)
 
 
-def relative_position_bias(
-    table_HN: jax.Array,
-    query_positions_Q: jax.Array,
-    key_positions_K: jax.Array,
-    *,
-    bidirectional: bool,
-    max_distance: int,
-    dtype: Dtype = jnp.float32,
-) -> jax.Array:
+def relative_position_bias(table_HN: jax.Array, query_positions_Q: jax.Array,
+                           key_positions_K: jax.Array, *, bidirectional: bool, max_distance: int,
+                           dtype: Dtype = jnp.float32) -> jax.Array:
   """(1, H, Q, K) T5 bias read from the (H, N) table; shared by the Linen and NNX modules."""
   num_buckets = table_HN.shape[1]
   relative_QK = key_positions_K[None, :] - query_positions_Q[:, None]
-  bucket_QK = relative_position_bucket(
-      relative_QK, bidirectional=bidirectional,
-      num_buckets=num_buckets, max_distance=max_distance,
-  )
+  bucket_QK = relative_position_bucket(relative_QK, bidirectional=bidirectional,
+                                       num_buckets=num_buckets, max_distance=max_distance)
   # A one-hot contraction instead of a gather: cheap at these sizes and shards cleanly.
   one_hot_QKN = jax.nn.one_hot(bucket_QK, num_buckets, dtype=dtype)
-  bias_HQK = jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, dtype), one_hot_QKN)
-  return bias_HQK[None]
+  return jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, dtype), one_hot_QKN)[None]
 
 
-def apply_rope(
-    x_BTHD: jax.Array, positions_T: jax.Array, max_wavelength: float = 10_000.0
-) -> jax.Array:
+def apply_rope(x_BTHD: jax.Array, positions_T: jax.Array,
+               max_wavelength: float = 10_000.0) -> jax.Array:
   """Rotary position embedding (split-half form, as in Gemma/NanoDo).
 
   Channel i of the first half and channel i of the second half form a 2-D pair rotated by

@@ -1,15 +1,14 @@
 """The attention presets as plain data: one row of the paper's Table A1 per name.
 
-`attention.py` builds its modules from these rows, and the launching machine checks a
-config's `model.attention` against the same names (`runs/config_checks.check_preset`)
-without importing JAX, so the names are declared once. The fields name entries of the ops'
-registries (`ops/reference.py`: NORMALIZATIONS, VALUE_NETWORKS, ACTIVATIONS, and
-`attention.VALUE_NETWORKS`' 'nonlinear_value'); `tests/models/test_attention.py` checks
-that every row names entries that exist. The model's other named choices (positions, feed-
-forward layers, attention implementations) are declared here for the same reason, and
-`check_model_names` is the one check of them: the model (`transformer.TransformerConfig`)
-and the launching machine (`runs/preflight.py`) both call it. No dependencies but
-`errors.py`.
+`attention.py` builds its modules from these rows, and the launching machine checks a config's
+`model.attention` against the same names (`runs/config_checks.check_preset`) without importing JAX,
+so the names are declared once. The fields name entries of the ops' registries (`ops/reference.py`:
+NORMALIZATIONS, VALUE_NETWORKS, ACTIVATIONS, and `attention.VALUE_NETWORKS`' 'nonlinear_value');
+`tests/models/test_attention.py` checks that every row names entries that exist. The model's other
+named choices (positions, feed-forward layers, attention implementations) are declared here for the
+same reason, and `check_model_names` is the one check of them: the model
+(`transformer.TransformerConfig`) and the launching machine (`runs/preflight.py`) both call it. No
+dependencies but `errors.py`.
 """
 
 from __future__ import annotations

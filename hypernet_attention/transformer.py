@@ -73,13 +73,11 @@ class TransformerConfig:
     if self.input_kind == "embed" and not self.vocab_size:
       raise ValueError(f"input_kind='embed' needs vocab_size; got {self.vocab_size!r}.")
     if self.tied_embedding and self.input_kind != "embed":
-      raise ValueError("tied_embedding=True needs input_kind='embed'; got "
-                       f"{self.input_kind!r}.")
+      raise ValueError(f"tied_embedding=True needs input_kind='embed'; got {self.input_kind!r}.")
     if self.max_len is not None and self.max_len < 1:
       raise ValueError(f"max_len={self.max_len}; allowed: a positive integer or None.")
     if self.decode and not self.causal:
-      raise ValueError("decode=True needs causal=True; allowed: decode only for causal "
-                       "models.")
+      raise ValueError("decode=True needs causal=True; allowed: decode only for causal models.")
     if self.feed_forward == "moe" and not 1 <= self.top_k <= self.num_experts:
       raise ValueError(f"top_k={self.top_k}, num_experts={self.num_experts}; allowed: "
                        "1 <= top_k <= num_experts.")
@@ -96,10 +94,8 @@ def fuzzy_logic_config(seq_len: int = 16, **changes) -> TransformerConfig:
   return config.replace(**changes)
 
 
-def sraven_config(
-    width_multiplier: int = 1, num_layers: int = 4, seq_len: int = 36, num_values: int = 8,
-    **changes,
-) -> TransformerConfig:
+def sraven_config(width_multiplier: int = 1, num_layers: int = 4, seq_len: int = 36,
+                  num_values: int = 8, **changes) -> TransformerConfig:
   """SRAVEN (appendix): D=128w, 16w heads, q/k/v 64w, MLP 256w; 402,824 params at w=1, depth 4."""
   w = width_multiplier
   config = TransformerConfig(
@@ -113,8 +109,7 @@ def _layer_norm(config, name):
   return nn.LayerNorm(
       dtype=config.dtype, param_dtype=config.param_dtype, name=name,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)),
-  )
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("norm",)))
 
 
 class TransformerBlock(nn.Module):
@@ -152,13 +147,8 @@ class Transformer(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(
-      self,
-      inputs: jax.Array,
-      *,
-      deterministic: bool = True,
-      padding_mask: Optional[jax.Array] = None,
-  ) -> jax.Array:
+  def __call__(self, inputs: jax.Array, *, deterministic: bool = True,
+               padding_mask: Optional[jax.Array] = None) -> jax.Array:
     """(B, T, I) floats ('dense') or (B, T) int tokens ('embed') -> (B, T, output_dim).
 
     padding_mask: optional (B, T) bool, True for real tokens; padded keys are hidden from
@@ -169,8 +159,7 @@ class Transformer(nn.Module):
     if inputs.ndim != expected_ndim:
       raise ValueError(
           f"inputs of shape {inputs.shape} for input_kind={c.input_kind!r}; allowed: "
-          f"{'(B, T, input_dim) floats' if expected_ndim == 3 else '(B, T) int tokens'}."
-      )
+          f"{'(B, T, input_dim) floats' if expected_ndim == 3 else '(B, T) int tokens'}.")
     if c.max_len is not None and inputs.shape[1] > c.max_len:
       raise ValueError(f"inputs of length {inputs.shape[1]} exceed max_len={c.max_len}; "
                        f"allowed: at most {c.max_len} positions.")
@@ -188,27 +177,22 @@ class Transformer(nn.Module):
           c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="input_dense",
           kernel_init=nn.with_logical_partitioning(
               nn.linear.default_kernel_init, ("input", "embed")),
-          bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
-      )(inputs)
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))(inputs)
     else:
       embedding = nn.Embed(
           c.vocab_size, c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype,
           embedding_init=nn.with_logical_partitioning(
-              nn.linear.default_embed_init, ("vocab", "embed")),
-          name="embedding",
-      )
+              nn.linear.default_embed_init, ("vocab", "embed")), name="embedding")
       x_BTE = embedding(inputs)
     for i in range(c.num_layers):
-      x_BTE = TransformerBlock(c, name=f"layers_{i}")(
-          x_BTE, mask=mask, deterministic=deterministic)
+      x_BTE = TransformerBlock(c, name=f"layers_{i}")(x_BTE, mask=mask, deterministic=deterministic)
     x_BTE = _layer_norm(c, "final_norm")(x_BTE)
     if c.tied_embedding:
-      # The transposed embedding, scaled by 1/sqrt(E) as the authors' code does, so the
-      # logits start at unit scale.
+      # The transposed embedding, scaled by 1/sqrt(E) as the authors' code does, so the logits
+      # start at unit scale.
       return embedding.attend(x_BTE) / np.sqrt(c.emb_dim).astype(np.float32)
     return nn.Dense(
         c.output_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="readout",
         kernel_init=nn.with_logical_partitioning(
             nn.linear.default_kernel_init, ("embed", "output")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("output",)),
-    )(x_BTE)
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("output",)))(x_BTE)

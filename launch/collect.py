@@ -134,8 +134,7 @@ def _read_cpu(workdir: str) -> float:
   path = run_files.path(workdir) / run_local.TIMES
   if not path.exists():
     return 0.0
-  return sum(json.loads(line)["cpu_s"] for line in path.read_text().splitlines()
-             if line.strip())
+  return sum(json.loads(line)["cpu_s"] for line in path.read_text().splitlines() if line.strip())
 
 
 def _read_run(directory: str) -> Run:
@@ -272,8 +271,7 @@ def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
   return "\n".join(lines)
 
 
-def missing_jobs(root: str, sweep_name: str,
-                 runs: Optional[Sequence[Run]] = None) -> list[str]:
+def missing_jobs(root: str, sweep_name: str, runs: Optional[Sequence[Run]] = None) -> list[str]:
   """The sweep's points with no summary.json in a `<point name>` directory under `root`
   (`<root>/<point name>`, or `<root>/<population>/<point name>` for a population's member)."""
   points = sweeps.load(sweep_name).get_sweep()

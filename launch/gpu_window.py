@@ -11,9 +11,8 @@ kernel correct on the GPU, then timed:
   env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
                the sources that ran
   rung_forward, rung_backward, rung_dq
-               the Mosaic kernels one at a time (forward; + the backward's dS and dV
-               kernels; + its dQ and dK matmul kernels), each alone in its own process at
-               B=1, T=128, under
+               the Mosaic kernels one at a time (forward; + the backward's dS and dV kernels; + its
+               dQ and dK matmul kernels), each alone in its own process at B=1, T=128, under
                compute-sanitizer's memcheck (`hypernet_attention/measure/mosaic_rungs.py`):
                a kernel that faults kills its process's CUDA context, and memcheck names the
                faulting access; a failure ends the window
@@ -25,16 +24,14 @@ kernel correct on the GPU, then timed:
                network) and Blocks.paired at 64x8x8 (two value columns per accumulator); a
                failure here leaves that schedule's rows out and the window goes on
   mosaic_time_4096, mosaic_time_1024, mosaic_time_16384
-               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels, plain and
-               paired (and overlapped at T=4096), beside cuDNN and blockwise 256 x 256 in
-               one process per length
-               (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name
-               from a trace); a kernel is left out unless its parity passed in this window
+               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels, plain and paired
+               (and overlapped at T=4096), beside cuDNN and blockwise 256 x 256 in one process per
+               length (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name from
+               a trace); a kernel is left out unless its parity passed in this window
   counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (time,
                occupancy, issue slots, warp stall reasons, pipes): what bounds each kernel
   tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
-               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x8x4 paired,
-               64x16x4)
+               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x8x4 paired, 64x16x4)
   c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
                once its parity passed in this window, HYLA through the Mosaic kernels
                (`experiments/benchmark_training.py --synthetic_tokens`)
@@ -43,10 +40,9 @@ attention sweep, the C4 step's trace, batch 256, the populations) stands in thei
 (experiments/results/gpu_windows/); the tools that measured it run by hand (the population
 gain: `experiments/benchmark_training.py --experiment=sraven --size=paper --members=1,3,24`).
 
-Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each
-result exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and
-gpu_window.log (every stage's output). Exit status: 0, or 1 if parity failed or a stage
-failed.
+Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each result
+exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and gpu_window.log
+(every stage's output). Exit status: 0, or 1 if parity failed or a stage failed.
 
 Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
 """
@@ -102,12 +98,11 @@ GPU = Sizes(
     c4_size="50m", c4_batch=64, steps=5, repeats=2,
     tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
           "--calls=20", "--repeats=3"),
-    # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py,
-    # H100): 64x8x2 at 160 registers (3 programs per SM, not 2; twice the score
-    # recomputation) and overlapped at 192; 64x8x4 paired at 166 (today's instructions, 3
-    # programs per SM); 64x16x4 at 249 (half the key tiles); blockwise. Named only: 64x32x1
-    # (246), XLA's dQ/dK path (mosaic:64x8x4:xla; for the first kernels it gained nothing
-    # for ~70 s of compile, H200).
+    # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py, H100):
+    # 64x8x2 at 160 registers (3 programs per SM, not 2; twice the score recomputation) and
+    # overlapped at 192; 64x8x4 paired at 166 (today's instructions, 3 programs per SM); 64x16x4 at
+    # 249 (half the key tiles); blockwise. Named only: 64x32x1 (246), XLA's dQ/dK path
+    # (mosaic:64x8x4:xla; for the first kernels it gained nothing for ~70 s of compile, H200).
     tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
                   "mosaic:64x8x4:kernel:paired", "mosaic:64x16x4:kernel", "blockwise:256x256"),
     scale=1.0, deadline_s=H100_DEADLINE_S)
@@ -206,8 +201,7 @@ def _c4(batch: int, min_s: float) -> Stage:
     models = "softmax,hyla"
     why_not = _mosaic_not_passed(w, "mosaic")
     if why_not:
-      w.record("c4_step", batch_size=batch, model=MOSAIC_C4, status="skipped",
-               message=why_not)
+      w.record("c4_step", batch_size=batch, model=MOSAIC_C4, status="skipped", message=why_not)
     else:
       models += "," + MOSAIC_C4
     return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
@@ -231,11 +225,10 @@ def _rows(w: Window) -> list[dict]:
 
 
 def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
-  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_SCHEDULE) may not
-  share a process with other measurements yet: a kernel that faults kills the process's CUDA
-  context (the H100 window of 2026-11-27), so it is timed beside others only after its
-  bfloat16 parity passed in this same window (the rungs and `mosaic_parity` run it alone,
-  in their own processes)."""
+  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_SCHEDULE) may not share
+  a process with other measurements yet: a kernel that faults kills the process's CUDA context (the
+  H100 window of 2026-11-27), so it is timed beside others only after its bfloat16 parity passed in
+  this same window (the rungs and `mosaic_parity` run it alone, in their own processes)."""
   parity = [r for r in _rows(w) if r.get("kind") == "parity" and r.get("implementation") ==
             implementation and r.get("dtype") == "bfloat16"]
   bad = [r for r in parity if r.get("status") != "pass"]
@@ -325,9 +318,8 @@ def _counters(budget_s: float) -> Stage:
 
 
 def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
-  """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a
-  fault, a memcheck error, wrong numbers) ends the window (`stops_window`): nothing after
-  it is timed."""
+  """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a fault, a
+  memcheck error, wrong numbers) ends the window (`stops_window`): nothing after it is timed."""
   def argv(w: Window, _limit: float) -> list[str]:
     batch, seq_len, heads, head_dim = w.sizes.rung_shape
     # Autotuning would launch hundreds of XLA kernels under the sanitizer; no preallocation
@@ -531,8 +523,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if stage.name not in chosen:
       continue
     statuses[stage.name] = run_stage(w, stage, env)
-    print(f"gpu_window: {stage.name} {statuses[stage.name]} ({w.left():.0f} s left)",
-          flush=True)
+    print(f"gpu_window: {stage.name} {statuses[stage.name]} ({w.left():.0f} s left)", flush=True)
     if stage.stops_window and statuses[stage.name] == "failed":
       w.record("window_end", seconds=time.monotonic() - start, statuses=statuses,
                message=f"{stage.name} {statuses[stage.name]}: nothing timed")
@@ -540,8 +531,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   if statuses and all(s == "skipped" for s in statuses.values()):  # e.g. --deadline_s=0.5
     message = (f"no stage ran: each needs more than --deadline_s={deadline_s:g} s; allowed: "
                f"a deadline that fits the first stage's minimum")
-    w.record("window_end", seconds=time.monotonic() - start, statuses=statuses,
-             message=message)
+    w.record("window_end", seconds=time.monotonic() - start, statuses=statuses, message=message)
     print(f"gpu_window: {message}", file=sys.stderr)
     return 1
   w.record("window_end", seconds=time.monotonic() - start, statuses=statuses)

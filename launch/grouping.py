@@ -7,14 +7,13 @@ job is itself a point: the shared overrides plus `population.members` (each memb
 differing keys) and `population.member_names` (each member's `jobs.point_name`, so its
 outputs land in `<job workdir>/<point name>/` and `launch.collect` finds them by name).
 
-The default cap comes from a memory estimate (`default_max_members`): members whose
-train state and activations fit in a budget (default 16 GiB, a fraction of one
-accelerator), at most `MAX_MEMBERS`. Only this estimate needs JAX: it builds the model
-abstractly (`build.setup`, `jax.eval_shape`) to count its parameters and read the task's
-token count, which depend on the task's encoding (input width, sequence length, output
-width: `objectives.synthetic_overrides`), so a closed form here would repeat every task's
-encoding. On a launching machine without JAX give the cap (`--members_per_job=N`) or
-`--single_runs`; without either, grouping refuses in one line.
+The default cap comes from a memory estimate (`default_max_members`): members whose train state and
+activations fit in a budget (default 16 GiB, a fraction of one accelerator), at most `MAX_MEMBERS`.
+Only this estimate needs JAX: it builds the model abstractly (`build.setup`, `jax.eval_shape`) to
+count its parameters and read the task's token count, which depend on the task's encoding (input
+width, sequence length, output width: `objectives.synthetic_overrides`), so a closed form here would
+repeat every task's encoding. On a launching machine without JAX give the cap
+(`--members_per_job=N`) or `--single_runs`; without either, grouping refuses in one line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """A sweep point -> the command that runs it, for every executor (pure functions, no I/O).
 
-Every launcher builds its command line here so that a test can check them without
-XManager, gcloud or SLURM: the point's flags (`job_args`), its workdir name
-(`point_name`), the argv of the local executor (`local_command`) and the XManager jobs of a
-point, multi-host included (`xm_jobs`).
+Every launcher builds its command line here so that a test can check them without XManager, gcloud
+or SLURM: the point's flags (`job_args`), its workdir name (`point_name`), the argv of the local
+executor (`local_command`) and the XManager jobs of a point, multi-host included (`xm_jobs`).
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ def point_name(point: Mapping[str, Any]) -> str:
   in the point's order (`model=hyla,size=local,optimizer.learning_rate=0.001,seed=0`).
   A population point: its shared overrides, then `population=<P>x<hash>`."""
   if grouping.is_population_point(point):
-    common = {k: v for k, v in point.items()
-              if k not in (grouping.MEMBERS_KEY, grouping.NAMES_KEY)}
+    common = {k: v for k, v in point.items() if k not in (grouping.MEMBERS_KEY, grouping.NAMES_KEY)}
     return grouping.population_name(point_name(common), point[grouping.NAMES_KEY])
   parts = [point["config"]] + [f"{k}={v}" for k, v in point.items() if k != "config"]
   return ",".join(parts).replace("/", "_").replace(" ", "")
@@ -77,11 +75,10 @@ def xm_jobs(point: Mapping[str, Any], experiment: str, workdir: str, *, executor
   """The jobs one point becomes: one job, or for `num_hosts > 1` one job group whose
   processes join one `jax.distributed` run.
 
-  Vertex AI: a coordinator job and a pool of `num_hosts - 1` replicas (Vertex forbids
-  replicas in a group's first job); each process finds its rank in CLUSTER_SPEC
-  (`runtime.detect_cluster`). Kubernetes: xmanager has no replicas there, so `num_hosts`
-  jobs `host<i>` get explicit coordinator flags; `host_address(name)` is job `name`'s DNS
-  name (the launcher knows it from the work unit).
+  Vertex AI: a coordinator job and a pool of `num_hosts - 1` replicas (Vertex forbids replicas in a
+  group's first job); each process finds its rank in CLUSTER_SPEC (`runtime.detect_cluster`).
+  Kubernetes: xmanager has no replicas there, so `num_hosts` jobs `host<i>` get explicit coordinator
+  flags; `host_address(name)` is job `name`'s DNS name (the launcher knows it from the work unit).
   """
   args = job_args(point, experiment, workdir)
   if not isinstance(num_hosts, int) or num_hosts < 1:

@@ -11,15 +11,14 @@ config.json and summary.json to `<root>/<population name>/<point name>`, which
 `launch.collect` reads like a separate run.
 
 Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its console output in
-`run_local.log` there. A point whose `summary.json` exists is skipped; any other is started
-with the same --workdir, so a half-done point resumes from its newest checkpoint (the entry
-points do that themselves). So after a crash or Ctrl-C (which stops the running points
-too), rerun the same command. The training processes die with this one: SIGTERM or
-Ctrl-C makes them checkpoint and stop, and so does a SIGKILL of this process (the kernel
-sends them SIGTERM, `cli.die_with_parent`); one workdir never gets two trainers (each
-holds its workdir's lock, `runs/lock.py`). Each process's wall and CPU time go to `run_local.json`
-beside its summary. On one GPU, `--jobs=N` runs N small jobs side by side, each limited to
-its share of the GPU memory.
+`run_local.log` there. A point whose `summary.json` exists is skipped; any other is started with the
+same --workdir, so a half-done point resumes from its newest checkpoint (the entry points do that
+themselves). So after a crash or Ctrl-C (which stops the running points too), rerun the same
+command. The training processes die with this one: SIGTERM or Ctrl-C makes them checkpoint and stop,
+and so does a SIGKILL of this process (the kernel sends them SIGTERM, `cli.die_with_parent`); one
+workdir never gets two trainers (each holds its workdir's lock, `runs/lock.py`). Each process's wall
+and CPU time go to `run_local.json` beside its summary. On one GPU, `--jobs=N` runs N small jobs
+side by side, each limited to its share of the GPU memory.
 """
 
 from __future__ import annotations
@@ -100,10 +99,9 @@ def is_done(point: Mapping[str, Any], root: str, finished: set[str], log=None) -
 
 
 def wait_for_previous_trainer(workdir: str, log, timeout_s: float = 600.0) -> None:
-  """Waits while a live process on this host holds `workdir`'s lock (`runs/lock.py`): a
-  rerun right after a killed run_local finds its trainers still checkpointing on their
-  way out. A lock of a dead process is taken over by the trainer itself; after
-  `timeout_s` the trainer names the holder."""
+  """Waits while a live process on this host holds `workdir`'s lock (`runs/lock.py`): a rerun right
+  after a killed run_local finds its trainers still checkpointing on their way out. A lock of a dead
+  process is taken over by the trainer itself; after `timeout_s` the trainer names the holder."""
   path, deadline, told = epath.Path(workdir) / lock.LOCK_FILE, time.time() + timeout_s, False
   while time.time() < deadline:
     holder = lock.read_holder(path)  # None: no lock, or an unreadable one.
@@ -171,8 +169,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
     log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
               f"{jobs.shell_line(argv)}\n")
     log.flush()
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                               cwd=sweeps.REPO, env=env)
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=sweeps.REPO, env=env)
     with _CHILDREN_LOCK:
       _CHILDREN.add(process)
     try:

@@ -3,11 +3,10 @@ r"""SRAVEN (symbolic Raven's progressive matrices): softmax vs linear attention 
 Arguments (`--config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4`):
   model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).
   size   paper  the paper (SRAVEN, appendix): K=4 features, F=8 values, 25% of the 330 rule
-                combinations held out; 4 layers, D=128, 16 heads, qk/v width 64, MLP 256
-                (402,824 params at width 1, depth 4); batch 128, 156,250 steps (20M problems),
-                AdamW lr 1e-3, wd 0.1, warmup 1000, cosine to 0.1x; 51,200 eval problems.
-                Hardware: one GPU/TPU. Expected (Table A1, OOD accuracy): softmax ~57%,
-                linear ~56%, HYLA ~69%.
+                combinations held out; 4 layers, D=128, 16 heads, qk/v width 64, MLP 256 (402,824
+                params at width 1, depth 4); batch 128, 156,250 steps (20M problems), AdamW lr 1e-3,
+                wd 0.1, warmup 1000, cosine to 0.1x; 51,200 eval problems. Hardware: one GPU/TPU.
+                Expected (Table A1, OOD accuracy): softmax ~57%, linear ~56%, HYLA ~69%.
          demo   the first run (the entry point's default): `local` with 2 features instead
                 of 3, 24,000 steps; ~10 min on a 2-core CPU, where HYLA answers held-out
                 rule combinations far above chance. See `DEMO` below.
@@ -32,13 +31,12 @@ from hypernet_attention.runs import config_common
 
 SIZES = ("paper", "demo", "local", "smoke")
 
-# size=local: the paper's task with 3 features instead of 4 (C(10,3)=120 rule combinations,
-# 30 held out; 27 tokens) and a smaller model (2 layers, D=64, 8 heads, qk/v width 32,
-# MLP 128; 52,024 params), batch 64, 12,000 steps (768k problems), 4,096 eval problems.
-# Chosen by measurement on a 2-core CPU (paper size runs at only a few steps/s there).
-# Its results (`python -m launch.run_local --sweep=table_a1_sraven_local`,
-# experiments/results/cpu_table_a1.md): every model is at the start of its learning curve;
-# compare HYLA with softmax at paper size on an accelerator.
+# size=local: the paper's task with 3 features instead of 4 (C(10,3)=120 rule combinations, 30 held
+# out; 27 tokens) and a smaller model (2 layers, D=64, 8 heads, qk/v width 32, MLP 128; 52,024
+# params), batch 64, 12,000 steps (768k problems), 4,096 eval problems. Chosen by measurement on a
+# 2-core CPU (paper size runs at only a few steps/s there). Its results (`python -m launch.run_local
+# --sweep=table_a1_sraven_local`, experiments/results/cpu_table_a1.md): every model is at the start
+# of its learning curve; compare HYLA with softmax at paper size on an accelerator.
 LOCAL = dict(
     task=dict(num_features=3, num_values=8),
     model=dict(num_layers=2, emb_dim=64, num_heads=8, qk_dim=32, v_dim=32, mlp_dim=128),
@@ -68,8 +66,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.update(batch_size=128, num_train_steps=156_250, steps_per_loop=250, log_every_steps=1000,
            eval_every_steps=15_625, checkpoint_every_steps=15_625)
   c.optimizer.update(learning_rate=1e-3, weight_decay=0.1, warmup_steps=1000)
-  c.eval.update(splits=("test", "ood"), num_problems=51_200, batch_size=1024,
-                ceiling_problems=4096)
+  c.eval.update(splits=("test", "ood"), num_problems=51_200, batch_size=1024, ceiling_problems=4096)
 
   if arg.size in ("local", "demo"):
     c.update(LOCAL)

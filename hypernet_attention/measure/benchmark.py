@@ -2,25 +2,22 @@
 
 For each sequence length T and implementation this measures, after compilation: forward and
 forward+backward time per call, the compiled programs' memory (XLA's `memory_analysis()`), on
-GPU/TPU the device's peak bytes in use, achieved TFLOP/s from analytic FLOP counts and the
-ratio to softmax attention (cuDNN on GPU, XLA elsewhere; the row names which) measured in the
-same process.
+GPU/TPU the device's peak bytes in use, achieved TFLOP/s from analytic FLOP counts and the ratio to
+softmax attention (cuDNN on GPU, XLA elsewhere; the row names which) measured in the same process.
 
 Timing (`call_loop`): one measurement runs `calls` (>= 20 by default) calls inside one jitted
-`lax.fori_loop` of static trip count and waits once, so a sub-millisecond kernel is not timed
-as its dispatch. Each call's inputs depend on the previous call's result through a few
-scalars updated in place (0 x one element of it): XLA can neither hoist the call out of the
-loop nor merge calls, and the loop adds no pass over any array; what it does add (a few
-scalar kernels per call) is measured per T as `*_loop_overhead_ms` (the same loop around calls
-that do nothing). The rows give the median and the minimum over `repeats` measurements, in ms
-per call, overhead included.
+`lax.fori_loop` of static trip count and waits once, so a sub-millisecond kernel is not timed as its
+dispatch. Each call's inputs depend on the previous call's result through a few scalars updated in
+place (0 x one element of it): XLA can neither hoist the call out of the loop nor merge calls, and
+the loop adds no pass over any array; what it does add (a few scalar kernels per call) is measured
+per T as `*_loop_overhead_ms` (the same loop around calls that do nothing). The rows give the median
+and the minimum over `repeats` measurements, in ms per call, overhead included.
 
-Memory (issue: a benchmark must refuse before it allocates): before any array exists, the
-inputs' and results' bytes (abstract shapes) are compared with the device, then the compiled
-loop's memory analysis with the temporaries budget and the device; a cell that cannot fit is
-refused with what would fit. Only then are the inputs drawn. A column stops at its first
-refused or failed T, and a cell predicted (from the column's previous T) to overrun its time
-budget is skipped instead of run.
+Memory (issue: a benchmark must refuse before it allocates): before any array exists, the inputs'
+and results' bytes (abstract shapes) are compared with the device, then the compiled loop's memory
+analysis with the temporaries budget and the device; a cell that cannot fit is refused with what
+would fit. Only then are the inputs drawn. A column stops at its first refused or failed T, and a
+cell predicted (from the column's previous T) to overrun its time budget is skipped instead of run.
 
 Implementations (`implementations()`): softmax_cudnn (`jax.nn.dot_product_attention`,
 implementation='cudnn'; GPU, bf16/fp16), softmax_xla (the same with implementation='xla'),
@@ -295,10 +292,9 @@ def calls_within(calls: int, estimate_ms: dict, budget_s: float) -> int:
 
 def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
             calls: int = DEFAULT_CALLS, estimate_ms: Optional[dict] = None) -> dict:
-  """One table cell: times in ms per call, memory in bytes; `status` says why a cell is
-  empty. `estimate_ms`: {kind: predicted ms per call} (from the column's previous T): a
-  cell predicted over `limits.cell_budget_s` runs fewer calls if they are long
-  (`calls_within`), else is not run."""
+  """One table cell: times in ms per call, memory in bytes; `status` says why a cell is empty.
+  `estimate_ms`: {kind: predicted ms per call} (from the column's previous T): a cell predicted over
+  `limits.cell_budget_s` runs fewer calls if they are long (`calls_within`), else is not run."""
   row = dict(implementation=name, **dataclasses.asdict(shape), calls=calls, repeats=repeats)
   reason = unsupported(name, shape, jax.default_backend())
   if reason:

@@ -92,8 +92,7 @@ def smem_alignment(value) -> int:
       step = stride * element if offset == dynamic else offset * stride * element
       align = math.gcd(align, step)
     return align
-  if name in ("memref.cast", "memref.expand_shape", "memref.collapse_shape",
-              "memref.transpose"):
+  if name in ("memref.cast", "memref.expand_shape", "memref.collapse_shape", "memref.transpose"):
     return smem_alignment(op.operands[0])
   if name == "memref.reinterpret_cast":
     offsets = list(op.attributes["static_offsets"])
@@ -174,8 +173,7 @@ def _recording():
   def record_descriptor(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle,
                         reduction_op):
     recorder.descriptor(gmem_ref, gmem_transform, box, swizzle)
-    return get_tma_desc(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle,
-                        reduction_op)
+    return get_tma_desc(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle, reduction_op)
 
   def record_wgmma(acc, a, b, *, swizzle=128):
     recorder.wgmma(a, b, swizzle)

@@ -5,12 +5,11 @@ The first stage of a GPU window (`experiments/benchmark_attention.py --parity_on
 must stop the window before anything is timed. Implementations are read from
 `dispatch.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
 
-The bound is tests/numerics.py's rule: the float32 reference's own error against float64,
-`err32`, measures the input's conditioning at float32 rounding; any summation order of a
-correct kernel stays within max(sqrt(n) err32, n u32, four roundings of a bfloat16 output),
-n the longest reduction (keys x width x heads), while a wrong mask, head axis or gradient is
-off by O(0.1-1). Matmuls run at full float32 precision (XLA:GPU's default TF32 would make
-`err32` 1000x looser).
+The bound is tests/numerics.py's rule: the float32 reference's own error against float64, `err32`,
+measures the input's conditioning at float32 rounding; any summation order of a correct kernel stays
+within max(sqrt(n) err32, n u32, four roundings of a bfloat16 output), n the longest reduction (keys
+x width x heads), while a wrong mask, head axis or gradient is off by O(0.1-1). Matmuls run at full
+float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser).
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
   with jax.default_matmul_precision("float32"):
     exact = _float64(hyla_reference, *rounded)
     ref32 = value_and_grads(hyla_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
-    bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor)
-              for r, e in zip(ref32, exact)]
+    bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor) for r, e in zip(ref32, exact)]
     if dtype != "float32":
       # A kernel that keeps per-pair intermediates in the narrow dtype (blockwise: u, z,
       # dz, du in bf16, accumulation in f32) may err NARROW_SLACK times as much as the

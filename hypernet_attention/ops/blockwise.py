@@ -7,14 +7,13 @@ tile) pairs, so only one (B, H, bq, bk) code tile and one (B, bq, bk, V) hidden 
 at a time; a custom VJP recomputes them tile by tile in the backward pass instead of storing
 them. Causal attention skips the key tiles that lie entirely in the future.
 
-For accelerators (issue 41): the schedule of tiles is static (`tiling.tile_schedule`),
-so every loop has a trip count XLA knows at compile time (XLA:GPU runs a loop of unknown
-trip count with a device-to-host copy of its predicate per iteration). And the per-pair
-tensors take the inputs' dtype: with bf16 inputs the code operands and the (B, bq, bk, V)
-hidden tensors u, z, dz, du (and phi, exact in bf16 for ReLU) are bf16, the contractions
-accumulate in float32, and the scores, RMSHead, softmax statistics, the code's gradient and
-every accumulator (output, dq, dk, dv, dbias) stay float32. float32 and float64 inputs
-compute exactly as before.
+For accelerators (issue 41): the schedule of tiles is static (`tiling.tile_schedule`), so every loop
+has a trip count XLA knows at compile time (XLA:GPU runs a loop of unknown trip count with a
+device-to-host copy of its predicate per iteration). And the per-pair tensors take the inputs'
+dtype: with bf16 inputs the code operands and the (B, bq, bk, V) hidden tensors u, z, dz, du (and
+phi, exact in bf16 for ReLU) are bf16, the contractions accumulate in float32, and the scores,
+RMSHead, softmax statistics, the code's gradient and every accumulator (output, dq, dk, dv, dbias)
+stay float32. float32 and float64 inputs compute exactly as before.
 
 RMSHead and linear normalization are local to a (q, k) pair, so a tile needs nothing from
 other tiles. Softmax needs the row statistic logsumexp over keys first: the forward then
@@ -299,8 +298,7 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg
             _add_at(dv_BHKV, k_start, dv_tile), dbias4)
 
   zeros = lambda x: jnp.zeros(x.shape, cfg.compute_dtype)
-  init = (zeros(q_BHQD), zeros(k_BHKD), zeros(v_BHKV),
-          None if bias4 is None else zeros(bias4))
+  init = (zeros(q_BHQD), zeros(k_BHKD), zeros(v_BHKV), None if bias4 is None else zeros(bias4))
   return _scan_tiles(body, init, cfg, key_major=True)
 
 
@@ -354,23 +352,12 @@ def _attention_bwd(cfg, residuals, dout_BQHV):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    value_BKHV: jax.Array,
-    *,
-    bias: Optional[jax.Array] = None,
-    mask: Optional[jax.Array] = None,
-    is_causal: bool = False,
-    normalization: str = "rms_head",
-    value_network: str = "mlp",
-    activation: str = "relu",
-    eps: float = reference.RMS_HEAD_EPS,
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
-    dropout_rate: float = 0.0,
-    dropout_seed: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+              bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+              is_causal: bool = False, normalization: str = "rms_head", value_network: str = "mlp",
+              activation: str = "relu", eps: float = reference.RMS_HEAD_EPS,
+              block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+              dropout_rate: float = 0.0, dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """Same contract as `reference.attention` (plus `is_causal` and tile sizes); no deep_mlp."""
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,

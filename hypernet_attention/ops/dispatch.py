@@ -50,16 +50,14 @@ IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
                                        ("linear",))
 
-# Thresholds chosen by measurement on a 2-core CPU; re-measure on new hardware or kernels
-# with `experiments/benchmark_attention.py` (kernels, fwd+bwd) and
-# `experiments/benchmark_training.py` (whole train steps). Without dropout the tiles win
-# from about SRAVEN's length (T=36) on, and their lead grows with T: only very short
-# sequences take the reference.
+# Thresholds chosen by measurement on a 2-core CPU; re-measure on new hardware or kernels with
+# `experiments/benchmark_attention.py` (kernels, fwd+bwd) and `experiments/benchmark_training.py`
+# (whole train steps). Without dropout the tiles win from about SRAVEN's length (T=36) on, and their
+# lead grows with T: only very short sequences take the reference.
 REFERENCE_MAX_PAIRS = 24 * 24
-# With dropout (training) both paths draw the same hash mask, but at the synthetic tasks'
-# lengths (SRAVEN 36, fuzzy logic 33) the tiles' overhead was not repaid in the real train
-# step: those train off the tiles (the reference, or `factored` for HYLA on CPU), longer
-# sequences on blockwise.
+# With dropout (training) both paths draw the same hash mask, but at the synthetic tasks' lengths
+# (SRAVEN 36, fuzzy logic 33) the tiles' overhead was not repaid in the real train step: those train
+# off the tiles (the reference, or `factored` for HYLA on CPU), longer sequences on blockwise.
 REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # Where `auto` would take the reference on CPU, an MLP value network with per-pair
 # normalization (HYLA, and HYLA without RMSHead) takes `factored` up to this per-head width:
@@ -144,31 +142,18 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
       and query.dtype in (jnp.bfloat16, jnp.float16)
       and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128
       and mask4 is None
-      and (bias4 is None or bias4.shape[2:] == full[2:])
-  )
+      and (bias4 is None or bias4.shape[2:] == full[2:]))
   return jax.nn.dot_product_attention(
       query, key, value, bias=bias4, mask=mask4, is_causal=is_causal,
-      implementation="cudnn" if use_cudnn else None,
-  )
+      implementation="cudnn" if use_cudnn else None)
 
 
-def attention(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    value_BKHV: jax.Array,
-    *,
-    bias: Optional[jax.Array] = None,
-    mask: Optional[jax.Array] = None,
-    is_causal: bool = False,
-    normalization: str = "rms_head",
-    value_network: str = "mlp",
-    activation: str = "relu",
-    value_weight_HVV: Optional[jax.Array] = None,
-    eps: float = reference.RMS_HEAD_EPS,
-    implementation: str = "auto",
-    dropout_rate: float = 0.0,
-    dropout_seed: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+              bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+              is_causal: bool = False, normalization: str = "rms_head", value_network: str = "mlp",
+              activation: str = "relu", value_weight_HVV: Optional[jax.Array] = None,
+              eps: float = reference.RMS_HEAD_EPS, implementation: str = "auto",
+              dropout_rate: float = 0.0, dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """(B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
   `mask`: bool broadcastable to (B, H, Q, K), True = attend. `is_causal`: additionally

@@ -21,9 +21,8 @@ code is never laid out per (b, k) or per (b, q); only the scores (for the RMS) a
 materialized, once, as in softmax attention. It costs D times the reference's multiply-adds
 in the value network, so it only pays for narrow heads (`dispatch.FACTORED_MAX_HEAD_DIM`).
 
-Needs a mask that is the same for every head (it zeroes whole pairs); `dispatch` sends other
-masks to the reference. Shape letters: B batch, Q / K positions, H heads, D / V widths,
-X = H * D.
+Needs a mask that is the same for every head (it zeroes whole pairs); `dispatch` sends other masks
+to the reference. Shape letters: B batch, Q / K positions, H heads, D / V widths, X = H * D.
 """
 
 from __future__ import annotations
@@ -73,20 +72,11 @@ def _pair_scale(shape_BQK, scores_BHQK, mask, eps, dropout_rate, dropout_seed):
   return scale_BQK
 
 
-def attention(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    value_BKHV: jax.Array,
-    *,
-    bias: Optional[jax.Array] = None,
-    mask: Optional[jax.Array] = None,
-    normalization: str = "rms_head",
-    value_network: str = "mlp",
-    activation: str = "relu",
-    eps: float = reference.RMS_HEAD_EPS,
-    dropout_rate: float = 0.0,
-    dropout_seed: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+              bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+              normalization: str = "rms_head", value_network: str = "mlp", activation: str = "relu",
+              eps: float = reference.RMS_HEAD_EPS, dropout_rate: float = 0.0,
+              dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """`reference.attention`'s contract for the calls `supports` accepts; (B, Q, H, V)."""
   if not supports(normalization, value_network, mask, bias):
     shape = lambda x: None if x is None else tuple(x.shape)

@@ -15,15 +15,14 @@ through a two-slot TMA ring: the tile after next loads while this one computes):
                                                    column j, broadcast down the rows
     z_j  = relu(u_j)
     y_hj += sum over 8-column chunks of c_h * z_j  (bq, 8) per (h, j): FMAs within a thread
-At the end y_hj is summed over its 8 columns (the one cross-thread reduction) and stored.
-With `Blocks.overlap` tile k+1's score wgmmas run under tile k's value network.
-Per pair and column that is 2H+1 multiply-adds, the value network's own count, with no
-shuffles in the key loop: the code never leaves the registers the score wgmmas leave it in,
-as flash attention keeps its scores, and the value network is elementwise arithmetic in that
-same (WGMMA) layout. What it trades: the scores are recomputed once per value slice (V / bv
-times, H*D tensor-core multiply-adds per pair each time) against (2H+1)*bv vector ones, and
-registers bound bk and bv (per thread, bq=64: H*bk/2 for the code, H*bv*4 for y; H*bv*2
-with `Blocks.paired`, two value columns per accumulator).
+At the end y_hj is summed over its 8 columns (the one cross-thread reduction) and stored. With
+`Blocks.overlap` tile k+1's score wgmmas run under tile k's value network. Per pair and column that
+is 2H+1 multiply-adds, the value network's own count, with no shuffles in the key loop: the code
+never leaves the registers the score wgmmas leave it in, as flash attention keeps its scores, and
+the value network is elementwise arithmetic in that same (WGMMA) layout. What it trades: the scores
+are recomputed once per value slice (V / bv times, H*D tensor-core multiply-adds per pair each time)
+against (2H+1)*bv vector ones, and registers bound bk and bv (per thread, bq=64: H*bk/2 for the
+code, H*bv*4 for y; H*bv*2 with `Blocks.paired`, two value columns per accumulator).
 The backward (`mosaic_kernel_bwd.py`) keeps the same layout; `attention` is a
 `jax.custom_vjp` whose residuals are the inputs only.
 
@@ -78,20 +77,18 @@ class Blocks:
   measure/ptxas.py; experiments/results/kernels.md): 64x8x4 230; 64x8x2 160; 64x16x4 249;
   64x32x1 246; none spills; 64x8x8 and 128x16x2 spill 0.3-0.7 KB per thread.
 
-  overlap: issue key tile k+1's score wgmmas, then run tile k's value network while they
-  are in flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead
-  of waiting on each tile's scores before its value network. It holds a second tile's
-  code: 64x8x2 192 registers; 64x8x4 255 and 16 B spilled. Off by default until a GPU
-  window times it.
+  overlap: issue key tile k+1's score wgmmas, then run tile k's value network while they are in
+  flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead of waiting on each
+  tile's scores before its value network. It holds a second tile's code: 64x8x2 192 registers;
+  64x8x4 255 and 16 B spilled. Off by default until a GPU window times it.
 
-  paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its
-  odd columns) instead of one, each summed over the thread's two keys in-thread, so y takes
-  half the registers and bv can double (64x8x8) at the same multiply-adds per pair: half
-  the score recomputation and half the per-tile work (code, barriers) per value column.
-  How: with c' the code with each key pair (2m, 2m+1) exchanged (`mosaic_smem.swap_pairs`),
-  acc += c * relu(sum_h c_h v_mix_h) + c' * relu(sum_h c'_h v_swap_h), where XLA lays out
-  v_mix[k] = v[j + k % 2, k] and v_swap[k] = v[j + k % 2, k ^ 1] (`_paired_values`). Off
-  by default until a GPU window times it."""
+  paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its odd
+  columns) instead of one, each summed over the thread's two keys in-thread, so y takes half the
+  registers and bv can double (64x8x8) at the same multiply-adds per pair: half the score
+  recomputation and half the per-tile work (code, barriers) per value column. How: with c' the code
+  with each key pair (2m, 2m+1) exchanged (`mosaic_smem.swap_pairs`), acc += c * relu(sum_h c_h
+  v_mix_h) + c' * relu(sum_h c'_h v_swap_h), where XLA lays out v_mix[k] = v[j + k % 2, k] and
+  v_swap[k] = v[j + k % 2, k ^ 1] (`_paired_values`). Off by default until a GPU window times it."""
   block_q: int = 64
   block_k: int = 8
   block_v: int = 4
@@ -121,11 +118,10 @@ COMPUTES = reference.Computes("mosaic", ("rms_head",), ("mlp",))
 
 
 def check_device(dtype) -> None:
-  """BadInput in one line unless compiled execution can work here: a Hopper GPU (compute
-  capability 9.x: wgmma, TMA) and 16-bit inputs (the backward's float32 tiles need ~350
-  KiB of shared memory, over Hopper's 227 KiB). `dispatch` asks before running the kernel
-  by name; the kernel itself does not, so that it can be lowered for an abstract Hopper
-  device (tests)."""
+  """BadInput in one line unless compiled execution can work here: a Hopper GPU (compute capability
+  9.x: wgmma, TMA) and 16-bit inputs (the backward's float32 tiles need ~350 KiB of shared memory,
+  over Hopper's 227 KiB). `dispatch` asks before running the kernel by name; the kernel itself does
+  not, so that it can be lowered for an abstract Hopper device (tests)."""
   device = jax.devices()[0]
   capability = str(getattr(device, "compute_capability", ""))
   if device.platform != "gpu" or not capability.startswith("9"):
@@ -296,8 +292,7 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
 
   def hyla_forward(*refs):  # the kernel's name in profiles and ptxas reports
     buffers = mosaic_smem.allocate(plgpu, forward_smem(blocks, heads, depth, q_BHQD.dtype))
-    barriers = (plgpu.Barrier(num_barriers=1), *(plgpu.Barrier(num_barriers=2)
-                                                 for _ in range(3)))
+    barriers = (plgpu.Barrier(num_barriers=1), *(plgpu.Barrier(num_barriers=2) for _ in range(3)))
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *buffers, *barriers)
 
   return plgpu.kernel(
@@ -340,8 +335,7 @@ def _paired_values(v_BJHVK):
   *lead, bv, k_padded = v_BJHVK.shape
   even = jnp.arange(k_padded) % 2 == 0
   pairs = v_BJHVK.reshape(*lead, bv // 2, 2, k_padded)
-  key_swapped = pairs.reshape(*lead, bv // 2, 2, k_padded // 2, 2)[..., ::-1].reshape(
-      pairs.shape)
+  key_swapped = pairs.reshape(*lead, bv // 2, 2, k_padded // 2, 2)[..., ::-1].reshape(pairs.shape)
   mix = jnp.where(even, pairs[..., 0, :], pairs[..., 1, :])
   swap = jnp.where(even, key_swapped[..., 0, :], key_swapped[..., 1, :])
   return jnp.stack([mix, swap], axis=-2).reshape(v_BJHVK.shape)
@@ -371,24 +365,12 @@ def _attention_bwd(is_causal, eps, blocks, interpret, dq, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def attention(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    value_BKHV: jax.Array,
-    *,
-    bias: Optional[jax.Array] = None,
-    mask: Optional[jax.Array] = None,
-    is_causal: bool = False,
-    normalization: str = "rms_head",
-    value_network: str = "mlp",
-    activation: str = "relu",
-    eps: float = reference.RMS_HEAD_EPS,
-    blocks: Blocks = DEFAULT_BLOCKS,
-    interpret=None,
-    dq: Optional[str] = None,
-    dropout_rate: float = 0.0,
-    dropout_seed: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+              bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+              is_causal: bool = False, normalization: str = "rms_head", value_network: str = "mlp",
+              activation: str = "relu", eps: float = reference.RMS_HEAD_EPS,
+              blocks: Blocks = DEFAULT_BLOCKS, interpret=None, dq: Optional[str] = None,
+              dropout_rate: float = 0.0, dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """`reference.attention`'s contract for what `supports` accepts; refuses the rest.
 
   `mask`: bool, depending on the key only (e.g. (B, 1, 1, K) padding). `interpret`: None
@@ -415,5 +397,4 @@ def attention(
                    "block_k of 8 (wgmma M and N), block_v at least 1 (even when paired).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     check_tiles(query_BQHD, value_BKHV, blocks)
-  return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks,
-                    interpret, dq)
+  return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret, dq)

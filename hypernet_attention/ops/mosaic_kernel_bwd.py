@@ -1,10 +1,9 @@
 """HYLA's backward in Pallas Mosaic GPU, its per-pair tensors in registers (issue 52).
 
-The forward is `mosaic_kernel.py`; read its docstring first (the layout: scores from the
-tensor cores, the value network on the CUDA cores in the WGMMA layout). For every pair
-(q, k), head h and value column j, with s = scores * scale, r = rsqrt(mean_h s^2 + eps),
-c = s r valid (the code; valid 0 for a masked pair), u_j = sum_h c_h v_hj, z = relu(u) and dy
-the output's cotangent:
+The forward is `mosaic_kernel.py`; read its docstring first (the layout: scores from the tensor
+cores, the value network on the CUDA cores in the WGMMA layout). For every pair (q, k), head h and
+value column j, with s = scores * scale, r = rsqrt(mean_h s^2 + eps), c = s r valid (the code; valid
+0 for a masked pair), u_j = sum_h c_h v_hj, z = relu(u) and dy the output's cotangent:
 
   dz_j    = sum_h c_h dy_hj                      (the read-out's gradient into z)
   du_j    = dz_j [u_j > 0]
@@ -34,12 +33,11 @@ Causal, every program stops at (or starts from) the diagonal: the dS kernel leav
 above it unwritten, which the matmul kernels never read (XLA's path reads them: the dS
 kernel then writes zeros there).
 
-Cost at T=4096, B=4, H=8, D=V=64, causal (~33.5 M pairs): the CUDA-core work is (7H + 2) V
-= 3.7 k multiply-adds per pair, ~125 G in all, ~3.7 ms at an H100's float32 peak; the
-tensor cores recompute the scores once in dS and V / bv times in dV (2 H D each); dS in HBM
-is 2H bytes per pair written once and read twice (~1.6 GB). What a GPU measures is for the
-window (`launch/gpu_window.py`); registers and spills per kernel, without a GPU, for
-`python experiments/tune_kernels.py --ptxas`.
+Cost at T=4096, B=4, H=8, D=V=64, causal (~33.5 M pairs): the CUDA-core work is (7H + 2) V = 3.7 k
+multiply-adds per pair, ~125 G in all, ~3.7 ms at an H100's float32 peak; the tensor cores recompute
+the scores once in dS and V / bv times in dV (2 H D each); dS in HBM is 2H bytes per pair written
+once and read twice (~1.6 GB). What a GPU measures is for the window (`launch/gpu_window.py`);
+registers and spills per kernel, without a GPU, for `python experiments/tune_kernels.py --ptxas`.
 
 Shape letters as in `mosaic_kernel.py`; Hv heads padded so that a ring slot spans a multiple
 of 128 bytes (`mosaic_smem.heads_padded`), J value slices of bv columns.
@@ -238,8 +236,7 @@ def _dv_call(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK, *, scale, is_causa
 
       return tuple(dv_HJ)
 
-    dv_HJ = jax.lax.fori_loop(0, steps, query_tile,
-                              mosaic_smem.chunk_accumulators(bk, heads * bv))
+    dv_HJ = jax.lax.fori_loop(0, steps, query_tile, mosaic_smem.chunk_accumulators(bk, heads * bv))
     mosaic_smem.store_row_sums(dv_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(k0, bk)])
 
   def hyla_dv(*refs):
@@ -280,8 +277,7 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
     def load_tile(step, slot):
       i0 = (first + step) * n
       tile = (pl.ds(i0, n), pl.ds(x0, n)) if transposed else (pl.ds(x0, n), pl.ds(i0, n))
-      plgpu.copy_gmem_to_smem(ds_ref.at[b, h, tile[0], tile[1]], ds_smem.at[slot],
-                              ds_bar.at[slot])
+      plgpu.copy_gmem_to_smem(ds_ref.at[b, h, tile[0], tile[1]], ds_smem.at[slot], ds_bar.at[slot])
       plgpu.copy_gmem_to_smem(y_ref.at[b, h, pl.ds(i0, n)], y_smem.at[slot], y_bar.at[slot])
 
     steps = stop - first
@@ -388,10 +384,8 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
       sliced(d_out_BQHV, q_padded,
              mosaic_smem.heads_padded(heads, DV_BLOCK_V * DV_BLOCK_Q, _F32)),
       key_valid_BK, scale=scale, is_causal=is_causal, eps=eps, interpret=interpret)
-  # Padded keys and queries have dS = 0 (their scores are 0), so the padded Q and K are
-  # exact here.
-  dq_BHQD, dk_BHKD = DQ_PATHS[dq](ds_BHQK, q_BHQD, k_BHKD, is_causal=is_causal,
-                                  interpret=interpret)
+  # Padded keys and queries have dS = 0 (their scores are 0), so the padded Q and K are exact here.
+  dq_BHQD, dk_BHKD = DQ_PATHS[dq](ds_BHQK, q_BHQD, k_BHKD, is_causal=is_causal, interpret=interpret)
   d_query = jnp.transpose(dq_BHQD[:, :, :q_len, :depth], (0, 2, 1, 3))
   d_key = jnp.transpose(dk_BHKD[:, :, :k_len, :depth], (0, 2, 1, 3))
   d_value = jnp.transpose(dv_BJHVK, (0, 4, 2, 1, 3)).reshape(batch, k_padded, heads, v_padded)

@@ -1,9 +1,8 @@
 """What the Mosaic GPU HYLA kernels share: their SMEM buffers, Hopper's limits, layouts.
 
-`mosaic_kernel.py` (forward, and the custom VJP) and `mosaic_kernel_bwd.py` (the backward's
-kernels) both build on these, so neither imports the other's internals: the import order is
-this module, then the backward, then the forward, which wires the two into one
-differentiable op.
+`mosaic_kernel.py` (forward, and the custom VJP) and `mosaic_kernel_bwd.py` (the backward's kernels)
+both build on these, so neither imports the other's internals: the import order is this module, then
+the backward, then the forward, which wires the two into one differentiable op.
 """
 
 from __future__ import annotations
@@ -116,9 +115,8 @@ def key_valid(mask, k_len: int, k_padded: int) -> jax.Array:
 
 def forward_program(*, block_q: int, block_k: int, num_k_tiles: int, is_causal: bool,
                     mask_batched: bool):
-  """Inside a forward's program (batch, q_tile, v_slice): (b, q0, vj, bm, steps): example,
-  first query, value slice, mask row, and the key tiles it reads (all, or to the causal
-  diagonal)."""
+  """Inside a forward's program (batch, q_tile, v_slice): (b, q0, vj, bm, steps): example, first
+  query, value slice, mask row, and the key tiles it reads (all, or to the causal diagonal)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   b = jax.lax.axis_index("batch")
   q0 = jax.lax.axis_index("q_tile") * block_q
@@ -162,12 +160,11 @@ def add_chunks(acc: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def swap_pairs(x: jax.Array, interpret) -> jax.Array:
-  """x (rows, N) in the WGMMA layout with each pair of columns (2m, 2m+1) exchanged. One
-  thread holds both columns of a pair (the layout's 2-vectors), so nothing moves between
-  threads and ptxas only renames registers; Mosaic's layout inference cannot express it in
-  jnp (a reshape, or slices and a concatenate: "Failed to infer a possible set of layouts",
-  jax 0.11.2), so compiled it is inline Mosaic GPU, which interpret mode cannot run: there
-  it is the same exchange in jnp."""
+  """x (rows, N) in the WGMMA layout with each pair of columns (2m, 2m+1) exchanged. One thread
+  holds both columns of a pair (the layout's 2-vectors), so nothing moves between threads and ptxas
+  only renames registers; Mosaic's layout inference cannot express it in jnp (a reshape, or slices
+  and a concatenate: "Failed to infer a possible set of layouts", jax 0.11.2), so compiled it is
+  inline Mosaic GPU, which interpret mode cannot run: there it is the same exchange in jnp."""
   rows, width = x.shape
   if interpret:
     return x.reshape(rows, width // 2, 2)[..., ::-1].reshape(rows, width)
@@ -185,8 +182,7 @@ def swap_pairs(x: jax.Array, interpret) -> jax.Array:
     registers = np.empty_like(fragments.registers)
     for index, pair in np.ndenumerate(fragments.registers):
       registers[index] = vector.shuffle(pair, pair, [1, 0])
-    return mgpu.FragmentedArray(_registers=registers, _layout=fragments.layout,
-                                _is_signed=None)
+    return mgpu.FragmentedArray(_registers=registers, _layout=fragments.layout, _is_signed=None)
   return swapped(x)
 
 
@@ -214,11 +210,10 @@ def store_row_sums(accs, o_smem, dst, paired: bool = False) -> None:
 
 
 def scores_tile(a_smem, b_smem, overlap=None):
-  """H score wgmmas a_h b_h^T inside a kernel: a (H, M, D) and b (H, N, D) in SMEM, each
-  (M, N) float32 in the WGMMA layout. The forwards and the dS kernel pass (Q, K); the dV
-  kernel (K, Q), so that its rows are keys. `overlap` (no arguments) runs on the CUDA cores
-  while the wgmmas are in flight, before their results are read; returns (scores, its
-  result)."""
+  """H score wgmmas a_h b_h^T inside a kernel: a (H, M, D) and b (H, N, D) in SMEM, each (M, N)
+  float32 in the WGMMA layout. The forwards and the dS kernel pass (Q, K); the dV kernel (K, Q), so
+  that its rows are keys. `overlap` (no arguments) runs on the CUDA cores while the wgmmas are in
+  flight, before their results are read; returns (scores, its result)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   heads, rows, _ = a_smem.shape
@@ -229,8 +224,7 @@ def scores_tile(a_smem, b_smem, overlap=None):
     during = None if overlap is None else overlap()
     return [acc[...] for acc in accs], during
 
-  return pl.run_scoped(scores, *[plgpu.ACC((rows, b_smem.shape[1]), _F32)
-                                 for _ in range(heads)])
+  return pl.run_scoped(scores, *[plgpu.ACC((rows, b_smem.shape[1]), _F32) for _ in range(heads)])
 
 
 def causal(valid, *, q0, k0, keys_are_rows: bool = False):
@@ -245,10 +239,9 @@ def causal(valid, *, q0, k0, keys_are_rows: bool = False):
 
 
 def rms_code(s_h, valid, *, scale: float, eps: float):
-  """Eq. 7 on one tile, per pair across heads: (c_h, inv_rms) from the raw scores s_h and
-  the 0/1 validity of each pair (masked pairs: c = 0; their inv_rms, finite, is unused).
-  Scale and validity fold into one factor per pair: one multiply per head and pair, not
-  two."""
+  """Eq. 7 on one tile, per pair across heads: (c_h, inv_rms) from the raw scores s_h and the 0/1
+  validity of each pair (masked pairs: c = 0; their inv_rms, finite, is unused). Scale and validity
+  fold into one factor per pair: one multiply per head and pair, not two."""
   inv_rms = jax.lax.rsqrt(sum(s * s for s in s_h) * (scale * scale / len(s_h)) + eps)
   factor = inv_rms * (scale * valid)
   return [s * factor for s in s_h], inv_rms
@@ -256,12 +249,11 @@ def rms_code(s_h, valid, *, scale: float, eps: float):
 
 def code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar, *, slot, q0, k0, is_causal: bool,
               scale: float, eps: float, wait=True, overlap=None):
-  """RMSHead's code of one (bq, bk) tile inside a kernel whose rows are queries: once ring
-  slot `slot` has arrived (its barriers waited on where `wait`, a bool or traced predicate,
-  holds), the scores of Q (H, bq, D) and the slot's K (H, bk, D), the key mask (the slot's
-  key validity) and the causal mask, then Eq. 7 (`rms_code`): ((c_h, inv_rms) float32 in
-  the WGMMA layout, `overlap`'s result; `scores_tile`). The forward and the dS kernel start
-  each key tile with it."""
+  """RMSHead's code of one (bq, bk) tile inside a kernel whose rows are queries: once ring slot
+  `slot` has arrived (its barriers waited on where `wait`, a bool or traced predicate, holds), the
+  scores of Q (H, bq, D) and the slot's K (H, bk, D), the key mask (the slot's key validity) and the
+  causal mask, then Eq. 7 (`rms_code`): ((c_h, inv_rms) float32 in the WGMMA layout, `overlap`'s
+  result; `scores_tile`). The forward and the dS kernel start each key tile with it."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   bq, bk = q_smem.shape[1], k_smem.shape[2]

@@ -206,10 +206,9 @@ class Computes:
   """What a fast implementation computes: the names of `NORMALIZATIONS` and
   `VALUE_NETWORKS` it implements (every activation). The reference computes them all.
 
-  Each fast path declares one (`blockwise.COMPUTES`, ...); `dispatch` checks a call against
-  it where it picks the implementation, so `auto` runs anything else on the reference, an
-  explicit fast implementation refuses it, and a name added to the reference is never
-  computed as something else.
+  Each fast path declares one (`blockwise.COMPUTES`, ...); `dispatch` checks a call against it where
+  it picks the implementation, so `auto` runs anything else on the reference, an explicit fast
+  implementation refuses it, and a name added to the reference is never computed as something else.
   """
   implementation: str
   normalizations: tuple[str, ...]
@@ -264,21 +263,11 @@ def check_operands(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.A
                             "allowed: at least one position")
 
 
-def attention(
-    query_BQHD: jax.Array,
-    key_BKHD: jax.Array,
-    value_BKHV: jax.Array,
-    *,
-    bias: Optional[jax.Array] = None,
-    mask: Optional[jax.Array] = None,
-    normalization: str = "rms_head",
-    value_network: str = "mlp",
-    activation: str = "relu",
-    value_weight_HVV: Optional[jax.Array] = None,
-    eps: float = RMS_HEAD_EPS,
-    dropout_rate: float = 0.0,
-    dropout_seed: Optional[jax.Array] = None,
-) -> jax.Array:
+def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+              bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+              normalization: str = "rms_head", value_network: str = "mlp", activation: str = "relu",
+              value_weight_HVV: Optional[jax.Array] = None, eps: float = RMS_HEAD_EPS,
+              dropout_rate: float = 0.0, dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """Full attention, (B, Q, H, D) x (B, K, H, D) x (B, K, H, V) -> (B, Q, H, V).
 
   This signature is the contract of every implementation in `ops`. `dropout_rate` > 0
@@ -289,5 +278,4 @@ def attention(
   code_BHQK = normalize_scores(scores_BHQK, mask, normalization, eps)
   if dropout_rate:
     code_BHQK = apply_dropout(code_BHQK, dropout_rate, dropout_seed)
-  return apply_value_network(code_BHQK, value_BKHV, value_network, activation,
-                             value_weight_HVV)
+  return apply_value_network(code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)

@@ -85,8 +85,7 @@ def make_config(
     q_len, k_len, depth, *, computes: reference.Computes, normalization, value_network,
     activation, eps, is_causal, block_q, block_k, dtype=jnp.float32, dropout_rate=0.0,
 ) -> TileConfig:
-  """Validates the choices against what the kernel `computes`; tiles balanced
-  (`balanced_block`)."""
+  """Validates the choices against what the kernel `computes`; tiles balanced (`balanced_block`)."""
   computes.check(normalization, value_network)
   reference.get_activation(activation)
   dropout.check_rate(dropout_rate)
@@ -99,8 +98,7 @@ def make_config(
       block_q=balanced_block(q_len, block_q), block_k=balanced_block(k_len, block_k),
       compute_dtype_name=compute_dtype.name,
       pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
-      dropout_rate=float(dropout_rate),
-  )
+      dropout_rate=float(dropout_rate))
 
 
 def as_rank4(x: Optional[jax.Array], name: str, full_shape, dtype=None):
@@ -155,8 +153,7 @@ def tile_schedule(cfg: TileConfig, key_major: bool = False
   T=10^6 those would be ~10^8); `schedule_tile` finds a pair's tiles on device.
   """
   if key_major:
-    firsts = np.array([causal_first_q_block(j, cfg) for j in range(cfg.num_k_blocks)],
-                      np.int64)
+    firsts = np.array([causal_first_q_block(j, cfg) for j in range(cfg.num_k_blocks)], np.int64)
     counts = cfg.num_q_blocks - firsts
   else:
     firsts = np.zeros(cfg.num_q_blocks, np.int64)

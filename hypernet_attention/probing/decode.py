@@ -8,29 +8,26 @@ regularization C chosen from `C_GRID` by cross-validation on the *fitting side o
 to unseen tasks, the claim being tested. Fit on the in-distribution split, score on the
 held-out-task split. Scored against:
   chance      `DummyClassifier` most-frequent and stratified (mean of 20 draws), fit on
-              the same fitting side, scored on the same split; SRAVEN also the
-              per-feature prior (the most frequent rule of each feature: unpermuted rule
-              tuples are sorted multisets, so the feature index alone predicts the rule
-              well above uniform).
+              the same fitting side, scored on the same split; SRAVEN also the per-feature prior
+              (the most frequent rule of each feature: unpermuted rule tuples are sorted multisets,
+              so the feature index alone predicts the rule well above uniform).
   permutation the labels of whole label units shuffled within strata (`stats.py` says
               why), the probe refit on each shuffle and scored on the true held-out
               labels; p = (1 + #{null >= real}) / (1 + n). The null probes reuse the C the
               real probe chose: re-running the grid search per shuffle costs ~30x more; C is
               chosen on the fitting side, never on the held-out score.
   control     Hewitt & Liang (2019): a fixed random map from label unit to a label (the
-              real unit labels shuffled within strata, so the label distribution is the
-              real one), same probe; both probes on one 50/50 *sample-level* split of the
-              in-distribution samples (a control label can only be memorised per unit, so
-              it must be scored on units seen in fitting); both with the C the real
-              decoder chose (one probe, as Hewitt & Liang fix the probe's hyperparameters).
-              Selectivity = real - control accuracy on that split: how much of the probe's
-              success is more than memorising units.
-Multi-label (fuzzy logic): one binary probe per known term, the same machinery per term
-with F1 as the score and `class_weight='balanced'` (a term is in 1/6 of the tasks: an
-unweighted probe at threshold 0.5 measured F1 0.01-0.05 on the size=local runs by
-predicting "absent" almost everywhere, which says nothing about the code); macro-F1 over
-the terms that at least two fitting tasks contain and two do not (others cannot be
-cross-validated and are reported as skipped).
+              real unit labels shuffled within strata, so the label distribution is the real one),
+              same probe; both probes on one 50/50 *sample-level* split of the in-distribution
+              samples (a control label can only be memorised per unit, so it must be scored on units
+              seen in fitting); both with the C the real decoder chose (one probe, as Hewitt & Liang
+              fix the probe's hyperparameters). Selectivity = real - control accuracy on that split:
+              how much of the probe's success is more than memorising units.
+Multi-label (fuzzy logic): one binary probe per known term, the same machinery per term with F1 as
+the score and `class_weight='balanced'` (a term is in 1/6 of the tasks: an unweighted probe at
+threshold 0.5 measured F1 0.01-0.05 on the size=local runs by predicting "absent" almost everywhere,
+which says nothing about the code); macro-F1 over the terms that at least two fitting tasks contain
+and two do not (others cannot be cross-validated and are reported as skipped).
 """
 
 from __future__ import annotations
@@ -89,8 +86,7 @@ def cv_splits(side: Side, seed: int, grouped: bool = True) -> list:
     return list(cv.split(side.x_NC, side.y, groups))
 
 
-def fit_probe(side: Side, scoring: str, seed: int, grouped: bool = True,
-              balanced: bool = False):
+def fit_probe(side: Side, scoring: str, seed: int, grouped: bool = True, balanced: bool = False):
   """The probe fit on `side` with C chosen by (grouped) stratified k-fold CV: (probe, C)."""
   search = model_selection.GridSearchCV(
       make_probe(balanced=balanced), {"logisticregression__C": C_GRID},
@@ -173,8 +169,7 @@ def decode_multiclass(fit: Side, score: Side, num_classes: int, num_permutations
 
 def _control(side: Side, seed: int):
   """Control labels (a fixed random unit -> label map) and a 50/50 sample-level split."""
-  control_y = stats.permute_units(side.unit_N, side.y, side.stratum_N,
-                                  np.random.default_rng(seed))
+  control_y = stats.permute_units(side.unit_N, side.y, side.stratum_N, np.random.default_rng(seed))
   first, second = model_selection.train_test_split(
       np.arange(len(side.y)), test_size=0.5, random_state=seed)
   return control_y, first, second

@@ -13,28 +13,26 @@ probed entries leave the jitted forward pass.
 Settings (after the paper's Figs. 2B and 5 and the authors' callbacks.py; each experiment's
 record names its setting, `registry.Experiment.probe`):
   sraven       splits `test_unpermuted` (in-distribution tasks, to fit) and
-               `ood_unpermuted` (held-out rule combinations, to score); no feature
-               permutation, so slot f *is* feature f. For each probed feature f the query
-               token of f in the answer panel attends to the tokens of f in the first G-1
-               panels of the last row: query (G*G-1)*K + f, keys (G*(G-1)+j)*K + f for
-               j < G-1 (G=3: query 8K+f, keys 6K+f, 7K+f; K=4, f=3 is the authors'
-               35 -> [27, 31]). Code = H x (G-1) entries per layer; label = rule of f;
-               task = the rule multiset; unit (the set of samples sharing a label) =
-               (task, f); stratum = f. `features='all'` probes every feature (K samples
-               per problem), `features='last'` only f = K-1 (the authors' exact setting).
+               `ood_unpermuted` (held-out rule combinations, to score); no feature permutation, so
+               slot f *is* feature f. For each probed feature f the query token of f in the answer
+               panel attends to the tokens of f in the first G-1 panels of the last row: query
+               (G*G-1)*K + f, keys (G*(G-1)+j)*K + f for j < G-1 (G=3: query 8K+f, keys 6K+f, 7K+f;
+               K=4, f=3 is the authors' 35 -> [27, 31]). Code = H x (G-1) entries per layer; label =
+               rule of f; task = the rule multiset; unit (the set of samples sharing a label) =
+               (task, f); stratum = f. `features='all'` probes every feature (K samples per
+               problem), `features='last'` only f = K-1 (the authors' exact setting).
   fuzzy_logic  splits `test` (training tasks, fresh samples) and `ood` (held-out
-               combinations of known terms); the query token (the last) attending to
-               itself, per layer: H entries. Labels = which known terms the task contains
-               (multi-label); unit = task; one stratum. `query='fixed'` (default, the
-               authors' `valid_fixed_query` / `test_fixed_query` loaders that their
-               latent callback reads): every problem's query point x_q is one fixed point
-               (`fixed_query_point`), only the context varies; `query='random'`: x_q drawn
-               per problem like the context. The query token's self-code in layer 0 is a
-               function of that token alone under HYLA and linear attention (its y is
-               zeroed; RMSHead normalizes across the heads of one pair, linear attention
-               not at all), so with random queries it varies with x_q and carries no task,
-               and in later layers x_q's variation swamps the context's
-               (experiments/results/probing.md, "Fig. 2B at paper scale").
+               combinations of known terms); the query token (the last) attending to itself, per
+               layer: H entries. Labels = which known terms the task contains (multi-label); unit =
+               task; one stratum. `query='fixed'` (default, the authors' `valid_fixed_query` /
+               `test_fixed_query` loaders that their latent callback reads): every problem's query
+               point x_q is one fixed point (`fixed_query_point`), only the context varies;
+               `query='random'`: x_q drawn per problem like the context. The query token's self-code
+               in layer 0 is a function of that token alone under HYLA and linear attention (its y
+               is zeroed; RMSHead normalizes across the heads of one pair, linear attention not at
+               all), so with random queries it varies with x_q and carries no task, and in later
+               layers x_q's variation swamps the context's (experiments/results/probing.md, "Fig. 2B
+               at paper scale").
 SRAVEN's query tokens (the answer panel's zero tokens) are the same in every problem: its
 only query choice is 'fixed'.
 """

@@ -126,8 +126,7 @@ def class_cosines(codes, path: str) -> None:
   fig, axes = plt.subplots(2, len(layers), figsize=(3.8 * len(layers) + 1, 7.4), squeeze=False,
                            layout="constrained")
   for l, title in enumerate(layers):
-    means, present = stats.class_means(codes.codes_NLC[:, l], codes.labels,
-                                       len(codes.class_names))
+    means, present = stats.class_means(codes.codes_NLC[:, l], codes.labels, len(codes.class_names))
     for row, centred in enumerate((False, True)):
       im = _matrix(axes[row, l], stats.cosine_matrix(means, centred), codes.class_names[present],
                    f"{title}, {'centred' if centred else 'uncentred'}")
@@ -152,7 +151,6 @@ def generated_cosines(weights: Sequence, class_names: np.ndarray, path: str) -> 
   fig, axes = plt.subplots(1, len(weights), figsize=(3.8 * len(weights) + 1, 3.9), squeeze=False,
                            layout="constrained")
   for ax, w in zip(axes[0], weights):
-    im = _matrix(ax, w.cosine_centred, class_names[w.classes],
-                 f"{w.layer} {w.matrix}, centred")
+    im = _matrix(ax, w.cosine_centred, class_names[w.classes], f"{w.layer} {w.matrix}, centred")
   fig.colorbar(im, ax=axes, shrink=0.7, label="cosine of mean generated weights")
   _save(fig, path, tight=False)  # The layout is "constrained".

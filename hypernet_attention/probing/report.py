@@ -176,8 +176,7 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
     figures.class_cosines(codes, _join(out_dir, "class_cosines.png"))
     figures.topographic({k: v["topographic"]["held-out tasks"] for k, v in analysis.items()},
                         _join(out_dir, "topographic.png"), options.seed)
-    figures.generated_cosines(gen, codes.class_names,
-                              _join(out_dir, "generated_weights.png"))
+    figures.generated_cosines(gen, codes.class_names, _join(out_dir, "generated_weights.png"))
   probe = dataclasses.replace(probe, seconds=time.time() - start)
   _write_json(_join(out_dir, "metrics.json"), probe.metrics(options))
   _write_text(_join(out_dir, "report.md"), run_report(probe, options))
@@ -265,10 +264,8 @@ def run_report(probe: RunProbe, options: ProbeOptions) -> str:
 
 def comparison_report(probes: Sequence[RunProbe], options: ProbeOptions, out_dir: str) -> None:
   """Side-by-side table and figure of several runs in `out_dir`."""
-  figures.decoder_vs_layer([p.curves() for p in probes],
-                           _join(out_dir, "decoder_vs_layer.png"))
-  _write_json(_join(out_dir, "metrics.json"),
-              {p.name: p.metrics(options) for p in probes})
+  figures.decoder_vs_layer([p.curves() for p in probes], _join(out_dir, "decoder_vs_layer.png"))
+  _write_json(_join(out_dir, "metrics.json"), {p.name: p.metrics(options) for p in probes})
   runs = "\n".join(f"- {p.name}: `{p.workdir}` step {p.codes.step}, per-run report "
                    f"[{p.name}/report.md]({p.name}/report.md), {p.seconds:.0f} s" for p in probes)
   tables = "\n\n".join(table([p for p in probes if p.codes.experiment == kind])

@@ -125,8 +125,7 @@ def check_run(config: ml_collections.ConfigDict) -> None:
     raise BadInput(f"config.eval.num_problems={config.eval.num_problems} is not a multiple of "
                    f"config.eval.batch_size={config.eval.batch_size}")
   opt = config.optimizer
-  if opt.get("authors_schedule", False) and (
-      config.num_train_steps - 2 * opt.warmup_steps <= 0):
+  if opt.get("authors_schedule", False) and (config.num_train_steps - 2 * opt.warmup_steps <= 0):
     raise BadInput(
         f"optimizer.authors_schedule=True needs num_train_steps > 2 * warmup_steps (its "
         f"cosine lasts num_train_steps - 2 * warmup_steps); got num_train_steps="

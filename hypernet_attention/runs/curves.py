@@ -54,8 +54,7 @@ def read_scalars(workdir: str, tags: Optional[Sequence[str]] = None
   return out
 
 
-def _check_tags(available: set[str], tags: Optional[Sequence[str]], workdir: str
-                ) -> Sequence[str]:
+def _check_tags(available: set[str], tags: Optional[Sequence[str]], workdir: str) -> Sequence[str]:
   """`tags` (None: every available one), once each is shown to be available."""
   tags = sorted(available) if tags is None else tags
   missing = sorted(set(tags) - available)

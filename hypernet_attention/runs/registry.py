@@ -1,15 +1,14 @@
 """The one registry of experiments: one `Experiment` record per `config.experiment` name.
 
-Everything that differs between experiments and is not in the config file sits in its
-record, and everything that needs it reads the record: the entry points (which trainer),
-`objectives.build` (the objective: an on-device task's is built from its `task` class),
-`config_checks` (population support, the task's host memory), `probing.extract` (the probe
-setting), the launchers, sweeps, campaign, plan and report (entry point, config file, config
-template, main metric, and the paper's grid, default setting, steps, reported splits, Table A1
-column and reference rates: `Paper`). No other module keys a table by an experiment's name
-(tests/runs/test_registry.py), so a new task is its task module `tasks/<name>.py`, its
-config `experiments/configs/<name>.py` and one record here (the contributor's map in
-experiments/reference.md).
+Everything that differs between experiments and is not in the config file sits in its record, and
+everything that needs it reads the record: the entry points (which trainer), `objectives.build` (the
+objective: an on-device task's is built from its `task` class), `config_checks` (population support,
+the task's host memory), `probing.extract` (the probe setting), the launchers, sweeps, campaign,
+plan and report (entry point, config file, config template, main metric, and the paper's grid,
+default setting, steps, reported splits, Table A1 column and reference rates: `Paper`). No other
+module keys a table by an experiment's name (tests/runs/test_registry.py), so a new task is its task
+module `tasks/<name>.py`, its config `experiments/configs/<name>.py` and one record here (the
+contributor's map in experiments/reference.md).
 
 This module imports only the standard library, so a launching machine without JAX
 (`xm_launch --dry_run`, `tpu_pod.sh`, `launch/campaign`) can read it: a record names its
@@ -71,8 +70,7 @@ class Paper:
   table_a1: dict[tuple[str, bool], tuple[float, float]]
   # Single-run steps/s at the paper's size, for the campaign's plan when no cell of it has
   # finished on the device kind: {"cpu" | "gpu": ({model family: steps/s}, source)}.
-  reference_rates: dict[str, tuple[dict[str, float], str]] = dataclasses.field(
-      default_factory=dict)
+  reference_rates: dict[str, tuple[dict[str, float], str]] = dataclasses.field(default_factory=dict)
   decoding_metric: str = "accuracy"  # What the campaign's probes score on held-out tasks.
   cell_prefix: str = ""  # The experiment in the campaign's cell names: `d_fuzzy_hyla_grid`.
   # The campaign runs Table A1's ablation rows at the default setting first (stage d), the

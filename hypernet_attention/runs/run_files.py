@@ -1,11 +1,10 @@
 """A run's files, on local disk or in a bucket (`gs://b/run`), without JAX.
 
-File names, the `~` / gs:// path step, JSON reads and atomic writes, "is this a finished
-run", "is this a population" and its members' names, the `--workdir` / output-path checks
-and the workdir guard (`check`: config.json must match to resume): what the training code,
-the launchers (`launch/`, which run where JAX is not installed) and `collect` share. In a
-multi-process run the training loop lets process 0 write (`check(record=...)`,
-`cached_json(write=...)`).
+File names, the `~` / gs:// path step, JSON reads and atomic writes, "is this a finished run", "is
+this a population" and its members' names, the `--workdir` / output-path checks and the workdir
+guard (`check`: config.json must match to resume): what the training code, the launchers (`launch/`,
+which run where JAX is not installed) and `collect` share. In a multi-process run the training loop
+lets process 0 write (`check(record=...)`, `cached_json(write=...)`).
 
 All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
 bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
@@ -18,10 +17,9 @@ TensorFlow, which only the language-model data needs. gcsfs's directory-listing 
 turned off: other processes and hosts write the same workdir (a resumed run, a probe, Orbax
 on every host), and a cached listing would hide their files.
 
-JSON files are written whole or not at all: locally through a temporary file renamed over
-the target (a rename is atomic on one file system); in a bucket one object write is already
-atomic (the object appears only when its upload completes), and a rename there would be a
-copy plus a delete.
+JSON files are written whole or not at all: locally through a temporary file renamed over the target
+(a rename is atomic on one file system); in a bucket one object write is already atomic (the object
+appears only when its upload completes), and a rename there would be a copy plus a delete.
 """
 
 from __future__ import annotations
@@ -154,12 +152,11 @@ _CREDENTIALS_FOUND: set[str] = set()  # Buckets whose credentials this process h
 def check_credentials(bucket_path: str, flag: str = "--workdir") -> None:
   """`BadInput` at once when no Google Cloud credentials are found for a gs:// path.
 
-  Without credentials gcsfs falls back to anonymous access, whose first write fails only
-  after its retries (a minute and more; without a network, a DNS traceback). This asks
-  google-auth for the application default credentials (environment, gcloud's
-  application-default file, a Cloud VM's metadata server), as gcsfs does first. Skipped
-  for an emulator (`STORAGE_EMULATOR_HOST`) and when fsspec's gcs config names a token
-  (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket).
+  Without credentials gcsfs falls back to anonymous access, whose first write fails only after its
+  retries (a minute and more; without a network, a DNS traceback). This asks google-auth for the
+  application default credentials (environment, gcloud's application-default file, a Cloud VM's
+  metadata server), as gcsfs does first. Skipped for an emulator (`STORAGE_EMULATOR_HOST`) and when
+  fsspec's gcs config names a token (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket).
   """
   bucket = bucket_path[len("gs://"):].split("/")[0]
   if (bucket in _CREDENTIALS_FOUND or os.environ.get("STORAGE_EMULATOR_HOST")

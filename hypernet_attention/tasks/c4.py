@@ -74,8 +74,7 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
 
 def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   """TFDS `c4/en` (the newest version prepared under `data_dir`); one clear error if none."""
-  found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*",
-                                        "dataset_info.json"))
+  found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
   if not data_dir or not found:
     raise BadInput(_one_line(
         f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
@@ -235,8 +234,7 @@ def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: i
   options.deterministic = True
   # The only external state is the jsonl parser's py_function, which holds none between
   # elements; without this the iterator could not be checkpointed.
-  options.experimental_external_state_policy = (
-      tf.data.experimental.ExternalStatePolicy.IGNORE)
+  options.experimental_external_state_policy = (tf.data.experimental.ExternalStatePolicy.IGNORE)
   return dataset.with_options(options).prefetch(2)
 
 

@@ -72,8 +72,7 @@ class FuzzyLogic:
                                 dtype=np.int32)
     num_known = num_all - num_unseen_terms
     known = np.array(list(itertools.combinations(range(num_known), num_terms)), np.int32)
-    unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)),
-                      np.int32)
+    unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)), np.int32)
     train, ood = heldout.split(known, holdout_fraction, num_known, seed,
                                what='combinations of known terms',
                                authors=split_draw == 'authors')
@@ -133,8 +132,7 @@ class FuzzyLogic:
 
   output_dim = 1  # One regression output per token; `metrics` reads the query's.
 
-  def metrics(self, outputs_BT1: jax.Array, batch: dict[str, jax.Array]
-              ) -> dict[str, jax.Array]:
+  def metrics(self, outputs_BT1: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Per-sequence (B,) squared error `loss` and `r2` of the prediction at the query."""
     _, target_B = self.encode(batch)
     chex.assert_shape(outputs_BT1, (*target_B.shape, None, 1))

@@ -32,8 +32,7 @@ from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import docstring_corpus
 
 # config.task.pipeline -> the module of that data path (same functions in both).
-PIPELINES = {"seqio": "hypernet_attention.tasks.c4",
-             "grain": "hypernet_attention.tasks.c4_grain"}
+PIPELINES = {"seqio": "hypernet_attention.tasks.c4", "grain": "hypernet_attention.tasks.c4_grain"}
 TASKS = ("c4_lm", "text_lm")
 SPLITS = ("train", "validation")
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -167,11 +166,10 @@ def check_not_empty(found: list[bool], pattern: str, split: str) -> None:
 
 
 def check_text_head(path: str, head: bytes) -> bool:
-  """Whether `head`, the first `CHECK_BYTES` (or fewer: the whole file) of corpus file
-  `path`, holds a non-blank document; `BadInput` naming the file (and line) when it is
-  binary, not UTF-8 (e.g. Latin-1) or, for .jsonl, a line that is not a JSON object with a
-  string 'text'. Without this, the reader fails mid-training with a traceback, or a blank
-  corpus trains a vocabulary on nothing."""
+  """Whether `head`, the first `CHECK_BYTES` (or fewer: the whole file) of corpus file `path`, holds
+  a non-blank document; `BadInput` naming the file (and line) when it is binary, not UTF-8 (e.g.
+  Latin-1) or, for .jsonl, a line that is not a JSON object with a string 'text'. Without this, the
+  reader fails mid-training with a traceback, or a blank corpus trains a vocabulary on nothing."""
   cut = len(head) == CHECK_BYTES  # The last line may continue past the checked bytes.
   nul = head.find(b"\0")
   if nul >= 0:

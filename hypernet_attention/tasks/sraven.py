@@ -141,8 +141,7 @@ class SRaven:
     `bits` (B, K, W) uint32 are the random words of each feature (W = G + G*(G-1) + F + G*G).
     """
     G, F = self.grid_size, self.num_values
-    start, ops, set_keys, row_keys = jnp.split(
-        bits, np.cumsum([G, G * (G - 1), F]), axis=-1)
+    start, ops, set_keys, row_keys = jnp.split(bits, np.cumsum([G, G * (G - 1), F]), axis=-1)
     col = jnp.arange(G)
     start = _randint(start, F)[..., None]  # (B, K, G, 1)
     constant = jnp.broadcast_to(start, shape + (G, G))
@@ -225,8 +224,7 @@ class SRaven:
     F**-K (accuracy counts a panel right only if every feature is)."""
     return float(self.num_values) ** -self.num_features
 
-  def metrics(self, logits_BTF: jax.Array, batch: dict[str, jax.Array]
-              ) -> dict[str, jax.Array]:
+  def metrics(self, logits_BTF: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Per-problem (B,) metrics of the logits at the K query tokens: cross-entropy
     `loss`, `accuracy` (every feature right) and `accuracy_feature<k>`."""
     _, targets_BK = self.encode(batch)
@@ -429,17 +427,15 @@ class SRaven:
     distribute = -math.log(math.comb(F, G)) - G * math.log(math.factorial(G))
     return np.array([one_per_row] * 5 + [operands] * 2 + [distribute])
 
-  def bayes_predict(self, grid, split: str, prior: str = 'split'
-                    ) -> tuple[np.ndarray, np.ndarray]:
+  def bayes_predict(self, grid, split: str, prior: str = 'split') -> tuple[np.ndarray, np.ndarray]:
     """Bayes-optimal answer panels (B, K) and their posterior probability (B,) (host numpy).
 
-    The posterior is that of this split's generative process given the context panels
-    only (the answer cell is overwritten before use): a rule multiset uniform over the
-    split's combinations, assigned to features in sorted order, uniform per-column
-    permutations (none for `*_unpermuted` or `permute_features=False`), and each rule's
-    value distribution (`_log_likelihoods`). Hidden states are (reading, rule per chain);
-    one with rule multiset M has prior weight prod_r mult_M(r)! (the number of feature
-    labelings it stands for) times the likelihood of its chains.
+    The posterior is that of this split's generative process given the context panels only (the
+    answer cell is overwritten before use): a rule multiset uniform over the split's combinations,
+    assigned to features in sorted order, uniform per-column permutations (none for `*_unpermuted`
+    or `permute_features=False`), and each rule's value distribution (`_log_likelihoods`). Hidden
+    states are (reading, rule per chain); one with rule multiset M has prior weight prod_r
+    mult_M(r)! (the number of feature labelings it stands for) times the likelihood of its chains.
 
     prior='split' uses the split's combinations; prior='all' allows all of them (what a
     model that never saw the held-out list could at best assume on `ood`).

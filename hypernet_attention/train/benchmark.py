@@ -1,17 +1,15 @@
 """Throughput of the real train step (`trainer.Trainer.train_chunk`), without a workdir.
 
-Used by `experiments/benchmark_training.py`; numbers go in experiments/results/, not in
-timed tests. Several models are timed interleaved in one process, so their ratio is robust
-to a shared, noisy machine. For sequence models it also reports tokens/s and model FLOPs
-utilization:
+Used by `experiments/benchmark_training.py`; numbers go in experiments/results/, not in timed tests.
+Several models are timed interleaved in one process, so their ratio is robust to a shared, noisy
+machine. For sequence models it also reports tokens/s and model FLOPs utilization:
 
   model FLOPs per token = 6 N + 12 L T E   (PaLM, Chowdhery et al. 2022, App. B)
 
-N = parameters except the input embedding (a lookup), L layers, T sequence length,
-E = total query/key width. The same formula for every attention variant, so HYLA's extra
-value-network work is not credited: MFU compares useful work at equal model size.
-MFU = FLOPs per token x tokens/s / the device's peak (`PEAK_TFLOPS` by device kind, or
-given).
+N = parameters except the input embedding (a lookup), L layers, T sequence length, E = total
+query/key width. The same formula for every attention variant, so HYLA's extra value-network work is
+not credited: MFU compares useful work at equal model size. MFU = FLOPs per token x tokens/s / the
+device's peak (`PEAK_TFLOPS` by device kind, or given).
 """
 
 from __future__ import annotations
@@ -165,16 +163,14 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   start = time.perf_counter()
   trainer, target, single, members, init = trainer_for(config)
   compiled = trainer.compile_chunk(target, steps)
-  fit = memory.check_fits(compiled, list(single.mesh.devices.flat), config.batch_size,
-                          members)
+  fit = memory.check_fits(compiled, list(single.mesh.devices.flat), config.batch_size, members)
   return _Plan(config, single, trainer, init, compiled, time.perf_counter() - start,
                members, fit.need.total if fit.need else 0)
 
 
 def prepare(config_or_plan: ml_collections.ConfigDict | _Plan, steps: int) -> _Prepared:
   """Builds the state of a config (planned first) or of a plan, and runs one chunk."""
-  planned = (config_or_plan if isinstance(config_or_plan, _Plan)
-             else plan(config_or_plan, steps))
+  planned = (config_or_plan if isinstance(config_or_plan, _Plan) else plan(config_or_plan, steps))
   prepared = _Prepared(planned, planned.init())
   prepared.compile_s = planned.compile_s + prepared.run_chunk(steps)  # Runs the chunk once.
   return prepared
@@ -193,8 +189,7 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan],
   time / the first config's chunk time in that round. `labels` (default: the attention
   presets) name the configs in the progress lines.
   """
-  labels = labels or [(c.config if isinstance(c, _Plan) else c).model.attention
-                      for c in configs]
+  labels = labels or [(c.config if isinstance(c, _Plan) else c).model.attention for c in configs]
   plans = []
   for c, label in zip(configs, labels):  # A line each: a window cut mid-compile says where.
     start = time.perf_counter()
@@ -253,8 +248,7 @@ def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[i
   return out
 
 
-def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]
-         ) -> dict[str, Any]:
+def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]) -> dict[str, Any]:
   config, s = p.config, p.setup
   median = float(np.median(times))
   steps_per_s = steps / median
@@ -297,8 +291,7 @@ def mfu(row: dict[str, Any], peak_tflops: float | None) -> float | None:
   return row["flops_per_token"] * row["tokens_per_s"] / (peak * 1e12 * jax.device_count())
 
 
-def input_tokens_per_second(config: ml_collections.ConfigDict, seconds: float = 10.0
-                            ) -> float:
+def input_tokens_per_second(config: ml_collections.ConfigDict, seconds: float = 10.0) -> float:
   """Tokens/s this process's host input pipeline delivers alone (no model), after the
   first batch; tokens = rows x row length of every feature-0 array read."""
   s = build.setup(config)

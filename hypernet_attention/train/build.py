@@ -41,8 +41,7 @@ class Setup:
 
   def restore_target(self) -> Any:
     """The abstract state with its shardings: what Orbax restores onto."""
-    return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state),
-                                                 self.shardings)
+    return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state), self.shardings)
 
 
 def setup(config: ml_collections.ConfigDict | config_checks.Checked, devices=None,

@@ -1,20 +1,18 @@
 """Checkpoints: one Orbax `CheckpointManager` for the train state, under `<workdir>/checkpoints`.
 
-A checkpoint holds the `TrainState` (step, params, optimizer state), a small JSON record and,
-for host-side data (language modeling), every process's input-iterator position (item
-`data`, `data.DataIteratorHandler`, for the seqio path; item `grain`, Grain's own handler,
-for the Grain path: `data.checkpoint_item`), finalized atomically with the state. Synthetic tasks
-need no iterator item: every batch is a pure function of (seed, step), so the step *is*
-their data position.
+A checkpoint holds the `TrainState` (step, params, optimizer state), a small JSON record and, for
+host-side data (language modeling), every process's input-iterator position (item `data`,
+`data.DataIteratorHandler`, for the seqio path; item `grain`, Grain's own handler, for the Grain
+path: `data.checkpoint_item`), finalized atomically with the state. Synthetic tasks need no iterator
+item: every batch is a pure function of (seed, step), so the step *is* their data position.
 
-Resume order (`Checkpointer.restore_latest`): newest finalized step first. Its metadata is
-compared with the state the code builds *before* anything is read: a different tree, shape or
-dtype (e.g. code that added a parameter) is a `CheckpointMismatchError` naming the first
-differing leaf, and nothing is moved. Only a step that cannot be read at all (corrupt or
-truncated files) is moved to `<workdir>/corrupt_checkpoints/` (never deleted) and the next
-newest is tried. Orbax finalizes a step only when it is complete (locally by renaming its
-temporary directory, in a bucket by a commit marker), so a kill during a save leaves the
-previous steps intact.
+Resume order (`Checkpointer.restore_latest`): newest finalized step first. Its metadata is compared
+with the state the code builds *before* anything is read: a different tree, shape or dtype (e.g.
+code that added a parameter) is a `CheckpointMismatchError` naming the first differing leaf, and
+nothing is moved. Only a step that cannot be read at all (corrupt or truncated files) is moved to
+`<workdir>/corrupt_checkpoints/` (never deleted) and the next newest is tried. Orbax finalizes a
+step only when it is complete (locally by renaming its temporary directory, in a bucket by a commit
+marker), so a kill during a save leaves the previous steps intact.
 
 `Checkpointer(..., read_only=True)` is the read-only path for analysis (`restore.py`): it
 opens the checkpoints without creating, cleaning or moving anything, and
@@ -144,8 +142,7 @@ class Checkpointer:
           item_handlers={name: handler() for name, handler in ITEM_HANDLERS.items()}
           | ({"state": ocp.PyTreeCheckpointHandler()} if read_only else {}))
 
-  def save(self, step: int, state: Any, *, force: bool = False,
-           data_iterator: Any = None) -> bool:
+  def save(self, step: int, state: Any, *, force: bool = False, data_iterator: Any = None) -> bool:
     """Starts saving `state` (and `data_iterator`'s position, if given) at `step` if the
     interval says so (or `force`). The iterator must be at the position of `step`.
 
@@ -260,8 +257,7 @@ class Checkpointer:
         # meet a closed event loop: `_drop_closed_loop`); the step is moved aside.
         self._unreadable(step, e)
         continue
-      logging.info("Restored checkpoint at step %d from %s", step,
-                   run_files.shown(self.directory))
+      logging.info("Restored checkpoint at step %d from %s", step, run_files.shown(self.directory))
       return state
     return None
 

@@ -4,13 +4,12 @@
                   of (key, batch size, split), generated *inside* the jitted train step:
                   no host input pipeline, and the step number is the data position.
   HostSource      a host-side pipeline (seqio / tf.data, `tasks/c4.py`, or Grain,
-                  `tasks/c4_grain.py`): every process reads its own slice (shard
-                  `process_index` of `process_count`), `to_global` turns the slices into
-                  one global `jax.Array` per feature on the mesh, and the jitted step takes
-                  the batch as an argument. The iterator's position is saved inside each
-                  Orbax checkpoint (`checkpoint_item`: Grain's own handler for a Grain
-                  iterator, `DataIteratorArgs` for the others), so a resumed run neither
-                  replays nor skips data.
+                  `tasks/c4_grain.py`): every process reads its own slice (shard `process_index` of
+                  `process_count`), `to_global` turns the slices into one global `jax.Array` per
+                  feature on the mesh, and the jitted step takes the batch as an argument. The
+                  iterator's position is saved inside each Orbax checkpoint (`checkpoint_item`:
+                  Grain's own handler for a Grain iterator, `DataIteratorArgs` for the others), so a
+                  resumed run neither replays nor skips data.
 
 The loop asks only `source.on_device`; everything task-specific stays in the objective.
 """

@@ -93,8 +93,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
     length = _next_boundary(0, config, _chunk_bound(config).length)
     compile_start = time.time()
     compiled = trainer.compile_chunk(target, length)
-    fit = memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size,
-                            members)
+    fit = memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size, members)
     seconds = time.time() - compile_start
     logging.info("First chunk (%d steps) compiled in %.1fs; %s", length, seconds, fit.describe())
     return FirstChunk(length, seconds)

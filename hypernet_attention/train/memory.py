@@ -1,12 +1,11 @@
 """Does one training chunk fit in memory? Asked of XLA's compiled program before any work.
 
-A batch too large for the device otherwise shows itself after the state is built: as the
-allocator's RESOURCE_EXHAUSTED traceback (GPU, TPU) or the kernel's OOM killer (CPU). Shape
-arithmetic cannot predict it (fusion, scan, buffer reuse and donation move the peak by
-several times); the compiled executable's `memory_analysis()` is XLA's own buffer
-assignment. Compiling the first chunk ahead of time costs nothing extra: the jitted call that
-follows finds the same executable in JAX's cache (`tests/e2e/test_compile_once.py` counts the
-traces of whole runs with this check on).
+A batch too large for the device otherwise shows itself after the state is built: as the allocator's
+RESOURCE_EXHAUSTED traceback (GPU, TPU) or the kernel's OOM killer (CPU). Shape arithmetic cannot
+predict it (fusion, scan, buffer reuse and donation move the peak by several times); the compiled
+executable's `memory_analysis()` is XLA's own buffer assignment. Compiling the first chunk ahead of
+time costs nothing extra: the jitted call that follows finds the same executable in JAX's cache
+(`tests/e2e/test_compile_once.py` counts the traces of whole runs with this check on).
 """
 
 from __future__ import annotations

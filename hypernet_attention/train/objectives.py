@@ -1,14 +1,13 @@
 """Per-experiment task, loss and metrics: `build(config)` calls the objective builder of
 `config.experiment`'s record (`registry.py`).
 
-Metrics are returned per example (shape (B,)) so that evaluation can sum them over many
-batches and divide once; training logs their batch means. Everything task-specific sits in
-an `Objective` (data source, encoding, model fields the task fixes, derived and per-run
-metrics), so the loop has no task branches. This module is the one home of objective
-builders, built from what `tasks/` exposes (tasks/ imports nothing from train/): `on_device`
-for every on-device task (the record's `task` class: its `encode`, per-example `metrics` and
-`output_dim`), `c4_lm` for the host pipelines (their readers). A new on-device task needs no
-builder: its record names its class.
+Metrics are returned per example (shape (B,)) so that evaluation can sum them over many batches and
+divide once; training logs their batch means. Everything task-specific sits in an `Objective` (data
+source, encoding, model fields the task fixes, derived and per-run metrics), so the loop has no task
+branches. This module is the one home of objective builders, built from what `tasks/` exposes
+(tasks/ imports nothing from train/): `on_device` for every on-device task (the record's `task`
+class: its `encode`, per-example `metrics` and `output_dim`), `c4_lm` for the host pipelines (their
+readers). A new on-device task needs no builder: its record names its class.
 
 Shape letters: B batch, T tokens, V vocabulary.
 """
@@ -115,11 +114,10 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
 
 
 def on_device(config: ml_collections.ConfigDict) -> Objective:
-  """The objective of an on-device task: the record's `task` class built from
-  `config.task`, its `encode`, `metrics` and `output_dim` (the task protocol,
-  experiments/reference.md), and the record's main metric. A task with
-  `accuracy_ceiling` reports each eval split's ceiling once per run, one with
-  `chance_accuracy` the chance level."""
+  """The objective of an on-device task: the record's `task` class built from `config.task`, its
+  `encode`, `metrics` and `output_dim` (the task protocol, experiments/reference.md), and the
+  record's main metric. A task with `accuracy_ceiling` reports each eval split's ceiling once per
+  run, one with `chance_accuracy` the chance level."""
   experiment = registry.get(config.experiment)
   if experiment.task is None:
     raise ValueError(f"experiment {experiment.name!r} names no task class; the on-device "
@@ -137,8 +135,7 @@ def _task_run_metrics(task, config, workdir: str) -> dict[str, float]:
   """Accuracy ceilings (where the task estimates them) and chance (where it states it)."""
   out = _accuracy_ceilings(task, config, workdir) if hasattr(task, "accuracy_ceiling") else {}
   if hasattr(task, "chance_accuracy"):
-    out.update({f"{split}/accuracy_chance": task.chance_accuracy
-                for split in config.eval.splits})
+    out.update({f"{split}/accuracy_chance": task.chance_accuracy for split in config.eval.splits})
   return out
 
 

@@ -1,14 +1,13 @@
 """Populations: P runs that differ only in batchable settings, trained as one vmapped program.
 
-The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of
-an accelerator. A population stacks P members' train states along a leading member axis and
-maps the single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted,
-scanned chunk trains every member. What may differ between members (`MEMBER_KEYS`) is what
-can be data instead of code: the seed (initialization, data order, dropout), the held-out
-split's seed (each member's split tables are arrays, `task.sample(..., tables=)`), the peak
-learning rate, the weight decay and the warmup (traced hyperparameters,
-`state.make_optimizer(config, member)`). Anything else would change shapes or code and is
-refused in one line naming the key.
+The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of an
+accelerator. A population stacks P members' train states along a leading member axis and maps the
+single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted, scanned chunk
+trains every member. What may differ between members (`MEMBER_KEYS`) is what can be data instead of
+code: the seed (initialization, data order, dropout), the held-out split's seed (each member's split
+tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight decay and the
+warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything else would change
+shapes or code and is refused in one line naming the key.
 
 Member i computes exactly what the single run with its settings computes: the same step
 function, the same keys, an optimizer state of the same tree. A member whose loss or
@@ -120,8 +119,7 @@ def member_arrays(p: PopulationSetup) -> dict[str, Any]:
       "tables": jax.tree.map(lambda *t: jnp.stack(t), *tables),
       "learning_rate": jnp.asarray([o.learning_rate for o in opts], jnp.float32),
       "weight_decay": jnp.asarray([o.weight_decay for o in opts], jnp.float32),
-      "warmup_steps": jnp.asarray([o.warmup_steps for o in opts], jnp.int32),
-  }
+      "warmup_steps": jnp.asarray([o.warmup_steps for o in opts], jnp.int32)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +141,7 @@ class PopulationTrainer:
     self.setup = p
     self.config = p.member_configs[0]
     self.mesh = s.mesh
-    self.trainer = trainer_lib.Trainer(
-        self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    self.trainer = trainer_lib.Trainer(self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     self._member_arrays = member_arrays(p)
     self._member_sharding = stack_sharding(sharding.replicated(self.mesh))
     self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None
@@ -217,8 +214,7 @@ class PopulationTrainer:
 
     def evaluate(arrays, params):
       view = self._member(arrays)
-      return {split: view.eval_split(params, i, split)
-              for i, split in enumerate(splits)}
+      return {split: view.eval_split(params, i, split) for i, split in enumerate(splits)}
     return jax.jit(self._vmap(evaluate), in_shardings=(None, self.setup.shardings.params),
                    out_shardings=sharding.replicated(self.mesh))
 

@@ -2,19 +2,17 @@
 
 Layout of a population workdir (what `launch.collect`, probing and TensorBoard read):
 
-  <workdir>/config.json                the population's config (resume guard)
-  <workdir>/checkpoints/               one stacked state (leading member axis)
-  <workdir>/population_summary.json    members' names, frozen members, throughput
-  <workdir>/<member name>/config.json  the single run each member is
+  <workdir>/config.json                the population's config (resume guard) <workdir>/checkpoints/
+  one stacked state (leading member axis) <workdir>/population_summary.json    members' names,
+  frozen members, throughput <workdir>/<member name>/config.json  the single run each member is
   <workdir>/<member name>/summary.json as a single run's summary (+ `frozen_at_step`)
   <workdir>/<member name>/events...    TensorBoard scalars of the member
 
 So a sweep root holding populations tabulates exactly as one holding separate runs, and
-`restore.restore_params(workdir, member=i)` reads one member's parameters. Order of work,
-resume, SIGTERM and bad input are as for a single run: `loop.run` drives both. A member whose
-step turns NaN/Inf is frozen (`population.PopulationTrainer`): its summary records `frozen_at_step`
-and its last finite state's metrics; the run stops with FloatingPointError only when every
-member is frozen.
+`restore.restore_params(workdir, member=i)` reads one member's parameters. Order of work, resume,
+SIGTERM and bad input are as for a single run: `loop.run` drives both. A member whose step turns
+NaN/Inf is frozen (`population.PopulationTrainer`): its summary records `frozen_at_step` and its
+last finite state's metrics; the run stops with FloatingPointError only when every member is frozen.
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ class PopulationRun:
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.p.restore_target())
     if state is None:
-      logging.info("New population of %d members in %s", self.p.size,
-                   run_files.shown(self.workdir))
+      logging.info("New population of %d members in %s", self.p.size, run_files.shown(self.workdir))
       return self.trainer.init_state(), 0
     step = int(ckpt.latest_step())
     self._read_frozen()
@@ -81,8 +78,7 @@ class PopulationRun:
 
   def _read_frozen(self):
     try:
-      recorded = run_files.read_json(
-          run_files.path(self.workdir) / run_files.POPULATION_SUMMARY)
+      recorded = run_files.read_json(run_files.path(self.workdir) / run_files.POPULATION_SUMMARY)
     except ValueError as e:  # Written again below; a frozen member is found again.
       logging.warning("%s (rewritten by this run)", e)
       self.rewrite_summary = True

@@ -93,10 +93,9 @@ class Watcher:
 
   @contextlib.contextmanager
   def nothing_to_save(self, unchanged: str, release: Callable[[], None]):
-    """A notice inside this block exits the process at once (status 75): nothing has been
-    trained since the state was restored or built (`unchanged` says so in the exit line).
-    `release` frees the workdir's lock first. In a single process only (several processes
-    must agree on a step)."""
+    """A notice inside this block exits the process at once (status 75): nothing has been trained
+    since the state was restored or built (`unchanged` says so in the exit line). `release` frees
+    the workdir's lock first. In a single process only (several processes must agree on a step)."""
     def exit_now():
       release()
       print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; rerun the same "
@@ -168,17 +167,16 @@ class ChunkBound:
 
   Nothing is known about a step's time before one runs, so with the bound on the loop starts
   with short chunks (the largest divisor of `steps_per_loop` of at most `PROBE_STEPS` steps:
-  a notice during the first chunks waits for one of those, not for a long configured one).
-  The first chunk of a length compiles, so the decision waits for the second chunk of that
-  length: it gives the seconds per step, and the difference to the first chunk the
-  compilation time. The chosen length is the largest divisor whose chunks fit the bound,
-  counting for a new length its compilation too (its first chunk must fit as well, else the
-  probe length stays); with `jax.distributed` process 0's choice is taken. A divisor keeps
-  every boundary of the configured chunks (log, eval and checkpoint steps stay where they
-  were, and so do the data and the parameters: each step is a pure function of the state and
-  the step), at the cost of one more compilation where the choice differs from the probe.
-  `steps_per_loop` <= `PROBE_STEPS` (smoke and local configs) compiles once, as without
-  the bound.
+  a notice during the first chunks waits for one of those, not for a long configured one). The first
+  chunk of a length compiles, so the decision waits for the second chunk of that length: it gives
+  the seconds per step, and the difference to the first chunk the compilation time. The chosen
+  length is the largest divisor whose chunks fit the bound, counting for a new length its
+  compilation too (its first chunk must fit as well, else the probe length stays); with
+  `jax.distributed` process 0's choice is taken. A divisor keeps every boundary of the configured
+  chunks (log, eval and checkpoint steps stay where they were, and so do the data and the
+  parameters: each step is a pure function of the state and the step), at the cost of one more
+  compilation where the choice differs from the probe. `steps_per_loop` <= `PROBE_STEPS` (smoke and
+  local configs) compiles once, as without the bound.
   """
 
   def __init__(self, steps_per_loop: int, grace_s: float | None):

@@ -137,8 +137,7 @@ def _params_at(workdir: str, step: Optional[int], target: Any,
   if kept is not None:
     return kept
   ckpt_dir = run_files.path(workdir) / run_files.CHECKPOINTS
-  ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir()
-          else None)
+  ckpt = (checkpointing.Checkpointer(workdir, read_only=True) if ckpt_dir.is_dir() else None)
   try:
     steps = ckpt.all_steps() if ckpt else []
     unfinished = ckpt.unfinished_steps() if ckpt else []

@@ -51,12 +51,8 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """0 -> peak over `warmup_steps`, then cosine to `end_lr_fraction` x peak (`decay_steps`)."""
   opt = config.optimizer
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0,
-      peak_value=opt.learning_rate,
-      warmup_steps=opt.warmup_steps,
-      decay_steps=decay_steps(config),
-      end_value=opt.learning_rate * opt.end_lr_fraction,
-  )
+      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=opt.warmup_steps,
+      decay_steps=decay_steps(config), end_value=opt.learning_rate * opt.end_lr_fraction)
 
 
 def traced_learning_rate_schedule(config: ml_collections.ConfigDict, learning_rate: jax.Array,
@@ -85,9 +81,8 @@ def make_optimizer(config: ml_collections.ConfigDict,
                    member: Optional[Mapping[str, jax.Array]] = None
                    ) -> optax.GradientTransformation:
   """AdamW from `config.optimizer`; `member` (traced `learning_rate`, `weight_decay`,
-  `warmup_steps`) overrides those three for one population member. Either way the
-  optimizer state has the same tree, so a member's slice of a population state is a
-  single run's state."""
+  `warmup_steps`) overrides those three for one population member. Either way the optimizer state
+  has the same tree, so a member's slice of a population state is a single run's state."""
   opt = config.optimizer
   if member is None:
     schedule, weight_decay = learning_rate_schedule(config), opt.weight_decay

@@ -9,10 +9,9 @@ Data comes from the objective's source (`data.py`), of one of two kinds:
     global arrays, and one jitted step per batch takes it as an argument with its
     sharding; the next batch is read and transferred while the device runs the current
     step. The iterator's position is saved in every checkpoint and restored with it.
-Either way the state is donated and its shardings are explicit, and metrics stay on
-device until a log step, as `clu.metrics` collections (`metrics.py`). A population
-(`population.py`) maps `train_step` and `eval_split` over its member axis; the loop that
-drives either is `loop.py`.
+Either way the state is donated and its shardings are explicit, and metrics stay on device until a
+log step, as `clu.metrics` collections (`metrics.py`). A population (`population.py`) maps
+`train_step` and `eval_split` over its member axis; the loop that drives either is `loop.py`.
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ class Trainer:
 
   @functools.cached_property
   def _host_step_jit(self):
-    batch_shardings = data.global_shardings(self.source.example(self.config.batch_size),
-                                            self.mesh)
+    batch_shardings = data.global_shardings(self.source.example(self.config.batch_size), self.mesh)
     return jax.jit(self.train_step, donate_argnums=0,
                    in_shardings=(self.state_shardings, batch_shardings),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
@@ -163,8 +161,7 @@ class Trainer:
   @functools.cached_property
   def _eval_jit(self):
     def evaluate(params):
-      return {split: self.eval_split(params, i, split)
-              for i, split in enumerate(self.eval_splits)}
+      return {split: self.eval_split(params, i, split) for i, split in enumerate(self.eval_splits)}
     return jax.jit(evaluate, in_shardings=(self.state_shardings.params,),
                    out_shardings=sharding.replicated(self.mesh))
 
@@ -176,8 +173,7 @@ class Trainer:
                    out_shardings=sharding.replicated(self.mesh))
 
   def _host_evaluate(self, params) -> dict[str, Any]:
-    """Each split's collection over its first `eval.num_problems` rows, read by every
-    process."""
+    """Each split's collection over its first `eval.num_problems` rows, read by every process."""
     eval_config = self.config.eval
     results = {}
     for split in self.eval_splits:

@@ -121,8 +121,7 @@ def main(argv) -> int:
       # CPU's rates as an H100's, and later plans would read them so.
       raise errors.BadInput(f"--device_kind={f.device_kind!r} without --dry_run; "
                             "allowed: only with --dry_run (a run asks jax what it runs on)")
-  device = ({"kind": f.device_kind, "jax_version": "?"} if f.device_kind
-            else runner.device_info())
+  device = ({"kind": f.device_kind, "jax_version": "?"} if f.device_kind else runner.device_info())
   if f.dry_run:
     print(report.plan_text(cells, existing, device["kind"], f.root, f.budget_minutes,
                            partial.read_all(f.results_dir), f.results_dir, frozenset(f.redo)))

@@ -1,11 +1,10 @@
 """The paper-scale campaign's cells, in the order they should run (issue "Paper-scale campaign").
 
-A cell is one job of a paper sweep: one model and config, trained as one population whose
-members are seeds x grid settings (`hypernet_attention/train/population.py`), or a probe of
-a trained cell's members, or a benchmark. Cells are the unit that adds up across short
-accelerator windows: each finished cell becomes one small JSON file under
-`experiments/results/paper_scale/` (`records.py`), named by `Cell.name`, so the names here
-are stable: renaming one orphans its file.
+A cell is one job of a paper sweep: one model and config, trained as one population whose members
+are seeds x grid settings (`hypernet_attention/train/population.py`), or a probe of a trained cell's
+members, or a benchmark. Cells are the unit that adds up across short accelerator windows: each
+finished cell becomes one small JSON file under `experiments/results/paper_scale/` (`records.py`),
+named by `Cell.name`, so the names here are stable: renaming one orphans its file.
 
 Priority: the stages of `STAGES`, in order (what a user asks first, cheapest first within
 a stage); each stage's letter, title and role in the report are declared there once.
@@ -159,8 +158,7 @@ def paper(experiment: str) -> registry.Paper:
 def _train(name, stage, experiment, model, members, title, config=None, overrides=(),
            num_steps=None) -> Cell:
   # The paper-size config of the experiment's record (`registry.Experiment.campaign_config`).
-  config = config or registry.get(experiment).campaign_config.format(
-      model=model, width=1, depth=4)
+  config = config or registry.get(experiment).campaign_config.format(model=model, width=1, depth=4)
   return Cell(name, stage, "train", experiment, title, config=config, model=model,
               overrides=tuple(overrides), members=tuple(members),
               num_steps=num_steps or paper(experiment).num_steps)

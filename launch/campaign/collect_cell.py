@@ -124,8 +124,7 @@ def probe_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> 
   return {**_base(cell, device, workdir), "source": cell.source, "members": members}
 
 
-def benchmark_record(cell: cells_lib.Cell, workdir: str,
-                     device: dict[str, Any]) -> dict[str, Any]:
+def benchmark_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
   with open(os.path.join(workdir, "benchmark.log")) as f:
     rows = [json.loads(line) for line in f if line.startswith("{")]
   if not rows:

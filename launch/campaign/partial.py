@@ -53,8 +53,7 @@ def _curves_so_far(member_dir: str) -> dict[str, Any]:
     return {}
 
 
-def progress_record(cell: cells_lib.Cell, workdir: str,
-                    device: dict[str, Any]) -> dict[str, Any]:
+def progress_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
   """Steps done and every member's curves so far (a train cell cut off mid-run)."""
   members = [{"name": name, "curves": _curves_so_far(os.path.join(workdir, name))}
              for name in cell.member_names]
@@ -81,8 +80,7 @@ def _pack(workdir: str, name: str, target: str) -> None:
     tar.add(workdir, arcname=name, filter=keep)
 
 
-def save(cell: cells_lib.Cell, workdir: str, results_dir: str,
-         device: dict[str, Any]) -> str:
+def save(cell: cells_lib.Cell, workdir: str, results_dir: str, device: dict[str, Any]) -> str:
   """Writes `cell`'s progress and (if small enough) its resume state; returns what it did."""
   progress_path, state_path = paths(results_dir, cell.name)
   os.makedirs(os.path.dirname(progress_path), exist_ok=True)

@@ -20,8 +20,7 @@ from launch.campaign import runner
 from launch.sweeps import common
 
 DEFAULT_PATH = os.path.join("experiments", "results", "paper_scale.md")
-TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS
-                    if c.stage in cells_lib.TABLE_A1_STAGES)
+TABLE_A1_RUNS = sum(len(c.members) for c in cells_lib.CELLS if c.stage in cells_lib.TABLE_A1_STAGES)
 # The experiments of Table A1's cells, in the campaign's order (fuzzy logic, then SRAVEN).
 TABLE_A1_EXPERIMENTS = tuple(dict.fromkeys(c.experiment for c in cells_lib.CELLS
                                            if c.stage in cells_lib.TABLE_A1_STAGES))
@@ -209,8 +208,7 @@ def curves_figure(records, experiment: str, path: str,
   versions = "; ".join(dict.fromkeys(
       [_versions(chosen)] * bool(chosen)
       + [f"{p['device']['kind']}, jax {p['device']['jax_version']}" for p in cut]))
-  ax.set_title(f"{cells_lib.paper(experiment).title}, one line per seed\n{versions}",
-               fontsize=9)
+  ax.set_title(f"{cells_lib.paper(experiment).title}, one line per seed\n{versions}", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -307,8 +305,7 @@ def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear")
   for row, base in pairs:
     seeds = sorted(s for m, s in codes if m == row and (base, s) in codes)
     for layer in (codes[(row, seeds[0])] if seeds else ()):
-      f1 = {m: {s: codes[(m, s)][layer]["trained"]["macro_f1"] for s in seeds}
-            for m in (row, base)}
+      f1 = {m: {s: codes[(m, s)][layer]["trained"]["macro_f1"] for s in seeds} for m in (row, base)}
       if not any(f1[row].values()) or not any(f1[base].values()):
         continue  # A constant code (HYLA's layer 0 at the fixed query, above): no pair.
       for s in seeds:

@@ -1,16 +1,15 @@
 """Runs the next cells within a time budget, as subprocesses, and publishes each finished one.
 
 Cells start in priority order while a slot is free and their estimate fits in the time left
-(`plan.py`); a cell that does not fit is passed over for a later, smaller one. A cell whose
-run outlives the budget anyway gets SIGTERM `stop_margin_s` before the end: the training
-process checkpoints and exits 75; its progress and (if small) its resume state are saved
-beside the cell files (`partial.py`), so a rerun on any machine resumes it.
-SIGTERM or Ctrl-C to the runner does the same to its children; while the runner collects a
-cell that exited (publishes it, or saves its resume state) it holds those signals until it
-is done, so a finished cell always ends as its cell file and a stopped one as its state.
-A cell's result comes only from its own run: a workdir (or resume state) whose recorded
-config differs from the cell's in any field is moved aside (never deleted, never published),
-and so is a finished one that --redo retrains.
+(`plan.py`); a cell that does not fit is passed over for a later, smaller one. A cell whose run
+outlives the budget anyway gets SIGTERM `stop_margin_s` before the end: the training process
+checkpoints and exits 75; its progress and (if small) its resume state are saved beside the cell
+files (`partial.py`), so a rerun on any machine resumes it. SIGTERM or Ctrl-C to the runner does the
+same to its children; while the runner collects a cell that exited (publishes it, or saves its
+resume state) it holds those signals until it is done, so a finished cell always ends as its cell
+file and a stopped one as its state. A cell's result comes only from its own run: a workdir (or
+resume state) whose recorded config differs from the cell's in any field is moved aside (never
+deleted, never published), and so is a finished one that --redo retrains.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
 for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
 """

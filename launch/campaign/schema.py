@@ -96,8 +96,7 @@ def items(item: Check, min_len: int = 0, length: Optional[int] = None) -> Check:
 
 def table(value_check: Check, optional: bool = False, nonempty: bool = False) -> Check:
   """An object whose every value passes `value_check` (keys are free: tags, layers)."""
-  allowed = ("a non-empty object" if nonempty else "an object") + (
-      " or null" if optional else "")
+  allowed = ("a non-empty object" if nonempty else "an object") + (" or null" if optional else "")
 
   def check(value, where):
     if not isinstance(value, dict) or (nonempty and not value):
