@@ -94,7 +94,8 @@ def relative_position_bias(table_HN: jax.Array, query_positions_Q: jax.Array,
                                        num_buckets=num_buckets, max_distance=max_distance)
   # A one-hot contraction instead of a gather: cheap at these sizes and shards cleanly.
   one_hot_QKN = jax.nn.one_hot(bucket_QK, num_buckets, dtype=dtype)
-  return jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, dtype), one_hot_QKN)[None]
+  bias_HQK = jnp.einsum("hn,qkn->hqk", jnp.asarray(table_HN, dtype), one_hot_QKN)
+  return bias_HQK[None]
 
 
 def apply_rope(x_BTHD: jax.Array, positions_T: jax.Array,
