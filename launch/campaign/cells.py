@@ -214,8 +214,17 @@ def _ablation_rows() -> list[tuple[str, bool]]:
   return [(p, False) for p in ABLATION_ORDER] + [(p, True) for p in common.TABLE_A1_MOE_PRESETS]
 
 
+MOE = ("model.feed_forward", "moe")  # the override that makes a Table A1 row its MoE row
+
+
 def _moe(moe: bool) -> tuple[tuple[str, Any], ...]:
-  return (("model.feed_forward", "moe"),) if moe else ()
+  return (MOE,) if moe else ()
+
+
+def is_moe(overrides: dict[str, Any]) -> bool:
+  """Whether a cell's (or a cell file's) overrides select the MoE feed-forward (`_moe`)."""
+  key, value = MOE
+  return overrides.get(key) == value
 
 
 def _stage_d() -> list[Cell]:

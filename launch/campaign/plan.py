@@ -72,20 +72,17 @@ def checkpointed_step(workdir: str) -> int:
 def measured_rate(cell: cells_lib.Cell, device_kind: str,
                   records: Sequence[dict[str, Any]]) -> Optional[tuple[float, int]]:
   """The best member-steps per wall-second of finished cells like `cell` on `device_kind`
-  (same experiment, model family and size), and how many there were. The best, not the
+  (same experiment, model family, size and feed-forward), and how many there were. The best, not the
   median: a cell slowed by a shared machine would otherwise keep every later cell from
   starting, and a cell that overruns is only checkpointed, not lost."""
+  moe = cells_lib.is_moe(dict(cell.overrides))
   rates = [r["member_steps_per_s"] for r in records
            if r["kind"] == "train" and r["device"]["kind"] == device_kind
            and r["experiment"] == cell.experiment and r.get("member_steps_per_s")
            and model_family(r["model"]) == model_family(cell.model)
            and r.get("scale", 1.0) == scale(cell)
-           and is_moe(r.get("overrides", {})) == is_moe(dict(cell.overrides))]
+           and cells_lib.is_moe(r.get("overrides", {})) == moe]
   return (max(rates), len(rates)) if rates else None
-
-
-def is_moe(overrides: dict[str, Any]) -> bool:
-  return overrides.get("model.feed_forward") == "moe"
 
 
 def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
@@ -108,10 +105,10 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
   if measured:
     rate, n = measured
     return Estimate(member_steps / rate / 60, f"measured: {n} cell(s) on {device_kind}", done)
-  if is_moe(dict(cell.overrides)):  # no MoE cell finished here yet: the dense rate, scaled
+  if cells_lib.is_moe(dict(cell.overrides)):  # no MoE cell done here: the dense rate, scaled
     dense = estimate(dataclasses.replace(cell, overrides=tuple(
-        (k, v) for k, v in cell.overrides if k != "model.feed_forward")), device_kind,
-                     records, workdir, saved_step)
+        o for o in cell.overrides if o != cells_lib.MOE)), device_kind, records, workdir,
+                     saved_step)
     return dense and Estimate(dense.minutes * MOE_STEP_COST,
                               f"{dense.source} x {MOE_STEP_COST} (MoE)", dense.done_steps)
   paper = registry.get(cell.experiment).paper
