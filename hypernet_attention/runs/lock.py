@@ -6,9 +6,8 @@ second one stop with one line naming the holder, before it touches anything.
 
 Design (works on local disks and on gs:// through etils.epath):
 - The lock is `<workdir>/lock.json`: {"host", "pid", "proc_start", "start_time",
-  "heartbeat", "token"}. It is created exclusively (O_CREAT|O_EXCL) where the filesystem
-  has that (local paths); on object stores (gs://, which epath cannot create exclusively)
-  it is written and read back, and the holder whose random `token` reads back wins.
+  "heartbeat", "token"}. It is created exclusively: O_CREAT|O_EXCL on local paths, the
+  store's atomic create on gs:// (`ifGenerationMatch=0`, through gcsfs).
 - The holder refreshes `heartbeat` every `heartbeat_s` from a daemon thread and removes
   the file on any normal exit (context exit, `atexit`, exceptions, SIGTERM/SIGINT, which
   the entry points turn into exceptions). Only SIGKILL or a lost machine leave it behind.
@@ -35,8 +34,10 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
+import fsspec
 
 from hypernet_attention import errors
+from hypernet_attention.runs import run_files
 
 LOCK_FILE = "lock.json"
 HEARTBEAT_S = 60.0
@@ -107,8 +108,12 @@ def read_holder(path: epath.Path) -> Optional[Holder]:
 
 
 def _create_exclusive(path: epath.Path, text: str) -> bool:
-  """Creates `path` holding `text` unless it exists; False if it existed."""
-  if not str(path).startswith(("gs://", "s3://")):
+  """Creates `path` holding `text` unless it exists; False if it existed. Atomic on both
+  kinds of storage: O_CREAT|O_EXCL on local disks; on object stores the store's own
+  create-if-absent (on GCS the upload's `ifGenerationMatch=0` precondition, which gcsfs
+  sends for `mode="create"` and answers 412 -> FileExistsError when the object exists), so
+  of two writers racing for a free lock exactly one wins."""
+  if not run_files.is_remote(str(path)):
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -116,12 +121,12 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
     with os.fdopen(fd, "w") as f:
       f.write(text)
     return True
-  # Object stores: no exclusive create in epath; write, then check the token read back.
-  if path.exists():
+  fs, key = fsspec.core.url_to_fs(str(path))
+  try:
+    fs.pipe_file(key, text.encode(), mode="create")
+  except FileExistsError:
     return False
-  path.write_text(text)
-  time.sleep(1.0)  # Let a concurrent writer's object land; the last write wins.
-  return json.loads(path.read_text())["token"] == json.loads(text)["token"]
+  return True
 
 
 class WorkdirLock:
