@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 # pylint: disable=wrong-import-position
 from hypernet_attention import errors  # noqa: E402
+from hypernet_attention.runs import children  # noqa: E402
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402  (no JAX)
 from hypernet_attention.runs import run_files  # noqa: E402
@@ -50,7 +51,7 @@ def trial(repo: str, task: str, window_s: float, timeout_s: float, rng: random.R
                f"--workdir={workdir}/run", *OVERRIDES, *extra]
     env = dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu")
     with open(log_path, "w") as log:
-      proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
+      proc = children.spawn(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
       try:
         deadline = time.time() + timeout_s
         while "Model: " not in open(log_path).read():

@@ -65,6 +65,7 @@ import time
 from typing import Callable, Optional
 
 from hypernet_attention import errors  # no dependencies: the launch layer may import it
+from hypernet_attention.runs import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSONL, LOG = "gpu_window.jsonl", "gpu_window.log"
@@ -414,8 +415,8 @@ def run_stage(w: Window, stage: Stage, env: dict) -> str:
   log = open(os.path.join(w.out, LOG), "a")
   log.write(f"\n=== {stage.name} ({limit:.0f} s): {' '.join(argv)}\n")
   log.flush()
-  proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  proc = children.spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
   tail: list[str] = []
 
   def read() -> None:
@@ -456,8 +457,8 @@ def _commit(flag: Optional[str]) -> dict:
   out = dict(commit=flag or "unknown", dirty=None)
   if not flag and os.path.isdir(os.path.join(REPO, ".git")):
     try:
-      git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                                      timeout=20, check=True).stdout.strip()
+      git = lambda *a: children.run(["git", *a], cwd=REPO, capture_output=True, text=True,
+                                    timeout=20, check=True).stdout.strip()
       out.update(commit=git("rev-parse", "HEAD"),
                  dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
     except (OSError, subprocess.SubprocessError):
@@ -477,8 +478,8 @@ def _nvidia_smi() -> Optional[str]:
   if not shutil.which("nvidia-smi"):
     return None
   query = "name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm"
-  result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                          capture_output=True, text=True, timeout=30)
+  result = children.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                        capture_output=True, text=True, timeout=30)
   return result.stdout.strip() or result.stderr.strip()
 
 

@@ -6,7 +6,8 @@ compilation cache (also handed to their subprocesses): identical programs compil
 Subprocesses are waited for on their progress, never against a wall clock that a loaded
 machine exceeds: `run` (for `subprocess.run`) and `reap` / `wait_for` (for `Popen`s) give
 up only when a process and everything it started have used no CPU time and written no
-output for `IDLE_S` seconds.
+output for `IDLE_S` seconds. `run` and `started` (for a `Popen` in a `with`) put the process
+in a group of its own and kill the group on any exit, the test's failure included.
 """
 
 import contextlib
@@ -113,6 +114,25 @@ def _size(output) -> int:
     return -1
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+  """Kills the process group of `proc` (started with `start_new_session=True`): whatever it
+  started too, also when the test fails or is interrupted."""
+  with contextlib.suppress(ProcessLookupError):
+    os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+
+
+@contextlib.contextmanager
+def started(args, **kwargs):
+  """`subprocess.Popen(args, **kwargs)` for the block, in a process group of its own that
+  is killed whole however the block ends."""
+  proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+  try:
+    yield proc
+  finally:
+    kill_group(proc)
+
+
 def _kill(proc) -> None:
   """Kills a `Popen` (and reaps it) or a process id not started here."""
   if isinstance(proc, int):
@@ -173,13 +193,13 @@ def run(args, *, capture_output: bool = False, text: bool = False, check: bool =
   progresses (`wait_for`), and fails naming the command when it stops."""
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
     streams = dict(stdout=out, stderr=err) if capture_output else {}
-    proc = subprocess.Popen(args, **streams, **kwargs)
+    proc = subprocess.Popen(args, **streams, start_new_session=True, **kwargs)
     try:
       words = [args] if isinstance(args, (str, os.PathLike)) else args
       command = " ".join(str(a).strip().splitlines()[0][:80] for a in words if str(a).strip())
       wait_for([proc], f"command {command}", (out, err), idle_s)
     finally:
-      _kill(proc)
+      kill_group(proc)
     captured = []
     for stream in (out, err):
       stream.seek(0)

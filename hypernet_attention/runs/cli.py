@@ -50,24 +50,6 @@ def _raised(error: BaseException, module: str, name: str) -> bool:
 
 BAD_INPUT_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it.
-# Set by launchers (`launch/run_local.py`) to their pid: the program then dies with them.
-PARENT_PID_ENV = "HYPERNET_ATTENTION_PARENT_PID"
-
-
-def die_with_parent(env=None) -> None:
-  """If a launcher named itself in `PARENT_PID_ENV`: ask Linux to send this process SIGTERM
-  when the launcher dies (prctl PR_SET_PDEATHSIG; even a SIGKILLed launcher), which the
-  training loop treats as a preemption (checkpoint, exit 75). A launcher already gone:
-  SIGTERM now. Elsewhere (no prctl) a no-op."""
-  parent = (os.environ if env is None else env).get(PARENT_PID_ENV)
-  if not parent or not sys.platform.startswith("linux"):
-    return
-  import ctypes  # pylint: disable=g-import-not-at-top
-  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-  if os.getppid() != int(parent):  # It died before the prctl call.
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _fail(message: str) -> NoReturn:
   print(f"{_program()}: error: {message}", file=sys.stderr, flush=True)
   sys.exit(BAD_INPUT_EXIT_CODE)
@@ -227,7 +209,6 @@ def run(main: Callable[[list[str]], object]) -> None:
 
   def guarded(argv):
     console.configure()
-    die_with_parent()
     return _guarded(lambda: main(argv))
   app.run(guarded, flags_parser=_parse_flags)
 

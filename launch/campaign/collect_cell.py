@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Any
 
+from hypernet_attention.runs import children
 from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from launch.campaign import cells as cells_lib
@@ -28,8 +29,8 @@ CURVE_PREFIXES = ("test/", "ood/", "unseen_terms/", "train/loss")
 
 def commit(repo: str) -> str:
   try:
-    return subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
-                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    return children.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
+                        capture_output=True, text=True, timeout=30, check=True).stdout.strip()
   except (OSError, subprocess.SubprocessError):
     return "unknown"
 

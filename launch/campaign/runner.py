@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from hypernet_attention import errors
+from hypernet_attention.runs import children
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from launch import jobs
@@ -89,7 +90,7 @@ def device_info(python: str = sys.executable) -> dict[str, Any]:
   importable where JAX is not installed)."""
   code = ("import jax, json; d = jax.devices()[0]; print(json.dumps(dict(platform=d.platform, "
           "kind=d.device_kind, count=jax.device_count(), jax_version=jax.__version__)))")
-  out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+  out = children.run([python, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -270,9 +271,9 @@ class Campaign:
             f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
     try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
       # waits for the publish (`signals_held`) instead of failing its export; it still dies
-      # with this runner (`run_local.child_env`).
-      done = subprocess.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
-                            timeout=600, env=run_local.child_env(1), start_new_session=True)
+      # with this runner (`children.run`).
+      done = children.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
+                          timeout=600, env=run_local.child_env(1), start_new_session=True)
     except subprocess.TimeoutExpired:
       return {"params": None, "params_note": "export_params.py timed out after 600 s"}
     if done.returncode != 0:
@@ -370,8 +371,8 @@ class Campaign:
       f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
               f"{jobs.shell_line(argv)}\n")
       f.flush()
-      process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
-                                 env=run_local.child_env(self.options.max_concurrent))
+      process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
+                               env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
                                        collect_cell.commit(cells_lib.REPO),
                                        resumed_from=resumed_from)

@@ -24,6 +24,8 @@ from launch.campaign import records
 from launch.campaign import report
 from launch.campaign import runner
 
+import train_testlib as tl
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
 
@@ -409,8 +411,8 @@ def test_probe_and_benchmark_cells(tmp_path):
 
 
 def _cli(*args, cwd=REPO):
-  return subprocess.run([sys.executable, "-m", "launch.campaign", *args], cwd=cwd,
-                        capture_output=True, text=True, timeout=300)
+  return tl.run([sys.executable, "-m", "launch.campaign", *args], cwd=cwd,
+                        capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,7 +4,6 @@ and what its one JSON-lines file must hold for a window's numbers to be read off
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,9 +24,9 @@ def _numbers(row):
 @pytest.mark.slow
 def test_dry_run_records_every_kind_of_result(tmp_path):
   out = tmp_path / "out"
-  result = subprocess.run([sys.executable, "-m", "launch.gpu_window", "--dry_run", "--stages=all",
+  result = tl.run([sys.executable, "-m", "launch.gpu_window", "--dry_run", "--stages=all",
                            f"--out={out}", "--commit=test"], cwd=tl.REPO,
-                          env=tl.subprocess_env(), capture_output=True, text=True, timeout=900)
+                          env=tl.subprocess_env(), capture_output=True, text=True)
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
   rows = [json.loads(line) for line in (out / "gpu_window.jsonl").read_text().splitlines()]
   by_kind = {k: [r for r in rows if r["kind"] == k] for k in KINDS}

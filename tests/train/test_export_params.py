@@ -5,7 +5,6 @@ line naming it."""
 import hashlib
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -71,9 +70,9 @@ def test_refuses_every_folder_it_did_not_write(run, tmp_path):
 
 
 def test_entry_point_refuses_the_workdir_in_one_line(run):
-  result = subprocess.run([sys.executable, CLI, f"--workdir={run}", f"--output_dir={run}"],
+  result = tl.run([sys.executable, CLI, f"--workdir={run}", f"--output_dir={run}"],
                           env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2, result.stderr[-2000:]
   assert f"--output_dir='{run}' is the run's workdir" in lines[-1], lines[-1]
