@@ -49,6 +49,8 @@ from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
 
+MAX_STEPS = 100_000  # Per timed chunk (see main).
+
 
 def main():
   parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,11 +81,14 @@ def main():
   for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
-  most_steps = (2**31 - 1) // (args.repeats + 1)  # The state's step counter is an int32.
+  # A chunk times steady state after a few hundred steps; a longer one only takes longer
+  # (100 million ran for days, silently). The state's step counter is an int32.
+  most_steps = min(MAX_STEPS, (2**31 - 1) // (args.repeats + 1))
   if args.steps > most_steps:
     parser.error(f"--steps={args.steps} with --repeats={args.repeats} runs "
                  f"{args.steps * (args.repeats + 1):,} steps; allowed: --steps <= {most_steps:,} "
-                 "(the state's int32 step counter must not pass 2**31 - 1)")
+                 f"(a timed chunk of at most {MAX_STEPS:,} steps, and the state's int32 step "
+                 "counter must not pass 2**31 - 1)")
   if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
     parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
   host_data = not registry.get(args.experiment).on_device  # c4_lm's seqio pipeline.

@@ -14,11 +14,14 @@ Fuzzy logic probes one fixed query point for every problem, as the authors' code
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """
 
+import os
+
 from absl import flags
 
 from hypernet_attention import errors
 from hypernet_attention.probing import report
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import restore
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
@@ -42,6 +45,12 @@ def main(argv):
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
                                   permutations=_PERMUTATIONS.value, query=_QUERY.value)
     workdirs = _WORKDIR.value
+    seen = [run_files.shown(os.path.realpath(w) if not run_files.is_remote(w) else w)
+            for w in workdirs]
+    if len(set(seen)) < len(seen):
+      twice = next(w for w in seen if seen.count(w) > 1)
+      raise errors.BadInput(f"--workdir={twice} is given {seen.count(twice)} times; allowed: "
+                            "each run once (its probe would be written twice)")
     if _MEMBER.value is not None:
       workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]
     probes = report.probe_workdirs(workdirs, _STEP.value, options, _OUTPUT_DIR.value)

@@ -40,6 +40,7 @@ from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.measure import ptxas
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.ops import mosaic_kernel_bwd
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import profiling
@@ -58,6 +59,9 @@ class Unsupported(Exception):
 def parse_config(entry: str) -> dict:
   """One --configs entry as a row's identity; ValueError in one line if malformed."""
   parts = entry.split(":")
+  if parts[0] == "mosaic" and len(parts) >= 3 and parts[2] not in mosaic_kernel_bwd.DQ_PATHS:
+    raise ValueError(f"--configs entry {entry!r}: DQ {parts[2]!r}; allowed: "
+                     f"{', '.join(mosaic_kernel_bwd.DQ_PATHS)}")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
     flags = parts[3:]

@@ -62,11 +62,12 @@ def read(path: str) -> dict[str, Any]:
 
 def read_all(results_dir: str, read_one=read) -> dict[str, dict[str, Any]]:
   """Every cell file of `results_dir` by cell name (all checked: one bad file fails it);
-  `read_one` reads another kind of file (`partial.read_all`)."""
+  `read_one` reads another kind of file (`partial.read_all`). Only `<cell>.json` of a cell
+  the campaign defines is a cell file: a user's own notes.json there is not read."""
   if not os.path.isdir(results_dir):
     return {}
   names = sorted(n for n in os.listdir(results_dir)
-                 if n.endswith(".json") and not n.startswith("."))
+                 if n.endswith(".json") and n[:-len(".json")] in schema.cells_lib.BY_NAME)
   return {os.path.splitext(n)[0]: read_one(os.path.join(results_dir, n)) for n in names}
 
 

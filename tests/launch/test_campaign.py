@@ -140,6 +140,16 @@ def test_a_corrupt_cell_file_is_named(tmp_path, content, message):
     records.read_all(str(tmp_path))
 
 
+def test_a_users_own_json_in_the_results_dir_is_not_a_cell_file(tmp_path):
+  """notes.json beside the cell files once stopped every campaign run (BadInput: not a
+  cell file); a damaged file named as a cell still is one."""
+  (tmp_path / "notes.json").write_text('{"todo": "rerun the softmax cells"}')
+  assert records.read_all(str(tmp_path)) == {}
+  (tmp_path / "a_fuzzy_hyla_seed0.json").write_text("{}")
+  with pytest.raises(errors.BadInput, match="a_fuzzy_hyla_seed0.json"):
+    records.read_all(str(tmp_path))
+
+
 def test_claims_exclude_a_live_runner_and_take_over_a_dead_one(tmp_path):
   other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   try:
