@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from hypernet_attention import errors
 from hypernet_attention.runs import console
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
@@ -148,7 +149,13 @@ def lm_pipeline(task_config):
   name = lm_text.check_pipeline(task_config)
   if name == "seqio":
     console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
-  return importlib.import_module(lm_text.PIPELINES[name])
+  try:
+    return importlib.import_module(lm_text.PIPELINES[name])
+  except ModuleNotFoundError as e:  # The TF-free install ('.[dev]') has no seqio.
+    raise errors.BadInput(
+        f"config.task.pipeline={name!r} needs {e.name!r}, which is not installed; allowed: "
+        "install the [lm] extra (pip install '.[lm]'), or --config.task.pipeline=grain "
+        "(no TensorFlow)") from None
 
 
 # `config.task.name` of uniformly random tokens (`data.RandomTokens`): the 50M step timed
