@@ -179,6 +179,11 @@ def _guarded(call: Callable[[], object]) -> object:
     if _raised(e, _PREEMPTION, "Preempted"):
       print(f"{_program()}: {e}", file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT_CODE)
+    if isinstance(e, FloatingPointError):  # A diverged run (`trainer.diverged`).
+      if logging.get_verbosity() >= 1:
+        logging.exception("diverged")
+      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
+      sys.exit(1)
     if not isinstance(e, OSError) or not e.strerror:
       raise
     if logging.get_verbosity() >= 1:

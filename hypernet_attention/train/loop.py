@@ -305,9 +305,9 @@ class SingleRun:
     bad = trainer_lib.first_nonfinite([(start, m.per_step) for start, m in pending])
     if bad is not None:
       ckpt.wait()
-      raise FloatingPointError(
-          f"non-finite training loss at step {bad}; stopping (checkpoints up to step "
-          f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
+      raise trainer_lib.diverged(f"non-finite training loss at step {bad:,} "
+                                 "(--config.debug_nans=true finds the first op)",
+                                 ckpt.latest_step())
 
   def saved(self, step: int, start_step: int) -> None:
     del step, start_step
