@@ -173,6 +173,12 @@ class Transformer(nn.Module):
       mask = padding_mask.astype(bool)[:, None, None, :]
     embedding = None
     if c.input_kind == "dense":
+      if self.has_variable("params", "input_dense"):  # Applied: one line, not flax's
+        kernel = nn.meta.unbox(self.get_variable("params", "input_dense"))["kernel"]
+        if kernel.shape[0] != inputs.shape[-1]:  # ScopeParamShapeError of an initializer.
+          raise ValueError(f"inputs of shape {inputs.shape} (width {inputs.shape[-1]}); "
+                           f"allowed: width {kernel.shape[0]}, that of these parameters "
+                           f"(input_dense kernel {kernel.shape})")
       x_BTE = nn.Dense(
           c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="input_dense",
           kernel_init=nn.with_logical_partitioning(

@@ -63,6 +63,9 @@ def check_output_dir(workdir: str, out_dir: str) -> str:
   a file there or above it; the run's workdir, a folder inside it or one holding it (its
   checkpoints); an existing folder that is neither empty nor a previous export."""
   out = os.fspath(run_files.check_output_dir(out_dir, "--output_dir"))
+  if os.path.islink(out):  # Replaced by a rename, which would move the link, not its target.
+    raise errors.BadInput(f"--output_dir={out_dir!r} is a symbolic link (to "
+                          f"{os.readlink(out)!r}); allowed: a real folder path (its target)")
   real_out, real_workdir = os.path.realpath(out), os.path.realpath(workdir)
   common = os.path.commonpath([real_out, real_workdir])
   if common in (real_out, real_workdir):

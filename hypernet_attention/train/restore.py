@@ -111,7 +111,12 @@ def _kept_params(workdir: str, step: Optional[int], target: Any,
   record = run_files.read_json(root / run_files.FINAL_PARAMS_RECORD)
   if record is None or (root / run_files.CHECKPOINTS).is_dir():
     return None
-  kept = int(record["step"])
+  kept = record.get("step") if isinstance(record, dict) else None
+  if isinstance(kept, bool) or not isinstance(kept, int) or kept < 0:
+    raise errors.BadInput(
+        f"{root / run_files.FINAL_PARAMS_RECORD} holds {str(record)[:80]}, not a record of "
+        "kept parameters; allowed: the one export_params writes ({\"step\": an integer >= 0, "
+        "...}): export them again from the run's workdir (experiments/export_params.py)")
   if step is None or step == kept:
     folder = root / run_files.FINAL_PARAMS
     try:
