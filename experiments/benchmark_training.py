@@ -81,8 +81,7 @@ def main():
   for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
-  # A chunk times steady state after a few hundred steps; a longer one only takes longer
-  # (100 million ran for days, silently). The state's step counter is an int32.
+  # Longer chunks time nothing more (100 million ran silently for days); the step is int32.
   most_steps = min(MAX_STEPS, (2**31 - 1) // (args.repeats + 1))
   if args.steps > most_steps:
     parser.error(f"--steps={args.steps} with --repeats={args.repeats} runs "

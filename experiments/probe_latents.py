@@ -45,12 +45,10 @@ def main(argv):
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
                                   permutations=_PERMUTATIONS.value, query=_QUERY.value)
     workdirs = _WORKDIR.value
-    seen = [run_files.shown(os.path.realpath(w) if not run_files.is_remote(w) else w)
-            for w in workdirs]
-    if len(set(seen)) < len(seen):
-      twice = next(w for w in seen if seen.count(w) > 1)
-      raise errors.BadInput(f"--workdir={twice} is given {seen.count(twice)} times; allowed: "
-                            "each run once (its probe would be written twice)")
+    real = [w if run_files.is_remote(w) else os.path.realpath(w) for w in workdirs]
+    if twice := next((w for w in real if real.count(w) > 1), None):
+      raise errors.BadInput(f"--workdir={twice} is given {real.count(twice)} times; allowed: "
+                            "each run once")
     if _MEMBER.value is not None:
       workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]
     probes = report.probe_workdirs(workdirs, _STEP.value, options, _OUTPUT_DIR.value)

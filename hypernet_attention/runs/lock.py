@@ -108,11 +108,8 @@ def read_holder(path: epath.Path) -> Optional[Holder]:
 
 
 def _create_exclusive(path: epath.Path, text: str) -> bool:
-  """Creates `path` holding `text` unless it exists; False if it existed. Atomic on both
-  kinds of storage: O_CREAT|O_EXCL on local disks; on object stores the store's own
-  create-if-absent (on GCS the upload's `ifGenerationMatch=0` precondition, which gcsfs
-  sends for `mode="create"` and answers 412 -> FileExistsError when the object exists), so
-  of two writers racing for a free lock exactly one wins."""
+  """Creates `path` holding `text` unless it exists (False), atomically: of two racing
+  writers one wins. On GCS gcsfs's mode="create" is the `ifGenerationMatch=0` upload."""
   if not run_files.is_remote(str(path)):
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -208,9 +208,7 @@ def first_nonfinite(chunks) -> Optional[int]:
 
 
 def diverged(what: str, latest_step: Optional[int]) -> FloatingPointError:
-  """The error that stops a diverged run (one line, `cli.run`): `what` and what is kept.
-  Every save checks the losses first (`loop.py`), so no checkpoint holds a diverged state."""
-  kept = ("no checkpoint was saved before it: nothing to resume from" if latest_step is None
-          else f"the checkpoints, up to step {latest_step:,}, were saved before it and are "
-          "intact")
-  return FloatingPointError(f"{what}; stopped ({kept})")
+  """A diverged run's one line (`cli.run`). Saves check the losses first (`loop.py`)."""
+  return FloatingPointError(f"{what}; stopped (" + (
+      "no checkpoint was saved before it: nothing to resume from" if latest_step is None else
+      f"the checkpoints, up to step {latest_step:,}, were saved before it and are intact") + ")")
