@@ -22,6 +22,7 @@ import chex
 import fsspec
 import pytest
 
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
@@ -165,7 +166,8 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
     f.write_bytes(b"garbage")
   ckpt = checkpointing.Checkpointer(workdir)
   try:
-    state = ckpt.restore_latest(build.setup(tl.smoke("sraven")).restore_target())
+    checked = config_checks.validate(tl.smoke("sraven"))
+    state = ckpt.restore_latest(build.setup(checked).restore_target())
   finally:
     ckpt.close()
   assert int(state.step) == 4
