@@ -219,7 +219,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
   for name in ("config", "workdir"):
     if name in flags.FLAGS:
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-  if (spec := _config_spec(argv)) is None and "--config" not in argv and (
+  spec = _config_spec(argv)
+  if "config" in flags.FLAGS and flags.FLAGS["config"].default is None and not any(
+      a == "--config" or a.startswith("--config=") for a in argv) and (
       override := next((a for a in argv[1:] if a.startswith("--config.")), None)):
     _fail(f"{override} needs --config=<config file>[:<argument>] first; {CONFIGS_ALLOWED}")
   try:
