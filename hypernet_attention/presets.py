@@ -52,10 +52,12 @@ PRESETS: dict[str, AttentionPreset] = {
 # implementations of `ops.dispatch` (IMPLEMENTATIONS there; `tests/models/test_attention.py`
 # checks that these three tuples are those modules' own).
 POSITIONS = ("none", "t5", "rope")
+# `model.activation`, the value network's (None: the preset's); `ops/reference.py`'s.
+ACTIVATIONS = (None, "relu", "gelu", "silu", "sigmoid", "tanh", "identity")
 FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
 IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "mosaic")
 MODEL_NAMES = {"feed_forward": FEED_FORWARDS, "position": POSITIONS,
-               "implementation": IMPLEMENTATIONS}
+               "implementation": IMPLEMENTATIONS, "activation": ACTIVATIONS}
 
 
 def check_model_names(model: Any, prefix: str = "") -> None:

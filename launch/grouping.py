@@ -94,7 +94,7 @@ def member_bytes(config) -> float:
     raise errors.BadInput(
         f"sizing population jobs by memory builds the model, which needs JAX ({e}); "
         "allowed: a cap, --members_per_job=N, or --single_runs") from None
-  s = build.setup(config, jax.devices()[:1])
+  s = build.setup(config_checks.validate(config), jax.devices()[:1])
   num_params = sum(x.size for x in jax.tree.leaves(s.abstract_state.params))
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))

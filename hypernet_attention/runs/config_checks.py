@@ -2,12 +2,13 @@
 
 `validate(config)` takes the values the config alone decides: types, ranges, finiteness,
 the run's schedule and intervals, the attention preset, and a population's members, each as
-the single run it is (`check_population`). It runs once, at the entry (`experiment_main` in
-`runtime.py`, `lm.train_and_sample`, `preflight.py` on the launching machine before anything
-is copied or submitted), and returns a `Checked` that `build.setup`, `population.setup` and
-the loop take as it is (a plain config, they check). `check_task_memory` weighs the task's
-tables against this host's memory; checks that need the devices (mesh, batch divisibility)
-stay with the mesh (`sharding.py`, `data.py`).
+the single run it is (`check_population`), and the names the model and the task choose
+among (`presets.check_model_names`, the record's `names`). It runs once, where the config
+enters (`experiment_main` in `runtime.py`, `preflight.py` on the launching machine before
+anything is copied or submitted, `loop.train_and_evaluate` for library callers), and returns
+a `Checked`, the only thing `build.setup` and `population.setup` take. `check_task_memory`
+weighs the task's tables against this host's memory; checks that need the devices (mesh,
+batch divisibility) stay with the mesh (`sharding.py`, `data.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`; only
 SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
@@ -25,6 +26,7 @@ import ml_collections
 
 from hypernet_attention import presets
 from hypernet_attention.errors import BadInput
+from hypernet_attention.errors import check_choice
 from hypernet_attention.runs import registry
 from hypernet_attention.runs.run_files import MEMBER_KEYS
 
@@ -141,9 +143,24 @@ def check_preset(name: str) -> str:
 
 
 class Checked(NamedTuple):
-  """A config `validate` passed: the run's and, for a population, each member's."""
+  """A config `validate` passed: the run's and, for a population, each member's.
+
+  Why a type: the config is checked once, where it enters (the entry point before start-up,
+  `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample`
+  for library callers, a restore for a run's recorded config), and what the layers below
+  (`build.setup`, `population.setup`) receive says it was; they take nothing else and check
+  nothing again."""
   config: ml_collections.ConfigDict
   members: tuple[ml_collections.ConfigDict, ...] = ()
+
+
+def require_checked(checked: Any, who: str) -> Checked:
+  """`checked` if it is a `Checked`; else a TypeError for the library caller (a programming
+  error, not user input) naming `validate`."""
+  if not isinstance(checked, Checked):
+    raise TypeError(f"{who} takes config_checks.validate(config), not a "
+                    f"{type(checked).__name__}")
+  return checked
 
 
 def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
@@ -155,10 +172,18 @@ def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
   """
   if isinstance(config, Checked):
     return config
+  try:
+    experiment = registry.get(config.get("experiment"))
+  except ValueError as e:
+    raise BadInput(f"config.experiment: {e}") from None
   check_positive(config)
   check_ranges(config)
   check_run(config)
   check_preset(config.model.attention)
+  presets.check_model_names(config.model, "config.model.")
+  for key, allowed in experiment.names.items():
+    if (value := get_dotted(config, key)) is not None:
+      check_choice(f"config.{key}", value, allowed)
   return Checked(config, tuple(check_population(config)))
 
 

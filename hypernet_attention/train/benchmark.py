@@ -26,7 +26,6 @@ import numpy as np
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
-from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import data
 from hypernet_attention.train import memory
@@ -140,11 +139,12 @@ def trainer_for(config: ml_collections.ConfigDict, devices=None):
   """(trainer, its abstract state, the single run's setup, members, a function building the
   real state) of a run or a population config, on `devices` (default: jax's). Nothing is
   allocated: `plan` checks memory first."""
-  if run_files.is_population(config):
-    p = population.setup(config, devices)
+  checked = config_checks.validate(config)  # The benchmark's config enters here.
+  if checked.members:
+    p = population.setup(checked, devices)
     trainer = population.PopulationTrainer(p)
     return trainer, p.restore_target(), p.single, p.size, trainer.init_state
-  single = build.setup(config, devices)
+  single = build.setup(checked, devices)
   trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
                                 single.mesh, single.shardings)
   return (trainer, single.restore_target(), single, 1,
@@ -294,7 +294,7 @@ def mfu(row: dict[str, Any], peak_tflops: float | None) -> float | None:
 def input_tokens_per_second(config: ml_collections.ConfigDict, seconds: float = 10.0) -> float:
   """Tokens/s this process's host input pipeline delivers alone (no model), after the
   first batch; tokens = rows x row length of every feature-0 array read."""
-  s = build.setup(config)
+  s = build.setup(config_checks.validate(config))
   if s.objective.source.on_device:
     raise ValueError(f"experiment {config.experiment!r} generates its data on device; "
                      "allowed: experiments with a host input pipeline (c4_lm).")

@@ -37,6 +37,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from hypernet_attention import multihost
+from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import data as data_lib
 
@@ -171,8 +172,7 @@ class Checkpointer:
       raise CheckpointWriteError(
           f"checkpoint write failed while {what} in {self.directory}: {os_reason(e)}; "
           f"finalized steps {finalized or 'none'} are intact (a partial write is never "
-          "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
-          "resume") from e
+          f"finalized): fix the cause (e.g. free disk space), then {cli.resume_hint()}") from e
 
   def check(self) -> None:
     """Raises `CheckpointWriteError` now if an asynchronous save has failed (called at every

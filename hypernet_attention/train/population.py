@@ -80,11 +80,11 @@ def stack_sharding(member_sharding: NamedSharding) -> NamedSharding:
   return NamedSharding(member_sharding.mesh, P(axis, *member_sharding.spec))
 
 
-def setup(config: ml_collections.ConfigDict | config_checks.Checked,
-          devices=None) -> PopulationSetup:
-  """Builds the population abstractly from its checked config (`config_checks.validate`),
-  checking what needs devices and tasks (mesh, split tables). Any problem is `BadInput`."""
-  configs = config_checks.validate(config).members
+def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
+  """Builds the population abstractly from its checked config (`config_checks.validate`:
+  each member validated as the run it is), checking what needs devices and tasks (mesh,
+  split tables). Any problem is `BadInput`."""
+  configs = config_checks.require_checked(checked, "population.setup").members
   single = build.setup(config_checks.Checked(configs[0]), devices, member_of_population=True)
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):

@@ -7,8 +7,9 @@ dispatch; once it says yes, the loop saves the state at that step (every process
 same step), waits until the checkpoint is committed, runs no evaluation and logs nothing
 more, writes no summary.json and raises `Preempted`; entry points exit with `EXIT_CODE`
 (75, EX_TEMPFAIL in sysexits.h: "temporary failure, retry"), which schedulers can map to a
-requeue. Rerunning the same command resumes from that step, and because every batch is a
-pure function of (seed, step) it ends with the parameters of an uninterrupted run.
+requeue. The closing line names the command that resumes from that step
+(`cli.resume_hint`), and because every batch is a pure function of (seed, step) the resumed
+run ends with the parameters of an uninterrupted run.
 
 Agreement between processes: with `jax.distributed` running, JAX's preemption sync manager
 (which listens for SIGTERM itself) tells every process the same sync point, so the call
@@ -43,6 +44,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from hypernet_attention.runs import cli
+
 EXIT_CODE = 75
 
 
@@ -50,8 +53,8 @@ class Preempted(Exception):
   """The run saved a checkpoint at `step` and stopped because of a preemption notice."""
 
   def __init__(self, step: int, workdir: str, reason: str = "preempted"):
-    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; rerun the "
-                     "same command to resume")
+    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; "
+                     f"{cli.resume_hint()}")
     self.step, self.workdir = step, workdir
 
 
@@ -87,6 +90,8 @@ class Watcher:
         os.close(read_fd)
         return
       if {signal.SIGTERM, signal.SIGINT} & set(signums):
+        if signal.SIGINT in set(signums):  # Named before the main thread's handler runs.
+          self.reason = "interrupted"
         with self._phase:
           if self._exit_now is not None:
             self._exit_now()
@@ -98,8 +103,8 @@ class Watcher:
     the workdir's lock first. In a single process only (several processes must agree on a step)."""
     def exit_now():
       release()
-      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; rerun the same "
-            "command to resume", file=sys.stderr, flush=True)
+      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; "
+            f"{cli.resume_hint()}", file=sys.stderr, flush=True)
       os._exit(EXIT_CODE)  # pylint: disable=protected-access
     if self._wakeup is None:
       yield

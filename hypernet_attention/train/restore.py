@@ -24,6 +24,7 @@ import jax
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
@@ -89,7 +90,7 @@ def _analysis_config(workdir: str, devices: Optional[Sequence[jax.Device]]
 
 
 def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, Any]:
-  s = build.setup(config, devices)
+  s = build.setup(config_checks.validate(config), devices)  # The recorded config enters here.
   step, params = _params_at(workdir, step, s.restore_target(),
                             lambda: build.init_state(config, s.init_fn, s.shardings).params)
   return s, step, params
@@ -98,7 +99,7 @@ def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, An
 def _population_params(workdir, step, config, devices
                        ) -> tuple[population.PopulationSetup, int, Any]:
   """Every member's parameters, stacked on the leading member axis."""
-  p = population.setup(config, devices)
+  p = population.setup(config_checks.validate(config), devices)  # Enters here, as above.
   step, params = _params_at(workdir, step, p.restore_target(),
                             lambda: population.PopulationTrainer(p).init_state().params)
   return p, step, params

@@ -151,18 +151,11 @@ def define_run_flags(config_flag: Optional[str]):
   return config, workdir
 
 
-def _experiment(config: Any) -> registry.Experiment:
-  try:
-    return registry.get(config.experiment)
-  except ValueError as e:
-    raise errors.BadInput(f"config.experiment: {e}") from None
-
-
-def train_experiment(config: Any, workdir: Optional[str] = None) -> Any:
-  """Trains `config` (`config_checks.validate`d, here if not yet) with the record's `train`
-  (the loop, or the language model's) into `workdir`, or a fresh one named after it."""
-  checked = config_checks.validate(config)
-  experiment = _experiment(checked.config)
+def train_experiment(checked: config_checks.Checked, workdir: Optional[str] = None) -> Any:
+  """Trains the `config_checks.validate`d config with the record's `train` (the loop, or
+  the language model's) into `workdir`, or a fresh one named after it."""
+  experiment = registry.get(config_checks.require_checked(checked, "train_experiment")
+                            .config.experiment)
   train = registry.load(experiment.train)
   return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)
 
@@ -177,11 +170,8 @@ def experiment_main(name: Optional[str] = None) -> Callable[[Any], None]:
   def main(argv):
     del argv
     if config.value is None:
-      raise errors.BadInput(
-          "--config is required; allowed: an experiment's config file and argument: "
-          + ", ".join(e.config_flag() for e in registry.EXPERIMENTS.values()))
-    _experiment(config.value)  # An unknown name, then any bad value: refused before start-up.
-    checked = config_checks.validate(config.value)
+      raise errors.BadInput(f"--config is required; {cli.CONFIGS_ALLOWED}")
+    checked = config_checks.validate(config.value)  # Refused before start-up.
     start()
     train_experiment(checked, workdir.value)
   return main

@@ -63,7 +63,7 @@ def test_disk_full_during_a_save_is_one_line_and_the_run_resumes(tmp_path):
   assert re.fullmatch(
       r"fuzzy_logic\.py: error: checkpoint write failed while writing step \d+ in "
       rf"{disk}/run/checkpoints: No space left on device; finalized steps \[4[^\]]*\] are "
-      r"intact .*rerun the same command to resume", line), line
+      rf"intact .*then resume with: python .*fuzzy_logic\.py .*--workdir={disk}/run", line), line
   assert "4" in (out / "steps").read_text().split()
   second = (out / "second.err").read_text()
   assert (out / "second.rc").read_text().strip() == "0", second[-3000:]

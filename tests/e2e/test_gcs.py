@@ -24,6 +24,7 @@ from etils import epath
 import fsspec
 import pytest
 
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import lock
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
@@ -169,7 +170,8 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
     f.write_bytes(b"garbage")
   ckpt = checkpointing.Checkpointer(workdir)
   try:
-    state = ckpt.restore_latest(build.setup(tl.smoke("sraven")).restore_target())
+    checked = config_checks.validate(tl.smoke("sraven"))
+    state = ckpt.restore_latest(build.setup(checked).restore_target())
   finally:
     ckpt.close()
   assert int(state.step) == 4

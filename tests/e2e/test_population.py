@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import population
@@ -32,7 +33,7 @@ MEMBERS = ({"seed": 0},
 
 
 def _single_run(config):
-  s = build.setup(config)
+  s = build.setup(config_checks.validate(config))
   trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(build.init_state(config, s.init_fn, s.shardings), STEPS)
   return (np.asarray(metrics.per_step["loss"]), tl.flat_params(state.params),
@@ -46,7 +47,7 @@ def _max_rel(a: dict, b: dict) -> float:
 
 def test_members_equal_single_runs():
   config = tl.smoke("sraven", **{"population.members": MEMBERS})
-  p = population.setup(config)
+  p = population.setup(config_checks.validate(config))
   trainer = population.PopulationTrainer(p)
   state, metrics = trainer.train_chunk(trainer.init_state(), STEPS)
   evals = trainer.evaluate(state.params)
@@ -70,11 +71,11 @@ def test_members_equal_single_runs():
 def test_member_keys_refused_in_one_line():
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"model.num_layers": 3})})
   with pytest.raises(errors.BadInput, match=r"members\[1\] sets 'model.num_layers'"):
-    population.setup(config)
+    population.setup(config_checks.validate(config))
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"seed": 1}),
                                  "population.member_names": ("a", "a")})
   with pytest.raises(errors.BadInput, match="member_names"):
-    population.setup(config)
+    population.setup(config_checks.validate(config))
 
 
 def _population(workdir, **updates):
@@ -148,7 +149,7 @@ def test_authors_schedule_needs_a_cosine_part():
   config = tl.smoke("sraven", **{"optimizer.authors_schedule": True,
                                  "optimizer.warmup_steps": 4})
   with pytest.raises(errors.BadInput, match="num_train_steps > 2 \\* warmup_steps"):
-    build.setup(config)
+    build.setup(config_checks.validate(config))
 
 
 def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):

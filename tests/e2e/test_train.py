@@ -270,7 +270,8 @@ def test_configs_are_locked_and_paper_sizes_match_the_paper():
   assert (config.model.emb_dim, config.model.num_heads, config.model.qk_dim,
           config.model.mlp_dim, config.model.num_layers) == (256, 32, 128, 512, 8)
   assert (config.batch_size, config.num_train_steps) == (128, 156_250)
-  count = lambda c: state_lib.count_params(build.setup(c).abstract_state.params)  # noqa: E731
+  count = lambda c: state_lib.count_params(  # noqa: E731
+      build.setup(config_checks.validate(c)).abstract_state.params)
   # Exact parameter counts of the authors' models (the paper's appendix; authors' code).
   assert count(tl.sraven_config.get_config("model=hyla,size=paper")) == 402_824
   fuzzy = tl.fuzzy_config.get_config("model=hyla,size=paper")

@@ -140,7 +140,8 @@ def test_heads_sweep_keeps_parameters_equal():
       continue
     config = _resolve("sraven", point)
     assert config.model.qk_dim == config.model.v_dim == 64  # Total width, 64/H per head.
-    params = sum(x.size for x in jax.tree.leaves(build.setup(config).abstract_state.params))
+    params = sum(x.size for x in jax.tree.leaves(
+        build.setup(config_checks.validate(config)).abstract_state.params))
     bias = config.model.num_layers * config.model.num_heads * 36  # T5 table: H x buckets.
     counts[config.model.attention].add(params - bias)
   assert len(counts["hyla"]) == 1, counts

@@ -81,7 +81,7 @@ def toy():
 
 def test_a_task_added_as_one_record_trains_through_the_entry_point(toy, tmp_path):
   config = toy.get_config("size=smoke")
-  summary = runtime.train_experiment(config, str(tmp_path / "run"))
+  summary = runtime.train_experiment(config_checks.validate(config), str(tmp_path / "run"))
   assert summary["step"] == config.num_train_steps
   written = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert written["test/loss"] >= 0.0 and "accuracy" not in str(written)

@@ -8,6 +8,7 @@ import shutil
 import chex
 import pytest
 
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
@@ -29,7 +30,7 @@ def run(tmp_path_factory):
 
 
 def _abstract_state(config):
-  return build.setup(config).restore_target()
+  return build.setup(config_checks.validate(config)).restore_target()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -89,7 +90,7 @@ def test_restore_params_is_read_only_and_exact(run, caplog):
   assert restore.restore_params(workdir, step=4).step == 4
   # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
   init = restore.restore_params(workdir, step=0)
-  s = build.setup(init.config)
+  s = build.setup(config_checks.validate(init.config))
   chex.assert_trees_all_equal(init.params,
                               build.init_state(init.config, s.init_fn, s.shardings).params)
   assert tl.snapshot(workdir) == before
