@@ -233,6 +233,8 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
   the fast implementation.
   """
   preset = settings.preset
+  # Every path, the probing one too (which runs no implementation): a typo is never run.
+  errors.check_choice("implementation", settings.implementation, presets.IMPLEMENTATIONS)
   query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
   full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
   check_mask(mask, full_shape)

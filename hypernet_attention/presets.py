@@ -48,11 +48,12 @@ PRESETS: dict[str, AttentionPreset] = {
     "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
 }
 
-# The positions of `attention.py`, the feed-forward layers of `feed_forward.py` and the
-# implementations of `ops.dispatch` (IMPLEMENTATIONS there; `tests/models/test_attention.py`
-# checks that these three tuples are those modules' own).
+# The model's other named choices, each declared here alone: the positions `attention.py`
+# places, each feed-forward name -> its class in `feed_forward.py` (`feed_forward.layer`
+# builds it), and the implementations `ops.dispatch` runs (its runners and kernels by these
+# names; `tests/models/test_registered_names.py` checks that each has one).
 POSITIONS = ("none", "t5", "rope")
-FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
+FEED_FORWARDS = {"gelu_mlp": "GeluMlp", "swiglu": "SwiGlu", "moe": "MoE"}
 IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "mosaic")
 MODEL_NAMES = {"feed_forward": FEED_FORWARDS, "position": POSITIONS,
                "implementation": IMPLEMENTATIONS}
