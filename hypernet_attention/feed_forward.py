@@ -19,10 +19,8 @@ Dtype = Any
 
 
 def layer(kind: str, **settings) -> nn.Module:
-  """The layer that `presets.FEED_FORWARDS` (the one table of feed-forwards, which the
-  launching machine checks without JAX) maps `kind` to, given those `settings` its class
-  declares (`num_experts`, `top_k`: MoE's alone). A name that table lacks, or maps to no class
-  here, is refused in one line: never built as another layer."""
+  """The class `presets.FEED_FORWARDS` (the one table) maps `kind` to, given the `settings` it
+  declares (`num_experts`, `top_k`: MoE's); a name not mapped to a class here is refused."""
   errors.check_choice("feed_forward", kind, presets.FEED_FORWARDS)
   cls = globals().get(presets.FEED_FORWARDS[kind])
   if cls is None:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from hypernet_attention import attention as attention_lib
 from hypernet_attention import errors
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import reference
 
 Params = Any
@@ -59,7 +60,7 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   sows: each normalization is written once, and an unknown name is refused there.
   """
   params = nn.meta.unbox(params)
-  errors.check_choice("position", module.position, attention_lib.POSITIONS)
+  errors.check_choice("position", module.position, presets.POSITIONS)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   chex.assert_rank([inputs_q, inputs_kv], 3)
   chex.assert_equal_shape_prefix([inputs_q, inputs_kv], 1)
@@ -97,8 +98,7 @@ def _value_network(module: attention_lib.MultiHeadAttention) -> str:
 
 
 def _unwritten(network: str) -> errors.BadInput:
-  """A value network of `attention.VALUE_NETWORKS` (the one table; the attention modules compute
-  every one) whose generated weights are not written below yet: refused in one line."""
+  """One of `attention.VALUE_NETWORKS` (the modules compute every one) not yet written here."""
   return errors.BadInput(f"value_network {network!r} has no explicit hypernetwork form yet; "
                          "allowed: those whose generated weights hypernetwork.py writes.")
 

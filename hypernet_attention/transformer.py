@@ -41,7 +41,7 @@ class TransformerConfig:
   qk_dim: int = 16
   v_dim: int = 16
   mlp_dim: int = 256
-  attention: str = "hyla"  # a key of attention.PRESETS
+  attention: str = "hyla"  # a key of presets.PRESETS
   activation: Optional[str] = None  # overrides the preset's value-network activation
   feed_forward: str = "gelu_mlp"  # presets.FEED_FORWARDS
   num_experts: int = 5
@@ -50,7 +50,7 @@ class TransformerConfig:
   vocab_size: Optional[int] = None
   output_dim: int = 1
   tied_embedding: bool = False  # read out with the embedding table (needs 'embed')
-  position: str = "t5"  # attention.POSITIONS
+  position: str = "t5"  # presets.POSITIONS
   num_buckets: int = 16
   max_distance: int = 16
   bidirectional: bool = False

@@ -204,7 +204,6 @@ def test_declared_model_names_are_the_modules_own():
   runner, kernel or class."""
   assert set(presets.IMPLEMENTATIONS) == {"auto", "reference", *dispatch.FAST_PATHS,
                                           *dispatch.EXPLICIT_PATHS}
-  assert presets.POSITIONS == attention.POSITIONS
   x = _inputs()
   for name, class_name in presets.FEED_FORWARDS.items():
     layer = feed_forward.layer(name, hidden_dim=4, num_experts=3, top_k=2)
