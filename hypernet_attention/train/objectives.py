@@ -142,9 +142,8 @@ def _task_run_metrics(task, config, workdir: str) -> dict[str, float]:
 def lm_pipeline(task_config):
   """The module of `config.task.pipeline`'s data path (`lm_text.PIPELINES`): `tasks/c4.py`
   (seqio, TensorFlow: loaded quietly first) or `tasks/c4_grain.py` (Grain, no TensorFlow).
-  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary` and `readers` (a
-  host source's train and evaluate readers; neither imports train/); the rest they share is
-  `lm_text`'s."""
+  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary` and `readers` (a host
+  source's train and evaluate readers; neither imports train/); the rest is `lm_text`'s."""
   from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
   name = lm_text.check_pipeline(task_config)
   if name == "seqio":

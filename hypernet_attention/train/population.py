@@ -3,11 +3,11 @@
 The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of an
 accelerator. A population stacks P members' train states along a leading member axis and maps the
 single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted, scanned chunk
-trains every member. What may differ between members (`run_files.MEMBER_KEYS`) is what can be
-data instead of code: the seed (initialization, data order, dropout), the held-out split's seed
-(each member's split tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the
-weight decay and the warmup (traced hyperparameters, `state.make_optimizer(config, member)`).
-Anything else would change shapes or code and is refused in one line naming the key.
+trains every member. What members may differ in (`run_files.MEMBER_KEYS`) is what can be data
+instead of code: the seed (initialization, data order, dropout), the held-out split's seed (each
+member's split tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight
+decay and the warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything
+else would change shapes or code and is refused in one line naming the key.
 
 Member i computes exactly what the single run with its settings computes: the same step
 function, the same keys, an optimizer state of the same tree. A member whose loss or
