@@ -51,20 +51,15 @@ Initializer = Callable[..., jax.Array]
 # 'nonlinear_value' is the one value network the ops do not know: phi is applied to each
 # head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
 VALUE_NETWORKS = (*reference.VALUE_NETWORKS, "nonlinear_value")
-POSITIONS = presets.POSITIONS
-# Table A1's rows, declared as plain data in `presets.py` (the launching machine checks
-# names against them without JAX).
-AttentionPreset = presets.AttentionPreset
-PRESETS = presets.PRESETS
 
 
-def resolve_preset(name: str, activation: Optional[str] = None) -> AttentionPreset:
+def resolve_preset(name: str, activation: Optional[str] = None) -> presets.AttentionPreset:
   """The preset called `name`, with its activation replaced by `activation` if given.
 
   The override is validated but has no effect on linear value networks (they have no phi).
   """
-  errors.check_choice("attention preset", name, PRESETS)
-  preset = PRESETS[name]
+  errors.check_choice("attention preset", name, presets.PRESETS)
+  preset = presets.PRESETS[name]
   if activation is None:
     return preset
   reference.get_activation(activation)
@@ -233,6 +228,8 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
   the fast implementation.
   """
   preset = settings.preset
+  # Every path, the probing one too (which runs no implementation): a typo is never run.
+  errors.check_choice("implementation", settings.implementation, presets.IMPLEMENTATIONS)
   query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
   full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
   check_mask(mask, full_shape)
@@ -276,7 +273,7 @@ class MultiHeadAttention(nn.Module):
 
   Attributes:
     num_heads: H.
-    attention: preset name, a key of `PRESETS`.
+    attention: preset name, a key of `presets.PRESETS` (Table A1's rows).
     activation: overrides the preset's value-network activation (see `resolve_preset`).
     qk_features, v_features: TOTAL query/key and value widths over heads (default: input
       width), as in flax.
@@ -317,7 +314,7 @@ class MultiHeadAttention(nn.Module):
   eps: float = reference.RMS_HEAD_EPS
 
   @property
-  def preset(self) -> AttentionPreset:
+  def preset(self) -> presets.AttentionPreset:
     return resolve_preset(self.attention, self.activation)
 
   def _dense(self, features, axis, names, name):
@@ -350,7 +347,7 @@ class MultiHeadAttention(nn.Module):
       position does it).
     """
     preset = self.preset
-    errors.check_choice("position", self.position, POSITIONS)
+    errors.check_choice("position", self.position, presets.POSITIONS)
     dropout.check_rate(self.dropout_rate)
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v

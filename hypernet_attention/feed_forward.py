@@ -12,11 +12,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention import presets
 
 Dtype = Any
 
-FEED_FORWARDS = presets.FEED_FORWARDS  # Declared without JAX, for the launching machine.
+
+def layer(kind: str, **settings) -> nn.Module:
+  """The class `presets.FEED_FORWARDS` (the one table) maps `kind` to, given the `settings` it
+  declares (`num_experts`, `top_k`: MoE's); a name not mapped to a class here is refused."""
+  errors.check_choice("feed_forward", kind, presets.FEED_FORWARDS)
+  cls = globals().get(presets.FEED_FORWARDS[kind])
+  if cls is None:
+    raise ValueError(f"feed_forward {kind!r} maps to {presets.FEED_FORWARDS[kind]!r}, "
+                     "which is no class of feed_forward.py.")
+  return cls(**{k: v for k, v in settings.items() if k in cls.__dataclass_fields__})
 
 
 def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):

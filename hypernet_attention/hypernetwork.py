@@ -34,13 +34,10 @@ import jax.numpy as jnp
 from hypernet_attention import attention as attention_lib
 from hypernet_attention import errors
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import reference
 
 Params = Any
-# The value networks (`attention.VALUE_NETWORKS`) written below as hypernetworks; one added
-# to the ops' registry is computed by the attention modules and refused here, in one line,
-# until its generated weights are written down.
-VALUE_NETWORKS = ("linear", "mlp", "deep_mlp", "nonlinear_value")
 
 
 def _position_bias(module, params, q_len, k_len):
@@ -63,7 +60,7 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   sows: each normalization is written once, and an unknown name is refused there.
   """
   params = nn.meta.unbox(params)
-  errors.check_choice("position", module.position, attention_lib.POSITIONS)
+  errors.check_choice("position", module.position, presets.POSITIONS)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   chex.assert_rank([inputs_q, inputs_kv], 3)
   chex.assert_equal_shape_prefix([inputs_q, inputs_kv], 1)
@@ -96,8 +93,14 @@ def _value_layer_HVA(params, use_bias):
 
 def _value_network(module: attention_lib.MultiHeadAttention) -> str:
   network = module.preset.value_network
-  errors.check_choice("value_network (in the explicit hypernetwork form)", network, VALUE_NETWORKS)
+  errors.check_choice("value_network", network, attention_lib.VALUE_NETWORKS)
   return network
+
+
+def _unwritten(network: str) -> errors.BadInput:
+  """One of `attention.VALUE_NETWORKS` (the modules compute every one) not yet written here."""
+  return errors.BadInput(f"value_network {network!r} has no explicit hypernetwork form yet; "
+                         "allowed: those whose generated weights hypernetwork.py writes.")
 
 
 def generate_value_network(module: attention_lib.MultiHeadAttention, params: Params,
@@ -125,6 +128,8 @@ def generate_value_network(module: attention_lib.MultiHeadAttention, params: Par
     batch, _, q_len, k_len = code_BHQK.shape
     readout_BQKOHV = jnp.einsum("bhqk,hov->bqkohv", code_BHQK, out_HOV)
     return {"W2": readout_BQKOHV.reshape(batch, q_len, k_len, out_HOV.shape[1], -1)}
+  if network not in ("mlp", "deep_mlp"):
+    raise _unwritten(network)
   weights = {"W1": jnp.einsum("bhqk,hva->bqkva", code_BHQK, value_HVA),
              "W2": jnp.einsum("bhqk,hov->bqkov", code_BHQK, out_HOV)}
   if network == "deep_mlp":
@@ -152,11 +157,13 @@ def apply_value_network(module: attention_lib.MultiHeadAttention, params: Params
     features_BKF = phi(jnp.einsum("hva,bka->bkhv", value_HVA, x_BKA)).reshape(
         x_BKA.shape[0], x_BKA.shape[1], -1)
     out_BQO = jnp.einsum("bqkof,bkf->bqo", weights["W2"], features_BKF)
-  else:
+  elif network in ("mlp", "deep_mlp"):
     hidden_BQKV = phi(jnp.einsum("bqkva,bka->bqkv", weights["W1"], x_BKA))
     if network == "deep_mlp":
       hidden_BQKV = phi(jnp.einsum("bqkwv,bqkv->bqkw", weights["W_hidden"], hidden_BQKV))
     out_BQO = jnp.einsum("bqkov,bqkv->bqo", weights["W2"], hidden_BQKV)
+  else:
+    raise _unwritten(network)
   if module.use_bias:
     out_BQO = out_BQO + params["out"]["bias"]
   return out_BQO

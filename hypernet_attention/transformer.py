@@ -41,16 +41,16 @@ class TransformerConfig:
   qk_dim: int = 16
   v_dim: int = 16
   mlp_dim: int = 256
-  attention: str = "hyla"  # a key of attention.PRESETS
+  attention: str = "hyla"  # a key of presets.PRESETS
   activation: Optional[str] = None  # overrides the preset's value-network activation
-  feed_forward: str = "gelu_mlp"  # feed_forward.FEED_FORWARDS
+  feed_forward: str = "gelu_mlp"  # presets.FEED_FORWARDS
   num_experts: int = 5
   top_k: int = 2
   input_kind: str = "dense"  # 'dense': float (B, T, I); 'embed': int tokens (B, T)
   vocab_size: Optional[int] = None
   output_dim: int = 1
   tied_embedding: bool = False  # read out with the embedding table (needs 'embed')
-  position: str = "t5"  # attention.POSITIONS
+  position: str = "t5"  # presets.POSITIONS
   num_buckets: int = 16
   max_distance: int = 16
   bidirectional: bool = False
@@ -62,7 +62,7 @@ class TransformerConfig:
   attention_dropout: float = 0.1
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
-  implementation: str = "auto"  # ops.dispatch.IMPLEMENTATIONS
+  implementation: str = "auto"  # presets.IMPLEMENTATIONS
   decode: bool = False
 
   def __post_init__(self):
@@ -130,14 +130,9 @@ class TransformerBlock(nn.Module):
     )(_layer_norm(c, "attention_norm")(x_BTE), mask=mask, is_causal=c.causal,
       deterministic=deterministic)
     x_BTE = x_BTE + h_BTE
-    kwargs = dict(hidden_dim=c.mlp_dim, dtype=c.dtype, param_dtype=c.param_dtype,
-                  name="feed_forward")
-    if c.feed_forward == "gelu_mlp":
-      ff = feed_forward.GeluMlp(**kwargs)
-    elif c.feed_forward == "swiglu":
-      ff = feed_forward.SwiGlu(**kwargs)
-    else:
-      ff = feed_forward.MoE(num_experts=c.num_experts, top_k=c.top_k, **kwargs)
+    ff = feed_forward.layer(c.feed_forward, hidden_dim=c.mlp_dim, num_experts=c.num_experts,
+                            top_k=c.top_k, dtype=c.dtype, param_dtype=c.param_dtype,
+                            name="feed_forward")
     return x_BTE + ff(_layer_norm(c, "feed_forward_norm")(x_BTE))
 
 

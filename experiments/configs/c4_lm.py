@@ -1,7 +1,7 @@
 r"""C4 language modeling (the paper's Fig. 6): decoder-only softmax vs linear attention vs HYLA.
 
 Arguments (`--config=experiments/configs/c4_lm.py:model=hyla,size=50m`):
-  model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).
+  model  any preset of `hypernet_attention.presets.PRESETS` (softmax, linear, hyla, ...).
   size   50m    the paper's model: 6 layers, D=512, 8 heads of 64, MLP 2048 (GeLU), RoPE,
                 causal, bfloat16 compute / float32 params, no attention dropout, untied
                 input embedding and read-out over the 32k SentencePiece C4 vocabulary:

@@ -22,7 +22,7 @@ cell predicted (from the column's previous T) to overrun its time budget is skip
 Implementations (`implementations()`): softmax_cudnn (`jax.nn.dot_product_attention`,
 implementation='cudnn'; GPU, bf16/fp16), softmax_xla (the same with implementation='xla'),
 linear (linear attention, reference einsums), hyla_<name> for every implementation in
-`dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
+`presets.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
 here without an edit), and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
 normalization with a linear value network, in blockwise's tiles). `softmax` is also
 accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
@@ -43,6 +43,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 
 BASELINES = ("softmax_cudnn", "softmax_xla")  # The ratio's denominator: the first that ran.
@@ -56,8 +57,8 @@ _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
 
 
 def implementations() -> tuple[str, ...]:
-  """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
-  hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
+  """Every benchmark column, HYLA's read from `presets.IMPLEMENTATIONS` now."""
+  hyla = tuple(f"hyla_{n}" for n in presets.IMPLEMENTATIONS if n != "auto")
   return (*BASELINES, "linear", *hyla, "rmshead_linear_blockwise")
 
 
@@ -119,7 +120,7 @@ def attention_fn(name: str, causal: bool) -> Callable:
         q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
         implementation="blockwise")
   implementation = name.removeprefix("hyla_")
-  if not name.startswith("hyla_") or implementation not in dispatch.IMPLEMENTATIONS:
+  if not name.startswith("hyla_") or implementation not in presets.IMPLEMENTATIONS:
     raise ValueError(f"implementation {name!r}; allowed: {', '.join(allowed_names())}")
   return lambda q, k, v: dispatch.attention(
       q, k, v, is_causal=causal, implementation=implementation, **_HYLA)

@@ -3,7 +3,7 @@
 The first stage of a GPU window (`experiments/benchmark_attention.py --parity_only`,
 `launch/gpu_window.py`): a kernel that computes the wrong function on the window's device
 must stop the window before anything is timed. Implementations are read from
-`dispatch.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
+`presets.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
 
 The bound is tests/numerics.py's rule: the float32 reference's own error against float64, `err32`,
 measures the input's conditioning at float32 rounding; any summation order of a correct kernel stays
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import reference
 
@@ -33,7 +34,7 @@ NARROW_SLACK = 2.0
 
 def hyla_implementations() -> tuple[str, ...]:
   """Every implementation `dispatch` can be asked for by name, but the reference itself."""
-  return tuple(n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference"))
+  return tuple(n for n in presets.IMPLEMENTATIONS if n not in ("auto", "reference"))
 
 
 def hyla_reference(q, k, v):

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import factored
@@ -45,7 +46,6 @@ FAST_PATHS: dict[str, reference.Computes] = {"factored": factored.COMPUTES,
 # and what they do not compute in one line; `auto` takes them only where
 # `mosaic_kernel.runs_here` and from MOSAIC_MIN_PAIRS on.
 EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
-IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
                                        ("linear",))
@@ -165,7 +165,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   drops the same pairs, and the tiled ones recompute the mask per tile.
   """
   reference.check_operands(query_BQHD, key_BKHD, value_BKHV)  # Every path, before any work.
-  errors.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  errors.check_choice("implementation", implementation, presets.IMPLEMENTATIONS)
   errors.check_choice("normalization", normalization, reference.NORMALIZATIONS)
   errors.check_choice("value_network", value_network, reference.VALUE_NETWORKS)
   reference.get_activation(activation)
@@ -184,7 +184,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
         fused=mosaic_kernel.runs_here(query_BQHD, value_BKHV, normalization, value_network,
                                       activation, bias=bias, mask=mask,
                                       dropout_rate=dropout_rate))
-  elif implementation != "reference":
+  elif implementation in FAST_PATHS or implementation in EXPLICIT_PATHS:
     {**FAST_PATHS, **EXPLICIT_PATHS}[implementation].check(normalization, value_network)
   kwargs = dict(normalization=normalization, value_network=value_network,
                 activation=activation, eps=eps, dropout_rate=dropout_rate)

@@ -38,14 +38,6 @@ import tensorflow as tf
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
 
-# Shared with the Grain path (`tasks/lm_text.py`), under the names this module always had.
-TASKS, SPLITS, CHECK_BYTES = lm_text.TASKS, lm_text.SPLITS, lm_text.CHECK_BYTES
-PAD_ID, EOS_ID, UNK_ID = lm_text.PAD_ID, lm_text.EOS_ID, lm_text.UNK_ID
-_one_line = lm_text.one_line
-token_byte_lengths = lm_text.token_byte_lengths
-check_sequence_length = lm_text.check_sequence_length
-
-
 # --- vocabulary ---------------------------------------------------------------------------
 
 
@@ -76,7 +68,7 @@ def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   """TFDS `c4/en` (the newest version prepared under `data_dir`); one clear error if none."""
   found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
   if not data_dir or not found:
-    raise BadInput(_one_line(
+    raise BadInput(lm_text.one_line(
         f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
         f"`tfds build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
         f"bucket; set --config.task.data_dir), or train on local files with "
@@ -85,7 +77,7 @@ def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   versions = sorted((os.path.basename(os.path.dirname(p)) for p in found),
                     key=lambda v: tuple(int(x) for x in v.split(".")))
   return seqio.TfdsDataSource(tfds_name=f"c4/en:{versions[-1]}", tfds_data_dir=data_dir,
-                              splits=SPLITS)
+                              splits=lm_text.SPLITS)
 
 
 def text_files(pattern: str, split: str) -> list[str]:
@@ -95,7 +87,7 @@ def text_files(pattern: str, split: str) -> list[str]:
 
 def _head(path: str) -> bytes:
   with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read(CHECK_BYTES)
+    return f.read(lm_text.CHECK_BYTES)
 
 
 def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:
@@ -107,7 +99,7 @@ def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSo
 def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
   """The document of one .jsonl line; "" (dropped as empty) for a line that is not a JSON
   object with a string 'text', with one warning line naming it (the first time). Only the first
-  `CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
+  `lm_text.CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
   first); before, such a line printed a TensorFlow traceback per read and was dropped."""
   def parse(line_bytes):
     return lm_text.json_text_or_skip(line_bytes.numpy())
@@ -169,8 +161,8 @@ def register(name: str, source: seqio.DataSource,
   Re-registering replaces the previous definition, so a process can build tasks for
   different data directories (tests, eval on another corpus) under the same name.
   """
-  if name not in TASKS:
-    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(TASKS)}.")
+  if name not in lm_text.TASKS:
+    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(lm_text.TASKS)}.")
   seqio.TaskRegistry.remove(name)
 
   def text_preprocessor(dataset):
@@ -185,9 +177,9 @@ def register(name: str, source: seqio.DataSource,
 
 def source(task_config) -> seqio.DataSource:
   """`config.task` (name, data_dir or *_files) -> its seqio DataSource."""
-  if task_config.name not in TASKS:
+  if task_config.name not in lm_text.TASKS:
     raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                     f"{', '.join(TASKS)}.")
+                     f"{', '.join(lm_text.TASKS)}.")
   if task_config.name == "c4_lm":
     return c4_source(task_config.data_dir)
   return text_source(task_config.train_files, task_config.validation_files)
@@ -271,7 +263,7 @@ class DataIterator:
 
   def restore(self, directory: str) -> None:
     if not tf.io.gfile.exists(self.path(directory) + ".index"):
-      raise BadInput(_one_line(
+      raise BadInput(lm_text.one_line(
           f"no data iterator state {self.path(directory)!r}; allowed: a directory written "
           f"by DataIterator.save with the same process count."))
     self._checkpoint.read(self.path(directory)).assert_consumed()

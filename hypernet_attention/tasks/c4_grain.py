@@ -43,9 +43,6 @@ import sentencepiece as spm
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
 
-TASKS, SPLITS = lm_text.TASKS, lm_text.SPLITS
-token_byte_lengths = lm_text.token_byte_lengths
-check_sequence_length = lm_text.check_sequence_length
 # Grain's reader threads per iterator (tokenizing runs in them) and documents read ahead.
 READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=256)
 NO_SHARDING = grain.sharding.NoSharding()
@@ -163,12 +160,12 @@ class Task:
 def build_task(task_config) -> Task:
   """`config.task` (name, data_dir or *_files, vocabulary) -> its `Task`. The vocabulary
   is checked first, then the data, so either error comes before any work."""
-  if task_config.name not in TASKS:
+  if task_config.name not in lm_text.TASKS:
     raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                   f"{', '.join(TASKS)}.")
+                   f"{', '.join(lm_text.TASKS)}.")
   vocabulary = load_vocabulary(task_config.vocabulary)
   return Task(task_config.name, vocabulary,
-              {split: build_documents(task_config, split) for split in SPLITS})
+              {split: build_documents(task_config, split) for split in lm_text.SPLITS})
 
 
 def task_vocabulary(task: Task) -> Vocabulary:

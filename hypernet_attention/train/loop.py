@@ -42,8 +42,6 @@ from hypernet_attention.train import preemption
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
-Trainer = trainer_lib.Trainer  # Its old home: tests and tools build one from here.
-
 
 class Program(Protocol):
   """What `run` asks of a single run or a population. `pending` is the list of

@@ -143,8 +143,8 @@ def _task_run_metrics(task, config, workdir: str) -> dict[str, float]:
 def lm_pipeline(task_config):
   """The module of `config.task.pipeline`'s data path (`lm_text.PIPELINES`): `tasks/c4.py`
   (seqio, TensorFlow: loaded quietly first) or `tasks/c4_grain.py` (Grain, no TensorFlow).
-  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary`, `SPLITS`
-  and `readers` (a host source's train and evaluate readers; neither imports train/)."""
+  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary` and `readers` (a host
+  source's train and evaluate readers; neither imports train/); the rest is `lm_text`'s."""
   from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
   name = lm_text.check_pipeline(task_config)
   if name == "seqio":
@@ -188,14 +188,15 @@ def c4_lm(config: ml_collections.ConfigDict) -> Objective:
     bytes_V = jnp.zeros((vocab_size,))  # No text behind the tokens: bits per byte is absent.
     source = _random_token_source(vocab_size, config.task.sequence_length)
   else:
+    from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
     pipeline = lm_pipeline(config.task)
-    pipeline.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
+    lm_text.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
     task = pipeline.build_task(config.task)
     vocabulary = pipeline.task_vocabulary(task)
     vocab_size = vocabulary.vocab_size
-    bytes_V = jnp.asarray(pipeline.token_byte_lengths(vocabulary))
+    bytes_V = jnp.asarray(lm_text.token_byte_lengths(vocabulary))
     length = config.task.sequence_length
-    source = data.HostSource(*pipeline.readers(task, length), pipeline.SPLITS,
+    source = data.HostSource(*pipeline.readers(task, length), lm_text.SPLITS,
                              data.token_rows_example(length))
 
   def metrics_fn(logits_BTV, batch):

@@ -3,11 +3,11 @@
 The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of an
 accelerator. A population stacks P members' train states along a leading member axis and maps the
 single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted, scanned chunk
-trains every member. What may differ between members (`MEMBER_KEYS`) is what can be data instead of
-code: the seed (initialization, data order, dropout), the held-out split's seed (each member's split
-tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight decay and the
-warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything else would change
-shapes or code and is refused in one line naming the key.
+trains every member. What members may differ in (`run_files.MEMBER_KEYS`) is what can be data
+instead of code: the seed (initialization, data order, dropout), the held-out split's seed (each
+member's split tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight
+decay and the warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything
+else would change shapes or code and is refused in one line naming the key.
 
 Member i computes exactly what the single run with its settings computes: the same step
 function, the same keys, an optimizer state of the same tree. A member whose loss or
@@ -43,7 +43,6 @@ import ml_collections
 
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
-from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import metrics as metrics_lib
@@ -52,9 +51,7 @@ from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
-MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-member_state = metrics_lib.member  # Member `index`'s slice of a population state.
 
 
 @dataclasses.dataclass(frozen=True)

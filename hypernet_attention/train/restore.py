@@ -28,6 +28,7 @@ from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import population
 
@@ -217,5 +218,5 @@ def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
   directory = member_dir(workdir, member)  # Refuses a member the population does not have.
   p, step, params = _population_params(workdir, step, config, devices)
   return RestoredRun(workdir=directory, step=int(step), config=p.member_configs[member],
-                     params=population.member_state(params, member), model=p.single.model,
+                     params=metrics_lib.member(params, member), model=p.single.model,
                      objective=p.member_objectives[member])

@@ -35,9 +35,6 @@ def commit(repo: str) -> str:
     return "unknown"
 
 
-host = machine.host  # runner.py records each process's host through this name.
-
-
 def segments(workdir: str) -> list[dict[str, Any]]:
   path = os.path.join(workdir, TIMES)
   if not os.path.exists(path):

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 from hypernet_attention import errors
 from hypernet_attention.runs import children
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
@@ -392,7 +393,7 @@ class Campaign:
     collect_cell.add_segment(self.workdir(cell), {
         "wall_s": time.time() - run.started, "returncode": code,
         "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": collect_cell.host()})
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
     try:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)

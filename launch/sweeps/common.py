@@ -7,7 +7,7 @@ from hypernet_attention.runs import registry
 
 SEEDS = (0, 1, 2)
 MAIN_MODELS = ("softmax", "linear", "hyla")
-# Table A1's rows without MoE, as attention presets (hypernet_attention.attention.PRESETS).
+# Table A1's rows without MoE, as attention presets (hypernet_attention.presets.PRESETS).
 TABLE_A1_PRESETS = (
     "softmax", "linear", "hyla", "linear_rmshead", "linear_rmshead_nonlinear_value",
     "hyla_no_rmshead", "hyla_linear_value", "hyla_linear_value_no_rmshead", "softmax_hyla",

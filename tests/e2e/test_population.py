@@ -14,9 +14,11 @@ from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import restore
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import trainer as trainer_lib
 from launch import collect
 
 import numerics
@@ -34,7 +36,7 @@ MEMBERS = ({"seed": 0},
 
 def _single_run(config):
   s = build.setup(config_checks.validate(config))
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(build.init_state(config, s.init_fn, s.shardings), STEPS)
   return (np.asarray(metrics.per_step["loss"]), tl.flat_params(state.params),
           trainer.evaluate(state.params))
@@ -57,14 +59,14 @@ def test_members_equal_single_runs():
   n = config.batch_size * 36 * config.model.emb_dim
   bound = STEPS * n * numerics.U_FLOAT32
   for i, (losses, params, evaluation) in enumerate(singles):
-    member_params = tl.flat_params(population.member_state(state, i).params)
+    member_params = tl.flat_params(metrics_lib.member(state, i).params)
     loss_err = float(np.max(np.abs(metrics.per_step["loss"][i] - losses) / np.abs(losses)))
     assert loss_err < bound, (i, loss_err, bound)  # Measured: <= 1.2e-7.
     assert _max_rel(member_params, params) < bound  # Measured: <= 1.6e-6.
     for key, value in evaluation.items():
       assert abs(evals[i][key] - value) <= bound * max(1.0, abs(value)), key
   # A member compared with the other member's run is off by far more than the bound.
-  other = tl.flat_params(population.member_state(state, 1).params)
+  other = tl.flat_params(metrics_lib.member(state, 1).params)
   assert _max_rel(other, singles[0][1]) > 100 * bound
 
 
@@ -108,7 +110,7 @@ def test_resume_outputs_and_frozen_member(tmp_path):
     assert json.load(f)["ood/r2"] == healthy["ood/r2"]
   restored = restore.restore_params(root, member=0)
   by_dir = restore.restore_params(os.path.join(root, "seed=0"))
-  expected = population.member_state(resumed["state"], 0).params
+  expected = metrics_lib.member(resumed["state"], 0).params
   for got in (restored, by_dir):
     assert got.config.seed == 0 and got.step == STEPS
     chex.assert_trees_all_equal(got.params, expected)

@@ -28,6 +28,7 @@ from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
+from hypernet_attention.train import trainer as trainer_lib
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -47,7 +48,7 @@ def loss_curve(config, devices):
   """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`."""
   s = build.setup(config_checks.validate(config), devices)
   state = build.init_state(config, s.init_fn, s.shardings)
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(state, NUM_STEPS)
   return [float(x) for x in jax.device_get(metrics.per_step["loss"])]
 

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 from hypernet_attention import errors
+from hypernet_attention.runs import machine
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from launch import jobs
@@ -315,11 +316,11 @@ def test_each_process_records_the_cpu_its_float_results_depend_on(tmp_path, monk
           "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16\n\n")
   cpuinfo.write_text(core * 2)
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-  host = collect_cell.host(str(cpuinfo))
+  host = machine.host(str(cpuinfo))
   assert host["cpu"] == "AMD EPYC (family 25, model 17, stepping 1)"
   assert host["isa"] == ["avx2", "fma", "avx512f", "avx512_bf16"]
   assert host["xla_flags"] == "--xla_cpu_multi_thread_eigen=false" and host["cores"] >= 1
-  assert collect_cell.host(str(tmp_path / "absent"))["isa"] == []  # Not Linux: no error.
+  assert machine.host(str(tmp_path / "absent"))["isa"] == []  # Not Linux: no error.
 
 
 # A smoke cell long enough to be cut off mid-way: 4-step chunks, a checkpoint every 4.
@@ -362,7 +363,7 @@ def test_a_cut_off_cell_resumes_and_a_done_cell_is_skipped(tmp_path):
   assert not os.path.exists(progress_path) and not os.path.exists(state_path)
   record = records.read(records.path_of(str(tmp_path / "results"), LONG_SMOKE.name))
   assert [p["returncode"] for p in record["processes"]] == [75, 0]
-  assert all(p["host"] == collect_cell.host() for p in record["processes"])
+  assert all(p["host"] == machine.host() for p in record["processes"])
   assert record["commit"] == record["processes"][0]["commit"] != "?"  # The code that trained.
   assert record["wall_s"] == pytest.approx(sum(p["wall_s"] for p in record["processes"]))
   assert f"resuming population {workdir} from step {stopped_at}" in (

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import factored
@@ -477,7 +478,7 @@ def test_members_under_vmap_add_no_loop(implementation):
 def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
   """The fused Hopper kernel: by name only (`auto` never takes it before it is measured),
   refusing in one line a pair it does not compute and, before compiling, any other device."""
-  assert "mosaic" in dispatch.IMPLEMENTATIONS and "mosaic" not in dispatch.FAST_PATHS
+  assert "mosaic" in presets.IMPLEMENTATIONS and "mosaic" not in dispatch.FAST_PATHS
   q = jnp.ones((1, 64, 8, 16), jnp.bfloat16)
   with pytest.raises(errors.BadInput, match="does not compute normalization='softmax'"):
     dispatch.attention(q, q, q, normalization="softmax", implementation="mosaic")
@@ -486,7 +487,7 @@ def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
       dispatch.attention(q, q, q, implementation="mosaic")
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 def test_every_path_refuses_bad_operands_before_any_work(implementation):
   """Keys and values of different lengths, integer or bool operands and empty sequences are
   one BadInput line on every registered path, before a kernel (or Mosaic's device check) runs:
