@@ -1,7 +1,7 @@
 """Shared helpers for the training tests (not a test module).
 
-Compilation dominates these tests on a 2-core CPU, so they share a persistent XLA
-compilation cache (also handed to their subprocesses): identical programs compile once.
+Compilation dominates these tests on a 2-core CPU: the suite's persistent compilation cache
+(tests/conftest.py) reaches their subprocesses through the environment they inherit.
 
 Subprocesses are waited for on their progress, never against a wall clock that a loaded
 machine exceeds: `run` (for `subprocess.run`) and `reap` / `wait_for` (for `Popen`s) give
@@ -40,26 +40,6 @@ from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry  # noqa: E402
 
 # pylint: enable=wrong-import-position
-
-CACHE_DIR = os.path.join(tempfile.gettempdir(), "hypernet_attention_test_xla_cache")
-CACHE_ENV = {
-    "JAX_COMPILATION_CACHE_DIR": CACHE_DIR,
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def compilation_cache():
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
 
 
 @contextlib.contextmanager
@@ -212,7 +192,7 @@ def run(args, *, capture_output: bool = False, text: bool = False, check: bool =
 
 
 def subprocess_env() -> dict:
-  env = dict(os.environ, **CACHE_ENV)
+  env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("XLA_FLAGS", None)
   return env

@@ -27,7 +27,6 @@ from hypernet_attention.train import sharding
 
 import c4_testlib
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 try:  # The seqio path needs TensorFlow (not in '.[dev]'): without it, its tests skip.
   import seqio

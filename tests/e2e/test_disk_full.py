@@ -14,7 +14,6 @@ import sys
 import pytest
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 PROGRAM = os.path.join("experiments", "fuzzy_logic.py")
 CONFIG = "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=smoke"

@@ -23,7 +23,6 @@ from launch import collect
 
 import numerics
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 

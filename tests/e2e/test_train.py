@@ -23,7 +23,6 @@ from hypernet_attention.train import runtime
 from hypernet_attention.train import state as state_lib
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 

@@ -23,7 +23,6 @@ from hypernet_attention.train import restore
 
 import numerics
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 CLI = os.path.join(tl.REPO, "experiments", "probe_latents.py")
 FILES = ("codes_8.npz", "codes_0.npz", "metrics.json", "report.md", "decoder_vs_layer.png",

@@ -25,7 +25,6 @@ from hypernet_attention.tasks import sraven
 from hypernet_attention.train import loop
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 LIBRARY_CASES = {
     # name: (config overrides, expected message regex)

@@ -14,7 +14,6 @@ from hypernet_attention.train import objectives
 from hypernet_attention.train import state as state_lib
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")

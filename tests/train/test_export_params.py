@@ -15,7 +15,6 @@ from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Trains a smoke run (tests/pytest.ini).
 CLI = os.path.join(tl.REPO, "experiments", "export_params.py")

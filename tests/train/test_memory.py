@@ -21,7 +21,6 @@ from hypernet_attention.train import memory
 from hypernet_attention.train import trainer as trainer_lib
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 MiB = 2**20
 
