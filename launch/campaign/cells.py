@@ -21,13 +21,10 @@ from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from launch import grouping
 from launch import jobs
-from launch import sweeps
 from launch.sweeps import common
 from launch.sweeps import fig4_sraven_scaling
 from launch.sweeps import fig5c_heads_sraven
 from launch.sweeps import figa5_holdout_sraven
-
-REPO = sweeps.REPO
 
 
 @dataclasses.dataclass(frozen=True)

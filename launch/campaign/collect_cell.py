@@ -18,6 +18,7 @@ from typing import Any
 from hypernet_attention.runs import children
 from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
+from launch import sweeps
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records
@@ -89,7 +90,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "device": {**device, "host_cpu": machine.host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
       # The code that trained it: each process's commit (one, unless resumed across commits).
-      "commit": commits(runs) or commit(cells_lib.REPO), "finished_utc": time.strftime(
+      "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
   }

@@ -35,6 +35,7 @@ from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
+from launch import sweeps
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
 from launch.campaign import partial
@@ -273,7 +274,7 @@ class Campaign:
     try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
       # waits for the publish (`signals_held`) instead of failing its export; it still dies
       # with this runner (`children.run`).
-      done = children.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
+      done = children.run(argv, cwd=sweeps.REPO, capture_output=True, text=True,
                           timeout=600, env=run_local.child_env(1), start_new_session=True)
     except subprocess.TimeoutExpired:
       return {"params": None, "params_note": "export_params.py timed out after 600 s"}
@@ -372,10 +373,10 @@ class Campaign:
       f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
               f"{jobs.shell_line(argv)}\n")
       f.flush()
-      process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
+      process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
                                env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
-                                       collect_cell.commit(cells_lib.REPO),
+                                       collect_cell.commit(sweeps.REPO),
                                        resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
