@@ -1,0 +1,132 @@
+"""`auto`'s model of HYLA's fwd+bwd time on one Hopper GPU: the fused kernels against blockwise.
+
+Why a model and not a length: the fused kernels' time is set by how their programs (CTAs) fill the
+GPU's 132 multiprocessors, and that depends on batch, heads, query tiles and the causal triangle,
+not on the length alone. Each kernel's time is modeled as its CTAs placed greedily, in launch
+order, on the CTA slots of the GPU (multiprocessors x CTAs each holds, `CTAS_PER_SM`): the time of
+the busiest slot, in (query, key) pairs, times a cost per pair calibrated on one measured row. This
+is what makes T=1024, B=4 slow per pair (the dS kernel's 64 CTAs leave half the multiprocessors
+idle) and C4's B=64, T=512 (512 dS CTAs) fast.
+
+Calibration (`CALIBRATION`): one H200, 2026-11-28, B=4, T=4096, H=8, D=V=64, bf16, causal,
+`experiments/tune_kernels.py --profile` (experiments/results/gpu_windows/2026-11-28_h200,
+gpu_window.jsonl: the paired 64x8x8 row's kernels_ms, blockwise 256 x 256's fwd_bwd_ms). Checked
+against the rows it was not fitted on (tests/ops/test_ops.py): T=1024 and T=16384 (B=4), the
+kernels 2.64 and 299 ms measured, blockwise 2.73 and 573.
+
+What it leaves out, and so where its choice is an extrapolation: per-CTA fixed costs (the Q and dY
+loads), which grow in share as the key loops shorten (no row below T=1024: `MIN_KEYS`); blockwise
+below B=4 (its ~21 kernel launches per tile pair then set a floor, `BLOCKWISE_FLOOR_MS`); heads and
+widths other than H=8, D=V=64 (each kernel's per-pair cost scaled by its multiply-adds per pair).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+
+from hypernet_attention.ops import tiling
+
+SMS = 132  # streaming multiprocessors of an H100 SXM and of an H200
+# CTAs one multiprocessor holds (`measure.ptxas.occupancy` of ptxas's registers for an H100 and the
+# kernel's shared-memory buffers; tests/ops/test_ptxas.py checks these against it and against
+# Nsight Compute's limits in the window above): forward (paired 64x8x8) 255 registers, ~100 KiB;
+# dS 141-168 registers, ~192 KiB (1, by shared memory); dV 247-255 registers, ~98 KiB.
+CTAS_PER_SM = {"forward": 2, "dS": 1, "dV": 2}
+BLOCK = 64  # queries per forward and dS CTA, keys per dV CTA
+FORWARD_BLOCK_V, DV_BLOCK_V = 8, 4  # value columns per forward (paired) and dV CTA
+# Multiply-adds per pair and value column of each kernel, as (a, b) in a*H + b (mosaic_kernel_bwd's
+# docstring): the factor by which another H or V changes a kernel's cost per pair.
+WORK = {"forward": (2, 1), "dS": (4, 1), "dV": (3, 1)}
+CALIBRATION = dict(batch=4, seq_len=4096, heads=8, v_dim=64,
+                   kernels_ms={"forward": 4.4196, "dS": 10.5049, "dV": 7.1118},
+                   other_ms=0.31 + 0.09,  # the dQ/dK matmuls and XLA's layout moves
+                   blockwise_ms=35.6633)
+# Below this many keys no row covers the kernels (the shortest timed: 1024; C4's 512 one halving
+# under it, which the next window times): `auto` keeps blockwise there.
+MIN_KEYS = 512
+# Blockwise's time per causal 256 x 256 tile pair cannot fall below its ~21 kernels' launches
+# (2,866 kernels for 136 tile pairs at T=4096, experiments/results/gpu_program_h100.jsonl; ~2.7 us
+# each, kernels.md).
+BLOCKWISE_FLOOR_MS = 21 * 0.0027
+
+
+def _busiest_slot(pairs_per_cta, slots: int) -> float:
+  """Pairs on the busiest of `slots` CTA slots, CTAs taken in launch order by the first free.
+  Past 64 waves the tail is noise: the mean load plus the largest CTA, without the walk."""
+  if len(pairs_per_cta) > 64 * slots:
+    return sum(pairs_per_cta) / slots + max(pairs_per_cta)
+  finish = [0.0] * slots
+  for pairs in pairs_per_cta:
+    heapq.heappush(finish, heapq.heappop(finish) + pairs)
+  return max(finish)
+
+
+def _visible(q0: int, k_len: int, causal: bool) -> int:
+  """Keys a tile of BLOCK queries from q0 reads (to the diagonal when causal)."""
+  return min(k_len, q0 + BLOCK) if causal else k_len
+
+
+def _ctas(kernel: str, batch: int, q_len: int, k_len: int, v_dim: int, causal: bool):
+  """Pairs of each CTA of `kernel`, in launch order (the grid's last axis fastest)."""
+  q_tiles, k_tiles = -(-q_len // BLOCK), -(-k_len // BLOCK)
+  if kernel == "dV":
+    slices = -(-v_dim // DV_BLOCK_V)
+    return [BLOCK * (q_tiles * BLOCK - (j * BLOCK if causal else 0))
+            for _ in range(batch) for j in range(k_tiles) for _ in range(slices)]
+  slices = -(-v_dim // FORWARD_BLOCK_V) if kernel == "forward" else 1
+  return [BLOCK * _visible(i * BLOCK, k_len, causal)
+          for _ in range(batch) for i in range(q_tiles) for _ in range(slices)]
+
+
+@functools.lru_cache(maxsize=256)
+def _busiest(kernel: str, batch: int, q_len: int, k_len: int, v_dim: int, causal: bool) -> float:
+  return _busiest_slot(_ctas(kernel, batch, q_len, k_len, v_dim, causal),
+                       SMS * CTAS_PER_SM[kernel])
+
+
+def _per_pair_work(kernel: str, heads: int, v_dim: int) -> float:
+  a, b = WORK[kernel]
+  return (a * heads + b) * v_dim
+
+
+def mosaic_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool) -> float:
+  """Modeled fwd+bwd ms of the fused kernels (paired 64x8x8 forward, dS, dV, dQ/dK)."""
+  c = CALIBRATION
+  total = c["other_ms"] * (batch * q_len * k_len * heads) / (c["batch"] * c["seq_len"] ** 2 * 8)
+  for kernel, measured_ms in c["kernels_ms"].items():
+    per_pair = measured_ms / _busiest(kernel, c["batch"], c["seq_len"], c["seq_len"],
+                                      c["v_dim"], True)
+    scale = _per_pair_work(kernel, heads, v_dim) / _per_pair_work(kernel, c["heads"], c["v_dim"])
+    total += per_pair * scale * _busiest(kernel, batch, q_len, k_len, v_dim, causal)
+  return total
+
+
+def _tile_pairs(q_len: int, k_len: int, block_q: int, block_k: int, causal: bool) -> int:
+  q_tiles, k_tiles = -(-q_len // block_q), -(-k_len // block_k)
+  if not causal:
+    return q_tiles * k_tiles
+  return sum(min(k_tiles, -(-((i + 1) * block_q) // block_k)) for i in range(q_tiles))
+
+
+def blockwise_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool,
+                 block_q: int = 256, block_k: int = 256) -> float:
+  """Modeled fwd+bwd ms of blockwise with (at most) these tiles: a cost per batch row and tile
+  pair, scaled by heads x value width, with its launch floor."""
+  c = CALIBRATION
+  block_q, block_k = tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
+  per_row_pair = c["blockwise_ms"] / (c["batch"] * _tile_pairs(c["seq_len"], c["seq_len"], 256,
+                                                                256, True))
+  scale = (heads * v_dim * block_q * block_k) / (c["heads"] * c["v_dim"] * 256 * 256)
+  return _tile_pairs(q_len, k_len, block_q, block_k, causal) * max(
+      BLOCKWISE_FLOOR_MS, batch * per_row_pair * scale)
+
+
+def mosaic_faster(batch: int, q_len: int, k_len: int, heads: int, v_dim: int,
+                  causal: bool) -> bool:
+  """Whether `auto` takes the fused kernels over blockwise: a committed row or the model above
+  says they are faster, from MIN_KEYS keys on."""
+  if k_len < MIN_KEYS:
+    return False
+  return (mosaic_ms(batch, q_len, k_len, heads, v_dim, causal)
+          < blockwise_ms(batch, q_len, k_len, heads, v_dim, causal))
