@@ -21,6 +21,7 @@ failed" line per kernel on stderr is harmless.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -77,6 +78,75 @@ def device():
     raise BadInput(f"no compile-only H100 here ({type(err).__name__}: "
                    f"{str(err).strip()[:120]}); needs {_INSTALL}") from None
   return topology.devices[0]
+
+
+# A Hopper multiprocessor (H100 SXM, H200; CUDA's occupancy rules for compute capability 9.0):
+# 4 warp schedulers; 64 K registers, given to each warp in units of 256; 228 KiB of shared memory,
+# of which the driver keeps 1 KiB per CTA; at most 64 warps and 32 CTAs.
+SCHEDULERS, REGISTERS, REGISTER_UNIT = 4, 65_536, 256
+SMEM, SMEM_PER_CTA_RESERVED, SMEM_UNIT = 233_472, 1024, 128
+MAX_WARPS, MAX_CTAS = 64, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupancy:
+  """How many CTAs of a kernel one multiprocessor holds, by registers and by shared memory, and so
+  how many warps each scheduler can pick from: at one, every stall of that warp is an idle issue
+  slot (the dS kernel on the H200, 2026-11-28: issue active 55%)."""
+  ctas_by_registers: int
+  ctas_by_smem: int
+  ctas: int
+  warps_per_scheduler: float
+
+
+def occupancy(registers: int, smem_bytes: int, warps_per_cta: int = 4) -> Occupancy:
+  """From ptxas's registers per thread, the CTA's shared memory (bytes, what Mosaic allocates)
+  and its warps (4 per warpgroup); Nsight Compute's launch__occupancy_limit_* for the same
+  inputs (tests/ops/test_ptxas.py holds it to the window's rows)."""
+  per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+  by_registers = REGISTERS // per_warp // warps_per_cta
+  allocated = -(-(smem_bytes + SMEM_PER_CTA_RESERVED) // SMEM_UNIT) * SMEM_UNIT
+  by_smem = SMEM // allocated
+  ctas = min(by_registers, by_smem, MAX_CTAS, MAX_WARPS // warps_per_cta)
+  return Occupancy(by_registers, by_smem, ctas, ctas * warps_per_cta / SCHEDULERS)
+
+
+def under_filled(kernels: dict[str, tuple[int, int, int]],
+                 min_warps_per_scheduler: float) -> list[str]:
+  """One line per kernel, {name: (registers, shared memory bytes, warps per CTA)}, whose
+  `occupancy` leaves a scheduler fewer warps than `min_warps_per_scheduler` (0 CTAs: it cannot
+  launch at all)."""
+  lines = []
+  for name, (registers, smem_bytes, warps) in kernels.items():
+    o = occupancy(registers, smem_bytes, warps)
+    if o.warps_per_scheduler < min_warps_per_scheduler:
+      limit = "registers" if o.ctas_by_registers <= o.ctas_by_smem else "shared memory"
+      lines.append(f"{name}: {o.warps_per_scheduler:g} warps per scheduler ({o.ctas} CTAs of "
+                   f"{warps} warps per multiprocessor, bound by {limit}: {registers} registers, "
+                   f"{smem_bytes:,} bytes); allowed: at least {min_warps_per_scheduler:g}")
+  return lines
+
+
+def mosaic_budgets(registers: dict[str, int], heads: int = 8, depth: int = 64, v_dim: int = 64,
+                   dtype="bfloat16") -> dict[str, tuple[int, int, int]]:
+  """`under_filled`'s table for HYLA's Mosaic kernels at the default tiles: ptxas's `registers`
+  per kernel name (forward, dS, dV, dQ, dK: ptxas rows) with each kernel's own SMEM buffers (the
+  buffer lists the kernels allocate; Mosaic adds ~0-3 KiB of barriers and alignment)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
+  from hypernet_attention.ops import mosaic_smem  # pylint: disable=g-import-not-at-top
+  dtype = jnp.dtype(dtype)
+  d_padded = mosaic_smem.depth_padded(depth, dtype)
+  buffers = {
+      "forward": mosaic_kernel.forward_smem(mosaic_kernel.DEFAULT_BLOCKS, heads, d_padded, dtype),
+      "dS": mosaic_kernel_bwd.ds_smem(heads, d_padded, v_dim, dtype),
+      "dV": mosaic_kernel_bwd.dv_smem(heads, d_padded, dtype),
+      "dQ": mosaic_kernel_bwd.matmul_smem(d_padded, dtype),
+      "dK": mosaic_kernel_bwd.matmul_smem(d_padded, dtype)}
+  return {name: (registers[name], sum(b.nbytes for b in found), 4)
+          for name, found in buffers.items()}
 
 
 def parse(report: str) -> dict[str, int]:

@@ -89,6 +89,13 @@ def dv_smem(heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
   )
 
 
+def matmul_smem(width: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
+  """The dQ / dK matmul kernel's SMEM buffers (width: D), in its order."""
+  n, buf = BLOCK, mosaic_smem.Buffer
+  return (buf("dS ring", (2, n, n), dtype, n), buf("Q or K ring", (2, n, width), dtype, width),
+          buf("output", (n, width), dtype))
+
+
 def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal, eps,
              zero_skipped, interpret):
   """dS (B, H, Qp, Kp) in the input dtype. Causal, the tiles past each query tile's diagonal
@@ -263,7 +270,6 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
   batch, heads, q_padded, k_padded = ds_BHQK.shape
   width, dtype, n = y_BHXW.shape[-1], ds_BHQK.dtype, BLOCK
   out_len, inner_len = (k_padded, q_padded) if transposed else (q_padded, k_padded)
-  transforms = mosaic_smem.smem_transforms(plgpu, n, dtype)
 
   def kernel(ds_ref, y_ref, out_ref, ds_smem, y_smem, o_smem, ds_bar, y_bar):
     b, h = jax.lax.axis_index("batch"), jax.lax.axis_index("head")
@@ -310,9 +316,7 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
     plgpu.wait_smem_to_gmem(0)
 
   def hyla_dq_dk(*refs):
-    smem = (plgpu.SMEM((2, n, n), dtype, transforms=transforms),
-            plgpu.SMEM((2, n, width), dtype, transforms=transforms),
-            plgpu.SMEM((n, width), dtype))
+    smem = mosaic_smem.allocate(plgpu, matmul_smem(width, dtype))
     barriers = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2))
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *smem, *barriers)
 
