@@ -127,28 +127,6 @@ def under_filled(kernels: dict[str, tuple[int, int, int]],
   return lines
 
 
-def mosaic_budgets(registers: dict[str, int], heads: int = 8, depth: int = 64, v_dim: int = 64,
-                   dtype="bfloat16") -> dict[str, tuple[int, int, int]]:
-  """`under_filled`'s table for HYLA's Mosaic kernels at the default tiles: ptxas's `registers`
-  per kernel name (forward, dS, dV, dQ, dK: ptxas rows) with each kernel's own SMEM buffers (the
-  buffer lists the kernels allocate; Mosaic adds ~0-3 KiB of barriers and alignment)."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.ops import mosaic_smem  # pylint: disable=g-import-not-at-top
-  dtype = jnp.dtype(dtype)
-  d_padded = mosaic_smem.depth_padded(depth, dtype)
-  buffers = {
-      "forward": mosaic_kernel.forward_smem(mosaic_kernel.DEFAULT_BLOCKS, heads, d_padded, dtype),
-      "dS": mosaic_kernel_bwd.ds_smem(heads, d_padded, v_dim, dtype),
-      "dV": mosaic_kernel_bwd.dv_smem(heads, d_padded, dtype),
-      "dQ": mosaic_kernel_bwd.matmul_smem(d_padded, dtype),
-      "dK": mosaic_kernel_bwd.matmul_smem(d_padded, dtype)}
-  return {name: (registers[name], sum(b.nbytes for b in found), 4)
-          for name, found in buffers.items()}
-
-
 def parse(report: str) -> dict[str, int]:
   """ptxas's report of one kernel -> registers, spill_stores, spill_loads (bytes)."""
   registers = re.search(r"Used (\d+) registers", report)
@@ -160,15 +138,43 @@ def parse(report: str) -> dict[str, int]:
               spill_loads=int(spills.group(2)) if spills else 0)
 
 
+def hot_loop(ptx: str) -> dict[str, int]:
+  """The loop of a kernel's PTX (a label and a later branch back to it) whose own body, nested
+  loops left out (barrier waits spin in small ones), holds the most `fma` instructions: its static
+  instructions, FMAs and shared-memory loads. Per execution: the key or query tile loop of the
+  forward and the dV kernel, the value-column loop of the dS kernel."""
+  lines = [line.strip() for line in ptx.splitlines()]
+  labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\$\w+:", line)}
+  loops = sorted({(labels[m.group(1)], i) for i, line in enumerate(lines)
+                  for m in [re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", line)]
+                  if m and labels.get(m.group(1), i) < i}, key=lambda r: r[1] - r[0])
+  if not loops:
+    raise ValueError("hot_loop: no loop in this PTX")
+  best = None
+  for start, stop in loops:
+    inner = [(a, b) for a, b in loops if start <= a and b <= stop and (a, b) != (start, stop)]
+    ops = [re.sub(r"^@!?%\w+\s+", "", lines[i]).split()[0] for i in range(start, stop + 1)
+           if lines[i].endswith(";") and not lines[i].startswith((".", "//"))
+           and not any(a <= i <= b for a, b in inner)]
+    found = dict(instructions=len(ops), fma=sum(op.startswith("fma.") for op in ops),
+                 ld_shared=sum(op.startswith("ld.shared") for op in ops))
+    if best is None or found["fma"] > best["fma"]:
+      best = found
+  return best
+
+
 def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
   """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order
-  Mosaic compiled them (program order). `shapes`: `jax.ShapeDtypeStruct`s."""
+  Mosaic compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and
+  its PTX's `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`:
+  `jax.ShapeDtypeStruct`s."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
   previous = os.environ.get("MOSAIC_GPU_DUMP_TO")
   with tempfile.TemporaryDirectory() as folder:
     os.environ["MOSAIC_GPU_DUMP_TO"] = folder  # read by Mosaic at each kernel's compile
+    os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
     try:
       jax.jit(fn).trace(*placed).lower(lowering_platforms=("cuda",)).compile(
           {"xla_gpu_autotune_level": 0})
@@ -179,4 +185,11 @@ def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
         os.environ["MOSAIC_GPU_DUMP_TO"] = previous
     reports = sorted(glob.glob(os.path.join(folder, "*.ptxas")),
                      key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
-    return [parse(open(p).read()) for p in reports]
+    rows = []
+    for path in reports:
+      stem = path[:-len(".ptxas")]
+      loop = hot_loop(open(stem + ".ptx").read())
+      smem = re.search(r"smem_scratch_bytes=(\d+)", open(stem + ".resources.txt").read())
+      rows.append({**parse(open(path).read()), "smem_bytes": int(smem.group(1)),
+                   **{f"loop_{k}": v for k, v in loop.items()}})
+    return rows
