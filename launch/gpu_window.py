@@ -92,7 +92,7 @@ GPU = Sizes(
 DRY_RUN = Sizes(
     c4_size="smoke", c4_batch=2, steps=2, repeats=1,
     tune=("--interpret", "--dtype=float32", "--calls=1", "--repeats=1"),
-    blockwise="blockwise:32x32", scale=3.0, deadline_s=600,
+    blockwise="blockwise:32x32", scale=5.0, deadline_s=600,
     time_shapes=(("T64", (1, 64, 2, 16)),), rung_shape=(1, 64, 2, 16),
     counters_shape=(1, 64, 2, 16), mosaic_parity_lens="64")
 # Stage budgets (`stages`): the H200 window's measured seconds + 30% (2026-11-28, its `kind: stage`
