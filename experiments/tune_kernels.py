@@ -11,9 +11,9 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
                          | xla); the suffix :paired sets Blocks.paired (the default tiles are
                          mosaic:64x8x8:kernel:paired)
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
-Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds blockwise
-HYLA. Each row is timed over --calls calls inside one jitted loop (`measure/benchmark.call_loop`:
-sub-millisecond baselines are not inflated by a dispatch per call), median of --repeats, and is
+Softmax through cuDNN (XLA's softmax off a GPU) is always the first row. Each row is timed over
+--calls calls inside one jitted loop (`measure/benchmark.call_loop`: sub-millisecond baselines are
+not inflated by a dispatch per call), median of --repeats, and is
 printed and appended to --out as one JSON line as soon as it exists; a table of the rows, in the
 order timed, ends the run. A configuration the kernel refuses (tiles over Hopper's shared memory,
 Mosaic's swizzles) or that does not compile is a row with its one-line reason (status refused,
@@ -28,7 +28,6 @@ Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing n
 (`measure/ptxas.py`; jax's CUDA plugin).
 """
 
-import argparse
 import json
 import time
 
@@ -156,8 +155,6 @@ def main():
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
   parser.add_argument("--configs", default="mosaic:64x8x8:kernel:paired,blockwise:256x256")
-  parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=False,
-                      help="also time blockwise HYLA (softmax is always timed)")
   parser.add_argument("--calls", type=int, default=20, help="calls per jitted loop")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--interpret", action="store_true",
@@ -210,8 +207,6 @@ def main():
     _emit(row, args.out)
 
   record(dict(name="softmax"), lambda: benchmark.attention_fn("softmax", causal=True))
-  if args.baselines:
-    record(dict(name="blockwise"), lambda: benchmark.attention_fn("hyla_blockwise", causal=True))
   for config in configs:
     record(config, lambda config=config: kernel_fn(config, args.interpret))
   base = rows[0].get("fwd_bwd_ms")

@@ -88,11 +88,6 @@ def _busiest(kernel: str, batch: int, q_len: int, k_len: int, v_dim: int, causal
                        SMS * CTAS_PER_SM[kernel])
 
 
-def _per_pair_work(kernel: str, heads: int, v_dim: int) -> float:
-  a, b = WORK[kernel]
-  return (a * heads + b) * v_dim
-
-
 def mosaic_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool,
               as_measured: bool = False) -> float:
   """Modeled fwd+bwd ms of the fused kernels (paired 64x8x8 forward, dS, dV, dQ/dK); with
@@ -102,7 +97,8 @@ def mosaic_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal
   for kernel, measured_ms in c["kernels_ms"].items():
     per_pair = measured_ms / _busiest(kernel, c["batch"], c["seq_len"], c["seq_len"],
                                       c["v_dim"], True, True)
-    scale = _per_pair_work(kernel, heads, v_dim) / _per_pair_work(kernel, c["heads"], c["v_dim"])
+    a, b = WORK[kernel]
+    scale = (a * heads + b) * v_dim / ((a * c["heads"] + b) * c["v_dim"])
     total += per_pair * scale * _busiest(kernel, batch, q_len, k_len, v_dim, causal, as_measured)
   return total
 
