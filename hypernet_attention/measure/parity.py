@@ -15,7 +15,7 @@ float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -71,13 +71,11 @@ def _rel(x: np.ndarray, exact: np.ndarray) -> float:
 
 
 def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: int,
-          head_dim: int, seed: int = 0, fns: Optional[dict[str, Callable]] = None
-          ) -> Iterator[dict]:
+          head_dim: int, seed: int = 0) -> Iterator[dict]:
   """One row per implementation, yielded as each is measured (a window cut short keeps the
   rows it has: a kernel that compiles for minutes is named by the rows before it): relative
   error and bound of the output and each gradient, causal, on fresh normal inputs rounded
-  to `dtype` (the exact answer is for those). A name is `dispatch`'s, or a key of `fns`
-  ((q, k, v) -> causal HYLA: a kernel variant dispatch does not name)."""
+  to `dtype` (the exact answer is for those). A name is `dispatch`'s."""
   rng = np.random.default_rng([seed, seq_len])
   dims = (batch, seq_len, heads, head_dim)
   rounded = [np.asarray(jnp.asarray(rng.standard_normal(dims), dtype), np.float64)
@@ -99,7 +97,7 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
       row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
                  head_dim=head_dim, causal=True)
       try:
-        got = value_and_grads((fns or {}).get(name) or _implementation(name), *inputs)
+        got = value_and_grads(_implementation(name), *inputs)
       except Exception as err:  # pylint: disable=broad-except
         # A kernel that refuses this device or dtype in one line (BadInput: e.g. `mosaic`
         # off Hopper) is not wrong: "unsupported". One that does not compile here is an
