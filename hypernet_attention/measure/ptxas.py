@@ -102,7 +102,7 @@ class Occupancy:
 def occupancy(registers: int, smem_bytes: int, warps_per_cta: int = 4) -> Occupancy:
   """From ptxas's registers per thread, the CTA's shared memory (bytes, what Mosaic allocates)
   and its warps (4 per warpgroup); Nsight Compute's launch__occupancy_limit_* for the same
-  inputs (tests/ops/test_ptxas.py holds it to the window's rows)."""
+  inputs (tests/measure/test_ptxas.py holds it to the window's rows)."""
   per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
   by_registers = REGISTERS // per_warp // warps_per_cta
   allocated = -(-(smem_bytes + SMEM_PER_CTA_RESERVED) // SMEM_UNIT) * SMEM_UNIT

@@ -24,7 +24,7 @@ from hypernet_attention.ops import tiling
 
 SMS = 132  # streaming multiprocessors of an H100 SXM and of an H200
 # CTAs one multiprocessor holds: `measure.ptxas.occupancy` of the kernels' ptxas rows (forward 236
-# registers and 103 KiB, dS 154 and 193 KiB, dV 247 and 101 KiB; tests/ops/test_ptxas.py).
+# registers and 103 KiB, dS 154 and 193 KiB, dV 247 and 101 KiB; tests/measure/test_ptxas.py).
 CTAS_PER_SM = {"forward": 2, "dS": 1, "dV": 2}
 BLOCK = 64  # queries per forward and dS CTA, keys per dV CTA
 FORWARD_BLOCK_V, DV_BLOCK_V = 8, 4  # value columns per forward (paired) and dV CTA
