@@ -137,7 +137,11 @@ def session(config: ml_collections.ConfigDict, workdir: str,
   workdir = run_files.workdir_path(workdir)
   checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)
   is_chief = jax.process_index() == 0
-  existed = run_files.path(workdir).exists()
+  made = []  # The directories the lock will create: removed again if nothing is trained.
+  for directory in (run_files.path(workdir), *run_files.path(workdir).parents):
+    if directory.exists():
+      break
+    made.append(directory)
   checked = is_chief and run_files.path(checkpoints).is_dir()
   if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
@@ -155,9 +159,9 @@ def session(config: ml_collections.ConfigDict, workdir: str,
           multihost.sync("check_workdir")
       except errors.BadInput:
         held.release()
-        if is_chief and not existed:  # Only the lock made the directory: leave none.
+        for directory in made if is_chief else ():  # Only the lock made them: leave none.
           with contextlib.suppress(OSError):
-            run_files.path(workdir).rmdir()
+            directory.rmdir()
         raise
       if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
         lock.check_writable(checkpoints)

@@ -81,8 +81,8 @@ def test_disk_full_writing_the_summary_is_one_line(tmp_path):
   assert first.returncode == 1, first.stderr[-3000:]
   line = _only_line(first.stderr)
   assert line == (f"fuzzy_logic.py: error: {workdir}/summary.json: No space left on device; "
-                  "files written before are kept: fix the cause and rerun (training resumes "
-                  "from its last checkpoint)"), line
+                  "files written before are kept: fix the cause, then resume with: python "
+                  f"{PROGRAM} {CONFIG} --config.num_train_steps=4 --workdir={workdir}"), line
   assert not (workdir / "summary.json.tmp").exists()  # The link, not /dev/full, is removed.
   assert os.path.exists("/dev/full") and os.listdir(workdir / "checkpoints") == ["4"]
   second = tl.run(_train(str(workdir), "--config.num_train_steps=4"), cwd=tl.REPO,
