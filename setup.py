@@ -46,11 +46,7 @@ LM = [
 # (Python 3.11): grain + array_record + cloudpickle + portpicker 15.7 MB installed, all of
 # [grain] ~233 MB (pyarrow, which tensorflow-datasets requires, is 174 MB of it); `import
 # grain` after jax and orbax (which every run loads) ~0.27 s.
-GRAIN = [
-    "grain==0.2.18",
-    "tensorflow-datasets>=4.9.10,<5",
-    "sentencepiece>=0.2,<0.2.3",
-]
+GRAIN = ["grain==0.2.18", "tensorflow-datasets>=4.9.10,<5", "sentencepiece>=0.2,<0.2.3"]
 
 # gs:// workdirs: epath reaches buckets through gcsfs (Orbax through tensorstore, built in).
 GCS = ["gcsfs>=2026.10.1"]
@@ -72,13 +68,12 @@ EXTRAS = {
     "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
     # The test suite without TensorFlow: the Grain path's packages (tests/e2e/test_c4_grain.py
     # writes and reads its ArrayRecord files without TensorFlow); the seqio tests
-    # (tests/tasks/test_c4.py, tests/e2e/test_c4_train.py) skip, saying so, unless [lm] is
-    # installed too (CI runs them with every extra: .ci/run). tests/e2e/test_gcs.py runs gs://
-    # workdirs against a local GCS emulator. ruff: the linter CI runs first (`ruff check
-    # --config .ci/ruff.toml .`).
-    # wheel: tests/repo/test_install.py builds one without build isolation (setuptools < 70
-    # needs the package for bdist_wheel; TensorFlow's dependencies brought it before [dev]
-    # went TensorFlow-free).
+    # (tests/tasks/test_c4.py, tests/e2e/test_c4_train.py) skip, saying so, unless [lm] is installed
+    # too (CI runs them with every extra: .ci/run). tests/e2e/test_gcs.py runs gs:// workdirs
+    # against a local GCS emulator. ruff: the linter CI runs first (`ruff check --config
+    # .ci/ruff.toml .`). wheel: tests/repo/test_install.py builds one without build isolation
+    # (setuptools < 70 needs the package for bdist_wheel; TensorFlow's dependencies brought it
+    # before [dev] went TensorFlow-free).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
             "ruff>=0.17.6,<0.18", "wheel>=0.43"]
            + GRAIN + GCS,

@@ -143,8 +143,7 @@ def fwd_bwd(fn: Callable) -> Callable:
   so under `jax.grad` alone XLA drops their forward and times the backward only (what every
   blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27 measured), while softmax and the
   reference keep theirs, which their gradients need."""
-  return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)),
-                            (0, 1, 2))
+  return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2))
 
 
 def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
@@ -156,14 +155,13 @@ def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
 def call_loop(fn: Callable, calls: int) -> Callable:
   """A jitted program that runs `fn` `calls` times in one loop and returns the last result.
 
-  Each call depends on the one before: the inputs ride in the loop's carry, and before each
-  call one element of each input is added 0 x (one element of each of the previous call's
-  results). XLA cannot hoist the call out of the loop (its inputs are loop-variant), merge
-  two calls, or drop part of a result (all of it is carried), and it does not fold a float
-  multiply by 0 (NaN semantics). The update is in place: a few scalars per call, not a pass
-  over the inputs. (An `optimization_barrier` on loop-invariant inputs is not enough:
-  XLA:CPU hoisted the whole attention out of such a loop.) The trip count is static (no
-  host round-trip per iteration on GPU).
+  Each call depends on the one before: the inputs ride in the loop's carry, and before each call one
+  element of each input is added 0 x (one element of each of the previous call's results). XLA
+  cannot hoist the call out of the loop (its inputs are loop-variant), merge two calls, or drop part
+  of a result (all of it is carried), and it does not fold a float multiply by 0 (NaN semantics).
+  The update is in place: a few scalars per call, not a pass over the inputs. (An
+  `optimization_barrier` on loop-invariant inputs is not enough: XLA:CPU hoisted the whole attention
+  out of such a loop.) The trip count is static (no host round-trip per iteration on GPU).
   """
   def looped(*args):
     result_shape = jax.eval_shape(fn, *args)
@@ -171,8 +169,7 @@ def call_loop(fn: Callable, calls: int) -> Callable:
 
     def body(_, carry):
       inputs, previous = carry
-      picked = sum(leaf[(0,) * leaf.ndim].astype(jnp.float32)
-                   for leaf in jax.tree.leaves(previous))
+      picked = sum(leaf[(0,) * leaf.ndim].astype(jnp.float32) for leaf in jax.tree.leaves(previous))
       zero = jnp.where(jnp.isfinite(picked), picked, 0.0) * 0.0
       corner = lambda x: (0,) * x.ndim
       inputs = tuple(x.at[corner(x)].add(zero.astype(x.dtype)) for x in inputs)
@@ -356,8 +353,7 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
   return row
 
 
-def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
-                     ) -> Optional[dict]:
+def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits) -> Optional[dict]:
   """{kind: ms per call} of `call_loop` around calls that do nothing (return their inputs,
   shaped as the results): what the dependency between calls costs (a few scalar kernels
   per call), to read beside sub-millisecond rows. None where the inputs would not fit."""

@@ -170,8 +170,7 @@ def _recording():
     recorder.copy(src_ref, dst_ref, swizzle)
     return async_copy(self, src_ref=src_ref, dst_ref=dst_ref, swizzle=swizzle, **kwargs)
 
-  def record_descriptor(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle,
-                        reduction_op):
+  def record_descriptor(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle, reduction_op):
     recorder.descriptor(gmem_ref, gmem_transform, box, swizzle)
     return get_tma_desc(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle, reduction_op)
 

@@ -45,8 +45,7 @@ def hyla_reference(q, k, v):
 
 def _implementation(name: str) -> Callable:
   """A `dispatch` implementation name, causal HYLA (dispatch refuses a name it lacks)."""
-  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
-                                            **HYLA)
+  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name, **HYLA)
 
 
 def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:

@@ -123,8 +123,7 @@ def blockwise_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, cau
       BLOCKWISE_FLOOR_MS, batch * per_row_pair * scale)
 
 
-def mosaic_faster(batch: int, q_len: int, k_len: int, heads: int, v_dim: int,
-                  causal: bool) -> bool:
+def mosaic_faster(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool) -> bool:
   """Whether `auto` takes the fused kernels over blockwise: the model above says they are faster,
   from MIN_KEYS keys on. Timed as the calibration row ran them (`as_measured`): the reversed query
   tiles and split dS keys only shorten the model's time, and no window has timed them yet."""

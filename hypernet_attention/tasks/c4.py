@@ -238,8 +238,7 @@ class DataIterator:
   continues exactly where the saved one was.
   """
 
-  def __init__(self, dataset: tf.data.Dataset,
-               shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
+  def __init__(self, dataset: tf.data.Dataset, shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
     self._iterator = iter(dataset)
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
     self._name = f"process_{shard_info.index}-of-{shard_info.num_shards}"

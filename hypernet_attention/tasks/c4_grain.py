@@ -224,8 +224,7 @@ def batches(task: Task, *, split: str, sequence_length: int, batch_size: int, se
           READ_OPTIONS), length_struct={"targets": sequence_length})
   # The stream's last, partial row (padded with segment id 0) is dropped, as by seqio.
   rows = rows.filter(lambda row: row["targets_segment_ids"][-1] != 0)
-  return rows.map(lambda row: row["targets"]).batch(batch_size, drop_remainder=True).map(
-      _features)
+  return rows.map(lambda row: row["targets"]).batch(batch_size, drop_remainder=True).map(_features)
 
 
 def _features(targets_BT: np.ndarray) -> dict[str, np.ndarray]:

@@ -126,8 +126,7 @@ def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
           "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
 
 
-def population_config(config: ml_collections.ConfigDict,
-                      members: int) -> ml_collections.ConfigDict:
+def population_config(config: ml_collections.ConfigDict, members: int) -> ml_collections.ConfigDict:
   """`config` as a population of `members` seeds (0, 1, ...); 1: the single run itself."""
   config = ml_collections.ConfigDict(config.to_dict())
   if members > 1:

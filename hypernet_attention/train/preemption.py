@@ -1,15 +1,14 @@
 """Preemption: on SIGTERM (or Ctrl-C), finish the chunk, checkpoint, wait for it, exit 75.
 
-Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine (about 30 s on
-GCE spot VMs and by default on Kubernetes). The loop waits for each chunk to end before it
-dispatches the next, and asks `Watcher.reached()` after every chunk and before every
-dispatch; once it says yes, the loop saves the state at that step (every process at the
-same step), waits until the checkpoint is committed, runs no evaluation and logs nothing
-more, writes no summary.json and raises `Preempted`; entry points exit with `EXIT_CODE`
-(75, EX_TEMPFAIL in sysexits.h: "temporary failure, retry"), which schedulers can map to a
-requeue. The closing line names the command that resumes from that step
-(`cli.resume_hint`), and because every batch is a pure function of (seed, step) the resumed
-run ends with the parameters of an uninterrupted run.
+Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine (about 30 s on GCE spot
+VMs and by default on Kubernetes). The loop waits for each chunk to end before it dispatches the
+next, and asks `Watcher.reached()` after every chunk and before every dispatch; once it says yes,
+the loop saves the state at that step (every process at the same step), waits until the checkpoint
+is committed, runs no evaluation and logs nothing more, writes no summary.json and raises
+`Preempted`; entry points exit with `EXIT_CODE` (75, EX_TEMPFAIL in sysexits.h: "temporary failure,
+retry"), which schedulers can map to a requeue. The closing line names the command that resumes from
+that step (`cli.resume_hint`), and because every batch is a pure function of (seed, step) the
+resumed run ends with the parameters of an uninterrupted run.
 
 Agreement between processes: with `jax.distributed` running, JAX's preemption sync manager
 (which listens for SIGTERM itself) tells every process the same sync point, so the call
