@@ -139,9 +139,8 @@ def main():
         + (" tokens/s | MFU |" if tokens else ""))
   print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if tokens else ""))
   for r in rows:
-    print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | "
-          f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | "
-          f"{r['problems_per_s']:.3g} | "
+    print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | {r['batch_size']} "
+          f"| {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | {r['problems_per_s']:.3g} | "
           f"{r['compile_s']:.1f} |" + (
               f" {r['tokens_per_s']:,.0f} | " + (f"{r['mfu']:.2%} |" if r["mfu"] else "- |")
               if tokens else ""))

@@ -79,9 +79,8 @@ def main():
       ceiling = task.accuracy_ceiling(k, args.ceiling_problems, split)
       bayes = task.bayes_accuracy(k, args.ceiling_problems, split)
       bayes_all = task.bayes_accuracy(k, args.ceiling_problems, split, prior='all')
-      print(f'F={F} {split:5s} uniform-guess ceiling={ceiling:.4f}  Bayes={bayes:.4f}  '
-            f'Bayes(prior over all combinations)={bayes_all:.4f}  '
-            f'[{time.perf_counter() - start:.1f}s]')
+      print(f'F={F} {split:5s} uniform-guess ceiling={ceiling:.4f}  Bayes={bayes:.4f}  Bayes(prior '
+            f'over all combinations)={bayes_all:.4f}  [{time.perf_counter() - start:.1f}s]')
 
   print(f'== generation speed on {jax.default_backend()}, batches of 128 per second')
   sraven, fuzzy = SRaven(seed=args.seed), FuzzyLogic(num_examples=32, seed=args.seed)
