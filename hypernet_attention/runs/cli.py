@@ -101,9 +101,8 @@ def _missing_get_config(spec: str | None, error: BaseException) -> str | None:
   'config_config' has no attribute 'get_config'", not which file)."""
   if spec is None or "has no attribute 'get_config'" not in str(error):
     return None
-  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a "
-          "config file whose get_config(arg) returns a ConfigDict (as experiments/configs/"
-          "*.py)")
+  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a config "
+          "file whose get_config(arg) returns a ConfigDict (as experiments/configs/*.py)")
 
 
 def _unknown_override(argv: list[str], spec: str | None) -> str | None:

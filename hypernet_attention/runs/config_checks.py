@@ -90,8 +90,7 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
           and math.isfinite(value) and (low <= value if low_in else low < value)
           and (value <= high if high_in else value < high))
     if not ok:
-      raise BadInput(f"config.{key}={value!r}; allowed: "
-                     f"{_interval(low, high, low_in, high_in)}")
+      raise BadInput(f"config.{key}={value!r}; allowed: {_interval(low, high, low_in, high_in)}")
 
 
 def check_run(config: ml_collections.ConfigDict) -> None:
@@ -158,8 +157,7 @@ def require_checked(checked: Any, who: str) -> Checked:
   """`checked` if it is a `Checked`; else a TypeError for the library caller (a programming
   error, not user input) naming `validate`."""
   if not isinstance(checked, Checked):
-    raise TypeError(f"{who} takes config_checks.validate(config), not a "
-                    f"{type(checked).__name__}")
+    raise TypeError(f"{who} takes config_checks.validate(config), not a {type(checked).__name__}")
   return checked
 
 
@@ -265,9 +263,8 @@ def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
     for key, setting in dict(member).items():
       if key not in MEMBER_KEYS:
         raise BadInput(
-            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
-            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
-            "populations)")
+            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; members "
+            f"may differ only in {list(MEMBER_KEYS)} (run other keys as separate populations)")
       if not (isinstance(setting, (int, float, str)) and not isinstance(setting, bool)
               or setting is None and key == "task.split_seed"):
         raise BadInput(f"config.population.members[{i}]: {key}={setting!r}; allowed: a number")
@@ -300,9 +297,8 @@ def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[st
     raise BadInput(f"config.population.member_names={_plain(names)!r}; allowed: a tuple of "
                    "directory names, one per member")
   if names and not size:
-    raise BadInput(f"config.population.member_names={list(names)!r} but "
-                   "config.population.members is empty; allowed: names only with members "
-                   "(a single run takes no names)")
+    raise BadInput(f"config.population.member_names={list(names)!r} but config.population.members "
+                   "is empty; allowed: names only with members (a single run takes no names)")
   names = tuple(names) or tuple(f"member{i}" for i in range(size))
   bad = [n for n in names if _bad_name(n)]
   if len(names) != size or len(set(names)) != len(names) or bad:

@@ -161,10 +161,9 @@ class WorkdirLock:
           continue  # Released between our attempts.
         if now - self.path.stat().mtime < self.stale_after_s:
           raise errors.BadInput(
-              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} "
-              f"less than {self.stale_after_s:.0f} s old (a trainer is starting there?); "
-              "allowed: one training process per workdir: wait, or remove it if no trainer "
-              "runs")
+              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} less "
+              f"than {self.stale_after_s:.0f} s old (a trainer is starting there?); allowed: one "
+              "training process per workdir: wait, or remove it if no trainer runs")
       elif holder.heartbeat > now + self.heartbeat_s and not is_stale(
           holder, now, self.stale_after_s):
         raise errors.BadInput(
@@ -247,9 +246,8 @@ def hold(workdir: str, chief: bool = True,
   if agree is not None:
     held = agree(error is None)
     if error is None and not held:
-      error = errors.BadInput(f"workdir {workdir!r} is in use by another training "
-                                  "process (process 0 found its lock); allowed: one "
-                                  "training process per workdir")
+      error = errors.BadInput(f"workdir {workdir!r} is in use by another training process (process "
+                                  "0 found its lock); allowed: one training process per workdir")
   if error is not None:
     raise error
   try:

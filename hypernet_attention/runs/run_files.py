@@ -121,9 +121,8 @@ def check_bucket_path(path: str, flag: str = "--workdir") -> str:
   parts = text[5:].split("/")
   if not BUCKET_PATH.fullmatch(text) or any(p in (".", "..") for p in parts[1:]):
     raise errors.BadInput(f"{flag}={text!r} is not a valid bucket path; allowed: "
-                          "gs://<bucket>/<path> (lowercase gs://, a bucket of lowercase "
-                          "letters, digits, '-', '_' or '.', no empty, '.' or '..' parts), "
-                          "or a local path")
+                          "gs://<bucket>/<path> (lowercase gs://, a bucket of lowercase letters, "
+                          "digits, '-', '_' or '.', no empty, '.' or '..' parts), or a local path")
   return text
 
 
