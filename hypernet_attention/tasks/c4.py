@@ -69,11 +69,10 @@ def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
   if not data_dir or not found:
     raise BadInput(lm_text.one_line(
-        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
-        f"`tfds build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
-        f"bucket; set --config.task.data_dir), or train on local files with "
-        f"--config.task.name=text_lm --config.task.train_files=... "
-        f"--config.task.validation_files=..."))
+        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with `tfds "
+        f"build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// bucket; set "
+        "--config.task.data_dir), or train on local files with --config.task.name=text_lm "
+        "--config.task.train_files=... --config.task.validation_files=..."))
   versions = sorted((os.path.basename(os.path.dirname(p)) for p in found),
                     key=lambda v: tuple(int(x) for x in v.split(".")))
   return seqio.TfdsDataSource(tfds_name=f"c4/en:{versions[-1]}", tfds_data_dir=data_dir,

@@ -33,8 +33,7 @@ from hypernet_attention.train import population
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
-OVERRIDES_ALLOWED = ("comma-separated dotted key=value pairs, e.g. "
-                     "model.implementation=reference")
+OVERRIDES_ALLOWED = "comma-separated dotted key=value pairs, e.g. model.implementation=reference"
 
 
 def parse_overrides(text: str, flag: str = "--config_overrides",

@@ -68,10 +68,9 @@ def check_compatible(saved_tree: Any, abstract_state: Any, where: str) -> None:
       continue
     describe = lambda spec: "absent" if spec is None else f"shape {spec[0]} {spec[1]}"
     raise CheckpointMismatchError(
-        f"{where} does not match the model this code builds: '{key}' is "
-        f"{describe(saved.get(key))} in the checkpoint but {describe(wanted.get(key))} in the "
-        "model. Nothing was moved or deleted; run the code and config that wrote it, or use a "
-        "fresh --workdir")
+        f"{where} does not match the model this code builds: '{key}' is {describe(saved.get(key))} "
+        f"in the checkpoint but {describe(wanted.get(key))} in the model. Nothing was moved or "
+        "deleted; run the code and config that wrote it, or use a fresh --workdir")
 
 
 def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:

@@ -52,8 +52,7 @@ class Preempted(Exception):
   """The run saved a checkpoint at `step` and stopped because of a preemption notice."""
 
   def __init__(self, step: int, workdir: str, reason: str = "preempted"):
-    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; "
-                     f"{cli.resume_hint()}")
+    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; {cli.resume_hint()}")
     self.step, self.workdir = step, workdir
 
 

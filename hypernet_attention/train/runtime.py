@@ -126,10 +126,9 @@ def start() -> str:
 
 
 def log_topology() -> str:
-  line = (f"process {jax.process_index()}/{jax.process_count()}, "
-          f"{jax.local_device_count()} local / {jax.device_count()} global devices, "
-          f"backend {jax.default_backend()}, kind {jax.devices()[0].device_kind}, "
-          f"host {os.uname().nodename}")
+  line = (f"process {jax.process_index()}/{jax.process_count()}, {jax.local_device_count()} local "
+          f"/ {jax.device_count()} global devices, backend {jax.default_backend()}, kind "
+          f"{jax.devices()[0].device_kind}, host {os.uname().nodename}")
   logging.info("Topology: %s", line)
   return line
 
@@ -137,8 +136,7 @@ def log_topology() -> str:
 def fresh_workdir(name: str, root: str = "workdirs") -> str:
   """`<root>/<name>_<UTC time>`; multi-process runs must pass --workdir (clocks differ)."""
   if jax.process_count() > 1:
-    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all "
-                          "processes")
+    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all processes")
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")
 
 
