@@ -266,8 +266,7 @@ def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
            "| row | seeds | difference | row ahead in | p |", "|---|---|---|---|---|"]
   for q in pairs:
     p = "" if math.isnan(q.p_value) else f"{q.p_value:.3f}"
-    lines.append(f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | "
-                 f"{p} |")
+    lines.append(f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | {p} |")
   return "\n".join(lines)
 
 

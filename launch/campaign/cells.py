@@ -35,18 +35,16 @@ class Stage:
 
 
 STAGES = (
-    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the "
-          "paper's default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a "
-          "2-core CPU finishes one in a session; seeds interleaved so that paired "
-          "comparisons come first"),
+    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's "
+          "default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU "
+          "finishes one in a session; seeds interleaved so that paired comparisons come first"),
     Stage("b", "SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), "
           "lr 1e-3, wd 0.1, warmup 1000, 3 seeds per cell"),
     Stage("c", "decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members "
           "(Fig. 5F), from the final parameters every finished train cell keeps"),
-    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting "
-          "(3 seeds, one population each; the paper's claim that both of HYLA's changes "
-          "matter rests on them), then the rest of each main row's grid (Table A1 reports "
-          "the best grid point)"),
+    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting (3 "
+          "seeds, one population each; the paper's claim that both of HYLA's changes matter rests "
+          "on them), then the rest of each main row's grid (Table A1 reports the best grid point)"),
     Stage("e", "the ablation and '+ MoE' rows over the rest of their grids (fuzzy logic: "
           "the default setting ran in d) or their whole grid (SRAVEN)"),
     Stage("f", "Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the "

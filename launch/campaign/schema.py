@@ -258,8 +258,7 @@ def _against_the_cell(record: dict[str, Any]) -> list[str]:
     out += [f"field {k} is {_shown(got[k])}; allowed: {wanted[k]!r} (cell {cell.name}'s "
             "definition)" for k in compared if got[k] != wanted[k]]
   if "step" in record and record["step"] > record["num_steps"]:
-    out.append(f"field step is {record['step']}; allowed: 0 to num_steps "
-               f"({record['num_steps']})")
+    out.append(f"field step is {record['step']}; allowed: 0 to num_steps ({record['num_steps']})")
   if record.get("kind") == "train":
     experiment = registry.get(record["experiment"])
     splits = experiment.paper.splits if experiment.paper else ()
