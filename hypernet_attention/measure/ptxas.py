@@ -164,10 +164,9 @@ def hot_loop(ptx: str) -> dict[str, int]:
 
 
 def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
-  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order
-  Mosaic compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and
-  its PTX's `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`:
-  `jax.ShapeDtypeStruct`s."""
+  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order Mosaic
+  compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and its PTX's
+  `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`: `jax.ShapeDtypeStruct`s."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]

@@ -163,8 +163,7 @@ def _config_problem(flag) -> str | None:
 
 
 def _load_config_flags() -> None:
-  """Loads every `config_flags` flag now, so that a bad config file is one line, before
-  any work."""
+  """Loads every `config_flags` flag now, so that a bad config file is one line, before any work."""
   for name in list(flags.FLAGS):
     if type(flags.FLAGS[name]).__name__ == "_ConfigFlag":
       if (problem := _config_problem(flags.FLAGS[name])) is not None:

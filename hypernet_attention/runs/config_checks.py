@@ -145,10 +145,9 @@ class Checked(NamedTuple):
   """A config `validate` passed: the run's and, for a population, each member's.
 
   Why a type: the config is checked once, where it enters (the entry point before start-up,
-  `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample`
-  for library callers, a restore for a run's recorded config), and what the layers below
-  (`build.setup`, `population.setup`) receive says it was; they take nothing else and check
-  nothing again."""
+  `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample` for
+  library callers, a restore for a run's recorded config), and what the layers below (`build.setup`,
+  `population.setup`) receive says it was; they take nothing else and check nothing again."""
   config: ml_collections.ConfigDict
   members: tuple[ml_collections.ConfigDict, ...] = ()
 

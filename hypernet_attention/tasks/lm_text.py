@@ -278,9 +278,8 @@ def resolve(task_config, workdir: str, *, exists: Callable[[str], bool],
 def prepare_config(config: ml_collections.ConfigDict, workdir: str,
                    resolve_task: Callable[..., ml_collections.ConfigDict]
                    ) -> ml_collections.ConfigDict:
-  """`config` (locked copy) with `config.task` resolved by `resolve_task(task, workdir)`:
-  process 0 writes the corpus / vocabulary first, the others wait, then every process
-  reads the same files."""
+  """`config` (locked copy) with `config.task` resolved by `resolve_task(task, workdir)`: process 0
+  writes the corpus / vocabulary first, the others wait, then every process reads the same files."""
   if jax.process_index() == 0:
     resolve_task(config.task, workdir)
   multihost.sync("c4_prepare_config")  # Process 0 may train a vocabulary meanwhile.

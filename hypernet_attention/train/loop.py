@@ -127,12 +127,11 @@ class Session:
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
             check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
-  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError
-  becomes BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is
-  refused in one line before any compilation; `fits` (the memory check: a notice during its
-  compilation exits at once); the guard again, recording the config; a writable
-  checkpoints/ and the checkpointer; all released on any exit. Single runs and populations
-  (`population_loop.py`) train inside one."""
+  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError becomes
+  BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is refused in one line
+  before any compilation; `fits` (the memory check: a notice during its compilation exits at once);
+  the guard again, recording the config; a writable checkpoints/ and the checkpointer; all released
+  on any exit. Single runs and populations (`population_loop.py`) train inside one."""
   cli.announce_workdir(workdir)
   workdir = run_files.workdir_path(workdir)
   checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)
