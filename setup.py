@@ -37,8 +37,7 @@ LM = [
     "seqio==0.0.20",
     # 0.2.3's generated proto needs protobuf >= 7, which [launch] (xmanager) rules out:
     # with both extras it installs but fails at import. 0.2.2's works with protobuf 6 and 7.
-    "sentencepiece>=0.2,<0.2.3",
-]
+    "sentencepiece>=0.2,<0.2.3"]
 
 # The C4 language-modeling data path without TensorFlow (`config.task.pipeline='grain'`):
 # Grain reads tfds.data_source's ArrayRecord files (tensorflow-datasets imports TensorFlow
@@ -61,8 +60,7 @@ EXTRAS = {
         "xmanager==0.8.5",
         "protobuf>=6.33.5,<7",
         "google-cloud-aiplatform==2.7.0",
-        "google-cloud-bigquery==3.47.0",
-    ],
+        "google-cloud-bigquery==3.47.0"],
     # Accelerator builds of jaxlib (the base install is CPU-only).
     "cuda": ["jax[cuda12]>=0.10.2,<0.13"] + GCS,
     "tpu": ["jax[tpu]>=0.10.2,<0.13"] + GCS,
@@ -76,8 +74,7 @@ EXTRAS = {
     # before [dev] went TensorFlow-free).
     "dev": ["pytest>=9,<10", "pytest-xdist>=3.8,<4", "gcp-storage-emulator==2026.7.19",
             "ruff>=0.17.6,<0.18", "wheel>=0.43"]
-           + GRAIN + GCS,
-}
+           + GRAIN + GCS}
 
 setuptools.setup(
     name="hypernet-attention",
@@ -89,12 +86,10 @@ setuptools.setup(
     classifiers=[
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
-        "Programming Language :: Python :: 3.13",
-    ],
+        "Programming Language :: Python :: 3.13"],
     packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"])
     + ["hypernet_attention.configs"],
     # The experiment configs, so that `registry` finds them in an install without -e.
     package_dir={"hypernet_attention.configs": "experiments/configs"},
     install_requires=BASE,
-    extras_require=EXTRAS,
-)
+    extras_require=EXTRAS)

@@ -29,7 +29,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-# pylint: disable=wrong-import-position
 from hypernet_attention import errors  # noqa: E402
 from hypernet_attention.runs import children  # noqa: E402
 from hypernet_attention.runs import cli  # noqa: E402

@@ -41,8 +41,7 @@ PRESETS: dict[str, AttentionPreset] = {
     "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
     "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
     "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
-    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
-}
+    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu")}
 
 # The model's other names, each kind declared here alone (tests/models/test_registered_names.py
 # checks that each has its builder): positions, feed-forwards (name -> class of `feed_forward`)

@@ -349,8 +349,7 @@ def stages(sizes: Sizes) -> list[Stage]:
             _json_line("tune"), min_s=40),
       *(Stage(f"time_{name}", 58, tune(shape, [MOSAIC_DEFAULT, sizes.blockwise],
                                        "--calls=5"), _json_line("tune"), min_s=45)
-        for name, shape in sizes.time_shapes if shape is longest and len(shapes) > 1),
-  ]
+        for name, shape in sizes.time_shapes if shape is longest and len(shapes) > 1)]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:

@@ -134,9 +134,7 @@ def main(argv: list[str]) -> None:
             "ENV LANG=C.UTF-8",
             f"COPY {directory}/ /workdir/{directory}",
             f"WORKDIR /workdir/{directory}",
-            f"RUN python -m pip install --no-cache-dir -e .{extras}",
-        ],
-    )
+            f"RUN python -m pip install --no-cache-dir -e .{extras}"])
     [executable] = experiment.package(
         [xm.Packageable(executable_spec=spec, executor_spec=executor.Spec())])
 

@@ -50,8 +50,7 @@ RANGES = (
     ("optimizer.eps", 0.0, math.inf, False, False),
     ("optimizer.grad_clip_norm", 0.0, math.inf, True, False),
     ("model.attention_dropout", 0.0, 1.0, True, False),
-    ("preemption_grace_s", 0.0, math.inf, True, False),
-)
+    ("preemption_grace_s", 0.0, math.inf, True, False))
 
 
 def get_dotted(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -222,8 +221,7 @@ _CONVERSIONS = {
     bool: (lambda text: {"1": True, "true": True, "0": False, "false": False}.get(
         text.strip().lower()), "true or false"),
     int: (int, "an integer"),
-    float: (float, "a number"),
-}
+    float: (float, "a number")}
 
 
 def _typed(key: str, text: str, kind: type) -> Any:

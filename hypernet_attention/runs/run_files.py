@@ -32,7 +32,6 @@ from typing import Any, Callable, Optional
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
 os.environ.setdefault("EPATH_USE_TF", "false")
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath
 import fsspec
 import ml_collections

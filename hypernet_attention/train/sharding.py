@@ -32,8 +32,7 @@ LOGICAL_AXIS_RULES = (
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
     ("heads", None), ("kv", None), ("mlp", None), ("vocab", None), ("input", None),
-    ("output", None), ("relpos_buckets", None), ("experts", None), ("norm", None),
-)
+    ("output", None), ("relpos_buckets", None), ("experts", None), ("norm", None))
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict,

@@ -52,8 +52,7 @@ STAGES = (
     Stage("g", "the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA"),
     Stage("h", "fuzzy logic's main rows on the authors' own held-out splits "
           "(task.split_draw=authors), seed 2 first: at 70% held out the authors' seed-2 split "
-          "trains neither term 5 nor 6, which our default (covering) re-draws away"),
-)
+          "trains neither term 5 nor 6, which our default (covering) re-draws away"))
 BY_LETTER = {s.letter: s for s in STAGES}
 # What the report reads from each stage: Table A1's rows (every run of a Table A1 row at
 # the paper's size, each run once), the main rows' learning curves, the authors' splits.
@@ -306,8 +305,7 @@ def _smoke() -> list[Cell]:
            overrides=(("num_problems", 64), ("permutations", 2))),
       Cell("smoke_c4_step", "g", "benchmark", C4, "smoke: C4 step on random tokens",
            config="smoke", models=("softmax", "hyla"), num_steps=2,
-           overrides=SYNTHETIC_TOKENS),
-  ]
+           overrides=SYNTHETIC_TOKENS)]
 
 
 SMOKE_CELLS: tuple[Cell, ...] = tuple(_smoke())

@@ -77,8 +77,7 @@ def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
       "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
       "frozen_at_step": frozen_at_step,
-      "curves": member_curves(member_dir),
-  }
+      "curves": member_curves(member_dir)}
 
 
 def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -92,8 +91,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       # The code that trained it: each process's commit (one, unless resumed across commits).
       "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
-  }
+      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs}
 
 
 def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:

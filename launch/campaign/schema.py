@@ -184,8 +184,7 @@ BY_KIND = {
                     {"scale": number(positive=True), "params": text(optional=True),
                      "member_steps_per_s_training": number(0, optional=True)}),
     "probe": fields({"source": text(), "members": items(PROBE_MEMBER, min_len=1)}),
-    "benchmark": fields({"rows": items(BENCHMARK_ROW, min_len=1)}),
-}
+    "benchmark": fields({"rows": items(BENCHMARK_ROW, min_len=1)})}
 
 
 _RESTORE = "restore it from git (`git checkout -- <file>`) or delete it"
