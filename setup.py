@@ -77,11 +77,9 @@ EXTRAS = {
            + GRAIN + GCS}
 
 setuptools.setup(
-    name="hypernet-attention",
-    version="0.1.0",
+    name="hypernet-attention", version="0.1.0",
     description=("Attention as a Hypernetwork: multi-head attention, HYLA and ablations in "
-                 "JAX/Flax."),
-    python_requires=">=3.11",
+                 "JAX/Flax."), python_requires=">=3.11",
     # The interpreters the test suite is run on (reference.md, "Versions"; CI: .ci/run).
     classifiers=[
         "Programming Language :: Python :: 3.11",
@@ -90,6 +88,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["hypernet_attention", "hypernet_attention.*"])
     + ["hypernet_attention.configs"],
     # The experiment configs, so that `registry` finds them in an install without -e.
-    package_dir={"hypernet_attention.configs": "experiments/configs"},
-    install_requires=BASE,
+    package_dir={"hypernet_attention.configs": "experiments/configs"}, install_requires=BASE,
     extras_require=EXTRAS)

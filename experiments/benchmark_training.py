@@ -155,8 +155,7 @@ def population_table(args, models, configs, counts):
   model's populations are compiled and checked against memory before any is built."""
   plans = [benchmark.population_plans(config, counts, args.steps) for config in configs]
   tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
-                                              repeats=args.repeats, cost=args.cost,
-                                              plans=planned))
+                                              repeats=args.repeats, cost=args.cost, plans=planned))
             for model, config, planned in zip(models, configs, plans)]
   print("\n| experiment | size | model | members | member-steps/s | x one run | "
         "MiB per member | vs one run's |" + (" GFLOP per member-step | GB accessed per "

@@ -140,8 +140,7 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
           found["fma_share"] = round(found["loop_fma"] / found["loop_instructions"], 3)
         _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                   dtype=args.dtype, device="compile-only H100",
-                   ptxas=version), args.out)
+                   dtype=args.dtype, device="compile-only H100", ptxas=version), args.out)
         print(f"| mosaic | {tiles} | {pass_name} | {i} | "
               f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} | "
               f"{found.get('instructions_per_pair', '-')} | {found.get('fma_share', '-')} |")

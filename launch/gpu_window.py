@@ -336,8 +336,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("env", 5, env_probe, _json_line("env"), min_s=3),
       _rung("forward", 15),
       _rung("dq", 17),
-      Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30,
-            stops_window=True),
+      Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30, stops_window=True),
       _c4(sizes.c4_batch, min_s=40),
       *(Stage(f"time_{name}", 46 if shape[1] >= 512 else 30,
               tune(shape, [MOSAIC_DEFAULT, sizes.blockwise]), _json_line("tune"), min_s=25)

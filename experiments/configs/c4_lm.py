@@ -55,8 +55,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       docstring_corpus_mb=0.0,
       # A SentencePiece .model; '' trains one of `vocab_size` pieces on the first
       # `vocab_documents` training documents into {workdir}/vocabulary.model.
-      vocabulary=C4_VOCABULARY, vocab_size=32_000, vocab_documents=200_000,
-      sequence_length=512))
+      vocabulary=C4_VOCABULARY, vocab_size=32_000, vocab_documents=200_000, sequence_length=512))
   c.model = config_common.model_config(
       arg.model, num_layers=6, emb_dim=512, num_heads=8, qk_dim=512, v_dim=512,
       mlp_dim=2048, position="rope", causal=True, attention_dropout=0.0,

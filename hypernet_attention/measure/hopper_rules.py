@@ -222,8 +222,7 @@ def main() -> int:
 
   shape = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
   # With the loss's value: under grad alone the forward, its output unused, is not lowered.
-  found = uses(benchmark.fwd_bwd(lambda q, k, v: mosaic_kernel.attention(q, k, v,
-                                                                      is_causal=True)),
+  found = uses(benchmark.fwd_bwd(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)),
                shape, shape, shape)
   bad = [describe(u) for u in found if not u.ok]
   counts = ", ".join(f"{sum(u.what == k for u in found)} {k}" for k in sorted({u.what for u

@@ -133,8 +133,7 @@ def parse(report: str) -> dict[str, int]:
   spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
   if not registers:
     raise ValueError(f"not a ptxas report: {report.strip()[:120]!r}")
-  return dict(registers=int(registers.group(1)),
-              spill_stores=int(spills.group(1)) if spills else 0,
+  return dict(registers=int(registers.group(1)), spill_stores=int(spills.group(1)) if spills else 0,
               spill_loads=int(spills.group(2)) if spills else 0)
 
 

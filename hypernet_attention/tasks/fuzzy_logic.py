@@ -74,8 +74,7 @@ class FuzzyLogic:
     known = np.array(list(itertools.combinations(range(num_known), num_terms)), np.int32)
     unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)), np.int32)
     train, ood = heldout.split(known, holdout_fraction, num_known, seed,
-                               what='combinations of known terms',
-                               authors=split_draw == 'authors')
+                               what='combinations of known terms', authors=split_draw == 'authors')
     self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
     self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
     self._terms = jnp.asarray(self.terms_table)

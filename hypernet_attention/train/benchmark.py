@@ -175,8 +175,7 @@ def prepare(config_or_plan: ml_collections.ConfigDict | _Plan, steps: int) -> _P
 
 
 def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan], *,
-                           steps: int = 200, repeats: int = 3,
-                           labels: Sequence[str] | None = None,
+                           steps: int = 200, repeats: int = 3, labels: Sequence[str] | None = None,
                            log=print) -> list[dict[str, Any]]:
   """Median steps/s per config over `repeats` rounds of one `steps`-step chunk each.
 
@@ -220,8 +219,7 @@ def population_plans(config: ml_collections.ConfigDict, member_counts: Sequence[
 
 def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[int], *,
                     steps: int, repeats: int, cost: bool = False,
-                    plans: Sequence[_Plan] | None = None,
-                    log=print) -> list[dict[str, Any]]:
+                    plans: Sequence[_Plan] | None = None, log=print) -> list[dict[str, Any]]:
   """Aggregate member-steps/s and device bytes per member of populations of each size,
   timed interleaved with the single run (member count 1) as in `train_steps_per_second`.
 

@@ -170,8 +170,7 @@ class PopulationTrainer:
       return state, metrics_lib.ChunkMetrics(  # per_step {name: (P, length)}
           jax.tree.map(lambda m: m.T, per_step), collections.reduce())
     return jax.jit(
-        chunk, static_argnums=2, donate_argnums=0,
-        in_shardings=(self.setup.shardings, None),
+        chunk, static_argnums=2, donate_argnums=0, in_shardings=(self.setup.shardings, None),
         # Metrics stay on their member's devices: the chunk has no collective at all.
         out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
 

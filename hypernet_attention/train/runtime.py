@@ -71,8 +71,7 @@ def _vertex(cluster_spec: str) -> Optional[Cluster]:
 
 
 def detect_cluster(env: Mapping[str, str], *, multi_process: bool = False,
-                   coordinator_address: Optional[str] = None,
-                   num_processes: Optional[int] = None,
+                   coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
                    process_id: Optional[int] = None) -> Optional[Cluster]:
   """The cluster this process belongs to, or None for a single-process run (pure: reads
   only `env` and the flags' values, so tests can fake any environment)."""
@@ -108,8 +107,7 @@ def initialize(multi_process: bool = False, coordinator_address: Optional[str] =
   if cluster is not None:
     logging.info("Joining a multi-process run: %s", cluster)
     jax.distributed.initialize(coordinator_address=cluster.coordinator_address,
-                               num_processes=cluster.num_processes,
-                               process_id=cluster.process_id)
+                               num_processes=cluster.num_processes, process_id=cluster.process_id)
   return cluster
 
 

@@ -87,8 +87,7 @@ class Trainer:
       step = lambda st, _: self.train_step(st)
       state, (per_step, collections) = jax.lax.scan(step, state, None, length=length)
       return state, metrics_lib.ChunkMetrics(per_step, collections.reduce())
-    return jax.jit(chunk, static_argnums=1, donate_argnums=0,
-                   in_shardings=(self.state_shardings,),
+    return jax.jit(chunk, static_argnums=1, donate_argnums=0, in_shardings=(self.state_shardings,),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
 
   @functools.cached_property

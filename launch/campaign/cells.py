@@ -275,8 +275,7 @@ def _stage_g() -> list[Cell]:
 
 
 def _stage_h() -> list[Cell]:
-  return [_train(f"h_fuzzy_{m}_authors_split_seed{s}", "h", FUZZY, m,
-                 _default_members((s,)),
+  return [_train(f"h_fuzzy_{m}_authors_split_seed{s}", "h", FUZZY, m, _default_members((s,)),
                  f"fuzzy logic, {m}, default setting, the authors' split of seed {s}",
                  overrides=_default_overrides(FUZZY) + ((AUTHORS_SPLIT_KEY, "authors"),))
           for s in (2, 0, 1) for m in ("hyla", "softmax", "linear")]
@@ -304,8 +303,7 @@ def _smoke() -> list[Cell]:
            model="hyla", source="smoke_sraven_hyla",
            overrides=(("num_problems", 64), ("permutations", 2))),
       Cell("smoke_c4_step", "g", "benchmark", C4, "smoke: C4 step on random tokens",
-           config="smoke", models=("softmax", "hyla"), num_steps=2,
-           overrides=SYNTHETIC_TOKENS)]
+           config="smoke", models=("softmax", "hyla"), num_steps=2, overrides=SYNTHETIC_TOKENS)]
 
 
 SMOKE_CELLS: tuple[Cell, ...] = tuple(_smoke())

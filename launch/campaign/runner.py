@@ -376,8 +376,7 @@ class Campaign:
       process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
                                env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
-                                       collect_cell.commit(sweeps.REPO),
-                                       resumed_from=resumed_from)
+                                       collect_cell.commit(sweeps.REPO), resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
     return True
