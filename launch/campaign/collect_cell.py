@@ -73,11 +73,9 @@ def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   flat = run_files.flatten(_read_json(os.path.join(member_dir, run_files.CONFIG)))
   summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
   return {
-      "name": name,
-      "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
+      "name": name, "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
-      "frozen_at_step": frozen_at_step,
-      "curves": member_curves(member_dir)}
+      "frozen_at_step": frozen_at_step, "curves": member_curves(member_dir)}
 
 
 def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[str, Any]:

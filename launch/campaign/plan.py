@@ -24,8 +24,7 @@ from launch.campaign import cells as cells_lib
 COMPILE_S = {"cpu": 60.0, "gpu": 30.0, "tpu": 30.0}
 EVAL_OVERHEAD = 1.15  # Evaluations and checkpoints on top of the training steps.
 FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu"): 8.0,
-                 ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0,
-                 ("benchmark", "tpu"): 5.0}
+                 ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0, ("benchmark", "tpu"): 5.0}
 H100 = "NVIDIA H100 80GB HBM3"
 # A MoE feed-forward step over the dense one, fuzzy logic at paper size, timed interleaved on a
 # 2-core AMD EPYC (`benchmark_training.py --experiment=fuzzy_logic --size=paper
