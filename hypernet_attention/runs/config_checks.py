@@ -164,8 +164,7 @@ def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
   run and for each population member (`check_population`); a `Checked` is returned as it is.
 
   Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
-  device checks (sizes against memory, the mesh) follow in `build.setup`.
-  """
+  device checks (sizes against memory, the mesh) follow in `build.setup`."""
   if isinstance(config, Checked):
     return config
   try:
@@ -328,8 +327,7 @@ def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.C
 
   `BadInput` on the first problem: members that are not a tuple of dicts, a member key
   that is not batchable, bad member names, a member value a single run would refuse
-  (prefixed by `config.population.members[i]`), two members that are the same run.
-  """
+  (prefixed by `config.population.members[i]`), two members that are the same run."""
   settings = _member_settings(config)
   # Refused before a language model's vocabulary or data are touched (`registry.py` records
   # which experiments train populations: on-device tasks with split tables).

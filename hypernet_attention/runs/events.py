@@ -35,8 +35,7 @@ class EventsWriter:
   """`write_scalars(step, {tag: value})`, `write_hparams`, `flush`, `close`.
 
   `just_logging=True` (processes other than 0) writes no file: values go to the DEBUG log
-  only, as CLU's logging writer does.
-  """
+  only, as CLU's logging writer does."""
 
   def __init__(self, logdir: str, *, just_logging: bool = False, remote_flush_s: float = 60):
     self.just_logging, self.remote_flush_s = just_logging, remote_flush_s

@@ -129,8 +129,7 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
 class WorkdirLock:
   """`with WorkdirLock(workdir):` holds `<workdir>/lock.json` (see the module docstring).
 
-  Raises `errors.BadInput` naming the holder when another live process holds it.
-  """
+  Raises `errors.BadInput` naming the holder when another live process holds it."""
 
   def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
                stale_after_s: float = STALE_AFTER_S):
@@ -235,8 +234,7 @@ def hold(workdir: str, chief: bool = True,
 
   Several processes (no JAX here: the training loop passes its collective): the `chief`
   takes the lock and `agree(held)` tells every process whether it did, so all refuse
-  together; None for a single process.
-  """
+  together; None for a single process."""
   lock, error = WorkdirLock(workdir), None
   if chief:
     try:

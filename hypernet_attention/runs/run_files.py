@@ -129,8 +129,7 @@ def path(workdir: epath.PathLike, flag: str = "--workdir") -> epath.Path:
   """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute.
 
   `BadInput` (naming `flag`) for a malformed bucket path (`check_bucket_path`) and for a
-  bucket path without gcsfs installed.
-  """
+  bucket path without gcsfs installed."""
   text = check_bucket_path(os.fspath(workdir), flag)
   if is_remote(text):
     try:
@@ -154,8 +153,7 @@ def check_credentials(bucket_path: str, flag: str = "--workdir") -> None:
   retries (a minute and more; without a network, a DNS traceback). This asks google-auth for the
   application default credentials (environment, gcloud's application-default file, a Cloud VM's
   metadata server), as gcsfs does first. Skipped for an emulator (`STORAGE_EMULATOR_HOST`) and when
-  fsspec's gcs config names a token (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket).
-  """
+  fsspec's gcs config names a token (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket)."""
   bucket = bucket_path[len("gs://"):].split("/")[0]
   if (bucket in _CREDENTIALS_FOUND or os.environ.get("STORAGE_EMULATOR_HOST")
       or fsspec.config.conf.get("gcs", {}).get("token") is not None):
@@ -293,8 +291,7 @@ def find_runs(root: epath.PathLike) -> list[epath.Path]:
   its members' directories), sorted.
 
   Does not descend into a workdir (its checkpoints hold many files: many listings in a
-  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
-  """
+  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix."""
   root = path(root)
   if (root / CONFIG).exists():
     try:
@@ -383,8 +380,7 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
 
   `population`: the population's workdir when `workdir` is one of its members' (which may
   then hold nothing but what the population writes there). Call before any work: a refused
-  workdir is left untouched.
-  """
+  workdir is left untouched."""
   root = path(workdir)
   blocker = file_in_the_way(root)
   if blocker is not None:  # Found in the dry pass, before any compilation.
@@ -427,8 +423,7 @@ def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = Tru
   process of a multi-process run: the caller passes `jax.process_index() == 0`).
 
   For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
-  without recomputing them.
-  """
+  without recomputing them."""
   cached = read_json(p)
   if cached is not None:
     return cached
