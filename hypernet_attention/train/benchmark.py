@@ -58,8 +58,7 @@ def model_config(experiment: str, spec: str, size: str,
   (`hyla@model.implementation=reference`); `overrides` (comma-separated dotted `key=value`
   pairs) apply to every spec, before the spec's own. Bad presets, sizes, keys or values
   raise ValueError / KeyError / AttributeError with a one-line message (`errors.BadInput`,
-  naming the flag, for the overrides).
-  """
+  naming the flag, for the overrides)."""
   preset, *own = spec.split("@")
   config = registry.get(experiment).get_config(f"model={preset},size={size}")
   own_allowed = "preset@dotted.key=value, e.g. hyla@model.implementation=reference"
@@ -117,8 +116,7 @@ def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
 
   Why: a population's gain is capped by what a step must move. On one H200 the paper-size
   SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
-  members could not help (`experiments/results/training_throughput.md`).
-  """
+  members could not help (`experiments/results/training_throughput.md`)."""
   analysis = plan(config, 1).compiled.cost_analysis()  # No state is built for it.
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return {"flops": float(analysis.get("flops", 0.0)),
@@ -156,8 +154,7 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   Why abstract: a state too large for the host, built first, is ended by the kernel's OOM
   killer (which may pick another process) before any check could refuse it. XLA's memory
   analysis needs only shapes and shardings (`memory.py`); the jitted call on the real state
-  later reuses the executable compiled here.
-  """
+  later reuses the executable compiled here."""
   start = time.perf_counter()
   trainer, target, single, members, init = trainer_for(config)
   compiled = trainer.compile_chunk(target, steps)
@@ -184,8 +181,7 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan],
   are then timed interleaved (A, B, C, A, B, C, ...), so a slow phase of a shared machine
   hits every model alike. `step_time_ratio` is the median over rounds of the config's chunk
   time / the first config's chunk time in that round. `labels` (default: the attention
-  presets) name the configs in the progress lines.
-  """
+  presets) name the configs in the progress lines."""
   labels = labels or [(c.config if isinstance(c, _Plan) else c).model.attention for c in configs]
   plans = []
   for c, label in zip(configs, labels):  # A line each: a window cut mid-compile says where.
@@ -226,8 +222,7 @@ def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[i
   `speedup` is the median over rounds of (P x single-run chunk time / population chunk
   time): how many times more member-steps per second than training them one by one.
   `cost`: also XLA's FLOPs and bytes accessed per member-step (`step_cost`). `plans`:
-  `population_plans(config, member_counts, steps)`, when the caller planned them already.
-  """
+  `population_plans(config, member_counts, steps)`, when the caller planned them already."""
   counts = _population_counts(member_counts)
   plans = plans or population_plans(config, member_counts, steps)
   rows = train_steps_per_second(plans, steps=steps, repeats=repeats,

@@ -52,8 +52,7 @@ def setup(checked: config_checks.Checked, devices=None,
   enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
   data, so no layer below checks it again. Any problem with the task or the devices is a
   `errors.BadInput`. A population (`population.setup`) builds its members' run with
-  `member_of_population=True`, which allows a mesh with a `member` axis.
-  """
+  `member_of_population=True`, which allows a mesh with a `member` axis."""
   config_checks.require_checked(checked, "build.setup")
   try:
     return _setup(checked.config, devices, member_of_population)

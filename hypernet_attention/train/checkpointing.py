@@ -124,8 +124,7 @@ class Checkpointer:
   """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
   `read_only=True` opens existing checkpoints for restoring only: no directory is created,
-  no temporary directory cleaned, nothing quarantined.
-  """
+  no temporary directory cleaned, nothing quarantined."""
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
                use_async: bool = True, read_only: bool = False):
@@ -147,8 +146,7 @@ class Checkpointer:
     interval says so (or `force`). The iterator must be at the position of `step`.
 
     An earlier asynchronous save that failed is reported here (or by `wait`/`close`) as a
-    `CheckpointWriteError`.
-    """
+    `CheckpointWriteError`."""
     self.check()
     with self._write_errors(f"saving step {step}"):
       if step in self.manager.all_steps():  # Resumed exactly at a saved step.
@@ -201,8 +199,7 @@ class Checkpointer:
     """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved.
 
     With `data_iterator`, its position is restored too; a step saved without one (or by
-    a different number of processes) cannot resume a host-data run and raises.
-    """
+    a different number of processes) cannot resume a host-data run and raises."""
     check_compatible(self._saved_tree(step), abstract_state,
                      f"checkpoint step {step} in {self.directory}")
     items = dict(state=self._restore_args(abstract_state))
@@ -243,8 +240,7 @@ class Checkpointer:
     """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None.
 
     A checkpoint that reads but does not fit the model raises `CheckpointMismatchError`
-    (nothing moved); only unreadable steps are quarantined and skipped.
-    """
+    (nothing moved); only unreadable steps are quarantined and skipped."""
     self.manager.wait_until_finished()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:

@@ -111,8 +111,7 @@ def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[
   temporary sibling). Returns its `final_params.json` record.
 
   Raises `BadInput` (nothing written) for an `out_dir` that `check_output_dir` refuses, an
-  unfinished run, or a folder that would exceed `max_bytes`.
-  """
+  unfinished run, or a folder that would exceed `max_bytes`."""
   out_dir = check_output_dir(workdir, out_dir)
   if not run_files.is_finished(workdir):
     raise errors.BadInput(f"{workdir!r} is not a finished run (no summary.json); allowed: "

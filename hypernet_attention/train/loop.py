@@ -71,8 +71,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   ...], "state": stacked final state}. Raises `errors.BadInput` before any work for
   unusable input, and `preemption.Preempted` after checkpointing when a SIGTERM arrived.
   `config`: the entry point's `config_checks.Checked`, taken as it is; a plain config (a
-  library caller that skips the entry) is validated here, the one library door.
-  """
+  library caller that skips the entry) is validated here, the one library door."""
   start_time = time.time()
   checked = config_checks.validate(config)
   config = checked.config

@@ -95,8 +95,7 @@ def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
 def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
 
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
-  """
+  Stored in the workdir so that a resumed run reports the same numbers without recomputing."""
   if config.eval.ceiling_problems <= 0:
     return {}
 

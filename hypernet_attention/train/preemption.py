@@ -179,8 +179,7 @@ class ChunkBound:
   chunks (log, eval and checkpoint steps stay where they were, and so do the data and the
   parameters: each step is a pure function of the state and the step), at the cost of one more
   compilation where the choice differs from the probe. `steps_per_loop` <= `PROBE_STEPS` (smoke and
-  local configs) compiles once, as without the bound.
-  """
+  local configs) compiles once, as without the bound."""
 
   def __init__(self, steps_per_loop: int, grace_s: float | None):
     self.steps_per_loop, self.grace_s = steps_per_loop, grace_s

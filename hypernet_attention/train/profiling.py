@@ -120,8 +120,7 @@ def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
 
   The program whose instructions the trace names is the one `benchmark.prepare` compiled:
   the scanned `steps`-step chunk (on-device data) or the one-step function a host-fed
-  experiment (C4) runs `steps` times.
-  """
+  experiment (C4) runs `steps` times."""
   prepared = benchmark.prepare(config, steps)
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):

@@ -77,8 +77,7 @@ def state_shardings(abstract_boxed_state: Any, mesh: jax.sharding.Mesh,
                     rules=LOGICAL_AXIS_RULES) -> Any:
   """Boxed abstract state (from `jax.eval_shape`) -> NamedSharding per unboxed leaf.
 
-  Raises when a sharded dimension does not divide its mesh axis, naming the parameter.
-  """
+  Raises when a sharded dimension does not divide its mesh axis, naming the parameter."""
   specs = nn.get_partition_spec(abstract_boxed_state)
   shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
   unboxed = nn.meta.unbox(abstract_boxed_state)

@@ -41,8 +41,7 @@ class Trainer:
   """Jitted train chunks and evaluation for one (config, objective, mesh).
 
   For a host source it owns this process's training iterator (`self.data_iterator`),
-  whose position the checkpoints save and restore.
-  """
+  whose position the checkpoints save and restore."""
 
   def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
                state_shardings):
@@ -106,8 +105,7 @@ class Trainer:
     Host source: the iterator advances by exactly `length` batches, so at a chunk end its
     position matches `state.step` (what a checkpoint there records). Traced and run with
     the mesh in context (`jax.set_mesh`), so the tiled attention kernels run per device
-    on their batch shard (`ops/sharded.py`) instead of being gathered.
-    """
+    on their batch shard (`ops/sharded.py`) instead of being gathered."""
     with jax.set_mesh(self.mesh):
       return self._train_chunk(state, length)
 
