@@ -140,8 +140,7 @@ def concatenate_and_split(dataset: tf.data.Dataset,
   """Token streams of consecutive documents -> rows of exactly sequence_length['targets'].
 
   A running remainder carries the tokens that did not fill a row into the next document,
-  so every token lands in exactly one row, in order; only the last partial row is lost.
-  """
+  so every token lands in exactly one row, in order; only the last partial row is lost."""
   length = sequence_length["targets"]
 
   def step(carry_T, example):
@@ -158,8 +157,7 @@ def register(name: str, source: seqio.DataSource,
   """(Re-)registers Task `name` on `source` with `vocabulary` and returns it.
 
   Re-registering replaces the previous definition, so a process can build tasks for
-  different data directories (tests, eval on another corpus) under the same name.
-  """
+  different data directories (tests, eval on another corpus) under the same name."""
   if name not in lm_text.TASKS:
     raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(lm_text.TASKS)}.")
   seqio.TaskRegistry.remove(name)
@@ -187,8 +185,7 @@ def source(task_config) -> seqio.DataSource:
 def build_task(task_config) -> seqio.Task:
   """`config.task` (name, data_dir or *_files, vocabulary) -> the registered seqio Task.
 
-  The vocabulary is checked first, then the data, so either error comes before any work.
-  """
+  The vocabulary is checked first, then the data, so either error comes before any work."""
   vocabulary = load_vocabulary(task_config.vocabulary)
   return register(task_config.name, source(task_config), vocabulary)
 
@@ -210,8 +207,7 @@ def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: i
   """Per-process batches {'inputs', 'targets', 'weights'}: (B, T) int32, B = batch_size.
 
   `num_epochs=None` repeats forever (training); evaluation takes a fixed number of batches
-  of one pass with `shuffle=False`.
-  """
+  of one pass with `shuffle=False`."""
   lm_text.check_batches(split, sequence_length, batch_size)
   dataset = seqio.get_dataset(
       task, task_feature_lengths={"targets": sequence_length},
@@ -234,8 +230,7 @@ class DataIterator:
 
   `save(directory)` writes this process's iterator state (`{directory}/process_{i}-of-
   {n}.*`, the t5x layout); `restore(directory)` on an iterator over the same pipeline
-  continues exactly where the saved one was.
-  """
+  continues exactly where the saved one was."""
 
   def __init__(self, dataset: tf.data.Dataset, shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
     self._iterator = iter(dataset)

@@ -208,8 +208,7 @@ def batches(task: Task, *, split: str, sequence_length: int, batch_size: int, se
   """Per-process batches {'inputs', 'targets', 'weights'}: (B, T) int32, B = batch_size.
 
   `num_epochs=None` repeats forever (training); evaluation reads the first batches of the
-  unshuffled split.
-  """
+  unshuffled split."""
   lm_text.check_batches(split, sequence_length, batch_size)
   encode = task.vocabulary.tokenizer.encode
 

@@ -105,8 +105,7 @@ class FuzzyLogic:
     """A batch: x (B, N, L) in [0, 1), y (B, N), terms (B, K, L) in {0, 1} (1 = plain).
 
     `tables` (default: `split_tables()`): per-split task tables of the same shapes, e.g. a
-    population member's own held-out split.
-    """
+    population member's own held-out split."""
     B, N, L = batch_size, self.num_examples, self.num_variables
     # One draw of random words: each separate jax.random call costs ~1 s of CPU compile.
     bits = jax.random.bits(jax.random.fold_in(key, SPLITS.index(self._check_split(split))),
@@ -143,8 +142,7 @@ class FuzzyLogic:
     """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence).
 
     The variance is the population variance over all N targets of the sequence, query
-    included (the authors' `base_mse`): the MSE of predicting the sequence's mean.
-    """
+    included (the authors' `base_mse`): the MSE of predicting the sequence's mean."""
     y_BN = batch['y']
     pred = jnp.reshape(pred, y_BN.shape[:1])
     return 1.0 - (y_BN[:, -1] - pred) ** 2 / jnp.var(y_BN, axis=-1)

@@ -41,8 +41,7 @@ def authors_split(combinations: np.ndarray, num_ood: int,
   False, the default before jax 0.5). It does not re-draw, so a split can leave a symbol
   out of training: at 70% held out, seed 2 trains none of its 20 tasks on terms 5 and 6,
   and 21 of the 46 held-out tasks contain one of them. For reproducing the paper's splits
-  exactly; `covering_split` is what every other number here uses.
-  """
+  exactly; `covering_split` is what every other number here uses."""
   key = jax.random.PRNGKey(seed, impl="threefry2x32")
   with jax.threefry_partitionable(False):
     order = np.asarray(jax.random.permutation(key, len(combinations)))

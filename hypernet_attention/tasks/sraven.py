@@ -57,8 +57,7 @@ def memory_estimate(num_features: int, num_values: int = 8, grid_size: int = 3,
   The split tables hold every multiset of K of the 8 rules (C(K+7, K) rows, built as Python
   tuples first). The accuracy ceilings (`ceiling_batch` > 0 problems at a time) add the
   (K!)**(G-1) readings (`_readings`, built as Python arrays) and a (B, P, K, F) array of
-  possible answers per batch: that term is what explodes (K=6: ~25 GB at B=1024).
-  """
+  possible answers per batch: that term is what explodes (K=6: ~25 GB at B=1024)."""
   K, G, F = num_features, grid_size, num_values
   tuple_bytes = 56 + 8 * K  # A Python tuple of K small ints, plus its list slot.
   total = math.comb(K + len(RULE_NAMES) - 1, K) * (tuple_bytes + 3 * 4 * K)
@@ -83,8 +82,7 @@ class SRaven(sraven_analysis.Analysis):
   Attributes:
     rule_names: the 8 rule names, index = rule id.
     progression_steps: the four progressions' steps (rule ids 1-4).
-    splits: the split names `sample` accepts.
-  """
+    splits: the split names `sample` accepts."""
 
   rule_names = RULE_NAMES
   progression_steps = (1, 2, -1, -2)
@@ -137,8 +135,7 @@ class SRaven(sraven_analysis.Analysis):
   def _rule_values(self, bits, shape):
     """Values of every rule for `shape` = (B, K) features: (B, K, R, G rows, G cols).
 
-    `bits` (B, K, W) uint32 are the random words of each feature (W = G + G*(G-1) + F + G*G).
-    """
+    `bits` (B, K, W) uint32 are the random words of each feature (W = G + G*(G-1) + F + G*G)."""
     G, F = self.grid_size, self.num_values
     start, ops, set_keys, row_keys = jnp.split(bits, np.cumsum([G, G * (G - 1), F]), axis=-1)
     col = jnp.arange(G)
@@ -169,8 +166,7 @@ class SRaven(sraven_analysis.Analysis):
     Returns:
       grid: int32 (B, G, G, K), [row, column, feature slot], values in [0, F).
       rules: int32 (B, K), rule id of each original feature f.
-      perms: int32 (B, G, K); grid[b, r, c, j] == unpermuted[b, r, c, perms[b, c, j]].
-    """
+      perms: int32 (B, G, K); grid[b, r, c, j] == unpermuted[b, r, c, perms[b, c, j]]."""
     base = self._check_split(split)
     B, G, K, F = batch_size, self.grid_size, self.num_features, self.num_values
     # One draw of random words for everything: every separate jax.random call adds about
@@ -197,8 +193,7 @@ class SRaven(sraven_analysis.Analysis):
     """Model inputs (B, G*G*K, F) float32 and targets (B, K) int32.
 
     One-hot tokens of the first G*G-1 panels in row-major order, K tokens per panel in
-    slot order, then K zero tokens for the query panel; targets are the query panel.
-    """
+    slot order, then K zero tokens for the query panel; targets are the query panel."""
     grid = batch['grid']
     B, K = grid.shape[0], self.num_features
     G = self.grid_size
