@@ -92,8 +92,7 @@ def flops(name: str, shape: Shape) -> tuple[float, float]:
 
   Per visible pair and head: scores 2D; softmax/linear add a*v (2V); HYLA adds the hidden
   z = sum_h a v (2V per head) and y = sum_k a z (2V per head). The backward doubles every
-  product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP).
-  """
+  product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP)."""
   d = v = shape.head_dim
   linear_value = not name.startswith("hyla_")
   per_pair = (2 * d + 2 * v, 4 * d + 4 * v) if linear_value else (2 * d + 4 * v, 4 * d + 8 * v)
@@ -161,8 +160,7 @@ def call_loop(fn: Callable, calls: int) -> Callable:
   of a result (all of it is carried), and it does not fold a float multiply by 0 (NaN semantics).
   The update is in place: a few scalars per call, not a pass over the inputs. (An
   `optimization_barrier` on loop-invariant inputs is not enough: XLA:CPU hoisted the whole attention
-  out of such a loop.) The trip count is static (no host round-trip per iteration on GPU).
-  """
+  out of such a loop.) The trip count is static (no host round-trip per iteration on GPU)."""
   def looped(*args):
     result_shape = jax.eval_shape(fn, *args)
     first = jax.tree.map(lambda s: lax.full(s.shape, 0, s.dtype), result_shape)
