@@ -42,8 +42,7 @@ def per_device(fn: Callable, query_BQHD, key_BKHD, value_BKHV, bias: Optional[ja
 
   Without a mesh in context (or one whose batch axes do not divide B) calls `fn` as is.
   bias / mask (broadcastable to (B, H, Q, K)) are split where they have a batch axis and
-  replicated where it broadcasts.
-  """
+  replicated where it broadcasts."""
   batch = query_BQHD.shape[0]
   axes = batch_axes(batch)
   if not axes:
