@@ -86,8 +86,7 @@ class Cell:
   `probe`: decodes the rules from the latent codes of the members of cell `source`
   (`overrides`: flags of `experiments/probe_latents.py`, e.g. fewer problems for a smoke).
   `benchmark`: times `num_steps`-step chunks of the training step of `models` at size
-  `config` (`experiments/benchmark_training.py`; `overrides`: its flags, True for a switch).
-  """
+  `config` (`experiments/benchmark_training.py`; `overrides`: its flags, True for a switch)."""
   name: str
   stage: str
   kind: str
