@@ -147,8 +147,7 @@ class Transformer(nn.Module):
     """(B, T, I) floats ('dense') or (B, T) int tokens ('embed') -> (B, T, output_dim).
 
     padding_mask: optional (B, T) bool, True for real tokens; padded keys are hidden from
-    every query (padded queries still produce outputs; ignore them in the loss).
-    """
+    every query (padded queries still produce outputs; ignore them in the loss)."""
     c = self.config
     expected_ndim = 3 if c.input_kind == "dense" else 2
     if inputs.ndim != expected_ndim:
