@@ -1,8 +1,7 @@
 """hypernet-attention: Attention as a Hypernetwork (Schug et al., ICLR 2025) in JAX/Flax.
 
 The versions tested together, and why each pin: experiments/reference.md, "Versions" (the
-[grain] extra: grain 0.2.18 with array_record 0.8.6, tensorflow-datasets 4.9.10).
-"""
+[grain] extra: grain 0.2.18 with array_record 0.8.6, tensorflow-datasets 4.9.10)."""
 
 import setuptools
 

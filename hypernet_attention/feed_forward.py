@@ -1,8 +1,7 @@
 """Feed-forward layers of the transformer block: GeLU MLP, SwiGLU and a top-k MoE.
 
 Shape letters:
-  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts.
-"""
+  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ b^out is added once per query, outside the sum over keys (it is not generated).
 
 Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
-  V per-head value width, E input width, A = E + 1 (augmented input), O output width.
-"""
+  V per-head value width, E input width, A = E + 1 (augmented input), O output width."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ x buckets) table per layer, added to the scores before the normalization. The au
 num_buckets = max_distance = sequence length and `bidirectional=False` even though those tasks
 attend non-causally, so every key *after* the query falls into bucket 0 together with the query
 itself. We keep that default for fidelity; it is configurable. RoPE (used by the C4 language model)
-rotates queries and keys instead and has no parameters.
-"""
+rotates queries and keys instead and has no parameters."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ Declared once, without JAX, so that the launching machine (`runs/preflight.py`,
 `config_checks.check_preset`) checks a config against the names the model builds from: a preset's
 fields name entries of `attention.VALUE_NETWORKS` and `ops/reference.py`'s NORMALIZATIONS and
 ACTIVATIONS (`tests/models/test_attention.py` checks each row), and `check_model_names` is the one
-check of the others, called by the model (`transformer.TransformerConfig`) and preflight alike.
-"""
+check of the others, called by the model (`transformer.TransformerConfig`) and preflight alike."""
 
 from __future__ import annotations
 

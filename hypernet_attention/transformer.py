@@ -9,8 +9,7 @@ authors' 0.1 on the attention latent code (`attention_dropout`), active only whe
 `deterministic=False` and a `'dropout'` rng is given.
 
 `fuzzy_logic_config` and `sraven_config` build the paper's two synthetic-task models
-(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike).
-"""
+(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike)."""
 
 from __future__ import annotations
 

@@ -28,8 +28,7 @@ PARAMS (size=50m, vocabulary of V=32,000 pieces, E=512, L=6, M=2048):
   norms = 3,152,384, x6 = 18,914,304; final norm 2*E = 1,024; read-out E*V+V = 16,416,000.
   Untied total 51,715,328; tied (read-out = embedding^T) 35,299,328. We untie: the paper
   says ~50M, which only the untied model is (tied is 35M), and NanoDo, whose defaults the
-  paper's C4 setup follows, unties by default. Softmax, linear and HYLA have the same count.
-"""
+  paper's C4 setup follows, unties by default. Softmax, linear and HYLA have the same count."""
 
 import ml_collections
 

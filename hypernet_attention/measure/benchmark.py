@@ -25,8 +25,7 @@ linear (linear attention, reference einsums), hyla_<name> for every implementati
 `presets.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
 here without an edit), and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
 normalization with a linear value network, in blockwise's tiles). `softmax` is also
-accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
-"""
+accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ its replacement none (experiments/results/kernels.md has the table).
 `prepare()` must run before JAX picks its backends (the plugin's CUDA version checks need a
 CUDA install this machine does not have; they are skipped, as nothing runs). Mosaic also
 tries to disassemble with nvdisasm, absent from the wheels: its one "nvdisasm invocation
-failed" line per kernel on stderr is harmless.
-"""
+failed" line per kernel on stderr is harmless."""
 
 from __future__ import annotations
 

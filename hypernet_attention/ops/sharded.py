@@ -9,8 +9,7 @@ and MLP value network mix all heads of a (q, k) pair, and the training mesh has 
 (`train/sharding.py`: heads are replicated). The dropout mask depends only on (seed, q, k),
 so every shard draws the same mask, as the unsharded call does.
 
-Shape letters: B batch, Q / K positions, H heads, D / V widths.
-"""
+Shape letters: B batch, Q / K positions, H heads, D / V widths."""
 
 from __future__ import annotations
 

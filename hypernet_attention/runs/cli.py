@@ -17,8 +17,7 @@
   is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
   outside the training loop (or a second one) prints one line and exits with 130.
 - `app.UsageError` (the tools' flag checks) is bad input too: one line, no flag list.
-- The console is configured (`console.configure`) before `main` runs.
-"""
+- The console is configured (`console.configure`) before `main` runs."""
 
 from __future__ import annotations
 

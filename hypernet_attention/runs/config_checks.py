@@ -12,8 +12,7 @@ batch divisibility) stay with the mesh (`sharding.py`, `data.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`; only
 SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
-launching machine without JAX can run `validate` and `check_preset`.
-"""
+launching machine without JAX can run `validate` and `check_preset`."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ smoke schedule, and `parse_arg` for `get_config(arg)` strings.
 
 `get_config("model=hyla,size=local")` style arguments follow big_vision: comma-separated
 `key=value` pairs with defaults; an unknown key or value is a `ValueError` that lists what
-is allowed, raised before anything runs.
-"""
+is allowed, raised before anything runs."""
 
 from __future__ import annotations
 

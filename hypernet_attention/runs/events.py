@@ -9,8 +9,7 @@ taken: it reaches gs:// through google-cloud-storage, beside the epath/fsspec la
 other run file goes through (`run_files.py`, tests/e2e/test_gcs.py's emulator), and its
 hparams land in a sub-run of their own. Locally new records are appended at each flush; in a
 bucket, where objects cannot be appended to, the whole file is rewritten as one object
-(scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`.
-"""
+(scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ Design (works on local disks and on gs:// through etils.epath):
     any host: its heartbeat is older than `stale_after_s` (default 10 min). This is the
     only test possible for a lock written on another host (e.g. a preempted TPU VM).
 - Multi-process runs: process 0 holds the lock for the whole run; the others learn the
-  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it.
-"""
+  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it."""
 
 from __future__ import annotations
 

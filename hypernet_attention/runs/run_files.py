@@ -19,8 +19,7 @@ on every host), and a cached listing would hide their files.
 
 JSON files are written whole or not at all: locally through a temporary file renamed over the target
 (a rename is atomic on one file system); in a bucket one object write is already atomic (the object
-appears only when its upload completes), and a rename there would be a copy plus a delete.
-"""
+appears only when its upload completes), and a rename there would be a copy plus a delete."""
 
 from __future__ import annotations
 

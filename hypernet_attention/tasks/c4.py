@@ -21,8 +21,7 @@ from the others. `DataIterator` yields per-process numpy batches and saves / res
 position with a per-process `tf.train.Checkpoint` of the tf.data iterator (as t5x does),
 so a resumed run neither replays nor skips data.
 
-Shape letters: B batch (per process), T tokens per row.
-"""
+Shape letters: B batch (per process), T tokens per row."""
 
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ unshuffled evaluation of a split shorter than `eval.num_problems` rows would sho
 The training iterator is Grain's `DatasetIterator`: its position is saved with each Orbax
 checkpoint by Grain's own handler (`train/data.GrainIteratorHandler`), so a resume is exact.
 
-Shape letters: B batch (per process), T tokens per row.
-"""
+Shape letters: B batch (per process), T tokens per row."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ leave known terms out of training: `heldout.authors_split`):
   ood           held-out combinations of known terms: the paper's "OOD R^2";
   unseen_terms  combinations made only of never-seen terms (all K unseen), as in the
                 authors' code, whose own name for this split is `ood` (and `test` for ours).
-The split name is folded into the key, so equal keys give different batches per split.
-"""
+The split name is folded into the key, so equal keys give different batches per split."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ Both tokenize with the same SentencePiece vocabulary, append EOS to every docume
 the token stream into rows of exactly `sequence_length` tokens; this module holds their
 constants, the checks of a vocabulary and of corpus files, and the byte counts behind bits
 per byte, so that the two cannot drift apart. File I/O stays in each path (TensorFlow's
-gfile there, etils' epath here), which is why the checks take bytes, not paths.
-"""
+gfile there, etils' epath here), which is why the checks take bytes, not paths."""
 
 from __future__ import annotations
 

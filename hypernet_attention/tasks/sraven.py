@@ -20,8 +20,7 @@ is folded into the key, so `train` and `test` batches differ for the same key, w
 `ood_unpermuted` with key k is exactly `ood` with key k before its columns were permuted.
 
 Ambiguity and accuracy ceilings (`sraven_analysis.py`, measured by experiments/task_stats.py,
-experiments/reference.md "The tasks"): reported accuracies should be read against these, not 1.
-"""
+experiments/reference.md "The tasks"): reported accuracies should be read against these, not 1."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 `Analysis`, a base of `sraven.SRaven`, reads the generator's sizes, `progression_steps`, split
 multisets and `sample`; its rule checker is written from the rules' definitions, not the sampler.
-Shape letters as `sraven.py`'s, plus C chains (K**G) and P readings ((K!)**(G-1)).
-"""
+Shape letters as `sraven.py`'s, plus C chains (K**G) and P readings ((K!)**(G-1))."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ machine. For sequence models it also reports tokens/s and model FLOPs utilizatio
 N = parameters except the input embedding (a lookup), L layers, T sequence length, E = total
 query/key width. The same formula for every attention variant, so HYLA's extra value-network work is
 not credited: MFU compares useful work at equal model size. MFU = FLOPs per token x tokens/s / the
-device's peak (`PEAK_TFLOPS` by device kind, or given).
-"""
+device's peak (`PEAK_TFLOPS` by device kind, or given)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@
 abstract train state and its shardings) and raises `errors.BadInput` for anything
 unusable, before any work. `init_state` materializes a fresh state with its shardings.
 Training (`loop.py`), read-only restore for probing (`restore.py`) and the benchmarks all
-start here, so analysis never imports the training loop or its writers.
-"""
+start here, so analysis never imports the training loop or its writers."""
 
 from __future__ import annotations
 

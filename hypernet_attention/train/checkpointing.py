@@ -19,8 +19,7 @@ opens the checkpoints without creating, cleaning or moving anything, and
 `Checkpointer.restore_params` reads the parameters only, not the optimizer moments.
 
 Restore targets are abstract arrays that carry the *current* shardings, so a checkpoint
-written on N devices restores on M devices.
-"""
+written on N devices restores on M devices."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@
                   Grain's own handler for a Grain iterator, `DataIteratorArgs` for the others), so a
                   resumed run neither replays nor skips data.
 
-The loop asks only `source.on_device`; everything task-specific stays in the objective.
-"""
+The loop asks only `source.on_device`; everything task-specific stays in the objective."""
 
 from __future__ import annotations
 

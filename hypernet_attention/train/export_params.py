@@ -13,8 +13,7 @@ computed from parameters alone, so the campaign keeps exactly those beside each 
 
 `restore.restore_params(out, member=i)` and `experiments/probe_latents.py --workdir=out/<member>`
 read it as they read a workdir (its one step is the run's last; step 0 rebuilds the
-initialization from the seed). SRAVEN at paper size keeps ~1.6 MB per member in float32.
-"""
+initialization from the seed). SRAVEN at paper size keeps ~1.6 MB per member in float32."""
 
 from __future__ import annotations
 

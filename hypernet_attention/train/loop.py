@@ -7,8 +7,7 @@ notice and evaluates; the program decides what each of those writes.
 
 Order of work: validate everything (config, mesh, batch divisibility, workdir) -> build the
 state abstractly -> restore or initialize it sharded -> train / evaluate / checkpoint ->
-summary.json. Only process 0 writes logs and the summary.
-"""
+summary.json. Only process 0 writes logs and the summary."""
 
 from __future__ import annotations
 

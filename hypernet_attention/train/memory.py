@@ -5,8 +5,7 @@ RESOURCE_EXHAUSTED traceback (GPU, TPU) or the kernel's OOM killer (CPU). Shape 
 predict it (fusion, scan, buffer reuse and donation move the peak by several times); the compiled
 executable's `memory_analysis()` is XLA's own buffer assignment. Compiling the first chunk ahead of
 time costs nothing extra: the jitted call that follows finds the same executable in JAX's cache
-(`tests/e2e/test_compile_once.py` counts the traces of whole runs with this check on).
-"""
+(`tests/e2e/test_compile_once.py` counts the traces of whole runs with this check on)."""
 
 from __future__ import annotations
 

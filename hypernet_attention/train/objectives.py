@@ -9,8 +9,7 @@ branches. This module is the one home of objective builders, built from what `ta
 class: its `encode`, per-example `metrics` and `output_dim`), `c4_lm` for the host pipelines (their
 readers). A new on-device task needs no builder: its record names its class.
 
-Shape letters: B batch, T tokens, V vocabulary.
-"""
+Shape letters: B batch, T tokens, V vocabulary."""
 
 from __future__ import annotations
 

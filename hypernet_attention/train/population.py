@@ -24,8 +24,7 @@ By hand (a sweep's launchers build these flags themselves, `launch/grouping.py`)
       --workdir=W "--config.population.members=({'seed': 0}, {'seed': 1, \
       'optimizer.learning_rate': 3e-4})" [--config.mesh.member=2 --config.mesh.data=1]
 
-Shape letters: P members.
-"""
+Shape letters: P members."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ the restored checkpoint, or the seed's initialization), yet that chunk compiles,
 minutes for large models. A Python signal handler only runs once the compilation returns,
 so in a single process the signal is also written to a pipe (`signal.set_wakeup_fd`) that a
 thread watches: a notice in that phase exits at once with status 75 (the lock released, the
-checkpoints untouched), and rerunning resumes as after any preemption.
-"""
+checkpoints untouched), and rerunning resumes as after any preemption."""
 
 from __future__ import annotations
 

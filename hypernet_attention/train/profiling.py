@@ -11,8 +11,7 @@ kernels: only those count (the host's thunk events would count each op twice), a
 is named after its HLO fusion with `.` as `_` (`gemm_fusion_dot_28` for `gemm_fusion_dot.28`),
 which `instruction_ops` also answers to. Kernels no HLO instruction names (cuBLAS's
 `nvjet_*`, launched by a custom call) are rows of their own, `(kernel nvjet_...)`, so the
-step's time adds up (experiments/results/gpu_windows/2026-11-26_h100).
-"""
+step's time adds up (experiments/results/gpu_windows/2026-11-26_h100)."""
 
 from __future__ import annotations
 

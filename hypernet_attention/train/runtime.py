@@ -12,8 +12,7 @@ clusters `jax.distributed.initialize()` without arguments finds its peers itself
                  ssh pass --multi_process (there the metadata server names the peers)
   SLURM          srun with SLURM_NTASKS > 1 (JAX reads SLURM's variables)
   Open MPI       mpirun with OMPI_COMM_WORLD_SIZE > 1
-  --multi_process  any other environment `jax.distributed.initialize()` detects.
-"""
+  --multi_process  any other environment `jax.distributed.initialize()` detects."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ logical names are the ones `transformer.py` annotates its parameters with.
 The synthetic tasks need no host input pipeline: each step's batch is generated inside
 the jitted step and constrained to `batch_sharding`, so with JAX's partitionable threefry
 every device draws only its own slice, on any number of hosts, and the batch is still a
-pure function of (seed, step) independent of the device count.
-"""
+pure function of (seed, step) independent of the device count."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@
 
 As the paper (its appendix): no weight decay on 1-D parameters (biases, norm scales);
 optional global-norm gradient clipping. The state is a plain pytree (step, params,
-opt_state) so Orbax saves and restores it without custom handlers.
-"""
+opt_state) so Orbax saves and restores it without custom handlers."""
 
 from __future__ import annotations
 

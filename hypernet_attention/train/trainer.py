@@ -11,8 +11,7 @@ Data comes from the objective's source (`data.py`), of one of two kinds:
     step. The iterator's position is saved in every checkpoint and restored with it.
 Either way the state is donated and its shardings are explicit, and metrics stay on device until a
 log step, as `clu.metrics` collections (`metrics.py`). A population (`population.py`) maps
-`train_step` and `eval_split` over its member axis; the loop that drives either is `loop.py`.
-"""
+`train_step` and `eval_split` over its member axis; the loop that drives either is `loop.py`."""
 
 from __future__ import annotations
 

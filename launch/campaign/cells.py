@@ -7,8 +7,7 @@ finished cell becomes one small JSON file under `experiments/results/paper_scale
 named by `Cell.name`, so the names here are stable: renaming one orphans its file.
 
 Priority: the stages of `STAGES`, in order (what a user asks first, cheapest first within
-a stage); each stage's letter, title and role in the report are declared there once.
-"""
+a stage); each stage's letter, title and role in the report are declared there once."""
 
 from __future__ import annotations
 

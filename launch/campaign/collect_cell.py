@@ -3,8 +3,7 @@
 Reads what the training / probe / benchmark processes wrote (member `config.json`,
 `summary.json`, TensorBoard scalars, `population_summary.json`, the probe's `metrics.json`,
 the benchmark's JSON lines) and this runner's own per-process wall times
-(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up).
-"""
+(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up)."""
 
 from __future__ import annotations
 

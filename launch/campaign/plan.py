@@ -7,8 +7,7 @@ the experiment's record, `registry.Paper`, each with its source), assuming no po
 (conservative: a window then runs fewer cells than it could, never more). Cells of another width or
 depth (Fig. 4) scale by width x depth; a MoE feed-forward cell with no finished MoE cell to go by
 takes its dense family's rate over MOE_STEP_COST. Probes and benchmarks take twice the longest
-finished cell of their kind and experiment on the device kind, else a fixed allowance.
-"""
+finished cell of their kind and experiment on the device kind, else a fixed allowance."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ file and a stopped one as its state. A cell's result comes only from its own run
 resume state) whose recorded config differs from the cell's in any field is moved aside (never
 deleted, never published), and so is a finished one that --redo retrains.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
-for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
-"""
+for a second command to read (`cat`), e.g. while the runner was started with setsid nohup."""
 
 from __future__ import annotations
 

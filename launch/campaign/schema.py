@@ -6,8 +6,7 @@ readers cannot use (a string where a number is, members missing, curves as strin
 experiment than its cell's, a negative wall time that turns an estimate negative) is
 refused where it is read, in one line naming the file and the field, never as a TypeError
 deep in a table. A field is checked as its readers use it: its type, and its range where
-it enters an estimate or a table (wall time, rates, steps, learning rate).
-"""
+it enters an estimate or a table (wall time, rates, steps, learning rate)."""
 
 from __future__ import annotations
 
