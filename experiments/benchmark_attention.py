@@ -16,8 +16,7 @@ compiled loop's memory analysis) is refused before any array is allocated.
 
 --parity_lens: first check values and gradients of every HYLA implementation against the
 float64 reference at those lengths (`measure/parity.py`); a failure exits with status 1 before
-anything is timed.
-"""
+anything is timed."""
 
 import argparse
 import json

@@ -29,8 +29,7 @@ kind or given with --peak_tflops) and the host input pipeline's tokens/s alone. 
     --repeats=1 --config_overrides=task.docstring_corpus_mb=4,task.vocabulary=V.model
 or, where TensorFlow, seqio or the C4 vocabulary are not (a GPU image), on uniformly random
 tokens over `task.vocab_size` (32,000 at 50m): the same step, with no data to resolve:
-  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens
-"""
+  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens"""
 
 import json
 import math

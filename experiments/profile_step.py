@@ -10,8 +10,7 @@ r"""Where one model's train step spends its time, per JAX op (CPU, GPU), from a 
 Builds the config as `benchmark_training.py` does, compiles and runs one chunk, traces a
 second chunk with `jax.profiler` and prints the ops that took the most time per step, summed
 over layers, forward (FWD) and backward (BWD) apart (`hypernet_attention/train/profiling.py`).
-The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto.
-"""
+The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto."""
 
 import os
 import sys

@@ -7,8 +7,7 @@ under our definition ('panel': some reading of the context predicts a different 
 panel) and the authors' ('authors': some reading predicts a different value in every slot),
 next to Table A2; per split the accuracy ceiling of uniform guessing among consistent
 answers (mean 1/#consistent answers) and the Bayes-optimal accuracy; and
-generation speed in batches of 128 per second (jitted, after compile, on this host).
-"""
+generation speed in batches of 128 per second (jitted, after compile, on this host)."""
 
 import time
 

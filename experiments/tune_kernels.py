@@ -24,8 +24,7 @@ reports each kernel's registers and spills, compiled for an H100 without a GPU).
 matter for another reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels
 at 128 x 128, 2,866 at 256 x 256. Needs a GPU, or --interpret (tiny sizes; Mosaic needs
 jax >= 0.11), or, timing nothing, --ptxas: each Mosaic kernel's registers and spills, compiled for
-an H100 on any machine (`measure/ptxas.py`; jax's CUDA plugin).
-"""
+an H100 on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
 
 import json
 import time

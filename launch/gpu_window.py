@@ -29,8 +29,7 @@ Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushe
 exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and gpu_window.log
 (every stage's output). Exit status: 0, or 1 if parity failed or a stage failed.
 
-Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
-"""
+Imports no JAX (the launch layer runs where JAX is not installed); the stages do."""
 
 from __future__ import annotations
 

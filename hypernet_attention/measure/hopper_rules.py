@@ -22,8 +22,7 @@ The rules (CUDA driver API `cuTensorMapEncodeTiled`, PTX ISA `cp.async.bulk.tens
         16 bytes and, swizzled, at most the swizzle's width; every global stride but the
         innermost a multiple of 16 bytes.
   wgmma each SMEM operand aligned to its swizzle's repeat (the descriptor's base-offset field
-        is 0 in Mosaic's descriptors, which assumes it).
-"""
+        is 0 in Mosaic's descriptors, which assumes it)."""
 
 from __future__ import annotations
 
