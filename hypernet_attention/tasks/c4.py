@@ -37,8 +37,6 @@ import tensorflow as tf
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
 
-# --- vocabulary ---------------------------------------------------------------------------
-
 
 def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
   """`lm_text.load_vocabulary` through TensorFlow's file system."""
@@ -58,9 +56,6 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
     f.write(model)
   tf.io.gfile.rename(model_path + ".tmp", model_path, overwrite=True)
   return load_vocabulary(model_path)
-
-
-# --- sources ------------------------------------------------------------------------------
 
 
 def c4_source(data_dir: str) -> seqio.TfdsDataSource:
@@ -124,9 +119,6 @@ def documents(source: seqio.DataSource, split: str = "train",
     dataset = dataset.take(max_documents)
   for example in dataset.as_numpy_iterator():
     yield example["text"].decode("utf-8")
-
-
-# --- tasks --------------------------------------------------------------------------------
 
 
 @seqio.map_over_dataset
@@ -195,9 +187,6 @@ def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
                          documents=lambda task: documents(source(task), "train",
                                                           task.vocab_documents),
                          train_vocabulary=train_vocabulary)
-
-
-# --- batches ------------------------------------------------------------------------------
 
 
 def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: int,

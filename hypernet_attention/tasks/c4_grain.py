@@ -85,9 +85,6 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
   return load_vocabulary(model_path)
 
 
-# --- sources ------------------------------------------------------------------------------
-
-
 def _glob(pattern: str) -> list[str]:
   if "://" not in pattern:
     return glob.glob(pattern)
@@ -188,9 +185,6 @@ def build_documents(task_config, split: str) -> grain.MapDataset:
     return c4_documents(task_config.data_dir, split)
   files = lm_text.text_files(task_config.get(f"{split}_files"), split, _glob, _head)
   return grain.MapDataset.source(read_documents(files))
-
-
-# --- batches ------------------------------------------------------------------------------
 
 
 def _text(text: str | bytes) -> str:

@@ -130,7 +130,6 @@ class SRaven(sraven_analysis.Analysis):
     """Sorted rule multisets (n, K) of a split; `train` and `test` share theirs."""
     return self._combinations[self._check_split(split)].copy()
 
-  # ---------------------------------------------------------------- sampling
   def _rule_values(self, bits, shape):
     """Values of every rule for `shape` = (B, K) features: (B, K, R, G rows, G cols).
 
