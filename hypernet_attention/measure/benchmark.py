@@ -53,6 +53,12 @@ DEFAULT_CALLS = 20  # Calls per measurement, inside one jitted loop.
 LONG_CALL_MS = 10.0
 MIN_CALLS = 3
 _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
+# The columns other than cuDNN/XLA softmax and HYLA: dispatch.attention's keywords.
+_COLUMNS = {
+    "softmax": dict(normalization="softmax", value_network="linear"),
+    "linear": dict(normalization="linear", value_network="linear", implementation="reference"),
+    "rmshead_linear_blockwise": dict(normalization="rms_head", value_network="linear",
+                                     implementation="blockwise")}
 
 
 def implementations() -> tuple[str, ...]:
@@ -106,17 +112,8 @@ def attention_fn(name: str, causal: bool) -> Callable:
     implementation = name.removeprefix("softmax_")
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=implementation)
-  if name == "softmax":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="softmax", value_network="linear")
-  if name == "linear":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="linear", value_network="linear",
-        implementation="reference")
-  if name == "rmshead_linear_blockwise":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
-        implementation="blockwise")
+  if name in _COLUMNS:
+    return lambda q, k, v: dispatch.attention(q, k, v, is_causal=causal, **_COLUMNS[name])
   implementation = name.removeprefix("hyla_")
   if not name.startswith("hyla_") or implementation not in presets.IMPLEMENTATIONS:
     raise ValueError(f"implementation {name!r}; allowed: {', '.join(allowed_names())}")

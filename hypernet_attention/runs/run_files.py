@@ -228,10 +228,7 @@ def read_json(p: epath.PathLike) -> Optional[Any]:
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
   """{'a': {'b': 1}} -> {'a.b': 1}."""
   if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(flatten(v, f"{prefix}{k}."))
-    return out
+    return {key: leaf for k, v in tree.items() for key, leaf in flatten(v, f"{prefix}{k}.").items()}
   return {prefix[:-1]: tree}
 
 

@@ -225,7 +225,5 @@ class SRaven(sraven_analysis.Analysis):
     logits_BKF = logits_BTF[:, -num_k:].astype(jnp.float32)
     ce_BK = optax.softmax_cross_entropy_with_integer_labels(logits_BKF, targets_BK)
     correct_BK = jnp.argmax(logits_BKF, -1) == targets_BK
-    out = {'loss': ce_BK.mean(-1), 'accuracy': correct_BK.all(-1).astype(jnp.float32)}
-    for k in range(num_k):
-      out[f'accuracy_feature{k}'] = correct_BK[:, k].astype(jnp.float32)
-    return out
+    return {'loss': ce_BK.mean(-1), 'accuracy': correct_BK.all(-1).astype(jnp.float32),
+            **{f'accuracy_feature{k}': correct_BK[:, k].astype(jnp.float32) for k in range(num_k)}}

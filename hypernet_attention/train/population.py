@@ -217,9 +217,7 @@ class PopulationTrainer:
     """Each member's eval metrics, as `trainer.Trainer.evaluate` reports a single run's."""
     with jax.set_mesh(self.mesh):
       results = jax.device_get(self._eval_jit(self.members, params))
-    out = []
-    for i, objective in enumerate(self.setup.member_objectives):
-      out.append({f"{split}/{k}": float(v) for split, collection in results.items()
-                  for k, v in objective.finalize(metrics_lib.means(
-                      metrics_lib.member(collection, i))).items()})
-    return out
+    return [{f"{split}/{k}": float(v) for split, collection in results.items()
+             for k, v in objective.finalize(metrics_lib.means(
+                 metrics_lib.member(collection, i))).items()}
+            for i, objective in enumerate(self.setup.member_objectives)]

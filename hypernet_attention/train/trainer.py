@@ -171,15 +171,12 @@ class Trainer:
   def _host_evaluate(self, params) -> dict[str, Any]:
     """Each split's collection over its first `eval.num_problems` rows, read by every process."""
     eval_config = self.config.eval
-    results = {}
-    for split in self.eval_splits:
-      results[split] = metrics_lib.merge_all([
-          self._host_eval_jit(params, data.to_global(local, self.mesh, eval_config.batch_size))
-          for local in self.source.evaluate(
-              split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
-              eval_config.num_problems // eval_config.batch_size, jax.process_index(),
-              jax.process_count())])
-    return results
+    return {split: metrics_lib.merge_all([
+        self._host_eval_jit(params, data.to_global(local, self.mesh, eval_config.batch_size))
+        for local in self.source.evaluate(
+            split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
+            eval_config.num_problems // eval_config.batch_size, jax.process_index(),
+            jax.process_count())]) for split in self.eval_splits}
 
   def evaluate(self, params) -> dict[str, float]:
     """Mean metrics on a fixed set of `eval.num_problems` problems per split (and what
