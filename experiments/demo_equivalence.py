@@ -71,9 +71,8 @@ def equivalence_errors():
     hyper = np.asarray(hypernetwork.hypernetwork_attention(
         module, params, x, mask=jnp.asarray(padding), is_causal=True))
     eqs = paper_einsums(params, np.asarray(x), mask, preset)
-    print(f"{name:32s} {preset.normalization:9s} {preset.value_network:16s} "
-          f"{preset.activation:9s} {np.abs(mha - hyper).max():11.2e} "
-          f"{np.abs(mha - eqs).max():11.2e}")
+    print(f"{name:32s} {preset.normalization:9s} {preset.value_network:16s} {preset.activation:9s} "
+          f"{np.abs(mha - hyper).max():11.2e} {np.abs(mha - eqs).max():11.2e}")
   print("(softmax's fast path is jax.nn.dot_product_attention, which keeps float32 "
         "internals even for float64 inputs: hence ~1e-7 there.)")
 

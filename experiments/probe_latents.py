@@ -58,9 +58,8 @@ def main(argv):
     metric = report.headline(p.codes)[-1]
     best = max(p.analysis.items(), key=lambda a: report.score_of(a[1]["decode"], metric))
     print(f"{p.name}: step {p.codes.step}, best held-out {metric} "
-          f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), "
-          f"step 0 {report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; "
-          f"{p.seconds:.0f} s")
+          f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), step 0 "
+          f"{report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; {p.seconds:.0f} s")
 
 
 if __name__ == "__main__":

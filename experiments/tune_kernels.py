@@ -19,14 +19,12 @@ order timed, ends the run. A configuration the kernel refuses (tiles over Hopper
 Mosaic's swizzles) or that does not compile is a row with its one-line reason (status refused,
 error, or unsupported where this jax cannot interpret Mosaic), not the end of the sweep.
 
-The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4);
---ptxas reports each kernel's registers and spills, compiled for an H100 without a GPU).
-Blockwise's tiles matter for another reason: compiled for an H100, its T=4096
-forward+backward launched 14,795 kernels at 128 x 128, 2,866 at 256 x 256.
-Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing,
---ptxas: each Mosaic kernel's registers and spills, compiled for an H100 on any machine
-(`measure/ptxas.py`; jax's CUDA plugin).
-"""
+The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4); --ptxas
+reports each kernel's registers and spills, compiled for an H100 without a GPU). Blockwise's tiles
+matter for another reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels
+at 128 x 128, 2,866 at 256 x 256. Needs a GPU, or --interpret (tiny sizes; Mosaic needs
+jax >= 0.11), or, timing nothing, --ptxas: each Mosaic kernel's registers and spills, compiled for
+an H100 on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
 
 import json
 import time
@@ -141,8 +139,7 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
           found["fma_share"] = round(found["loop_fma"] / found["loop_instructions"], 3)
         _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                   dtype=args.dtype, device="compile-only H100",
-                   ptxas=version), args.out)
+                   dtype=args.dtype, device="compile-only H100", ptxas=version), args.out)
         print(f"| mosaic | {tiles} | {pass_name} | {i} | "
               f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} | "
               f"{found.get('instructions_per_pair', '-')} | {found.get('fma_share', '-')} |")

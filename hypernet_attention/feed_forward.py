@@ -1,8 +1,7 @@
 """Feed-forward layers of the transformer block: GeLU MLP, SwiGLU and a top-k MoE.
 
 Shape letters:
-  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts.
-"""
+  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts."""
 
 from __future__ import annotations
 
@@ -81,8 +80,7 @@ class MoE(nn.Module):
   runs on every token and the gates, zero outside each token's top k, weight the results.
   That is exact, has no capacity factor to tune, and at the paper's sizes (X=5, short
   sequences) costs X/k times the compute of a routed kernel, which is acceptable for a
-  reference. The router probabilities are sown as `intermediates/router_gates`.
-  """
+  reference. The router probabilities are sown as `intermediates/router_gates`."""
 
   num_experts: int
   top_k: int

@@ -18,8 +18,7 @@ b^out is added once per query, outside the sum over keys (it is not generated).
 
 Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
-  V per-head value width, E input width, A = E + 1 (augmented input), O output width.
-"""
+  V per-head value width, E input width, A = E + 1 (augmented input), O output width."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs.
 
   The normalization is the ops' entry (`reference.NORMALIZATIONS`), the code the module
-  sows: each normalization is written once, and an unknown name is refused there.
-  """
+  sows: each normalization is written once, and an unknown name is refused there."""
   params = nn.meta.unbox(params)
   errors.check_choice("position", module.position, presets.POSITIONS)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
@@ -113,8 +111,7 @@ def generate_value_network(module: attention_lib.MultiHeadAttention, params: Par
                          'W2' (O, V)  sum_h a_hqk W_h^out
     deep_mlp (HYLA+):    'W1', 'W2' and 'W_hidden' (V, V) = sum_h a_hqk W_h^v'
     nonlinear_value:     'W2' (O, H*V) = [a_1qk W_1^out, ..., a_Hqk W_H^out], a read-out
-                         over the fixed (not generated) features phi(W_h^v x + b_h^v).
-  """
+                         over the fixed (not generated) features phi(W_h^v x + b_h^v)."""
   params = nn.meta.unbox(params)
   chex.assert_rank(code_BHQK, 4)
   chex.assert_axis_dimension(code_BHQK, 1, module.num_heads)
@@ -188,8 +185,7 @@ def pair_weights(module: attention_lib.MultiHeadAttention, params: Params, input
 
   `query_index`, `key_index`: int arrays of the same shape P. Returns the dict of
   `generate_value_network` with leading (B, P) instead of (B, Q, K), plus the pairs'
-  latent codes under 'latent_code' (B, P, H).
-  """
+  latent codes under 'latent_code' (B, P, H)."""
   code_BHQK = latent_code(module, params, inputs, mask=mask, is_causal=is_causal)
   code_BHP = code_BHQK[:, :, query_index, key_index]
   weights = generate_value_network(module, params, code_BHP[:, :, :, None])

@@ -4,8 +4,7 @@ Declared once, without JAX, so that the launching machine (`runs/preflight.py`,
 `config_checks.check_preset`) checks a config against the names the model builds from: a preset's
 fields name entries of `attention.VALUE_NETWORKS` and `ops/reference.py`'s NORMALIZATIONS and
 ACTIVATIONS (`tests/models/test_attention.py` checks each row), and `check_model_names` is the one
-check of the others, called by the model (`transformer.TransformerConfig`) and preflight alike.
-"""
+check of the others, called by the model (`transformer.TransformerConfig`) and preflight alike."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ PRESETS: dict[str, AttentionPreset] = {
     "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
     "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
     "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
-    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
-}
+    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu")}
 
 # The model's other names, each kind declared here alone (tests/models/test_registered_names.py
 # checks that each has its builder): positions, feed-forwards (name -> class of `feed_forward`)

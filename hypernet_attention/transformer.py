@@ -9,8 +9,7 @@ authors' 0.1 on the attention latent code (`attention_dropout`), active only whe
 `deterministic=False` and a `'dropout'` rng is given.
 
 `fuzzy_logic_config` and `sraven_config` build the paper's two synthetic-task models
-(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike).
-"""
+(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike)."""
 
 from __future__ import annotations
 
@@ -147,8 +146,7 @@ class Transformer(nn.Module):
     """(B, T, I) floats ('dense') or (B, T) int tokens ('embed') -> (B, T, output_dim).
 
     padding_mask: optional (B, T) bool, True for real tokens; padded keys are hidden from
-    every query (padded queries still produce outputs; ignore them in the loss).
-    """
+    every query (padded queries still produce outputs; ignore them in the loss)."""
     c = self.config
     expected_ndim = 3 if c.input_kind == "dense" else 2
     if inputs.ndim != expected_ndim:

@@ -29,8 +29,7 @@ Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushe
 exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and gpu_window.log
 (every stage's output). Exit status: 0, or 1 if parity failed or a stage failed.
 
-Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
-"""
+Imports no JAX (the launch layer runs where JAX is not installed); the stages do."""
 
 from __future__ import annotations
 
@@ -336,8 +335,7 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("env", 5, env_probe, _json_line("env"), min_s=3),
       _rung("forward", 15),
       _rung("dq", 17),
-      Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30,
-            stops_window=True),
+      Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30, stops_window=True),
       _c4(sizes.c4_batch, min_s=40),
       *(Stage(f"time_{name}", 46 if shape[1] >= 512 else 30,
               tune(shape, [MOSAIC_DEFAULT, sizes.blockwise]), _json_line("tune"), min_s=25)
@@ -349,8 +347,7 @@ def stages(sizes: Sizes) -> list[Stage]:
             _json_line("tune"), min_s=40),
       *(Stage(f"time_{name}", 58, tune(shape, [MOSAIC_DEFAULT, sizes.blockwise],
                                        "--calls=5"), _json_line("tune"), min_s=45)
-        for name, shape in sizes.time_shapes if shape is longest and len(shapes) > 1),
-  ]
+        for name, shape in sizes.time_shapes if shape is longest and len(shapes) > 1)]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:

@@ -13,8 +13,7 @@ Only this estimate needs JAX: it builds the model abstractly (`build.setup`, `ja
 count its parameters and read the task's token count, which depend on the task's encoding (input
 width, sequence length, output width: `objectives.synthetic_overrides`), so a closed form here would
 repeat every task's encoding. On a launching machine without JAX give the cap
-(`--members_per_job=N`) or `--single_runs`; without either, grouping refuses in one line.
-"""
+(`--members_per_job=N`) or `--single_runs`; without either, grouping refuses in one line."""
 
 from __future__ import annotations
 

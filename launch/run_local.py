@@ -186,8 +186,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
 
 
 def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
-              num_jobs: int = 1, extra_flags: Sequence[str] = (),
-              log=print) -> list[Outcome]:
+              num_jobs: int = 1, extra_flags: Sequence[str] = (), log=print) -> list[Outcome]:
   """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
   if num_jobs < 1:
     raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")

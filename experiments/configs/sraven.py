@@ -22,8 +22,7 @@ combinations (`config_common.follow_run_seed`: by default the run's seed, as in 
 Command (paper size, one run of the scaling grid):
   python experiments/sraven_scaling.py \
     --config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4 \
-    --workdir=workdirs/sraven_hyla_w1_d4
-"""
+    --workdir=workdirs/sraven_hyla_w1_d4"""
 
 import ml_collections
 

@@ -19,8 +19,7 @@ names the faulting instruction and address. The ladder, bottom up:
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
 reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
 and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
-On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window's dry run).
-"""
+On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window's dry run)."""
 
 from __future__ import annotations
 

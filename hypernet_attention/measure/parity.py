@@ -9,8 +9,7 @@ The bound is tests/numerics.py's rule: the float32 reference's own error against
 measures the input's conditioning at float32 rounding; any summation order of a correct kernel stays
 within max(sqrt(n) err32, n u32, four roundings of a bfloat16 output), n the longest reduction (keys
 x width x heads), while a wrong mask, head axis or gradient is off by O(0.1-1). Matmuls run at full
-float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser).
-"""
+float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser)."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def hyla_reference(q, k, v):
 
 def _implementation(name: str) -> Callable:
   """A `dispatch` implementation name, causal HYLA (dispatch refuses a name it lacks)."""
-  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
-                                            **HYLA)
+  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name, **HYLA)
 
 
 def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:

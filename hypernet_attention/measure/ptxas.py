@@ -16,8 +16,7 @@ its replacement none (experiments/results/kernels.md has the table).
 `prepare()` must run before JAX picks its backends (the plugin's CUDA version checks need a
 CUDA install this machine does not have; they are skipped, as nothing runs). Mosaic also
 tries to disassemble with nvdisasm, absent from the wheels: its one "nvdisasm invocation
-failed" line per kernel on stderr is harmless.
-"""
+failed" line per kernel on stderr is harmless."""
 
 from __future__ import annotations
 
@@ -133,8 +132,7 @@ def parse(report: str) -> dict[str, int]:
   spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
   if not registers:
     raise ValueError(f"not a ptxas report: {report.strip()[:120]!r}")
-  return dict(registers=int(registers.group(1)),
-              spill_stores=int(spills.group(1)) if spills else 0,
+  return dict(registers=int(registers.group(1)), spill_stores=int(spills.group(1)) if spills else 0,
               spill_loads=int(spills.group(2)) if spills else 0)
 
 
@@ -164,10 +162,9 @@ def hot_loop(ptx: str) -> dict[str, int]:
 
 
 def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
-  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order
-  Mosaic compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and
-  its PTX's `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`:
-  `jax.ShapeDtypeStruct`s."""
+  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order Mosaic
+  compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and its PTX's
+  `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`: `jax.ShapeDtypeStruct`s."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]

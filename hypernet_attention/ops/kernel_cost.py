@@ -12,8 +12,7 @@ kernels_ms, blockwise 256 x 256's fwd_bwd_ms). tests/ops/test_kernel_cost.py hol
 it was not fitted on: T=1024 and 16384 (B=4), kernels 2.64 and 299 ms, blockwise 2.73 and 573.
 Extrapolated, untimed: per-CTA fixed costs as key loops shorten (no row below T=1024: `MIN_KEYS`);
 blockwise below B=4 (`BLOCKWISE_FLOOR_MS`); H, D, V other than 8, 64, 64 (per-pair costs scaled by
-each kernel's multiply-adds per pair).
-"""
+each kernel's multiply-adds per pair)."""
 
 from __future__ import annotations
 
@@ -123,8 +122,7 @@ def blockwise_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, cau
       BLOCKWISE_FLOOR_MS, batch * per_row_pair * scale)
 
 
-def mosaic_faster(batch: int, q_len: int, k_len: int, heads: int, v_dim: int,
-                  causal: bool) -> bool:
+def mosaic_faster(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool) -> bool:
   """Whether `auto` takes the fused kernels over blockwise: the model above says they are faster,
   from MIN_KEYS keys on. Timed as the calibration row ran them (`as_measured`): the reversed query
   tiles and split dS keys only shorten the model's time, and no window has timed them yet."""

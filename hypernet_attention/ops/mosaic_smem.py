@@ -2,8 +2,7 @@
 
 `mosaic_kernel.py` (forward, and the custom VJP) and `mosaic_kernel_bwd.py` (the backward's kernels)
 both build on these, so neither imports the other's internals: the import order is this module, then
-the backward, then the forward, which wires the two into one differentiable op.
-"""
+the backward, then the forward, which wires the two into one differentiable op."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ and MLP value network mix all heads of a (q, k) pair, and the training mesh has 
 (`train/sharding.py`: heads are replicated). The dropout mask depends only on (seed, q, k),
 so every shard draws the same mask, as the unsharded call does.
 
-Shape letters: B batch, Q / K positions, H heads, D / V widths.
-"""
+Shape letters: B batch, Q / K positions, H heads, D / V widths."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def per_device(fn: Callable, query_BQHD, key_BKHD, value_BKHV, bias: Optional[ja
 
   Without a mesh in context (or one whose batch axes do not divide B) calls `fn` as is.
   bias / mask (broadcastable to (B, H, Q, K)) are split where they have a batch axis and
-  replicated where it broadcasts.
-  """
+  replicated where it broadcasts."""
   batch = query_BQHD.shape[0]
   axes = batch_axes(batch)
   if not axes:

@@ -4,8 +4,7 @@ Every tool starts its children (campaign cells, run_local's points, GPU-window s
 with `spawn` (`subprocess.Popen`) or `run` (`subprocess.run`): on Linux each child asks the
 kernel, before it executes the program, for SIGTERM when its parent thread ends (prctl
 PR_SET_PDEATHSIG; start it from the thread that waits for it). A trainer treats SIGTERM as a
-preemption (checkpoint, exit 75), so a rerun resumes. Elsewhere: plain `subprocess`.
-"""
+preemption (checkpoint, exit 75), so a rerun resumes. Elsewhere: plain `subprocess`."""
 
 import ctypes
 import os

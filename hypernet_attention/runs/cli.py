@@ -17,8 +17,7 @@
   is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
   outside the training loop (or a second one) prints one line and exits with 130.
 - `app.UsageError` (the tools' flag checks) is bad input too: one line, no flag list.
-- The console is configured (`console.configure`) before `main` runs.
-"""
+- The console is configured (`console.configure`) before `main` runs."""
 
 from __future__ import annotations
 
@@ -101,9 +100,8 @@ def _missing_get_config(spec: str | None, error: BaseException) -> str | None:
   'config_config' has no attribute 'get_config'", not which file)."""
   if spec is None or "has no attribute 'get_config'" not in str(error):
     return None
-  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a "
-          "config file whose get_config(arg) returns a ConfigDict (as experiments/configs/"
-          "*.py)")
+  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a config "
+          "file whose get_config(arg) returns a ConfigDict (as experiments/configs/*.py)")
 
 
 def _unknown_override(argv: list[str], spec: str | None) -> str | None:
@@ -164,8 +162,7 @@ def _config_problem(flag) -> str | None:
 
 
 def _load_config_flags() -> None:
-  """Loads every `config_flags` flag now, so that a bad config file is one line, before
-  any work."""
+  """Loads every `config_flags` flag now, so that a bad config file is one line, before any work."""
   for name in list(flags.FLAGS):
     if type(flags.FLAGS[name]).__name__ == "_ConfigFlag":
       if (problem := _config_problem(flags.FLAGS[name])) is not None:

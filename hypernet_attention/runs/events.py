@@ -9,8 +9,7 @@ taken: it reaches gs:// through google-cloud-storage, beside the epath/fsspec la
 other run file goes through (`run_files.py`, tests/e2e/test_gcs.py's emulator), and its
 hparams land in a sub-run of their own. Locally new records are appended at each flush; in a
 bucket, where objects cannot be appended to, the whole file is rewritten as one object
-(scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`.
-"""
+(scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class EventsWriter:
   """`write_scalars(step, {tag: value})`, `write_hparams`, `flush`, `close`.
 
   `just_logging=True` (processes other than 0) writes no file: values go to the DEBUG log
-  only, as CLU's logging writer does.
-  """
+  only, as CLU's logging writer does."""
 
   def __init__(self, logdir: str, *, just_logging: bool = False, remote_flush_s: float = 60):
     self.just_logging, self.remote_flush_s = just_logging, remote_flush_s

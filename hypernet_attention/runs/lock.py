@@ -17,8 +17,7 @@ Design (works on local disks and on gs:// through etils.epath):
     any host: its heartbeat is older than `stale_after_s` (default 10 min). This is the
     only test possible for a lock written on another host (e.g. a preempted TPU VM).
 - Multi-process runs: process 0 holds the lock for the whole run; the others learn the
-  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it.
-"""
+  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it."""
 
 from __future__ import annotations
 
@@ -129,8 +128,7 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
 class WorkdirLock:
   """`with WorkdirLock(workdir):` holds `<workdir>/lock.json` (see the module docstring).
 
-  Raises `errors.BadInput` naming the holder when another live process holds it.
-  """
+  Raises `errors.BadInput` naming the holder when another live process holds it."""
 
   def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
                stale_after_s: float = STALE_AFTER_S):
@@ -161,10 +159,9 @@ class WorkdirLock:
           continue  # Released between our attempts.
         if now - self.path.stat().mtime < self.stale_after_s:
           raise errors.BadInput(
-              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} "
-              f"less than {self.stale_after_s:.0f} s old (a trainer is starting there?); "
-              "allowed: one training process per workdir: wait, or remove it if no trainer "
-              "runs")
+              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} less "
+              f"than {self.stale_after_s:.0f} s old (a trainer is starting there?); allowed: one "
+              "training process per workdir: wait, or remove it if no trainer runs")
       elif holder.heartbeat > now + self.heartbeat_s and not is_stale(
           holder, now, self.stale_after_s):
         raise errors.BadInput(
@@ -236,8 +233,7 @@ def hold(workdir: str, chief: bool = True,
 
   Several processes (no JAX here: the training loop passes its collective): the `chief`
   takes the lock and `agree(held)` tells every process whether it did, so all refuse
-  together; None for a single process.
-  """
+  together; None for a single process."""
   lock, error = WorkdirLock(workdir), None
   if chief:
     try:
@@ -247,9 +243,8 @@ def hold(workdir: str, chief: bool = True,
   if agree is not None:
     held = agree(error is None)
     if error is None and not held:
-      error = errors.BadInput(f"workdir {workdir!r} is in use by another training "
-                                  "process (process 0 found its lock); allowed: one "
-                                  "training process per workdir")
+      error = errors.BadInput(f"workdir {workdir!r} is in use by another training process (process "
+                                  "0 found its lock); allowed: one training process per workdir")
   if error is not None:
     raise error
   try:

@@ -10,8 +10,7 @@ and the task's names), then the workdir path. Prints `script config_file` (the e
 and config file, relative to the repository root, as `registry` does) and exits 0, or
 prints the line the entry point would, `preflight: error: ...`, and exits 2.
 `launch/tpu_pod.sh` and `launch/slurm.sh` call it before copying, installing or submitting.
-Checks that depend on the hosts (mesh and batch divisibility, memory) run there.
-"""
+Checks that depend on the hosts (mesh and batch divisibility, memory) run there."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ JAX-dependent parts (task class, objective builder, trainer, memory estimate, pr
 in place (a test) may give the object itself instead. Paths of files are relative to the
 repository root, as the launchers' commands use them.
 
-  python -m hypernet_attention.runs.registry sraven   # prints: script config_file
-"""
+  python -m hypernet_attention.runs.registry sraven   # prints: script config_file"""
 
 from __future__ import annotations
 

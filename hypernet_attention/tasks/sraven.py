@@ -20,8 +20,7 @@ is folded into the key, so `train` and `test` batches differ for the same key, w
 `ood_unpermuted` with key k is exactly `ood` with key k before its columns were permuted.
 
 Ambiguity and accuracy ceilings (`sraven_analysis.py`, measured by experiments/task_stats.py,
-experiments/reference.md "The tasks"): reported accuracies should be read against these, not 1.
-"""
+experiments/reference.md "The tasks"): reported accuracies should be read against these, not 1."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def memory_estimate(num_features: int, num_values: int = 8, grid_size: int = 3,
   The split tables hold every multiset of K of the 8 rules (C(K+7, K) rows, built as Python
   tuples first). The accuracy ceilings (`ceiling_batch` > 0 problems at a time) add the
   (K!)**(G-1) readings (`_readings`, built as Python arrays) and a (B, P, K, F) array of
-  possible answers per batch: that term is what explodes (K=6: ~25 GB at B=1024).
-  """
+  possible answers per batch: that term is what explodes (K=6: ~25 GB at B=1024)."""
   K, G, F = num_features, grid_size, num_values
   tuple_bytes = 56 + 8 * K  # A Python tuple of K small ints, plus its list slot.
   total = math.comb(K + len(RULE_NAMES) - 1, K) * (tuple_bytes + 3 * 4 * K)
@@ -83,8 +81,7 @@ class SRaven(sraven_analysis.Analysis):
   Attributes:
     rule_names: the 8 rule names, index = rule id.
     progression_steps: the four progressions' steps (rule ids 1-4).
-    splits: the split names `sample` accepts.
-  """
+    splits: the split names `sample` accepts."""
 
   rule_names = RULE_NAMES
   progression_steps = (1, 2, -1, -2)
@@ -133,12 +130,10 @@ class SRaven(sraven_analysis.Analysis):
     """Sorted rule multisets (n, K) of a split; `train` and `test` share theirs."""
     return self._combinations[self._check_split(split)].copy()
 
-  # ---------------------------------------------------------------- sampling
   def _rule_values(self, bits, shape):
     """Values of every rule for `shape` = (B, K) features: (B, K, R, G rows, G cols).
 
-    `bits` (B, K, W) uint32 are the random words of each feature (W = G + G*(G-1) + F + G*G).
-    """
+    `bits` (B, K, W) uint32 are the random words of each feature (W = G + G*(G-1) + F + G*G)."""
     G, F = self.grid_size, self.num_values
     start, ops, set_keys, row_keys = jnp.split(bits, np.cumsum([G, G * (G - 1), F]), axis=-1)
     col = jnp.arange(G)
@@ -169,8 +164,7 @@ class SRaven(sraven_analysis.Analysis):
     Returns:
       grid: int32 (B, G, G, K), [row, column, feature slot], values in [0, F).
       rules: int32 (B, K), rule id of each original feature f.
-      perms: int32 (B, G, K); grid[b, r, c, j] == unpermuted[b, r, c, perms[b, c, j]].
-    """
+      perms: int32 (B, G, K); grid[b, r, c, j] == unpermuted[b, r, c, perms[b, c, j]]."""
     base = self._check_split(split)
     B, G, K, F = batch_size, self.grid_size, self.num_features, self.num_values
     # One draw of random words for everything: every separate jax.random call adds about
@@ -197,8 +191,7 @@ class SRaven(sraven_analysis.Analysis):
     """Model inputs (B, G*G*K, F) float32 and targets (B, K) int32.
 
     One-hot tokens of the first G*G-1 panels in row-major order, K tokens per panel in
-    slot order, then K zero tokens for the query panel; targets are the query panel.
-    """
+    slot order, then K zero tokens for the query panel; targets are the query panel."""
     grid = batch['grid']
     B, K = grid.shape[0], self.num_features
     G = self.grid_size
@@ -232,7 +225,5 @@ class SRaven(sraven_analysis.Analysis):
     logits_BKF = logits_BTF[:, -num_k:].astype(jnp.float32)
     ce_BK = optax.softmax_cross_entropy_with_integer_labels(logits_BKF, targets_BK)
     correct_BK = jnp.argmax(logits_BKF, -1) == targets_BK
-    out = {'loss': ce_BK.mean(-1), 'accuracy': correct_BK.all(-1).astype(jnp.float32)}
-    for k in range(num_k):
-      out[f'accuracy_feature{k}'] = correct_BK[:, k].astype(jnp.float32)
-    return out
+    return {'loss': ce_BK.mean(-1), 'accuracy': correct_BK.all(-1).astype(jnp.float32),
+            **{f'accuracy_feature{k}': correct_BK[:, k].astype(jnp.float32) for k in range(num_k)}}

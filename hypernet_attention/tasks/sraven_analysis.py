@@ -2,8 +2,7 @@
 
 `Analysis`, a base of `sraven.SRaven`, reads the generator's sizes, `progression_steps`, split
 multisets and `sample`; its rule checker is written from the rules' definitions, not the sampler.
-Shape letters as `sraven.py`'s, plus C chains (K**G) and P readings ((K!)**(G-1)).
-"""
+Shape letters as `sraven.py`'s, plus C chains (K**G) and P readings ((K!)**(G-1))."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class Analysis:
 
     A reading links slot m of column 0 with slot p_c[m] of column c, for per-column
     permutations p_1..p_{G-1}; fixing column 0 removes relabelings of the same chains.
-    Chain id = sum_c slot_c * K**(G-1-c).
-    """
+    Chain id = sum_c slot_c * K**(G-1-c)."""
     G, K = self.grid_size, self.num_features
     perms = list(itertools.permutations(range(K)))
     chains, answer_slots = [], []
@@ -125,8 +123,7 @@ class Analysis:
       `check_is_ambiguous`): ambiguous iff some reading predicts a different value in
       *every* slot at once, and its distribute_three check is looser (complete rows
       need only share a multiset, duplicates allowed). Much stricter overall, hence a far
-      lower rate; it is what Table A2 reports.
-    """
+      lower rate; it is what Table A2 reports."""
     if definition not in AMBIGUITY_DEFINITIONS:
       raise ValueError(f'definition={definition!r}; allowed: {AMBIGUITY_DEFINITIONS}.')
     valid_BP, other_BPK, _ = self._reading_stats(jnp.asarray(grid), definition == 'authors')
@@ -141,8 +138,7 @@ class Analysis:
 
     The union over valid readings (see `is_ambiguous`) of the panels each predicts; the
     true panel is always among them. Only readings that can predict another panel are
-    enumerated; the others predict exactly the true panel.
-    """
+    enumerated; the others predict exactly the true panel."""
     grid = np.asarray(grid)
     valid, other, possible = map(np.asarray, self._jit_reading_stats(jnp.asarray(grid)))
     slots = np.asarray(self._readings[1])
@@ -168,8 +164,7 @@ class Analysis:
     The expected accuracy of a model that cannot tell the readings apart and guesses
     uniformly among their answers. It is not a Bayes bound: readings differ in likelihood
     (two rows of zeros are far likelier under `constant` than under `addition`), so a model
-    that learned those likelihoods and the rule prior can score above it.
-    """
+    that learned those likelihoods and the rule prior can score above it."""
     def batch_total(grid):
       ambiguous = np.asarray(self.is_ambiguous(grid))
       total = float((~ambiguous).sum())
@@ -182,8 +177,7 @@ class Analysis:
   def _mean_over_problems(self, batch_total, key, num_problems, split, batch_size):
     """Mean of a per-problem quantity over `num_problems` sampled problems of `split`.
 
-    `batch_total(grid)` sums the quantity over a host-numpy batch of grids (B, G, G, K).
-    """
+    `batch_total(grid)` sums the quantity over a host-numpy batch of grids (B, G, G, K)."""
     self._check_split(split)
     if num_problems < 1:
       raise ValueError(f'num_problems={num_problems}; allowed: >= 1.')
@@ -201,8 +195,7 @@ class Analysis:
 
     constant and progressions draw one value per row; addition and subtraction G-1
     operands per row (the last row shows exactly its operands); distribute_three one set
-    of G values and one arrangement per row (the last row's known entries fix its own).
-    """
+    of G values and one arrangement per row (the last row's known entries fix its own)."""
     G, F = self.grid_size, self.num_values
     one_per_row = -G * math.log(F)
     operands = -G * (G - 1) * math.log(F)
@@ -220,8 +213,7 @@ class Analysis:
     mult_M(r)! (the number of feature labelings it stands for) times the likelihood of its chains.
 
     prior='split' uses the split's combinations; prior='all' allows all of them (what a
-    model that never saw the held-out list could at best assume on `ood`).
-    """
+    model that never saw the held-out list could at best assume on `ood`)."""
     base = self._check_split(split)
     if prior not in ('split', 'all'):
       raise ValueError(f"prior={prior!r}; allowed: ('split', 'all').")

@@ -4,8 +4,7 @@
 abstract train state and its shardings) and raises `errors.BadInput` for anything
 unusable, before any work. `init_state` materializes a fresh state with its shardings.
 Training (`loop.py`), read-only restore for probing (`restore.py`) and the benchmarks all
-start here, so analysis never imports the training loop or its writers.
-"""
+start here, so analysis never imports the training loop or its writers."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def setup(checked: config_checks.Checked, devices=None,
   enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
   data, so no layer below checks it again. Any problem with the task or the devices is a
   `errors.BadInput`. A population (`population.setup`) builds its members' run with
-  `member_of_population=True`, which allows a mesh with a `member` axis.
-  """
+  `member_of_population=True`, which allows a mesh with a `member` axis."""
   config_checks.require_checked(checked, "build.setup")
   try:
     return _setup(checked.config, devices, member_of_population)

@@ -2,8 +2,7 @@
 
 `experiments/c4_lm.py` only parses flags and calls `train_and_sample` or
 `sample_from_workdir`. The text comes through `config.task.pipeline` (`tasks/lm_text.py`):
-seqio (TensorFlow, loaded only then) or Grain (no TensorFlow).
-"""
+seqio (TensorFlow, loaded only then) or Grain (no TensorFlow)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ notice and evaluates; the program decides what each of those writes.
 
 Order of work: validate everything (config, mesh, batch divisibility, workdir) -> build the
 state abstractly -> restore or initialize it sharded -> train / evaluate / checkpoint ->
-summary.json. Only process 0 writes logs and the summary.
-"""
+summary.json. Only process 0 writes logs and the summary."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   ...], "state": stacked final state}. Raises `errors.BadInput` before any work for
   unusable input, and `preemption.Preempted` after checkpointing when a SIGTERM arrived.
   `config`: the entry point's `config_checks.Checked`, taken as it is; a plain config (a
-  library caller that skips the entry) is validated here, the one library door.
-  """
+  library caller that skips the entry) is validated here, the one library door."""
   start_time = time.time()
   checked = config_checks.validate(config)
   config = checked.config
@@ -127,12 +125,11 @@ class Session:
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
             check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
-  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError
-  becomes BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is
-  refused in one line before any compilation; `fits` (the memory check: a notice during its
-  compilation exits at once); the guard again, recording the config; a writable
-  checkpoints/ and the checkpointer; all released on any exit. Single runs and populations
-  (`population_loop.py`) train inside one."""
+  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError becomes
+  BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is refused in one line
+  before any compilation; `fits` (the memory check: a notice during its compilation exits at once);
+  the guard again, recording the config; a writable checkpoints/ and the checkpointer; all released
+  on any exit. Single runs and populations (`population_loop.py`) train inside one."""
   cli.announce_workdir(workdir)
   workdir = run_files.workdir_path(workdir)
   checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)

@@ -9,8 +9,7 @@ branches. This module is the one home of objective builders, built from what `ta
 class: its `encode`, per-example `metrics` and `output_dim`), `c4_lm` for the host pipelines (their
 readers). A new on-device task needs no builder: its record names its class.
 
-Shape letters: B batch, T tokens, V vocabulary.
-"""
+Shape letters: B batch, T tokens, V vocabulary."""
 
 from __future__ import annotations
 
@@ -95,8 +94,7 @@ def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
 def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
 
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
-  """
+  Stored in the workdir so that a resumed run reports the same numbers without recomputing."""
   if config.eval.ceiling_problems <= 0:
     return {}
 

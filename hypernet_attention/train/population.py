@@ -24,8 +24,7 @@ By hand (a sweep's launchers build these flags themselves, `launch/grouping.py`)
       --workdir=W "--config.population.members=({'seed': 0}, {'seed': 1, \
       'optimizer.learning_rate': 3e-4})" [--config.mesh.member=2 --config.mesh.data=1]
 
-Shape letters: P members.
-"""
+Shape letters: P members."""
 
 from __future__ import annotations
 
@@ -170,8 +169,7 @@ class PopulationTrainer:
       return state, metrics_lib.ChunkMetrics(  # per_step {name: (P, length)}
           jax.tree.map(lambda m: m.T, per_step), collections.reduce())
     return jax.jit(
-        chunk, static_argnums=2, donate_argnums=0,
-        in_shardings=(self.setup.shardings, None),
+        chunk, static_argnums=2, donate_argnums=0, in_shardings=(self.setup.shardings, None),
         # Metrics stay on their member's devices: the chunk has no collective at all.
         out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
 
@@ -219,9 +217,7 @@ class PopulationTrainer:
     """Each member's eval metrics, as `trainer.Trainer.evaluate` reports a single run's."""
     with jax.set_mesh(self.mesh):
       results = jax.device_get(self._eval_jit(self.members, params))
-    out = []
-    for i, objective in enumerate(self.setup.member_objectives):
-      out.append({f"{split}/{k}": float(v) for split, collection in results.items()
-                  for k, v in objective.finalize(metrics_lib.means(
-                      metrics_lib.member(collection, i))).items()})
-    return out
+    return [{f"{split}/{k}": float(v) for split, collection in results.items()
+             for k, v in objective.finalize(metrics_lib.means(
+                 metrics_lib.member(collection, i))).items()}
+            for i, objective in enumerate(self.setup.member_objectives)]

@@ -124,8 +124,7 @@ class PopulationRun:
     if all(f is not None for f in self.frozen):
       ckpt.wait()
       raise trainer_lib.diverged(
-          f"non-finite training loss in every member (steps {self.frozen})",
-          ckpt.latest_step())
+          f"non-finite training loss in every member (steps {self.frozen})", ckpt.latest_step())
 
   def saved(self, step: int, start_step: int) -> None:
     self._write_population_summary(step, start_step)

@@ -11,8 +11,7 @@ no checkpoint was saved at step 0: initialization is a pure function of the seed
 
 The same calls read a folder of kept final parameters (`export_params.py`: the run's
 `config.json`, its members' files and `final_params/`, the parameters alone), as the campaign
-keeps them beside its cell files: such a folder has one step, the run's last.
-"""
+keeps them beside its cell files: such a folder has one step, the run's last."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Reads what the training / probe / benchmark processes wrote (member `config.json`,
 `summary.json`, TensorBoard scalars, `population_summary.json`, the probe's `metrics.json`,
 the benchmark's JSON lines) and this runner's own per-process wall times
-(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up).
-"""
+(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up)."""
 
 from __future__ import annotations
 
@@ -73,12 +72,9 @@ def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   flat = run_files.flatten(_read_json(os.path.join(member_dir, run_files.CONFIG)))
   summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
   return {
-      "name": name,
-      "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
+      "name": name, "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
-      "frozen_at_step": frozen_at_step,
-      "curves": member_curves(member_dir),
-  }
+      "frozen_at_step": frozen_at_step, "curves": member_curves(member_dir)}
 
 
 def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -92,8 +88,7 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       # The code that trained it: each process's commit (one, unless resumed across commits).
       "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
-  }
+      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs}
 
 
 def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:

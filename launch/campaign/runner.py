@@ -11,8 +11,7 @@ file and a stopped one as its state. A cell's result comes only from its own run
 resume state) whose recorded config differs from the cell's in any field is moved aside (never
 deleted, never published), and so is a finished one that --redo retrains.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
-for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
-"""
+for a second command to read (`cat`), e.g. while the runner was started with setsid nohup."""
 
 from __future__ import annotations
 
@@ -376,8 +375,7 @@ class Campaign:
       process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
                                env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
-                                       collect_cell.commit(sweeps.REPO),
-                                       resumed_from=resumed_from)
+                                       collect_cell.commit(sweeps.REPO), resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
     return True

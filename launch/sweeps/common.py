@@ -27,8 +27,7 @@ TABLE_A1_ROWS = {
     ("hyla_linear_value", False): "HYLA - nonlinearity",
     ("hyla_linear_value_no_rmshead", False): "HYLA - nonlinearity - RMSHead",
     ("softmax_hyla", False): "HYLA - RMSHead + softmax",
-    ("hyla_deep", False): "HYLA + deep value network",
-}
+    ("hyla_deep", False): "HYLA + deep value network"}
 TABLE_A1_ROWS.update({(p, True): TABLE_A1_ROWS[p, False] + " + MoE" for p in TABLE_A1_MOE_PRESETS})
 
 
