@@ -76,6 +76,8 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   if module.position == "rope":
     q_BQHD = positions.apply_rope(q_BQHD, jnp.arange(q_len), module.rope_max_wavelength)
     k_BKHD = positions.apply_rope(k_BKHD, jnp.arange(k_len), module.rope_max_wavelength)
+  reference.check_pair_operands((inputs_q.shape[0], module.num_heads, q_len, k_len), bias=bias,
+                                mask=mask)
   scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD) / math.sqrt(q_BQHD.shape[-1])
   for extra in (_position_bias(module, params, q_len, k_len), bias):
     if extra is not None:
