@@ -29,7 +29,6 @@ batch element and head) uses `jax.random.bernoulli` on the materialized code.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -113,18 +112,6 @@ def check_inputs(inputs_q: jax.Array, inputs_k: jax.Array, inputs_v: jax.Array,
     _contract(chex.assert_axis_dimension, inputs[name], -1, width, message=(
         f"{name} has width {inputs[name].shape[-1]}; allowed: {setting}={width} (its last "
         "axis)"))
-
-
-def causal_mask(q_len: int, k_len: int) -> jax.Array:
-  """(Q, K) bool, query i sees keys <= i counted from the first position of both."""
-  return jnp.tril(jnp.ones((q_len, k_len), bool))
-
-
-def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
-  present = [m for m in masks if m is not None]
-  if not present:
-    return None
-  return functools.reduce(jnp.logical_and, present)
 
 
 def latent_code_dropout(code_BHQK: jax.Array, rate: float, rng: jax.Array,
@@ -229,7 +216,8 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
                            eps=settings.eps)  # Both paths, before any work.
   if position_bias is not None:
     bias = position_bias if bias is None else bias + position_bias
-  mask = combine_masks(mask, heads.cache_mask)
+  if heads.cache_mask is not None:
+    mask = heads.cache_mask if mask is None else jnp.logical_and(mask, heads.cache_mask)
   is_causal = is_causal and heads.cache_mask is None  # on a decode step the cache does it
   value_network, activation = preset.value_network, preset.activation
   if value_network == "nonlinear_value":
@@ -241,7 +229,7 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
   use_dropout = dropout_rng is not None and settings.dropout_rate > 0.0
   if materialize or (use_dropout and not settings.broadcast_dropout):
     # The slow path: materialize the latent code, drop out pairs, expose it.
-    mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
+    mask = reference.with_causal(mask, is_causal, *full_shape[2:])
     key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
         key_BKHD, value_BKHV, mask, full_shape[2])
     scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)

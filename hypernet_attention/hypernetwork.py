@@ -82,8 +82,7 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   for extra in (_position_bias(module, params, q_len, k_len), bias):
     if extra is not None:
       scores_BHQK = scores_BHQK + extra
-  mask = attention_lib.combine_masks(
-      mask, attention_lib.causal_mask(q_len, k_len) if is_causal else None)
+  mask = reference.with_causal(mask, is_causal, q_len, k_len)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
   return reference.normalize_scores(scores_BHQK, mask, module.preset.normalization, module.eps)
 

@@ -96,13 +96,6 @@ def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[i
   return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
-def _with_causal(mask, is_causal, q_len, k_len):
-  if not is_causal:
-    return mask
-  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
-  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
-
-
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
@@ -191,7 +184,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   kwargs = dict(normalization=normalization, value_network=value_network,
                 activation=activation, eps=eps, dropout_rate=dropout_rate)
   if implementation in ("reference", "factored"):
-    mask = _with_causal(mask, is_causal, q_len, k_len)
+    mask = reference.with_causal(mask, is_causal, q_len, k_len)
     if implementation == "factored":
       return factored.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
                                 dropout_seed=dropout_seed, **kwargs)

@@ -312,13 +312,20 @@ def isolate_nonfinite(key_BKHD: jax.Array, value_BKHV: jax.Array, mask: Optional
   """
   bad_BK = jnp.logical_or(jnp.any(~jnp.isfinite(key_BKHD), axis=(2, 3)),
                           jnp.any(~jnp.isfinite(value_BKHV), axis=(2, 3)))
-  sees_BQK = bad_BK[:, None, :]
-  if mask is not None:  # (B|1, H|1, Q|1, K): seen in any head
-    sees_BQK = sees_BQK & jnp.any(mask.reshape((1,) * (4 - mask.ndim) + mask.shape), axis=1)
-  if is_causal:
-    sees_BQK = sees_BQK & jnp.tril(jnp.ones((q_len, key_BKHD.shape[1]), bool))
+  sees_BQK, visible = bad_BK[:, None, :], with_causal(mask, is_causal, q_len, bad_BK.shape[1])
+  if visible is not None:  # (B|1, H|1, Q|1, K): seen in any head
+    sees_BQK &= jnp.any(visible.reshape((1,) * (4 - visible.ndim) + visible.shape), axis=1)
   finite = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
   return finite(key_BKHD), finite(value_BKHV), jnp.any(sees_BQK, axis=-1)
+
+
+def with_causal(mask: Optional[jax.Array], is_causal: bool, q_len: int, k_len: int):
+  """`mask` and, if `is_causal`, the causal mask: query i sees the keys <= i, counted from the
+  first position of both (as `jax.nn.dot_product_attention`)."""
+  if not is_causal:
+    return mask
+  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
+  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
 
 
 def reveal_nonfinite(out_BQHV: jax.Array, poisoned_BQ: jax.Array) -> jax.Array:
