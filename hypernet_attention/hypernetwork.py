@@ -71,12 +71,13 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   if module.position == "rope":
     q_BQHD = positions.apply_rope(q_BQHD, jnp.arange(q_len), module.rope_max_wavelength)
     k_BKHD = positions.apply_rope(k_BKHD, jnp.arange(k_len), module.rope_max_wavelength)
+  reference.check_pair_operands((inputs_q.shape[0], module.num_heads, q_len, k_len), bias=bias,
+                                mask=mask)
   scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD) / math.sqrt(q_BQHD.shape[-1])
   for extra in (_position_bias(module, params, q_len, k_len), bias):
     if extra is not None:
       scores_BHQK = scores_BHQK + extra
-  mask = attention_lib.combine_masks(
-      mask, attention_lib.causal_mask(q_len, k_len) if is_causal else None)
+  mask = reference.with_causal(mask, is_causal, q_len, k_len)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
   return reference.normalize_scores(scores_BHQK, mask, module.preset.normalization, module.eps)
 

@@ -19,7 +19,8 @@ declares and runs the reference for the rest (`deep_mlp`, HYLA+, has no tiled ke
 normalization or value network added to the reference runs there until a kernel declares
 it), while an explicit fast implementation refuses anything else in one line. Before that,
 every call's operands meet `reference.check_operands` (floating, keys as long as values, no
-empty sequence), whichever path runs them.
+empty sequence, bool mask, eps > 0), whichever path runs them, and on each a NaN or Inf in a
+masked key or value contributes nothing (`reference.isolate_nonfinite`).
 """
 
 from __future__ import annotations
@@ -91,13 +92,6 @@ def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[i
   return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
-def _with_causal(mask, is_causal, q_len, k_len):
-  if not is_causal:
-    return mask
-  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
-  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
-
-
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
@@ -134,17 +128,17 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
   of returning 0; such rows only occur for padding.
   """
   full = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-  bias4 = tiling.as_rank4(bias, "bias", full, query.dtype)
-  mask4 = tiling.as_rank4(mask, "mask", full, bool)
+  key, value, poisoned_BQ = reference.isolate_nonfinite(key, value, mask, full[2], is_causal)
+  bias4, mask4 = tiling.as_rank4(bias, query.dtype), tiling.as_rank4(mask)
   use_cudnn = (
       jax.default_backend() == "gpu"
       and query.dtype in (jnp.bfloat16, jnp.float16)
       and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128
       and mask4 is None
       and (bias4 is None or bias4.shape[2:] == full[2:]))
-  return jax.nn.dot_product_attention(
+  return reference.reveal_nonfinite(jax.nn.dot_product_attention(
       query, key, value, bias=bias4, mask=mask4, is_causal=is_causal,
-      implementation="cudnn" if use_cudnn else None)
+      implementation="cudnn" if use_cudnn else None), poisoned_BQ)
 
 
 def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
@@ -163,7 +157,8 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   batch and heads, drawn by `dropout.py`'s hash of (seed, q, k): every implementation
   drops the same pairs, and the tiled ones recompute the mask per tile.
   """
-  reference.check_operands(query_BQHD, key_BKHD, value_BKHV)  # Every path, before any work.
+  # Every path, before any work.
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
   errors.check_choice("implementation", implementation, presets.IMPLEMENTATIONS)
   errors.check_choice("normalization", normalization, reference.NORMALIZATIONS)
   errors.check_choice("value_network", value_network, reference.VALUE_NETWORKS)
@@ -190,7 +185,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   kwargs = dict(normalization=normalization, value_network=value_network,
                 activation=activation, eps=eps, dropout_rate=dropout_rate)
   if implementation in ("reference", "factored"):
-    mask = _with_causal(mask, is_causal, q_len, k_len)
+    mask = reference.with_causal(mask, is_causal, q_len, k_len)
     if implementation == "factored":
       return factored.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
                                 dropout_seed=dropout_seed, **kwargs)

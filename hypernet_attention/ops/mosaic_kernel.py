@@ -352,9 +352,11 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). `blocks`: the
   forward's tiles. Gradients: a custom VJP through the backward kernels
   (mosaic_kernel_bwd.py); `dq` says how their dQ = dS K and dK = dS^T Q run, a name in
-  mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel").
+  mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel"). Masked pairs contribute 0 x
+  value: NaN and Inf are selected away before the kernels (`reference.isolate_nonfinite`).
   """
   del dropout_seed
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
   if not supports(normalization, value_network, activation, bias=bias, mask=mask,
                   dropout_rate=dropout_rate):
     raise BadInput(
@@ -372,4 +374,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
                    "block_k of 8 (wgmma M and N), block_v at least 1 (even when paired).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     check_tiles(query_BQHD, value_BKHV, blocks)
-  return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret, dq)
+  key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
+      key_BKHD, value_BKHV, mask, query_BQHD.shape[1], is_causal)
+  return reference.reveal_nonfinite(_attention(
+      query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret, dq), poisoned_BQ)

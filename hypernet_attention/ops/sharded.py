@@ -46,9 +46,7 @@ def per_device(fn: Callable, query_BQHD, key_BKHD, value_BKHV, bias: Optional[ja
   axes = batch_axes(batch)
   if not axes:
     return fn(query_BQHD, key_BKHD, value_BKHV, bias, mask, dropout_seed)
-  full = (batch, query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
-  bias4 = tiling.as_rank4(bias, "bias", full)
-  mask4 = tiling.as_rank4(mask, "mask", full)
+  bias4, mask4 = tiling.as_rank4(bias), tiling.as_rank4(mask)
   pair_spec = lambda x4: None if x4 is None else (
       P(axes) if x4.shape[0] == batch and batch > 1 else P())
   in_specs = (P(axes), P(axes), P(axes), pair_spec(bias4), pair_spec(mask4),

@@ -221,7 +221,7 @@ def test_bad_input_errors():
     make("hyla", activation="swish").init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match="qk_features=5 is not divisible by num_heads=2"):
     make("hyla", qk_features=5).init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match="mask of shape \\(2, 1, 5, 6\\)"):
+  with pytest.raises(ValueError, match="mask has shape \\(2, 1, 5, 6\\); allowed: broadcastable"):
     make("hyla").init(jax.random.PRNGKey(0), x, mask=jnp.ones((B, 1, 5, T), bool))
   with pytest.raises(ValueError, match="position 'alibi'"):
     make("hyla", position="alibi").init(jax.random.PRNGKey(0), x)

@@ -140,6 +140,31 @@ def test_ignoring_the_mask_would_fail():
     assert err > 100 * bound, (name, err, bound)
 
 
+def test_a_masked_nonfinite_key_or_value_contributes_nothing(capsys):
+  """Issue 67: a NaN key at padding (key 7 of 8) and an Inf value in the future of queries 0-4
+  (key 5, causal). The outputs of queries 0-4 and the gradients of a loss on them equal the
+  same call with those entries zeroed (the kernels' 0 x value of a masked pair saw NaN there),
+  and queries 5-7, which see key 5, come out non-finite."""
+  q, k, v, _, _, _ = _inputs(1, 8, heads=2, depth=16, v_dim=4)
+  fn = _kernel_fn(_padding_mask((7,), 8), True, mosaic_kernel.Blocks(64, 8, 2))
+
+  def loss(q, k, v):
+    out = fn(q, k, v, None)
+    return jnp.sum(out[:, :5] * jnp.linspace(-1.0, 1.0, out[:, :5].size).reshape(
+        out[:, :5].shape)), out
+
+  run = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
+  k, v = k.at[:, 7].set(0.0), v.at[:, 5].set(0.0)
+  (_, out), grads = run(q, k.at[:, 7].set(jnp.nan), v.at[:, 5].set(jnp.inf))
+  (_, want), want_grads = run(q, k, v)
+  assert "RACE DETECTED" not in capsys.readouterr().out
+  for name, got, expected in zip(("out", "dq", "dk", "dv"), (out[:, :5], *grads),
+                                 (want[:, :5], *want_grads)):
+    assert np.isfinite(got).all(), f"{name} is not finite"
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, err_msg=name)
+  assert not np.isfinite(out[:, 5:]).all(axis=(0, 2, 3)).any()
+
+
 def test_the_profilers_rung_runs_forward_and_backward_unchecked():
   """`mosaic_rungs fwd_bwd`, the program the GPU window runs under ncu: every kernel of one
   fwd+bwd, finite, with no float64 reference (it would not fit at T=4096)."""
