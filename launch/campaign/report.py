@@ -120,7 +120,9 @@ def table_a1(records, experiment: str) -> str:
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
       stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
-      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" for m in members)
+      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" + (
+          f" ± {100 * se:.1f}" if (se := m.summary.get("eval_se", {}).get(f"ood/{metric}"))
+          else "") for m in members)
       ours = _stat(members, f"ood/{metric}")
       text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
       order = _order_text(key, means, paper.table_a1) if why == "default" else "-"
@@ -618,7 +620,12 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "(best of grid, 3 seeds). 'ours - paper': the difference of the means and, "
                  "from two seeds of ours on, Welch's two-sided p from the two means and "
                  "s.e.s (the paper gives no per-seed values); a default row is set against "
-                 "the paper's best of grid, which favours the paper.\n")
+                 "the paper's best of grid, which favours the paper. 'eval. error': the "
+                 "s.e. of the row's mean over re-draws of its problems (each seed's beside "
+                 "it, from `experiments/redraw_cells.py`; '-': a seed evaluated on one draw "
+                 "only); a fresh draw of every problem moves the mean by ~1.4x it, which "
+                 "should stay under a third of the seeds' s.e. 'paper's order': against how "
+                 "many of the other rows run the paper's order holds.\n")
     parts.append(table_a1(records, experiment))
     ablation = ablation_text(records, experiment, partials)
     if ablation:

@@ -250,7 +250,7 @@ def test_report_from_the_files_alone(tmp_path):
   w = np.array([x for _, x in softmax]) * 100
   softmax_row = next(r for r in text.splitlines() if r.startswith("| Softmax attention |"))
   assert f"{w.mean():.2f} ± {w.std(ddof=1) / np.sqrt(3):.2f}" in softmax_row
-  header = next(r for r in text.splitlines() if "eval. error" in r).split(" | ")
+  header = next(r for r in text.splitlines() if r.startswith("| row |")).split(" | ")
   assert softmax_row.split(" | ")[header.index("eval. error")] == "-"
   # The paired difference and its p (t = mean / (sd / sqrt(n)), 2 degrees of freedom).
   d = v - w
@@ -573,6 +573,32 @@ def test_decoding_table_shows_a_constant_code_as_undefined():
             if line.startswith("| c_x")]
   assert row.split(" | ")[3:5] == ["layer 0", "0.000"] and " | no | " in row
   assert row.split(" | ")[-2] == "-"
+
+
+def test_decoding_uses_the_redrawn_scores_with_their_error():
+  """A re-evaluated probe: each layer's score is the draws' mean, with its s.e. and the one
+  recorded draw beside it, and the verdict is read from the redrawn trained and step-0 codes
+  (recorded: 0.352 vs untrained 0.353, 'no'; redrawn: 0.40 vs 0.35, decodes)."""
+  def block(f1):
+    return {"macro_f1": f1, "chance": {"always_positive": 0.28}, "p_value": 0.0099}
+  record = {"kind": "probe", "cell": "c_x", "experiment": cells_lib.FUZZY, "model": "softmax",
+            "device": {"kind": "cpu"}, "jax_version": "0", "members": [
+                {"name": "softmax", "step": 10, "feature_sets": {"layer 1": {
+                    "trained": block(0.352), "step0": block(0.353), "selectivity": {},
+                    "topographic": {}}}}]}
+  trained, step0 = [0.39, 0.41, 0.40, 0.40], [0.34, 0.36, 0.35, 0.35]
+  redraw = {"cell": "c_x", "kind": "probe", "options": {}, "members": {"softmax": {
+      "feature_sets": {"layer 1": {"trained": {"mean": np.mean(trained), "se": stats.sem(trained)},
+                                   "step0": {"mean": np.mean(step0), "se": stats.sem(step0)}}}}}}
+  (row,) = [line for line in report.decoding_text(records.with_redraws(
+      {"c_x": record}, {"c_x": redraw})).splitlines() if line.startswith("| c_x")]
+  cols = row.split(" | ")
+  assert cols[4] == f"{np.mean(trained):.3f} ± {stats.sem(trained):.3f} (one draw: 0.352)"
+  assert cols[5] == f"{np.mean(step0):.3f} ± {stats.sem(step0):.3f} (one draw: 0.353)"
+  assert cols[8] == "**decodes**"
+  (plain,) = [line for line in report.decoding_text({"c_x": record}).splitlines()
+              if line.startswith("| c_x")]
+  assert plain.split(" | ")[8] == "no"
 
 
 def test_decoding_paired_by_seed_and_term():
