@@ -43,10 +43,12 @@ REDRAW_SEED = 4321  # The draws' keys: apart from training's (run seed) and the 
 
 @dataclasses.dataclass(frozen=True)
 class RedrawOptions:
-  """How many independent draws, of how many problems each. The defaults hold a fuzzy-logic
-  cell's evaluation error under a third of the seeds' standard error for HYLA and softmax
-  and near it for linear attention (measured: experiments/results/paper_scale.md)."""
-  draws: int = 8  # Sets of `problems` problems for the OOD metric.
+  """How many independent draws, of how many problems each. Measured at the paper's size
+  (8 draws of 8,192): one draw's OOD R^2 spreads by sd 0.004-0.005 for HYLA and 0.019 for
+  softmax and linear attention. The error is sd / sqrt(draws), so a row whose seeds' s.e. is
+  s needs draws >= (3 sd / s)^2 to stay within a third of it: 8 for HYLA (s ~0.008), ~30
+  for softmax and linear (s ~0.011-0.02), ~50 for linear + RMSHead (s 0.008)."""
+  draws: int = 32  # Sets of `problems` problems for the OOD metric.
   problems: int = 8192  # Per draw and split: the campaign's fuzzy-logic `eval.num_problems`.
   batch_size: int = 1024
   split: str = "ood"

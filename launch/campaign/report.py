@@ -75,14 +75,15 @@ def versus_paper(ours: collect.Stat, paper: tuple[float, float], paper_seeds: in
   return f"{diff} ({float(p):.2f})"
 
 
-def _eval_error(members, key: str) -> str:
+def _eval_error(members, key: str, seeds: collect.Stat) -> str:
   """The evaluation error (x100) of a row's mean from its members' re-evaluations: the
-  s.e. across draws of each member, combined as the s.e. of their mean; '-' if any member
-  is a single recorded draw (`records.with_redraws`)."""
+  s.e. across draws of each member, combined as the s.e. of their mean, and its ratio to
+  the seeds' s.e.; '-' if any member is a single recorded draw (`records.with_redraws`)."""
   ses = [m.summary.get("eval_se", {}).get(key) for m in members]
   if any(se is None for se in ses):
     return "-"
-  return f"{100 * math.sqrt(sum(se**2 for se in ses)) / len(ses):.2f}"
+  error = 100 * math.sqrt(sum(se**2 for se in ses)) / len(ses)
+  return f"{error:.2f}" + ("" if math.isnan(seeds.se) else f" ({error / seeds.se:.2f} s.e.)")
 
 
 def _order_text(key, means: dict, paper: dict) -> str:
@@ -127,7 +128,7 @@ def table_a1(records, experiment: str) -> str:
       text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
       order = _order_text(key, means, paper.table_a1) if why == "default" else "-"
       lines.append(f"| {name} | {text} ({why}) | {len(members)} | " + " | ".join(stats)
-                   + f" | {_eval_error(members, f'ood/{metric}')} | {per_seed} | "
+                   + f" | {_eval_error(members, f'ood/{metric}', ours)} | {per_seed} | "
                    f"{versus_paper(ours, paper_ood)} | {order} |")
   return "\n".join(lines) + "\n"
 
@@ -623,8 +624,8 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "the paper's best of grid, which favours the paper. 'eval. error': the "
                  "s.e. of the row's mean over re-draws of its problems (each seed's beside "
                  "it, from `experiments/redraw_cells.py`; '-': a seed evaluated on one draw "
-                 "only); a fresh draw of every problem moves the mean by ~1.4x it, which "
-                 "should stay under a third of the seeds' s.e. 'paper's order': against how "
+                 "only) and, in brackets, its ratio to the seeds' s.e., which should stay "
+                 "under a third (a fresh draw of every problem moves the mean by ~1.4x it). 'paper's order': against how "
                  "many of the other rows run the paper's order holds.\n")
     parts.append(table_a1(records, experiment))
     ablation = ablation_text(records, experiment, partials)
