@@ -625,8 +625,9 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "s.e. of the row's mean over re-draws of its problems (each seed's beside "
                  "it, from `experiments/redraw_cells.py`; '-': a seed evaluated on one draw "
                  "only) and, in brackets, its ratio to the seeds' s.e., which should stay "
-                 "under a third (a fresh draw of every problem moves the mean by ~1.4x it). 'paper's order': against how "
-                 "many of the other rows run the paper's order holds.\n")
+                 "under a third (a fresh draw of every problem moves the mean by ~1.4x it). "
+                 "'paper's order': against how many of the other rows run the paper's "
+                 "order holds.\n")
     parts.append(table_a1(records, experiment))
     ablation = ablation_text(records, experiment, partials)
     if ablation:
