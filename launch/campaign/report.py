@@ -399,7 +399,8 @@ def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear")
                    f"{collect.Stat.of(list(f1[base].values()))} | {q.diff} | {q.wins} of "
                    f"{len(seeds)} | {_p_text(q.p_value)} (paired t) |")
   return ("Held-out macro-F1 x100, paired by seed (a seed fixes the held-out terms for both "
-          "models). Per seed: Wilcoxon signed-rank over the held-out terms' F1; over seeds: "
+          "models; a re-evaluated cell's mean over its draws). Per seed: Wilcoxon signed-rank "
+          "over the held-out terms' F1 of the cell's own recorded draw; over seeds: "
           "mean ± s.e., paired t-test (none below 2 seeds).\n\n| difference | layer | seed | "
           "first | second | first - second | ahead in | p |\n|---|---|---|---|---|---|---|---|\n"
           + "\n".join(lines) + "\n") if lines else ""
