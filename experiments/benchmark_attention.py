@@ -16,8 +16,7 @@ compiled loop's memory analysis) is refused before any array is allocated.
 
 --parity_lens: first check values and gradients of every HYLA implementation against the
 float64 reference at those lengths (`measure/parity.py`); a failure exits with status 1 before
-anything is timed.
-"""
+anything is timed."""
 
 import argparse
 import json
@@ -91,8 +90,7 @@ def main():
   parser.add_argument("--out_dir", default="/tmp/benchmark_attention")
   parser.add_argument("--jsonl", default=None, help="append each row here as it is measured")
   parser.add_argument("--max_temp_gb", type=float, default=6.0,
-                      help="refuse (and stop the column) when the compiled temporaries "
-                      "exceed this")
+                      help="refuse (and stop the column) when the compiled temporaries exceed this")
   parser.add_argument("--cell_budget_s", type=float, default=math.inf,
                       help="seconds per timed function of a cell; a column whose next cell "
                       "is predicted over it stops")

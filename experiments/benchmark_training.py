@@ -29,8 +29,7 @@ kind or given with --peak_tflops) and the host input pipeline's tokens/s alone. 
     --repeats=1 --config_overrides=task.docstring_corpus_mb=4,task.vocabulary=V.model
 or, where TensorFlow, seqio or the C4 vocabulary are not (a GPU image), on uniformly random
 tokens over `task.vocab_size` (32,000 at 50m): the same step, with no data to resolve:
-  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens
-"""
+  python experiments/benchmark_training.py --experiment=c4_lm --size=50m --synthetic_tokens"""
 
 import json
 import math
@@ -40,7 +39,6 @@ import sys
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# pylint: disable=wrong-import-position
 from hypernet_attention import errors
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import console  # noqa: E402
@@ -48,6 +46,8 @@ from hypernet_attention.runs import registry  # noqa: E402
 from hypernet_attention.train import benchmark  # noqa: E402
 from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import runtime  # noqa: E402
+
+MAX_STEPS = 100_000  # Per timed chunk (see main).
 
 
 def main():
@@ -79,11 +79,13 @@ def main():
   for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
-  most_steps = (2**31 - 1) // (args.repeats + 1)  # The state's step counter is an int32.
+  # Longer chunks time nothing more (100 million ran silently for days); the step is int32.
+  most_steps = min(MAX_STEPS, (2**31 - 1) // (args.repeats + 1))
   if args.steps > most_steps:
     parser.error(f"--steps={args.steps} with --repeats={args.repeats} runs "
                  f"{args.steps * (args.repeats + 1):,} steps; allowed: --steps <= {most_steps:,} "
-                 "(the state's int32 step counter must not pass 2**31 - 1)")
+                 f"(a timed chunk of at most {MAX_STEPS:,} steps, and the state's int32 step "
+                 "counter must not pass 2**31 - 1)")
   if args.peak_tflops is not None and not 0 < args.peak_tflops < math.inf:
     parser.error(f"--peak_tflops={args.peak_tflops}; allowed: a finite number > 0")
   host_data = not registry.get(args.experiment).on_device  # c4_lm's seqio pipeline.
@@ -135,9 +137,8 @@ def main():
         + (" tokens/s | MFU |" if tokens else ""))
   print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if tokens else ""))
   for r in rows:
-    print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | "
-          f"{r['batch_size']} | {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | "
-          f"{r['problems_per_s']:.3g} | "
+    print(f"| {r['experiment']} | {args.size} | {r['label']} | {r['params']:,} | {r['batch_size']} "
+          f"| {r['steps_per_s']:.3g} | {r['step_time_ratio']:.3f} | {r['problems_per_s']:.3g} | "
           f"{r['compile_s']:.1f} |" + (
               f" {r['tokens_per_s']:,.0f} | " + (f"{r['mfu']:.2%} |" if r["mfu"] else "- |")
               if tokens else ""))
@@ -153,8 +154,7 @@ def population_table(args, models, configs, counts):
   model's populations are compiled and checked against memory before any is built."""
   plans = [benchmark.population_plans(config, counts, args.steps) for config in configs]
   tables = [(model, benchmark.population_rows(config, counts, steps=args.steps,
-                                              repeats=args.repeats, cost=args.cost,
-                                              plans=planned))
+                                              repeats=args.repeats, cost=args.cost, plans=planned))
             for model, config, planned in zip(models, configs, plans)]
   print("\n| experiment | size | model | members | member-steps/s | x one run | "
         "MiB per member | vs one run's |" + (" GFLOP per member-step | GB accessed per "

@@ -25,8 +25,7 @@ from hypernet_attention.train import runtime
 
 _CONFIG, _WORKDIR = runtime.define_run_flags(
     os.path.join(os.path.dirname(__file__), "configs/c4_lm.py:model=hyla,size=local"))
-_GENERATE = flags.DEFINE_bool("generate", False, "Only sample from --workdir's newest "
-                              "checkpoint.")
+_GENERATE = flags.DEFINE_bool("generate", False, "Only sample from --workdir's newest checkpoint.")
 _PROMPT = flags.DEFINE_string("prompt", lm.SAMPLING["prompt"], "Text the samples continue.")
 _NUM_TOKENS = flags.DEFINE_integer("num_tokens", lm.SAMPLING["num_tokens"], "Tokens to sample.")
 _TEMPERATURE = flags.DEFINE_float("temperature", lm.SAMPLING["temperature"],

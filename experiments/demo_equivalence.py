@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 from hypernet_attention import attention  # noqa: E402
 from hypernet_attention import errors  # noqa: E402
 from hypernet_attention import hypernetwork  # noqa: E402
+from hypernet_attention import presets  # noqa: E402
 from hypernet_attention import transformer  # noqa: E402
 from hypernet_attention.train import state as state_lib  # noqa: E402
 
@@ -60,7 +61,7 @@ def equivalence_errors():
   mask = np.logical_and(padding, np.tril(np.ones((12, 12), bool)))
   print(f"{'preset':32s} {'norm':9s} {'value net':16s} {'phi':9s} "
         f"{'|mha-hyper|':>11s} {'|mha-eqs|':>11s}")
-  for name, preset in attention.PRESETS.items():
+  for name, preset in presets.PRESETS.items():
     module = attention.MultiHeadAttention(
         num_heads=4, attention=name, qk_features=16, v_features=16,
         dtype=jnp.float64, param_dtype=jnp.float64)
@@ -70,9 +71,8 @@ def equivalence_errors():
     hyper = np.asarray(hypernetwork.hypernetwork_attention(
         module, params, x, mask=jnp.asarray(padding), is_causal=True))
     eqs = paper_einsums(params, np.asarray(x), mask, preset)
-    print(f"{name:32s} {preset.normalization:9s} {preset.value_network:16s} "
-          f"{preset.activation:9s} {np.abs(mha - hyper).max():11.2e} "
-          f"{np.abs(mha - eqs).max():11.2e}")
+    print(f"{name:32s} {preset.normalization:9s} {preset.value_network:16s} {preset.activation:9s} "
+          f"{np.abs(mha - hyper).max():11.2e} {np.abs(mha - eqs).max():11.2e}")
   print("(softmax's fast path is jax.nn.dot_product_attention, which keeps float32 "
         "internals even for float64 inputs: hence ~1e-7 there.)")
 

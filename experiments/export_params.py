@@ -30,9 +30,8 @@ def main(argv):
         None if _MAX_MIB.value is None else int(_MAX_MIB.value * 2**20))
   except ValueError as e:
     raise errors.BadInput(str(e)) from e
-  print(f"Result: kept the parameters of step {record['step']:,} "
-        f"({len(record['members']) or 1} run(s), {record['bytes'] / 2**20:.2f} MiB) in "
-        f"{_OUTPUT_DIR.value}")
+  print(f"Result: kept the parameters of step {record['step']:,} ({len(record['members']) or 1} "
+        f"run(s), {record['bytes'] / 2**20:.2f} MiB) in {_OUTPUT_DIR.value}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ expected), the step of the newest checkpoint, and whether an evaluation line cam
 interpreter. Results (every trial, then the median and maximum per task) go to
 `experiments/results/preemption_latency_<label>.json`; a timing, not a test: run on the
 machine whose grace period you care about. SRAVEN runs with `eval.ceiling_problems=0`
-(its accuracy ceilings take minutes before training and do not change the latency).
-"""
+(its accuracy ceilings take minutes before training and do not change the latency)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-# pylint: disable=wrong-import-position
 from hypernet_attention import errors  # noqa: E402
+from hypernet_attention.runs import children  # noqa: E402
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402  (no JAX)
 from hypernet_attention.runs import run_files  # noqa: E402
@@ -50,7 +49,7 @@ def trial(repo: str, task: str, window_s: float, timeout_s: float, rng: random.R
                f"--workdir={workdir}/run", *OVERRIDES, *extra]
     env = dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu")
     with open(log_path, "w") as log:
-      proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
+      proc = children.spawn(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo)
       try:
         deadline = time.time() + timeout_s
         while "Model: " not in open(log_path).read():

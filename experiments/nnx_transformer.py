@@ -9,8 +9,7 @@ swapped in (the only line that differs), and prints per variant the final train 
 on fresh sequences of the training tasks (`test`) and of held-out task combinations (`ood`,
 the paper's OOD R^2), and the mean train-step time. It is written as Flax's NNX examples
 write a model, without the project's training stack; `experiments/fuzzy_logic.py` is the
-paper's setup (its sizes, T5 positions, dropout, schedules).
-"""
+paper's setup (its sizes, T5 positions, dropout, schedules)."""
 
 from __future__ import annotations
 

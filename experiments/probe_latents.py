@@ -14,11 +14,14 @@ Fuzzy logic probes one fixed query point for every problem, as the authors' code
 The definitions are in hypernet_attention/probing/ (decode.py, stats.py, extract.py).
 """
 
+import os
+
 from absl import flags
 
 from hypernet_attention import errors
 from hypernet_attention.probing import report
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import run_files
 from hypernet_attention.train import restore
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "Training run directory (repeatable), "
@@ -42,6 +45,10 @@ def main(argv):
     options = report.ProbeOptions(num_problems=_NUM_PROBLEMS.value, features=_FEATURES.value,
                                   permutations=_PERMUTATIONS.value, query=_QUERY.value)
     workdirs = _WORKDIR.value
+    real = [w if run_files.is_remote(w) else os.path.realpath(w) for w in workdirs]
+    if twice := next((w for w in real if real.count(w) > 1), None):
+      raise errors.BadInput(f"--workdir={twice} is given {real.count(twice)} times; allowed: "
+                            "each run once")
     if _MEMBER.value is not None:
       workdirs = [restore.member_dir(w, _MEMBER.value) for w in workdirs]
     probes = report.probe_workdirs(workdirs, _STEP.value, options, _OUTPUT_DIR.value)
@@ -51,9 +58,8 @@ def main(argv):
     metric = report.headline(p.codes)[-1]
     best = max(p.analysis.items(), key=lambda a: report.score_of(a[1]["decode"], metric))
     print(f"{p.name}: step {p.codes.step}, best held-out {metric} "
-          f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), "
-          f"step 0 {report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; "
-          f"{p.seconds:.0f} s")
+          f"{report.score_of(best[1]['decode'], metric):.3f} ({best[0]}), step 0 "
+          f"{report.score_of(p.analysis0[best[0]]['decode'], metric):.3f}; {p.seconds:.0f} s")
 
 
 if __name__ == "__main__":

@@ -10,14 +10,12 @@ r"""Where one model's train step spends its time, per JAX op (CPU, GPU), from a 
 Builds the config as `benchmark_training.py` does, compiles and runs one chunk, traces a
 second chunk with `jax.profiler` and prints the ops that took the most time per step, summed
 over layers, forward (FWD) and backward (BWD) apart (`hypernet_attention/train/profiling.py`).
-The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto.
-"""
+The trace stays in --trace_dir for TensorBoard's profile plugin or Perfetto."""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# pylint: disable=wrong-import-position
 from hypernet_attention import errors
 from hypernet_attention.runs import cli  # noqa: E402
 from hypernet_attention.runs import registry  # noqa: E402

@@ -7,8 +7,7 @@ under our definition ('panel': some reading of the context predicts a different 
 panel) and the authors' ('authors': some reading predicts a different value in every slot),
 next to Table A2; per split the accuracy ceiling of uniform guessing among consistent
 answers (mean 1/#consistent answers) and the Bayes-optimal accuracy; and
-generation speed in batches of 128 per second (jitted, after compile, on this host).
-"""
+generation speed in batches of 128 per second (jitted, after compile, on this host)."""
 
 import time
 
@@ -79,9 +78,8 @@ def main():
       ceiling = task.accuracy_ceiling(k, args.ceiling_problems, split)
       bayes = task.bayes_accuracy(k, args.ceiling_problems, split)
       bayes_all = task.bayes_accuracy(k, args.ceiling_problems, split, prior='all')
-      print(f'F={F} {split:5s} uniform-guess ceiling={ceiling:.4f}  Bayes={bayes:.4f}  '
-            f'Bayes(prior over all combinations)={bayes_all:.4f}  '
-            f'[{time.perf_counter() - start:.1f}s]')
+      print(f'F={F} {split:5s} uniform-guess ceiling={ceiling:.4f}  Bayes={bayes:.4f}  Bayes(prior '
+            f'over all combinations)={bayes_all:.4f}  [{time.perf_counter() - start:.1f}s]')
 
   print(f'== generation speed on {jax.default_backend()}, batches of 128 per second')
   sraven, fuzzy = SRaven(seed=args.seed), FuzzyLogic(num_examples=32, seed=args.seed)

@@ -8,26 +8,24 @@ r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with the forward's Blocks(BQ, BK, BV) and
                          the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
-                         | xla); suffixes :overlap, :paired set Blocks.overlap, .paired
+                         | xla); the suffix :paired sets Blocks.paired (the default tiles are
+                         mosaic:64x8x8:kernel:paired)
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
-Softmax through cuDNN (XLA's softmax off a GPU) is always the first row; --baselines adds blockwise
-HYLA. Each row is timed over --calls calls inside one jitted loop (`measure/benchmark.call_loop`:
-sub-millisecond baselines are not inflated by a dispatch per call), median of --repeats, and is
+Softmax through cuDNN (XLA's softmax off a GPU) is always the first row. Each row is timed over
+--calls calls inside one jitted loop (`measure/benchmark.call_loop`: sub-millisecond baselines are
+not inflated by a dispatch per call), median of --repeats, and is
 printed and appended to --out as one JSON line as soon as it exists; a table of the rows, in the
 order timed, ends the run. A configuration the kernel refuses (tiles over Hopper's shared memory,
 Mosaic's swizzles) or that does not compile is a row with its one-line reason (status refused,
 error, or unsupported where this jax cannot interpret Mosaic), not the end of the sweep.
 
-The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4);
---ptxas reports each kernel's registers and spills, compiled for an H100 without a GPU).
-Blockwise's tiles matter for another reason: compiled for an H100, its T=4096
-forward+backward launched 14,795 kernels at 128 x 128, 2,866 at 256 x 256.
-Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing,
---ptxas: each Mosaic kernel's registers and spills, compiled for an H100 on any machine
-(`measure/ptxas.py`; jax's CUDA plugin).
-"""
+The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4); --ptxas
+reports each kernel's registers and spills, compiled for an H100 without a GPU). Blockwise's tiles
+matter for another reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels
+at 128 x 128, 2,866 at 256 x 256. Needs a GPU, or --interpret (tiny sizes; Mosaic needs
+jax >= 0.11), or, timing nothing, --ptxas: each Mosaic kernel's registers and spills, compiled for
+an H100 on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
 
-import argparse
 import json
 import time
 
@@ -40,15 +38,15 @@ from hypernet_attention.measure import mosaic_rungs
 from hypernet_attention.measure import ptxas
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import mosaic_kernel
+from hypernet_attention.ops import mosaic_kernel_bwd
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import profiling
 
 # The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
 BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
-# The forward's schedule flags (`mosaic_kernel.Blocks` fields), as --configs suffixes: the
-# ladder's own list (each is checked there as a rung and a parity before a window times it).
-SCHEDULES = tuple(mosaic_rungs.SCHEDULES)
+# The forward's schedule flags (`mosaic_kernel.Blocks` fields), as --configs suffixes.
+SCHEDULES = ("paired",)
 
 
 class Unsupported(Exception):
@@ -58,6 +56,9 @@ class Unsupported(Exception):
 def parse_config(entry: str) -> dict:
   """One --configs entry as a row's identity; ValueError in one line if malformed."""
   parts = entry.split(":")
+  if parts[0] == "mosaic" and len(parts) >= 3 and parts[2] not in mosaic_kernel_bwd.DQ_PATHS:
+    raise ValueError(f"--configs entry {entry!r}: DQ {parts[2]!r}; allowed: "
+                     f"{', '.join(mosaic_kernel_bwd.DQ_PATHS)}")
   try:
     tiles = [int(x) for x in parts[1].split("x")]
     flags = parts[3:]
@@ -69,7 +70,7 @@ def parse_config(entry: str) -> dict:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:overlap][:paired] "
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:paired] "
                    "(e.g. mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
 
 
@@ -93,7 +94,7 @@ def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
 
 
 def _tiles(config: dict) -> str:
-  """A row's tiles as its tables print them: BQxBKxBV (+ overlap, paired) or BQxBK."""
+  """A row's tiles as its tables print them: BQxBKxBV (+ paired) or BQxBK."""
   tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v") if k in config)
   return " ".join([tiles or "-", *(flag for flag in SCHEDULES if config.get(flag))])
 
@@ -107,12 +108,15 @@ def _emit(row: dict, out: str) -> None:
 
 def _ptxas_rows(configs: list[dict], args, version: str) -> int:
   """--ptxas: one row per Mosaic kernel of each config, forward and backward (named as
-  BACKWARD_KERNELS, the order backward() launches and XLA compiles them), and a table."""
+  BACKWARD_KERNELS, the order backward() launches and XLA compiles them), and a table. Each row
+  has its hot loop's static PTX (`ptxas.hot_loop`) and from it, per (q, k) pair over all V
+  columns, the instructions one warpgroup (128 threads) issues and their FMA share."""
   ptxas.device()  # no CUDA plugin: one line, before any work
   shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
                                jnp.dtype(args.dtype))
-  print("| kernel | tiles | pass | program | registers | spill stores / loads (B) |")
-  print("|---|---|---|---|---|---|")
+  print("| kernel | tiles | pass | program | registers | spill stores / loads (B) | "
+        "instructions per pair | FMA share |")
+  print("|---|---|---|---|---|---|---|---|")
   count, backward_done = 0, set()
   for config in (c for c in configs if c["name"] == "mosaic"):
     fn = kernel_fn(config, interpret=False)
@@ -125,12 +129,20 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
     for pass_name, f in passes:
       for i, found in enumerate(ptxas.kernels(f, shape, shape, shape)):
         i = "forward" if pass_name == "forward" else BACKWARD_KERNELS[i]
+        # (pairs, value columns) one pass of its hot loop covers: the forward's key tile, the dS
+        # kernel's value column, the dV kernel's query tile; the matmuls have no per-pair loop.
+        work = {"forward": (config["block_q"] * config["block_k"], config["block_v"]),
+                "dS": (64 * 8, 1), "dV": (64 * 8, 4)}.get(i)
+        if work:  # thread instructions x 128 threads, per pair, times the passes over V
+          found["instructions_per_pair"] = round(
+              found["loop_instructions"] * 128 * args.head_dim / work[1] / work[0], 1)
+          found["fma_share"] = round(found["loop_fma"] / found["loop_instructions"], 3)
         _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                   dtype=args.dtype, device="compile-only H100",
-                   ptxas=version), args.out)
+                   dtype=args.dtype, device="compile-only H100", ptxas=version), args.out)
         print(f"| mosaic | {tiles} | {pass_name} | {i} | "
-              f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} |")
+              f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} | "
+              f"{found.get('instructions_per_pair', '-')} | {found.get('fma_share', '-')} |")
         count += 1
   print(f"tune_kernels --ptxas: {count} kernels compiled", flush=True)
   return 0
@@ -143,9 +155,7 @@ def main():
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-  parser.add_argument("--configs", default="mosaic:64x16x16:kernel,mosaic:64x16x16:xla")
-  parser.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=False,
-                      help="also time blockwise HYLA (softmax is always timed)")
+  parser.add_argument("--configs", default="mosaic:64x8x8:kernel:paired,blockwise:256x256")
   parser.add_argument("--calls", type=int, default=20, help="calls per jitted loop")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--interpret", action="store_true",
@@ -198,8 +208,6 @@ def main():
     _emit(row, args.out)
 
   record(dict(name="softmax"), lambda: benchmark.attention_fn("softmax", causal=True))
-  if args.baselines:
-    record(dict(name="blockwise"), lambda: benchmark.attention_fn("hyla_blockwise", causal=True))
   for config in configs:
     record(config, lambda config=config: kernel_fn(config, args.interpret))
   base = rows[0].get("fwd_bwd_ms")

@@ -29,7 +29,6 @@ batch element and head) uses `jax.random.bernoulli` on the materialized code.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import chex
@@ -51,20 +50,15 @@ Initializer = Callable[..., jax.Array]
 # 'nonlinear_value' is the one value network the ops do not know: phi is applied to each
 # head's value before standard (linear) aggregation, so we run it as 'linear' on phi(v).
 VALUE_NETWORKS = (*reference.VALUE_NETWORKS, "nonlinear_value")
-POSITIONS = presets.POSITIONS
-# Table A1's rows, declared as plain data in `presets.py` (the launching machine checks
-# names against them without JAX).
-AttentionPreset = presets.AttentionPreset
-PRESETS = presets.PRESETS
 
 
-def resolve_preset(name: str, activation: Optional[str] = None) -> AttentionPreset:
+def resolve_preset(name: str, activation: Optional[str] = None) -> presets.AttentionPreset:
   """The preset called `name`, with its activation replaced by `activation` if given.
 
   The override is validated but has no effect on linear value networks (they have no phi).
   """
-  errors.check_choice("attention preset", name, PRESETS)
-  preset = PRESETS[name]
+  errors.check_choice("attention preset", name, presets.PRESETS)
+  preset = presets.PRESETS[name]
   if activation is None:
     return preset
   reference.get_activation(activation)
@@ -82,16 +76,6 @@ def head_widths(num_heads: int, qk_features: int, v_features: int) -> tuple[int,
       raise ValueError(f"{name}={width} is not divisible by num_heads={num_heads}; allowed: "
                        f"multiples of {num_heads}.")
   return qk_features // num_heads, v_features // num_heads
-
-
-def check_mask(mask: Optional[jax.Array], full_shape: tuple[int, ...], name: str = "mask") -> None:
-  """`mask` must be broadcastable to (B, H, Q, K); raise a ValueError saying so if not."""
-  if mask is None:
-    return
-  ok = mask.ndim <= 4 and all(m in (1, f) for m, f in zip(mask.shape[::-1], full_shape[::-1]))
-  if not ok:
-    raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B, H, Q, K) = "
-                     f"{full_shape}; allowed: up to 4 dims, each 1 or the matching size.")
 
 
 def _contract(assertion, *args, message: str) -> None:
@@ -123,18 +107,6 @@ def check_inputs(inputs_q: jax.Array, inputs_k: jax.Array, inputs_v: jax.Array,
     _contract(chex.assert_axis_dimension, inputs[name], -1, width, message=(
         f"{name} has width {inputs[name].shape[-1]}; allowed: {setting}={width} (its last "
         "axis)"))
-
-
-def causal_mask(q_len: int, k_len: int) -> jax.Array:
-  """(Q, K) bool, query i sees keys <= i counted from the first position of both."""
-  return jnp.tril(jnp.ones((q_len, k_len), bool))
-
-
-def combine_masks(*masks: Optional[jax.Array]) -> Optional[jax.Array]:
-  present = [m.astype(bool) for m in masks if m is not None]
-  if not present:
-    return None
-  return functools.reduce(jnp.logical_and, present)
 
 
 def latent_code_dropout(code_BHQK: jax.Array, rate: float, rng: jax.Array,
@@ -233,13 +205,16 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
   the fast implementation.
   """
   preset = settings.preset
+  # Every path, the probing one too (which runs no implementation): a typo is never run.
+  errors.check_choice("implementation", settings.implementation, presets.IMPLEMENTATIONS)
   query_BQHD, key_BKHD, value_BKHV = heads.query_BQHD, heads.key_BKHD, heads.value_BKHV
   full_shape = (query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
-  check_mask(mask, full_shape)
-  check_mask(bias, full_shape, "bias")
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
+                           eps=settings.eps)  # Both paths, before any work.
   if position_bias is not None:
     bias = position_bias if bias is None else bias + position_bias
-  mask = combine_masks(mask, heads.cache_mask)
+  if heads.cache_mask is not None:
+    mask = heads.cache_mask if mask is None else jnp.logical_and(mask, heads.cache_mask)
   is_causal = is_causal and heads.cache_mask is None  # on a decode step the cache does it
   value_network, activation = preset.value_network, preset.activation
   if value_network == "nonlinear_value":
@@ -251,7 +226,9 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
   use_dropout = dropout_rng is not None and settings.dropout_rate > 0.0
   if materialize or (use_dropout and not settings.broadcast_dropout):
     # The slow path: materialize the latent code, drop out pairs, expose it.
-    mask = combine_masks(mask, causal_mask(*full_shape[2:]) if is_causal else None)
+    mask = reference.with_causal(mask, is_causal, *full_shape[2:])
+    key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
+        key_BKHD, value_BKHV, mask, full_shape[2])
     scores_BHQK = reference.attention_scores(query_BQHD, key_BKHD, bias)
     code_BHQK = reference.normalize_scores(scores_BHQK, mask, preset.normalization, settings.eps)
     if use_dropout:
@@ -260,7 +237,8 @@ def attend(settings, heads: Heads, *, mask: Optional[jax.Array], bias: Optional[
     chex.assert_shape(code_BHQK, full_shape)  # The latent code that is sown: (B, H, Q, K).
     out_BQHV = reference.apply_value_network(
         code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
-    return Attended(out_BQHV, code_BHQK)
+    return Attended(reference.reveal_nonfinite(out_BQHV, poisoned_BQ),  # and the sown code:
+                    jnp.where(poisoned_BQ[:, None, :, None], jnp.nan, code_BHQK))
   out_BQHV = dispatch.attention(
       query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, is_causal=is_causal,
       normalization=preset.normalization, value_network=value_network,
@@ -276,7 +254,7 @@ class MultiHeadAttention(nn.Module):
 
   Attributes:
     num_heads: H.
-    attention: preset name, a key of `PRESETS`.
+    attention: preset name, a key of `presets.PRESETS` (Table A1's rows).
     activation: overrides the preset's value-network activation (see `resolve_preset`).
     qk_features, v_features: TOTAL query/key and value widths over heads (default: input
       width), as in flax.
@@ -317,7 +295,7 @@ class MultiHeadAttention(nn.Module):
   eps: float = reference.RMS_HEAD_EPS
 
   @property
-  def preset(self) -> AttentionPreset:
+  def preset(self) -> presets.AttentionPreset:
     return resolve_preset(self.attention, self.activation)
 
   def _dense(self, features, axis, names, name):
@@ -344,13 +322,14 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool = True) -> jax.Array:
     """(B, Q, E) queries, (B, K, E) keys/values (default: self-attention) -> (B, Q, O).
 
-    mask: bool broadcastable to (B, H, Q, K), True = attend (flax's convention).
+    mask: bool broadcastable to (B, H, Q, K), True = attend (flax's convention; for flax's
+      `make_attention_mask`, dtype=bool: `reference.check_pair_operands` refuses floats).
     bias: float broadcastable to (B, H, Q, K), added to the scores with the position bias.
     is_causal: also hide keys after each query (ignored on decode steps, where the cache
       position does it).
     """
     preset = self.preset
-    errors.check_choice("position", self.position, POSITIONS)
+    errors.check_choice("position", self.position, presets.POSITIONS)
     dropout.check_rate(self.dropout_rate)
     inputs_k = inputs_q if inputs_k is None else inputs_k
     inputs_v = inputs_k if inputs_v is None else inputs_v

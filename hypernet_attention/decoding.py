@@ -9,8 +9,7 @@ tokens are fed the same way (teacher forcing), so `decode_logits` of a whole seq
 full forward pass: the test that the cache is right.
 
 The language models here read inputs shifted right with BOS = 0 (seqio's convention), so a
-prompt starts with token 0.
-"""
+prompt starts with token 0."""
 
 from __future__ import annotations
 

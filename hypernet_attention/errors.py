@@ -8,8 +8,7 @@ from typing import Iterable
 class BadInput(ValueError):
   """A config value, flag, shape, file or workdir that cannot work, found before any work.
 
-  Entry points print its message as one line and exit with status 2 (`runs/cli.py`).
-  """
+  Entry points print its message as one line and exit with status 2 (`runs/cli.py`)."""
 
 
 def check_choice(name: str, value, allowed: Iterable) -> None:

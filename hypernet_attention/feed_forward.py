@@ -1,8 +1,7 @@
 """Feed-forward layers of the transformer block: GeLU MLP, SwiGLU and a top-k MoE.
 
 Shape letters:
-  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts.
-"""
+  B batch, T positions, E model width (`embed`), M hidden width (`mlp`), X experts."""
 
 from __future__ import annotations
 
@@ -12,11 +11,21 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hypernet_attention import errors
 from hypernet_attention import presets
 
 Dtype = Any
 
-FEED_FORWARDS = presets.FEED_FORWARDS  # Declared without JAX, for the launching machine.
+
+def layer(kind: str, **settings) -> nn.Module:
+  """The class `presets.FEED_FORWARDS` (the one table) maps `kind` to, given the `settings` it
+  declares (`num_experts`, `top_k`: MoE's); a name not mapped to a class here is refused."""
+  errors.check_choice("feed_forward", kind, presets.FEED_FORWARDS)
+  cls = globals().get(presets.FEED_FORWARDS[kind])
+  if cls is None:
+    raise ValueError(f"feed_forward {kind!r} maps to {presets.FEED_FORWARDS[kind]!r}, "
+                     "which is no class of feed_forward.py.")
+  return cls(**{k: v for k, v in settings.items() if k in cls.__dataclass_fields__})
 
 
 def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):
@@ -71,8 +80,7 @@ class MoE(nn.Module):
   runs on every token and the gates, zero outside each token's top k, weight the results.
   That is exact, has no capacity factor to tune, and at the paper's sizes (X=5, short
   sequences) costs X/k times the compute of a routed kernel, which is acceptable for a
-  reference. The router probabilities are sown as `intermediates/router_gates`.
-  """
+  reference. The router probabilities are sown as `intermediates/router_gates`."""
 
   num_experts: int
   top_k: int

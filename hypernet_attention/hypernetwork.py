@@ -18,8 +18,7 @@ b^out is added once per query, outside the sum over keys (it is not generated).
 
 Shape letters:
   B batch, Q query positions, K key positions, H heads, D per-head query/key width,
-  V per-head value width, E input width, A = E + 1 (augmented input), O output width.
-"""
+  V per-head value width, E input width, A = E + 1 (augmented input), O output width."""
 
 from __future__ import annotations
 
@@ -34,13 +33,10 @@ import jax.numpy as jnp
 from hypernet_attention import attention as attention_lib
 from hypernet_attention import errors
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import reference
 
 Params = Any
-# The value networks (`attention.VALUE_NETWORKS`) written below as hypernetworks; one added
-# to the ops' registry is computed by the attention modules and refused here, in one line,
-# until its generated weights are written down.
-VALUE_NETWORKS = ("linear", "mlp", "deep_mlp", "nonlinear_value")
 
 
 def _position_bias(module, params, q_len, k_len):
@@ -60,10 +56,9 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   """The latent code a_hqk (B, H, Q, K): normalized scores, 0 on masked pairs.
 
   The normalization is the ops' entry (`reference.NORMALIZATIONS`), the code the module
-  sows: each normalization is written once, and an unknown name is refused there.
-  """
+  sows: each normalization is written once, and an unknown name is refused there."""
   params = nn.meta.unbox(params)
-  errors.check_choice("position", module.position, attention_lib.POSITIONS)
+  errors.check_choice("position", module.position, presets.POSITIONS)
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   chex.assert_rank([inputs_q, inputs_kv], 3)
   chex.assert_equal_shape_prefix([inputs_q, inputs_kv], 1)
@@ -76,12 +71,13 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   if module.position == "rope":
     q_BQHD = positions.apply_rope(q_BQHD, jnp.arange(q_len), module.rope_max_wavelength)
     k_BKHD = positions.apply_rope(k_BKHD, jnp.arange(k_len), module.rope_max_wavelength)
+  reference.check_pair_operands((inputs_q.shape[0], module.num_heads, q_len, k_len), bias=bias,
+                                mask=mask)
   scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD) / math.sqrt(q_BQHD.shape[-1])
   for extra in (_position_bias(module, params, q_len, k_len), bias):
     if extra is not None:
       scores_BHQK = scores_BHQK + extra
-  mask = attention_lib.combine_masks(
-      mask, attention_lib.causal_mask(q_len, k_len) if is_causal else None)
+  mask = reference.with_causal(mask, is_causal, q_len, k_len)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
   return reference.normalize_scores(scores_BHQK, mask, module.preset.normalization, module.eps)
 
@@ -96,8 +92,14 @@ def _value_layer_HVA(params, use_bias):
 
 def _value_network(module: attention_lib.MultiHeadAttention) -> str:
   network = module.preset.value_network
-  errors.check_choice("value_network (in the explicit hypernetwork form)", network, VALUE_NETWORKS)
+  errors.check_choice("value_network", network, attention_lib.VALUE_NETWORKS)
   return network
+
+
+def _unwritten(network: str) -> errors.BadInput:
+  """One of `attention.VALUE_NETWORKS` (the modules compute every one) not yet written here."""
+  return errors.BadInput(f"value_network {network!r} has no explicit hypernetwork form yet; "
+                         "allowed: those whose generated weights hypernetwork.py writes.")
 
 
 def generate_value_network(module: attention_lib.MultiHeadAttention, params: Params,
@@ -110,8 +112,7 @@ def generate_value_network(module: attention_lib.MultiHeadAttention, params: Par
                          'W2' (O, V)  sum_h a_hqk W_h^out
     deep_mlp (HYLA+):    'W1', 'W2' and 'W_hidden' (V, V) = sum_h a_hqk W_h^v'
     nonlinear_value:     'W2' (O, H*V) = [a_1qk W_1^out, ..., a_Hqk W_H^out], a read-out
-                         over the fixed (not generated) features phi(W_h^v x + b_h^v).
-  """
+                         over the fixed (not generated) features phi(W_h^v x + b_h^v)."""
   params = nn.meta.unbox(params)
   chex.assert_rank(code_BHQK, 4)
   chex.assert_axis_dimension(code_BHQK, 1, module.num_heads)
@@ -125,6 +126,8 @@ def generate_value_network(module: attention_lib.MultiHeadAttention, params: Par
     batch, _, q_len, k_len = code_BHQK.shape
     readout_BQKOHV = jnp.einsum("bhqk,hov->bqkohv", code_BHQK, out_HOV)
     return {"W2": readout_BQKOHV.reshape(batch, q_len, k_len, out_HOV.shape[1], -1)}
+  if network not in ("mlp", "deep_mlp"):
+    raise _unwritten(network)
   weights = {"W1": jnp.einsum("bhqk,hva->bqkva", code_BHQK, value_HVA),
              "W2": jnp.einsum("bhqk,hov->bqkov", code_BHQK, out_HOV)}
   if network == "deep_mlp":
@@ -152,11 +155,13 @@ def apply_value_network(module: attention_lib.MultiHeadAttention, params: Params
     features_BKF = phi(jnp.einsum("hva,bka->bkhv", value_HVA, x_BKA)).reshape(
         x_BKA.shape[0], x_BKA.shape[1], -1)
     out_BQO = jnp.einsum("bqkof,bkf->bqo", weights["W2"], features_BKF)
-  else:
+  elif network in ("mlp", "deep_mlp"):
     hidden_BQKV = phi(jnp.einsum("bqkva,bka->bqkv", weights["W1"], x_BKA))
     if network == "deep_mlp":
       hidden_BQKV = phi(jnp.einsum("bqkwv,bqkv->bqkw", weights["W_hidden"], hidden_BQKV))
     out_BQO = jnp.einsum("bqkov,bqkv->bqo", weights["W2"], hidden_BQKV)
+  else:
+    raise _unwritten(network)
   if module.use_bias:
     out_BQO = out_BQO + params["out"]["bias"]
   return out_BQO
@@ -181,8 +186,7 @@ def pair_weights(module: attention_lib.MultiHeadAttention, params: Params, input
 
   `query_index`, `key_index`: int arrays of the same shape P. Returns the dict of
   `generate_value_network` with leading (B, P) instead of (B, Q, K), plus the pairs'
-  latent codes under 'latent_code' (B, P, H).
-  """
+  latent codes under 'latent_code' (B, P, H)."""
   code_BHQK = latent_code(module, params, inputs, mask=mask, is_causal=is_causal)
   code_BHP = code_BHQK[:, :, query_index, key_index]
   weights = generate_value_network(module, params, code_BHP[:, :, :, None])

@@ -5,8 +5,7 @@ first collective sets up Gloo, which waits a fixed 30 s for each peer's key ("Gl
 initialization failed: ... GetKeyValue() timed out") though peers of one run can be minutes
 apart: process 0 training a vocabulary while the others wait, or a loaded machine (the
 two-process test failed so under load 8 on 2 cores). A barrier of jax.distributed's
-key-value store, which has a timeout of our choosing, brings them together first.
-"""
+key-value store, which has a timeout of our choosing, brings them together first."""
 
 from __future__ import annotations
 

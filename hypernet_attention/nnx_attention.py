@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from hypernet_attention import attention as linen_attention
 from hypernet_attention import errors
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import reference
 
@@ -91,7 +92,7 @@ class MultiHeadAttention(nnx.Module):
       keep_rngs: bool = True,
   ):
     self.preset = linen_attention.resolve_preset(attention, activation)
-    errors.check_choice("position", position, linen_attention.POSITIONS)
+    errors.check_choice("position", position, presets.POSITIONS)
     qkv_features = qkv_features or in_features
     v_features = v_features or qkv_features
     head_qk, head_v = linen_attention.head_widths(num_heads, qkv_features, v_features)

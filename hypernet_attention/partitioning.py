@@ -8,8 +8,7 @@ required". Our box keeps the names either way and asks for eager sharding only w
 is there to shard on (a `jax.set_mesh` / `jax.sharding.use_mesh` context, or the box's own).
 Under a mesh, Linen's `DenseGeneral` draws a multi-axis kernel flat and unboxes that 2-D
 value to reshape it, which Flax's box constrains with the 3 names and fails ("only valid
-for values of rank at least 3"); ours constrains only values of the names' rank.
-"""
+for values of rank at least 3"); ours constrains only values of the names' rank."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ x buckets) table per layer, added to the scores before the normalization. The au
 num_buckets = max_distance = sequence length and `bidirectional=False` even though those tasks
 attend non-causally, so every key *after* the query falls into bucket 0 together with the query
 itself. We keep that default for fidelity; it is configurable. RoPE (used by the C4 language model)
-rotates queries and keys instead and has no parameters.
-"""
+rotates queries and keys instead and has no parameters."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def relative_position_bucket(relative_position: jax.Array, *, bidirectional: boo
   Half of the buckets (per direction) hold the exact distances 0..max_exact-1; the rest
   cover distances up to `max_distance` on a log scale; farther distances share the last
   bucket. With `bidirectional=False` only keys at or before the query are distinguished:
-  keys after it (positive relative positions) all land in bucket 0.
-  """
+  keys after it (positive relative positions) all land in bucket 0."""
   distance = -jnp.asarray(relative_position, jnp.int32)
   bucket = jnp.zeros_like(distance)
   if bidirectional:
@@ -103,8 +101,7 @@ def apply_rope(x_BTHD: jax.Array, positions_T: jax.Array,
   """Rotary position embedding (split-half form, as in Gemma/NanoDo).
 
   Channel i of the first half and channel i of the second half form a 2-D pair rotated by
-  the angle position / max_wavelength^(2i/D). Needs an even per-head width D.
-  """
+  the angle position / max_wavelength^(2i/D). Needs an even per-head width D."""
   depth = x_BTHD.shape[-1]
   if depth % 2:
     raise ValueError(f"RoPE needs an even per-head width; got {depth}.")

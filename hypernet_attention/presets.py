@@ -1,15 +1,10 @@
-"""The attention presets as plain data: one row of the paper's Table A1 per name.
+"""The model's names as plain data: Table A1's attention presets and the other named choices.
 
-`attention.py` builds its modules from these rows, and the launching machine checks a config's
-`model.attention` against the same names (`runs/config_checks.check_preset`) without importing JAX,
-so the names are declared once. The fields name entries of the ops' registries (`ops/reference.py`:
-NORMALIZATIONS, VALUE_NETWORKS, ACTIVATIONS, and `attention.VALUE_NETWORKS`' 'nonlinear_value');
-`tests/models/test_attention.py` checks that every row names entries that exist. The model's other
-named choices (positions, feed-forward layers, attention implementations) are declared here for the
-same reason, and `check_model_names` is the one check of them: the model
-(`transformer.TransformerConfig`) and the launching machine (`runs/preflight.py`) both call it. No
-dependencies but `errors.py`.
-"""
+Declared once, without JAX, so that the launching machine (`runs/preflight.py`,
+`config_checks.check_preset`) checks a config against the names the model builds from: a preset's
+fields name entries of `attention.VALUE_NETWORKS` and `ops/reference.py`'s NORMALIZATIONS and
+ACTIVATIONS (`tests/models/test_attention.py` checks each row), and `check_model_names` is the one
+check of the others, called by the model (`transformer.TransformerConfig`) and preflight alike."""
 
 from __future__ import annotations
 
@@ -45,17 +40,18 @@ PRESETS: dict[str, AttentionPreset] = {
     "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),
     "hyla_linear_value_no_rmshead": AttentionPreset("linear", "mlp", "identity"),
     "softmax_hyla": AttentionPreset("softmax", "mlp", "relu"),
-    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu"),
-}
+    "hyla_deep": AttentionPreset("rms_head", "deep_mlp", "relu")}
 
-# The positions of `attention.py`, the feed-forward layers of `feed_forward.py` and the
-# implementations of `ops.dispatch` (IMPLEMENTATIONS there; `tests/models/test_attention.py`
-# checks that these three tuples are those modules' own).
+# The model's other names, each kind declared here alone (tests/models/test_registered_names.py
+# checks that each has its builder): positions, feed-forwards (name -> class of `feed_forward`)
+# and the implementations whose runners `ops.dispatch` keys by these names.
 POSITIONS = ("none", "t5", "rope")
-FEED_FORWARDS = ("gelu_mlp", "swiglu", "moe")
+# `model.activation`, the value network's (None: the preset's); `ops/reference.py`'s.
+ACTIVATIONS = (None, "relu", "gelu", "silu", "sigmoid", "tanh", "identity")
+FEED_FORWARDS = {"gelu_mlp": "GeluMlp", "swiglu": "SwiGlu", "moe": "MoE"}
 IMPLEMENTATIONS = ("auto", "reference", "factored", "blockwise", "mosaic")
 MODEL_NAMES = {"feed_forward": FEED_FORWARDS, "position": POSITIONS,
-               "implementation": IMPLEMENTATIONS}
+               "implementation": IMPLEMENTATIONS, "activation": ACTIVATIONS}
 
 
 def check_model_names(model: Any, prefix: str = "") -> None:

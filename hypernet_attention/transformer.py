@@ -9,8 +9,7 @@ authors' 0.1 on the attention latent code (`attention_dropout`), active only whe
 `deterministic=False` and a `'dropout'` rng is given.
 
 `fuzzy_logic_config` and `sraven_config` build the paper's two synthetic-task models
-(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike).
-"""
+(151,009 and 402,824 parameters at width 1, for softmax, linear and HYLA alike)."""
 
 from __future__ import annotations
 
@@ -41,16 +40,16 @@ class TransformerConfig:
   qk_dim: int = 16
   v_dim: int = 16
   mlp_dim: int = 256
-  attention: str = "hyla"  # a key of attention.PRESETS
+  attention: str = "hyla"  # a key of presets.PRESETS
   activation: Optional[str] = None  # overrides the preset's value-network activation
-  feed_forward: str = "gelu_mlp"  # feed_forward.FEED_FORWARDS
+  feed_forward: str = "gelu_mlp"  # presets.FEED_FORWARDS
   num_experts: int = 5
   top_k: int = 2
   input_kind: str = "dense"  # 'dense': float (B, T, I); 'embed': int tokens (B, T)
   vocab_size: Optional[int] = None
   output_dim: int = 1
   tied_embedding: bool = False  # read out with the embedding table (needs 'embed')
-  position: str = "t5"  # attention.POSITIONS
+  position: str = "t5"  # presets.POSITIONS
   num_buckets: int = 16
   max_distance: int = 16
   bidirectional: bool = False
@@ -62,7 +61,7 @@ class TransformerConfig:
   attention_dropout: float = 0.1
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
-  implementation: str = "auto"  # ops.dispatch.IMPLEMENTATIONS
+  implementation: str = "auto"  # presets.IMPLEMENTATIONS
   decode: bool = False
 
   def __post_init__(self):
@@ -130,14 +129,9 @@ class TransformerBlock(nn.Module):
     )(_layer_norm(c, "attention_norm")(x_BTE), mask=mask, is_causal=c.causal,
       deterministic=deterministic)
     x_BTE = x_BTE + h_BTE
-    kwargs = dict(hidden_dim=c.mlp_dim, dtype=c.dtype, param_dtype=c.param_dtype,
-                  name="feed_forward")
-    if c.feed_forward == "gelu_mlp":
-      ff = feed_forward.GeluMlp(**kwargs)
-    elif c.feed_forward == "swiglu":
-      ff = feed_forward.SwiGlu(**kwargs)
-    else:
-      ff = feed_forward.MoE(num_experts=c.num_experts, top_k=c.top_k, **kwargs)
+    ff = feed_forward.layer(c.feed_forward, hidden_dim=c.mlp_dim, num_experts=c.num_experts,
+                            top_k=c.top_k, dtype=c.dtype, param_dtype=c.param_dtype,
+                            name="feed_forward")
     return x_BTE + ff(_layer_norm(c, "feed_forward_norm")(x_BTE))
 
 
@@ -152,8 +146,7 @@ class Transformer(nn.Module):
     """(B, T, I) floats ('dense') or (B, T) int tokens ('embed') -> (B, T, output_dim).
 
     padding_mask: optional (B, T) bool, True for real tokens; padded keys are hidden from
-    every query (padded queries still produce outputs; ignore them in the loss).
-    """
+    every query (padded queries still produce outputs; ignore them in the loss)."""
     c = self.config
     expected_ndim = 3 if c.input_kind == "dense" else 2
     if inputs.ndim != expected_ndim:
@@ -173,6 +166,12 @@ class Transformer(nn.Module):
       mask = padding_mask.astype(bool)[:, None, None, :]
     embedding = None
     if c.input_kind == "dense":
+      if self.has_variable("params", "input_dense"):  # Applied: one line, not flax's
+        kernel = nn.meta.unbox(self.get_variable("params", "input_dense"))["kernel"]
+        if kernel.shape[0] != inputs.shape[-1]:  # ScopeParamShapeError of an initializer.
+          raise ValueError(f"inputs of shape {inputs.shape} (width {inputs.shape[-1]}); "
+                           f"allowed: width {kernel.shape[0]}, that of these parameters "
+                           f"(input_dense kernel {kernel.shape})")
       x_BTE = nn.Dense(
           c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="input_dense",
           kernel_init=nn.with_logical_partitioning(

@@ -110,8 +110,7 @@ class Paired:
 
   A seed fixes the held-out split, the data order and the initialization, so the two runs of
   one seed share their split: pairing takes the split's variance (large on these tasks) out
-  of the comparison, which unpaired error bars cannot.
-  """
+  of the comparison, which unpaired error bars cannot."""
   label: str
   seeds: tuple[int, ...]
   diff: Stat  # OOD metric x100, row minus baseline.
@@ -156,8 +155,7 @@ def load_runs(root: str, warn=None) -> list[Run]:
   sorted by path.
 
   A run whose config.json or summary.json cannot be read is skipped, and `warn` (default:
-  stderr) gets one line naming the file.
-  """
+  stderr) gets one line naming the file."""
   warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
   runs = []
   for directory in run_files.find_runs(root):
@@ -266,8 +264,7 @@ def paired_markdown(pairs: Sequence[Paired], baseline: str, metric: str) -> str:
            "| row | seeds | difference | row ahead in | p |", "|---|---|---|---|---|"]
   for q in pairs:
     p = "" if math.isnan(q.p_value) else f"{q.p_value:.3f}"
-    lines.append(f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | "
-                 f"{p} |")
+    lines.append(f"| {q.label} | {len(q.seeds)} | {q.diff} | {q.wins} of {len(q.seeds)} | {p} |")
   return "\n".join(lines)
 
 

@@ -1,51 +1,35 @@
-r"""One GPU window, one command: what issue 41 measures on a device, each result kept at once.
+r"""One GPU window, one command: HYLA's fused kernels checked, then timed, each result kept at once.
 
   bash launch/gpu_window.sh                       # on the GPU machine, .whl carried
   python -m launch.gpu_window --out=DIR           # the same, where the packages are
   python -m launch.gpu_window --out=DIR --dry_run # the whole sequence at tiny sizes, on CPU
 
-Stages, in order; each is a subprocess with its own time limit, clipped by the overall
---deadline_s (a stage without its minimum time left is recorded as skipped, never started),
-so a slow stage costs only its own budget. The default window is issue 52's: the fused HYLA
-kernel correct on the GPU, then timed:
+Stages, in order, each a subprocess with its own time limit clipped by --deadline_s (one without
+its minimum left is recorded as skipped): first whether the kernels are right on this GPU, then
+what a train step costs with them, then how fast each call is and why:
   env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
                the sources that ran
-  rung_forward, rung_backward, rung_dq
-               the Mosaic kernels one at a time (forward; + the backward's dS and dV kernels; + its
-               dQ and dK matmul kernels), each alone in its own process at B=1, T=128, under
-               compute-sanitizer's memcheck (`hypernet_attention/measure/mosaic_rungs.py`):
-               a kernel that faults kills its process's CUDA context, and memcheck names the
-               faulting access; a failure ends the window
+  rung_forward, rung_dq  the forward, then the backward's dS, dV, dQ and dK kernels, each rung
+               alone in its process at B=1, T=128 under compute-sanitizer's memcheck
+               (`measure/mosaic_rungs.py`), which names a faulting access; a failure ends the window
   mosaic_parity  bf16 values and gradients against the float64 reference at T=1000
                (`measure/parity.check`), alone; a wrong answer ends the window
-  rung_forward_overlap, mosaic_parity_overlap, rung_forward_paired, mosaic_parity_paired
-               the same two checks of the forward's other schedules (mosaic_rungs.SCHEDULES):
-               Blocks.overlap (the next key tile's score wgmmas under this tile's value
-               network) and Blocks.paired at 64x8x8 (two value columns per accumulator); a
-               failure here leaves that schedule's rows out and the window goes on
-  mosaic_time_4096, mosaic_time_1024, mosaic_time_16384
-               fwd and fwd+bwd (B=4, H=8, D=V=64, causal) of the Mosaic kernels, plain and paired
-               (and overlapped at T=4096), beside cuDNN and blockwise 256 x 256 in one process per
-               length (`experiments/tune_kernels.py`; at T=4096 with each row's kernels by name from
-               a trace); a kernel is left out unless its parity passed in this window
-  counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (time,
-               occupancy, issue slots, warp stall reasons, pipes): what bounds each kernel
-  tiles        the forward's other tiles at T=4k beside cuDNN and blockwise 256 x 256
-               (`experiments/tune_kernels.py`; 64x8x2 plain and overlapped, 64x8x4 paired, 64x16x4)
-  c4_b64       the C4 50M train step, batch 64, random tokens: softmax, HYLA (auto) and,
-               once its parity passed in this window, HYLA through the Mosaic kernels
-               (`experiments/benchmark_training.py --synthetic_tokens`)
-What earlier windows measured with XLA's kernels (every implementation's parity and
-attention sweep, the C4 step's trace, batch 256, the populations) stands in their READMEs
-(experiments/results/gpu_windows/); the tools that measured it run by hand (the population
-gain: `experiments/benchmark_training.py --experiment=sraven --size=paper --members=1,3,24`).
-
+  c4_b64       the C4 50M train step, batch 64 (T=512), random tokens, softmax against HYLA
+               through the Mosaic kernels (`experiments/benchmark_training.py`)
+  time_T4096, time_T1024, time_c4, time_sraven, time_fuzzy
+               fwd and fwd+bwd (causal) of the Mosaic kernels at their default tiles beside cuDNN
+               softmax and blockwise 256 x 256 in one process per shape (`Sizes.time_shapes`: B=4
+               at T=4096 and 1024, C4's B=64 T=512, SRAVEN's B=128 T=36 H=16 D=4, fuzzy logic's
+               B=128 T=33 D=2): the rows `ops/kernel_cost.py`'s model is held to
+  counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (forward,
+               dS, dV, dQ, dK: time, occupancy, issue slots, warp stall reasons, pipes)
+  profile      each kernel's ms in the T=4096 fwd+bwd, from a trace (`tune_kernels --profile`)
+  time_T16384  the longest length, if time is left
 Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each result
 exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and gpu_window.log
 (every stage's output). Exit status: 0, or 1 if parity failed or a stage failed.
 
-Imports no JAX (the launch layer runs where JAX is not installed); the stages do.
-"""
+Imports no JAX (the launch layer runs where JAX is not installed); the stages do."""
 
 from __future__ import annotations
 
@@ -65,14 +49,16 @@ import time
 from typing import Callable, Optional
 
 from hypernet_attention import errors  # no dependencies: the launch layer may import it
+from hypernet_attention.runs import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSONL, LOG = "gpu_window.jsonl", "gpu_window.log"
 # The C4 step through the Mosaic kernels (benchmark_training's per-model override).
 MOSAIC_C4 = "hyla@model.implementation=mosaic"
-# Of a 600 s device call: the machine's start, the wrapper's wheel install and the copy
-# back of $OUT come first and last.
-H100_DEADLINE_S = 520
+# The whole window, the wrapper's wheel install (~15 s) included, inside 8 minutes.
+H100_DEADLINE_S = 460
+# The forward's default tiles (mosaic_kernel.DEFAULT_BLOCKS) as a tune_kernels config.
+MOSAIC_DEFAULT = "mosaic:64x8x8:kernel:paired"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,46 +68,40 @@ class Sizes:
   c4_batch: int
   steps: int
   repeats: int
-  tune: tuple[str, ...]  # experiments/tune_kernels.py flags, and its --configs:
-  tune_configs: tuple[str, ...]
-  scale: float  # Stage budgets are seconds on an H100 times this.
+  tune: tuple[str, ...]  # experiments/tune_kernels.py flags besides the shape
+  blockwise: str  # its blockwise config, timed beside the kernels
+  scale: float  # Stage budgets are seconds on an H200 times this.
   deadline_s: float
+  # name -> (B, T, H, D) of each timing stage, in order; D = V.
+  time_shapes: tuple[tuple[str, tuple[int, int, int, int]], ...]
   # The Mosaic ladder (`hypernet_attention/measure/mosaic_rungs.py`): B,T,H,D of each rung,
-  # parity's lengths, and the tile sweep's lengths.
+  # and parity's lengths.
   rung_shape: tuple[int, int, int, int] = (1, 128, 8, 64)
   counters_shape: tuple[int, int, int, int] = (4, 4096, 8, 64)  # B,T,H,D under ncu.
   mosaic_parity_lens: str = "1000"
-  mosaic_time_lens: tuple[int, ...] = (4096, 1024, 16384)
 
 
 GPU = Sizes(
     c4_size="50m", c4_batch=64, steps=5, repeats=2,
-    tune=("--seq_len=4096", "--batch=4", "--heads=8", "--head_dim=64", "--dtype=bfloat16",
-          "--calls=20", "--repeats=3"),
-    # The forward's other tiles that ptxas 12.9 compiles without spilling (measure/ptxas.py, H100):
-    # 64x8x2 at 160 registers (3 programs per SM, not 2; twice the score recomputation) and
-    # overlapped at 192; 64x8x4 paired at 166 (today's instructions, 3 programs per SM); 64x16x4 at
-    # 249 (half the key tiles); blockwise. Named only: 64x32x1 (246), XLA's dQ/dK path
-    # (mosaic:64x8x4:xla; for the first kernels it gained nothing for ~70 s of compile, H200).
-    tune_configs=("mosaic:64x8x2:kernel", "mosaic:64x8x2:kernel:overlap",
-                  "mosaic:64x8x4:kernel:paired", "mosaic:64x16x4:kernel", "blockwise:256x256"),
-    scale=1.0, deadline_s=H100_DEADLINE_S)
-# Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one length.
+    tune=("--dtype=bfloat16", "--calls=20", "--repeats=3"), blockwise="blockwise:256x256",
+    scale=1.0, deadline_s=H100_DEADLINE_S,
+    time_shapes=(("T4096", (4, 4096, 8, 64)), ("T1024", (4, 1024, 8, 64)),
+                 ("c4", (64, 512, 8, 64)), ("sraven", (128, 36, 16, 4)),
+                 ("fuzzy", (128, 33, 8, 2)), ("T16384", (4, 16384, 8, 64))))
+# Tiny sizes on the CPU, float32 (Mosaic's interpret mode); one shape.
 DRY_RUN = Sizes(
     c4_size="smoke", c4_batch=2, steps=2, repeats=1,
-    tune=("--interpret", "--seq_len=64", "--batch=1", "--heads=2", "--head_dim=16",
-          "--dtype=float32", "--calls=1", "--repeats=1"),
-    tune_configs=("blockwise:32x32", "mosaic:64x8x4:kernel"),
-    scale=3.0, deadline_s=600, rung_shape=(1, 64, 2, 16), counters_shape=(1, 64, 2, 16),
-    mosaic_parity_lens="64", mosaic_time_lens=(64,))
-# Stage budgets below are seconds on an H100, from what today's kernels measured on an H200
-# (2026-11-27: experiments/results/gpu_windows/2026-11-27_h200_registers): env 4 s,
-# rung_forward 11.5, rung_backward 13.7, rung_dq 14.2, mosaic_parity 29 at T=1000,
-# mosaic_time_4096 28 (T=1024 and 16384 not yet timed: 20 and ~60 expected); C4 with three
-# models ran past 100 s. Each other schedule adds a rung (~12 s), a parity (~29) and rows to
-# the mosaic_time stages (~10 s each; the overlapped forward at T=4096 only); counters ~40
-# (a rung's ~14 at T=4096, with ncu's ~20 replays of 5 kernels of 1-10 ms); tiles ~70 s:
-# ~410 s expected before the C4 step, which gets the rest (~110 s of the 520).
+    tune=("--interpret", "--dtype=float32", "--calls=1", "--repeats=1"),
+    blockwise="blockwise:32x32", scale=5.0, deadline_s=600,
+    time_shapes=(("T64", (1, 64, 2, 16)),), rung_shape=(1, 64, 2, 16),
+    counters_shape=(1, 64, 2, 16), mosaic_parity_lens="64")
+# Stage budgets (`stages`): the H200 window's measured seconds + 30% (2026-11-28, its `kind: stage`
+# rows, experiments/results/gpu_windows/2026-11-28_h200): env 1.8, the paired forward's rung 11.4
+# and parity 31.1, rung_dq 13.2, counters 15.6. Unmeasured stages, from its rows: a timing shape
+# ~35 s (T=1024: softmax, two kernels and blockwise in 48.7), ~23 at T=33-36 (the compiles), T=16384
+# ~45 (73.9 for three configurations), profile ~45 (the --profile row 44.4 s), the C4 step of two
+# models ~60 (a separate call: compiles 9.9 and 8.1 s, plans 9.6 and 7.6). Expected: ~15 s install
+# + ~350 s of stages, T=16384 only if the others run short.
 
 
 @dataclasses.dataclass
@@ -198,10 +178,11 @@ def _error_line(tail: list[str]) -> str:
 
 def _c4(batch: int, min_s: float) -> Stage:
   def argv(w: Window, _limit: float) -> list[str]:
-    models = "softmax,hyla"
-    why_not = _mosaic_not_passed(w, "mosaic")
-    if why_not:
+    models = "softmax"
+    why_not = _mosaic_not_passed(w)
+    if why_not:  # HYLA through auto instead, which runs blockwise where Mosaic has not passed
       w.record("c4_step", batch_size=batch, model=MOSAIC_C4, status="skipped", message=why_not)
+      models += ",hyla@model.implementation=blockwise"
     else:
       models += "," + MOSAIC_C4
     return _python("experiments/benchmark_training.py", "--experiment=c4_lm",
@@ -209,10 +190,9 @@ def _c4(batch: int, min_s: float) -> Stage:
                    f"--steps={w.sizes.steps}", f"--repeats={w.sizes.repeats}",
                    f"--config_overrides=batch_size={batch}")
 
-  # Three models took ~75 s at batch 64 (H100, 2026-11-27); with the Mosaic model as a third,
-  # 100 s ran out (H200, 2026-11-27): the budget is doubled. A batch that does not fit ends
-  # the stage as "refused" with benchmark_training's one line (`run_stage`).
-  return Stage(f"c4_b{batch}", 200, argv, _json_line("c4_step"), min_s=min_s)
+  # Two models, ~60 s (the budgets' note above). A batch that does not fit ends the stage as
+  # "refused" with benchmark_training's one line (`run_stage`).
+  return Stage(f"c4_b{batch}", 78, argv, _json_line("c4_step"), min_s=min_s)
 
 
 def _rows(w: Window) -> list[dict]:
@@ -224,19 +204,19 @@ def _rows(w: Window) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _mosaic_not_passed(w: Window, implementation: str) -> Optional[str]:
-  """Why a Mosaic forward (`implementation`: parity's name, mosaic or mosaic_SCHEDULE) may not share
-  a process with other measurements yet: a kernel that faults kills the process's CUDA context (the
-  H100 window of 2026-11-27), so it is timed beside others only after its bfloat16 parity passed in
-  this same window (the rungs and `mosaic_parity` run it alone, in their own processes)."""
+def _mosaic_not_passed(w: Window) -> Optional[str]:
+  """Why the Mosaic kernels may not share a process with other measurements yet: a kernel that
+  faults kills the process's CUDA context (the H100 window of 2026-11-27), so they are timed beside
+  others only after their bfloat16 parity passed in this same window (the rungs and
+  `mosaic_parity` run them alone, in their own processes)."""
   parity = [r for r in _rows(w) if r.get("kind") == "parity" and r.get("implementation") ==
-            implementation and r.get("dtype") == "bfloat16"]
+            "mosaic" and r.get("dtype") == "bfloat16"]
   bad = [r for r in parity if r.get("status") != "pass"]
   if bad:
-    return (f"{implementation}'s parity in this window: {bad[0]['status']} at "
+    return (f"mosaic's parity in this window: {bad[0]['status']} at "
             f"T={bad[0].get('seq_len')} {bad[0].get('dtype')}")
   if not parity:
-    return f"{implementation} has not passed bfloat16 parity in this window"
+    return "mosaic has not passed bfloat16 parity in this window"
   return None
 
 
@@ -245,8 +225,7 @@ def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
   timing a kernel that is wrong or does not compile only costs time."""
   kept = []
   for config in configs:
-    why_not = config.startswith("mosaic:") and _mosaic_not_passed(
-        w, "_".join(["mosaic", *config.split(":")[3:]]))  # its schedule's own parity
+    why_not = config.startswith("mosaic:") and _mosaic_not_passed(w)
     if why_not:
       w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
     else:
@@ -302,7 +281,7 @@ def _counters(budget_s: float) -> Stage:
                metrics={k: _number(v) for k, v in row.items() if "__" in k})
 
   def requires(w: Window) -> Optional[str]:
-    return _mosaic_not_passed(w, "mosaic") or (
+    return _mosaic_not_passed(w) or (
         None if _cuda_tool("ncu") else "no ncu (Nsight Compute) on this machine")
 
   def argv(w: Window, _limit: float) -> list[str]:
@@ -314,7 +293,7 @@ def _counters(budget_s: float) -> Stage:
             *_python("-m", "hypernet_attention.measure.mosaic_rungs", "fwd_bwd",
                      f"--batch={batch}", f"--seq_len={seq_len}", f"--heads={heads}",
                      f"--head_dim={head_dim}")]
-  return Stage("counters", budget_s, argv, parse, min_s=40, requires=requires)
+  return Stage("counters", budget_s, argv, parse, min_s=20, requires=requires)
 
 
 def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
@@ -328,73 +307,47 @@ def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
             *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
                                     f"--batch={batch}", f"--seq_len={seq_len}",
                                     f"--heads={heads}", f"--head_dim={head_dim}")]
-  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=20,
+  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=10,
                stops_window=stops_window)
 
 
 def stages(sizes: Sizes) -> list[Stage]:
   """The window's stages in order (see the module docstring)."""
-  def tiles(w: Window, _limit: float) -> list[str]:
-    configs = _passed_configs(w, list(w.sizes.tune_configs))
-    return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--configs={','.join(configs)}")
+  def mosaic_parity(w: Window, _limit: float) -> list[str]:
+    batch, _, heads, head_dim = w.sizes.rung_shape
+    return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
+                   f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
+                   f"--heads={heads}", f"--head_dim={head_dim}")
 
-  def mosaic_parity(*flags: str) -> Callable[[Window, float], list[str]]:
+  def tune(shape: tuple[int, int, int, int], configs: list[str], *flags: str):
     def argv(w: Window, _limit: float) -> list[str]:
-      batch, _, heads, head_dim = w.sizes.rung_shape
-      return _python("-m", "hypernet_attention.measure.mosaic_rungs", "parity",
-                     f"--seq_lens={w.sizes.mosaic_parity_lens}", f"--batch={batch}",
-                     f"--heads={heads}", f"--head_dim={head_dim}", *flags)
-    return argv
-
-  def rung_passed(schedule: str) -> Callable[[Window], Optional[str]]:
-    def why_not(w: Window) -> Optional[str]:
-      if not any(r.get("kind") == "rung" and r.get("rung") == f"forward_{schedule}" and
-                 r.get("status") == "pass" for r in _rows(w)):
-        return f"the {schedule} forward has not passed its rung in this window"
-      return None
-    return why_not
-
-  def mosaic_time(seq_len: int) -> Callable[[Window, float], list[str]]:
-    def argv(w: Window, _limit: float) -> list[str]:
-      # The matmul kernels only (the previous kernels' XLA dQ path measured 65.5 vs 66.6 ms,
-      # H200, T=4096, no gain worth 70 s of compile); `tiles` times both.
-      overlap = ["mosaic:64x8x4:kernel:overlap"] if seq_len == 4096 or w.dry_run else []
-      configs = _passed_configs(w, ["mosaic:64x8x4:kernel", *overlap,
-                                    "mosaic:64x8x8:kernel:paired", "blockwise:256x256"],
-                                seq_len=seq_len)
-      tune = [f for f in w.sizes.tune if not f.startswith("--seq_len=")]
-      if seq_len > 4096:  # Quadratic cost: 5 calls per measurement keep T=16k near a minute.
-        tune = [f for f in tune if not f.startswith("--calls=")] + ["--calls=5"]
-      if w.dry_run:
-        configs = [c.replace("256x256", "32x32") for c in configs]
-      # At T=4096, each row's kernels by name from a trace (forward, dS, dV, dQ/dK, XLA's
-      # layout work): where the time goes, for the next kernel change.
-      profile = ["--profile"] if seq_len == 4096 or w.dry_run else []
-      return _python("experiments/tune_kernels.py", *tune, f"--seq_len={seq_len}",
-                     f"--configs={','.join(configs)}", *profile)
+      batch, seq_len, heads, head_dim = shape
+      kept = _passed_configs(w, configs, seq_len=seq_len, batch=batch)
+      return _python("experiments/tune_kernels.py", *w.sizes.tune, f"--seq_len={seq_len}",
+                     f"--batch={batch}", f"--heads={heads}", f"--head_dim={head_dim}",
+                     f"--configs={','.join(kept)}", *flags)
     return argv
 
   env_probe = lambda w, _limit: _python("-c", ENV_PROBE)
-  # The default window (issue 52): the Mosaic ladder, alone and under memcheck, then its
-  # bf16 parity, then its time beside cuDNN and blockwise (budgets: the measured times
-  # above with ~40% room).
+  shapes = dict(sizes.time_shapes)
+  longest = max(shapes.values(), key=lambda s: s[0] * s[1] ** 2)
   return [
-      Stage("env", 20, env_probe, _json_line("env"), min_s=10),
-      _rung("forward", 30),
-      _rung("backward", 40),
-      _rung("dq", 40),
-      Stage("mosaic_parity", 80, mosaic_parity(), _json_line("parity"), min_s=40,
-            stops_window=True),
-      *(stage for schedule in ("overlap", "paired") for stage in (
-          _rung(f"forward_{schedule}", 30, stops_window=False),
-          Stage(f"mosaic_parity_{schedule}", 60, mosaic_parity(f"--schedule={schedule}"),
-                _json_line("parity"), min_s=40, requires=rung_passed(schedule)))),
-      *(Stage(f"mosaic_time_{t}", 120, mosaic_time(t), _json_line("tune"), min_s=60)
-        for t in sizes.mosaic_time_lens),
-      _counters(90),
-      Stage("tiles", 150, tiles, _json_line("tune"), min_s=40),
-      _c4(sizes.c4_batch, min_s=30),
-  ]
+      Stage("env", 5, env_probe, _json_line("env"), min_s=3),
+      _rung("forward", 15),
+      _rung("dq", 17),
+      Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30, stops_window=True),
+      _c4(sizes.c4_batch, min_s=40),
+      *(Stage(f"time_{name}", 46 if shape[1] >= 512 else 30,
+              tune(shape, [MOSAIC_DEFAULT, sizes.blockwise]), _json_line("tune"), min_s=25)
+        for name, shape in sizes.time_shapes if shape is not longest or len(shapes) == 1),
+      _counters(25),
+      # Each row's kernels by name, from a trace of its fwd+bwd: the forward, dS, dV, dQ/dK and
+      # XLA's layout moves (its own stage: the traces take as long as the timing).
+      Stage("profile", 58, tune(sizes.counters_shape, [MOSAIC_DEFAULT], "--profile"),
+            _json_line("tune"), min_s=40),
+      *(Stage(f"time_{name}", 58, tune(shape, [MOSAIC_DEFAULT, sizes.blockwise],
+                                       "--calls=5"), _json_line("tune"), min_s=45)
+        for name, shape in sizes.time_shapes if shape is longest and len(shapes) > 1)]
 
 
 def run_stage(w: Window, stage: Stage, env: dict) -> str:
@@ -414,8 +367,8 @@ def run_stage(w: Window, stage: Stage, env: dict) -> str:
   log = open(os.path.join(w.out, LOG), "a")
   log.write(f"\n=== {stage.name} ({limit:.0f} s): {' '.join(argv)}\n")
   log.flush()
-  proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  proc = children.spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
   tail: list[str] = []
 
   def read() -> None:
@@ -456,8 +409,8 @@ def _commit(flag: Optional[str]) -> dict:
   out = dict(commit=flag or "unknown", dirty=None)
   if not flag and os.path.isdir(os.path.join(REPO, ".git")):
     try:
-      git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
-                                      timeout=20, check=True).stdout.strip()
+      git = lambda *a: children.run(["git", *a], cwd=REPO, capture_output=True, text=True,
+                                    timeout=20, check=True).stdout.strip()
       out.update(commit=git("rev-parse", "HEAD"),
                  dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
     except (OSError, subprocess.SubprocessError):
@@ -477,8 +430,8 @@ def _nvidia_smi() -> Optional[str]:
   if not shutil.which("nvidia-smi"):
     return None
   query = "name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm"
-  result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                          capture_output=True, text=True, timeout=30)
+  result = children.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                        capture_output=True, text=True, timeout=30)
   return result.stdout.strip() or result.stderr.strip()
 
 

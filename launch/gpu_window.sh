@@ -1,8 +1,8 @@
 #!/bin/bash
-# One GPU window of measurements (issue 41), as one command: `launch/gpu_window.py` after
-# installing, from carried wheels, the packages the bare GPU image lacks. Writes into $OUT
-# (the device tool returns it): gpu_window.jsonl (one JSON line per result, written as each
-# is measured) and gpu_window.log. Budget: at most 10 minutes on an H100 (520 s of stages).
+# One GPU window of measurements, as one command: `launch/gpu_window.py` after installing, from
+# carried wheels, the packages the bare GPU image lacks. Writes into $OUT (the device tool
+# returns it): gpu_window.jsonl (one JSON line per result, written as each is measured) and
+# gpu_window.log. Budget: 8 minutes in all, the install (~15 s) and 460 s of stages.
 #
 #   # here, once (as launch/device_window.sh): the wheels the GPU image lacks
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \

@@ -13,8 +13,7 @@ Only this estimate needs JAX: it builds the model abstractly (`build.setup`, `ja
 count its parameters and read the task's token count, which depend on the task's encoding (input
 width, sequence length, output width: `objectives.synthetic_overrides`), so a closed form here would
 repeat every task's encoding. On a launching machine without JAX give the cap
-(`--members_per_job=N`) or `--single_runs`; without either, grouping refuses in one line.
-"""
+(`--members_per_job=N`) or `--single_runs`; without either, grouping refuses in one line."""
 
 from __future__ import annotations
 
@@ -94,7 +93,7 @@ def member_bytes(config) -> float:
     raise errors.BadInput(
         f"sizing population jobs by memory builds the model, which needs JAX ({e}); "
         "allowed: a cap, --members_per_job=N, or --single_runs") from None
-  s = build.setup(config, jax.devices()[:1])
+  s = build.setup(config_checks.validate(config), jax.devices()[:1])
   num_params = sum(x.size for x in jax.tree.leaves(s.abstract_state.params))
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))

@@ -2,8 +2,7 @@
 
 Every launcher builds its command line here so that a test can check them without XManager, gcloud
 or SLURM: the point's flags (`job_args`), its workdir name (`point_name`), the argv of the local
-executor (`local_command`) and the XManager jobs of a point, multi-host included (`xm_jobs`).
-"""
+executor (`local_command`) and the XManager jobs of a point, multi-host included (`xm_jobs`)."""
 
 from __future__ import annotations
 

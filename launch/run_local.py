@@ -15,7 +15,7 @@ Each point trains in `<root>/<point name>` (`launch.jobs.point_name`), its conso
 same --workdir, so a half-done point resumes from its newest checkpoint (the entry points do that
 themselves). So after a crash or Ctrl-C (which stops the running points too), rerun the same
 command. The training processes die with this one: SIGTERM or Ctrl-C makes them checkpoint and stop,
-and so does a SIGKILL of this process (the kernel sends them SIGTERM, `cli.die_with_parent`); one
+and so does a SIGKILL of this process (the kernel sends them SIGTERM, `runs/children.py`); one
 workdir never gets two trainers (each holds its workdir's lock, `runs/lock.py`). Each process's wall
 and CPU time go to `run_local.json` beside its summary. On one GPU, `--jobs=N` runs N small jobs
 side by side, each limited to its share of the GPU memory.
@@ -41,6 +41,7 @@ from absl import flags
 from etils import epath
 
 from hypernet_attention import errors
+from hypernet_attention.runs import children
 from hypernet_attention.runs import cli
 from hypernet_attention.runs import lock
 from hypernet_attention.runs import run_files
@@ -141,11 +142,8 @@ def _on_sigterm(signum, frame) -> None:
 
 def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
   """The training processes' environment: with several jobs at once on one GPU, each may
-  take only its share of the GPU memory (JAX preallocates 75% per process by default).
-  `cli.PARENT_PID_ENV` makes each child ask the kernel for a SIGTERM when this process
-  dies, even by SIGKILL (`cli.die_with_parent`)."""
+  take only its share of the GPU memory (JAX preallocates 75% per process by default)."""
   env = dict(os.environ if env is None else env)
-  env[cli.PARENT_PID_ENV] = str(os.getpid())
   if num_jobs > 1:
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / num_jobs:.3f}")
   return env
@@ -169,7 +167,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
     log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
               f"{jobs.shell_line(argv)}\n")
     log.flush()
-    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=sweeps.REPO, env=env)
+    process = children.spawn(argv, stdout=log, stderr=subprocess.STDOUT, cwd=sweeps.REPO, env=env)
     with _CHILDREN_LOCK:
       _CHILDREN.add(process)
     try:
@@ -188,8 +186,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
 
 
 def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
-              num_jobs: int = 1, extra_flags: Sequence[str] = (),
-              log=print) -> list[Outcome]:
+              num_jobs: int = 1, extra_flags: Sequence[str] = (), log=print) -> list[Outcome]:
   """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
   if num_jobs < 1:
     raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")

@@ -126,17 +126,13 @@ def main(argv: list[str]) -> None:
   extras = "[tpu]" if accelerator.startswith("tpu") else "[cuda]" if accelerator else ""
   with xm_local.create_experiment(experiment_title=f"hypernet-{_SWEEP.value}") as experiment:
     spec = xm.PythonContainer(
-        path=".",
-        base_image=_BASE_IMAGE.value,
-        entrypoint=xm.CommandList([f"python {script}"]),
+        path=".", base_image=_BASE_IMAGE.value, entrypoint=xm.CommandList([f"python {script}"]),
         # The build context is the parent of `path`; the repository is the folder `directory`.
         docker_instructions=[
             "ENV LANG=C.UTF-8",
             f"COPY {directory}/ /workdir/{directory}",
             f"WORKDIR /workdir/{directory}",
-            f"RUN python -m pip install --no-cache-dir -e .{extras}",
-        ],
-    )
+            f"RUN python -m pip install --no-cache-dir -e .{extras}"])
     [executable] = experiment.package(
         [xm.Packageable(executable_spec=spec, executor_spec=executor.Spec())])
 

@@ -1,12 +1,13 @@
 """Shared helpers for the training tests (not a test module).
 
-Compilation dominates these tests on a 2-core CPU, so they share a persistent XLA
-compilation cache (also handed to their subprocesses): identical programs compile once.
+Compilation dominates these tests on a 2-core CPU: the suite's persistent compilation cache
+(tests/conftest.py) reaches their subprocesses through the environment they inherit.
 
 Subprocesses are waited for on their progress, never against a wall clock that a loaded
 machine exceeds: `run` (for `subprocess.run`) and `reap` / `wait_for` (for `Popen`s) give
 up only when a process and everything it started have used no CPU time and written no
-output for `IDLE_S` seconds.
+output for `IDLE_S` seconds. `run` and `started` (for a `Popen` in a `with`) put the process
+in a group of its own and kill the group on any exit, the test's failure included.
 """
 
 import contextlib
@@ -39,26 +40,6 @@ from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry  # noqa: E402
 
 # pylint: enable=wrong-import-position
-
-CACHE_DIR = os.path.join(tempfile.gettempdir(), "hypernet_attention_test_xla_cache")
-CACHE_ENV = {
-    "JAX_COMPILATION_CACHE_DIR": CACHE_DIR,
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def compilation_cache():
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", CACHE_DIR)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
 
 
 @contextlib.contextmanager
@@ -111,6 +92,25 @@ def _size(output) -> int:
         os.path.getsize(output))
   except (OSError, ValueError):
     return -1
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+  """Kills the process group of `proc` (started with `start_new_session=True`): whatever it
+  started too, also when the test fails or is interrupted."""
+  with contextlib.suppress(ProcessLookupError):
+    os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+
+
+@contextlib.contextmanager
+def started(args, **kwargs):
+  """`subprocess.Popen(args, **kwargs)` for the block, in a process group of its own that
+  is killed whole however the block ends."""
+  proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+  try:
+    yield proc
+  finally:
+    kill_group(proc)
 
 
 def _kill(proc) -> None:
@@ -173,13 +173,13 @@ def run(args, *, capture_output: bool = False, text: bool = False, check: bool =
   progresses (`wait_for`), and fails naming the command when it stops."""
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
     streams = dict(stdout=out, stderr=err) if capture_output else {}
-    proc = subprocess.Popen(args, **streams, **kwargs)
+    proc = subprocess.Popen(args, **streams, start_new_session=True, **kwargs)
     try:
       words = [args] if isinstance(args, (str, os.PathLike)) else args
       command = " ".join(str(a).strip().splitlines()[0][:80] for a in words if str(a).strip())
       wait_for([proc], f"command {command}", (out, err), idle_s)
     finally:
-      _kill(proc)
+      kill_group(proc)
     captured = []
     for stream in (out, err):
       stream.seek(0)
@@ -192,7 +192,7 @@ def run(args, *, capture_output: bool = False, text: bool = False, check: bool =
 
 
 def subprocess_env() -> dict:
-  env = dict(os.environ, **CACHE_ENV)
+  env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("XLA_FLAGS", None)
   return env

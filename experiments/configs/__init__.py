@@ -1,4 +1,3 @@
 """Experiment configs: `get_config(arg)` files for `--config=experiments/configs/X.py:arg`.
 
-Each file offers `size=paper|local|smoke` and `model=<attention preset>`; see its docstring.
-"""
+Each file offers `size=paper|local|smoke` and `model=<attention preset>`; see its docstring."""

@@ -1,7 +1,7 @@
 r"""C4 language modeling (the paper's Fig. 6): decoder-only softmax vs linear attention vs HYLA.
 
 Arguments (`--config=experiments/configs/c4_lm.py:model=hyla,size=50m`):
-  model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).
+  model  any preset of `hypernet_attention.presets.PRESETS` (softmax, linear, hyla, ...).
   size   50m    the paper's model: 6 layers, D=512, 8 heads of 64, MLP 2048 (GeLU), RoPE,
                 causal, bfloat16 compute / float32 params, no attention dropout, untied
                 input embedding and read-out over the 32k SentencePiece C4 vocabulary:
@@ -28,8 +28,7 @@ PARAMS (size=50m, vocabulary of V=32,000 pieces, E=512, L=6, M=2048):
   norms = 3,152,384, x6 = 18,914,304; final norm 2*E = 1,024; read-out E*V+V = 16,416,000.
   Untied total 51,715,328; tied (read-out = embedding^T) 35,299,328. We untie: the paper
   says ~50M, which only the untied model is (tied is 35M), and NanoDo, whose defaults the
-  paper's C4 setup follows, unties by default. Softmax, linear and HYLA have the same count.
-"""
+  paper's C4 setup follows, unties by default. Softmax, linear and HYLA have the same count."""
 
 import ml_collections
 
@@ -55,8 +54,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
       docstring_corpus_mb=0.0,
       # A SentencePiece .model; '' trains one of `vocab_size` pieces on the first
       # `vocab_documents` training documents into {workdir}/vocabulary.model.
-      vocabulary=C4_VOCABULARY, vocab_size=32_000, vocab_documents=200_000,
-      sequence_length=512))
+      vocabulary=C4_VOCABULARY, vocab_size=32_000, vocab_documents=200_000, sequence_length=512))
   c.model = config_common.model_config(
       arg.model, num_layers=6, emb_dim=512, num_heads=8, qk_dim=512, v_dim=512,
       mlp_dim=2048, position="rope", causal=True, attention_dropout=0.0,

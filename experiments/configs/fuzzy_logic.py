@@ -1,7 +1,7 @@
 r"""Fuzzy logic in-context regression: softmax vs linear attention vs HYLA.
 
 Arguments (`--config=experiments/configs/fuzzy_logic.py:model=hyla,size=paper`):
-  model  any preset of `hypernet_attention.attention.PRESETS`.
+  model  any preset of `hypernet_attention.presets.PRESETS`.
   size   paper  Table A1's setting (the paper's appendix): L=4 variables, K=2 terms, N=32
                 examples, 70% of the known-term tasks held out, 4 terms never seen; 2 layers,
                 D=128, 8 heads, qk/v width 16, MLP 256; batch 128, 50,000 steps, AdamW lr 1e-3,

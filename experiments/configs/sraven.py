@@ -1,7 +1,7 @@
 r"""SRAVEN (symbolic Raven's progressive matrices): softmax vs linear attention vs HYLA.
 
 Arguments (`--config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4`):
-  model  any preset of `hypernet_attention.attention.PRESETS` (softmax, linear, hyla, ...).
+  model  any preset of `hypernet_attention.presets.PRESETS` (softmax, linear, hyla, ...).
   size   paper  the paper (SRAVEN, appendix): K=4 features, F=8 values, 25% of the 330 rule
                 combinations held out; 4 layers, D=128, 16 heads, qk/v width 64, MLP 256 (402,824
                 params at width 1, depth 4); batch 128, 156,250 steps (20M problems), AdamW lr 1e-3,
@@ -22,8 +22,7 @@ combinations (`config_common.follow_run_seed`: by default the run's seed, as in 
 Command (paper size, one run of the scaling grid):
   python experiments/sraven_scaling.py \
     --config=experiments/configs/sraven.py:model=hyla,size=paper,width=1,depth=4 \
-    --workdir=workdirs/sraven_hyla_w1_d4
-"""
+    --workdir=workdirs/sraven_hyla_w1_d4"""
 
 import ml_collections
 

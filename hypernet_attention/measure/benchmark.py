@@ -22,11 +22,10 @@ cell predicted (from the column's previous T) to overrun its time budget is skip
 Implementations (`implementations()`): softmax_cudnn (`jax.nn.dot_product_attention`,
 implementation='cudnn'; GPU, bf16/fp16), softmax_xla (the same with implementation='xla'),
 linear (linear attention, reference einsums), hyla_<name> for every implementation in
-`dispatch.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
+`presets.IMPLEMENTATIONS` but `auto` (read at call time: a kernel added there is measured
 here without an edit), and rmshead_linear_blockwise (Table A1's "linear attention + RMSHead": HYLA's
 normalization with a linear value network, in blockwise's tiles). `softmax` is also
-accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies).
-"""
+accepted: the path a model takes (`dispatch`'s choice: cuDNN on GPU where it applies)."""
 
 from __future__ import annotations
 
@@ -43,6 +42,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 
 BASELINES = ("softmax_cudnn", "softmax_xla")  # The ratio's denominator: the first that ran.
@@ -53,11 +53,17 @@ DEFAULT_CALLS = 20  # Calls per measurement, inside one jitted loop.
 LONG_CALL_MS = 10.0
 MIN_CALLS = 3
 _HYLA = dict(normalization="rms_head", value_network="mlp", activation="relu")
+# The columns other than cuDNN/XLA softmax and HYLA: dispatch.attention's keywords.
+_COLUMNS = {
+    "softmax": dict(normalization="softmax", value_network="linear"),
+    "linear": dict(normalization="linear", value_network="linear", implementation="reference"),
+    "rmshead_linear_blockwise": dict(normalization="rms_head", value_network="linear",
+                                     implementation="blockwise")}
 
 
 def implementations() -> tuple[str, ...]:
-  """Every benchmark column, HYLA's read from `dispatch.IMPLEMENTATIONS` now."""
-  hyla = tuple(f"hyla_{n}" for n in dispatch.IMPLEMENTATIONS if n != "auto")
+  """Every benchmark column, HYLA's read from `presets.IMPLEMENTATIONS` now."""
+  hyla = tuple(f"hyla_{n}" for n in presets.IMPLEMENTATIONS if n != "auto")
   return (*BASELINES, "linear", *hyla, "rmshead_linear_blockwise")
 
 
@@ -91,8 +97,7 @@ def flops(name: str, shape: Shape) -> tuple[float, float]:
 
   Per visible pair and head: scores 2D; softmax/linear add a*v (2V); HYLA adds the hidden
   z = sum_h a v (2V per head) and y = sum_k a z (2V per head). The backward doubles every
-  product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP).
-  """
+  product (one gradient per operand): dq, dk (4D), and 4V (linear) or 8V (MLP)."""
   d = v = shape.head_dim
   linear_value = not name.startswith("hyla_")
   per_pair = (2 * d + 2 * v, 4 * d + 4 * v) if linear_value else (2 * d + 4 * v, 4 * d + 8 * v)
@@ -107,19 +112,10 @@ def attention_fn(name: str, causal: bool) -> Callable:
     implementation = name.removeprefix("softmax_")
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=implementation)
-  if name == "softmax":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="softmax", value_network="linear")
-  if name == "linear":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="linear", value_network="linear",
-        implementation="reference")
-  if name == "rmshead_linear_blockwise":
-    return lambda q, k, v: dispatch.attention(
-        q, k, v, is_causal=causal, normalization="rms_head", value_network="linear",
-        implementation="blockwise")
+  if name in _COLUMNS:
+    return lambda q, k, v: dispatch.attention(q, k, v, is_causal=causal, **_COLUMNS[name])
   implementation = name.removeprefix("hyla_")
-  if not name.startswith("hyla_") or implementation not in dispatch.IMPLEMENTATIONS:
+  if not name.startswith("hyla_") or implementation not in presets.IMPLEMENTATIONS:
     raise ValueError(f"implementation {name!r}; allowed: {', '.join(allowed_names())}")
   return lambda q, k, v: dispatch.attention(
       q, k, v, is_causal=causal, implementation=implementation, **_HYLA)
@@ -142,8 +138,7 @@ def fwd_bwd(fn: Callable) -> Callable:
   so under `jax.grad` alone XLA drops their forward and times the backward only (what every
   blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27 measured), while softmax and the
   reference keep theirs, which their gradients need."""
-  return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)),
-                            (0, 1, 2))
+  return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2))
 
 
 def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
@@ -155,23 +150,20 @@ def fwd_and_fwd_bwd(name: str, causal: bool) -> dict[str, Callable]:
 def call_loop(fn: Callable, calls: int) -> Callable:
   """A jitted program that runs `fn` `calls` times in one loop and returns the last result.
 
-  Each call depends on the one before: the inputs ride in the loop's carry, and before each
-  call one element of each input is added 0 x (one element of each of the previous call's
-  results). XLA cannot hoist the call out of the loop (its inputs are loop-variant), merge
-  two calls, or drop part of a result (all of it is carried), and it does not fold a float
-  multiply by 0 (NaN semantics). The update is in place: a few scalars per call, not a pass
-  over the inputs. (An `optimization_barrier` on loop-invariant inputs is not enough:
-  XLA:CPU hoisted the whole attention out of such a loop.) The trip count is static (no
-  host round-trip per iteration on GPU).
-  """
+  Each call depends on the one before: the inputs ride in the loop's carry, and before each call one
+  element of each input is added 0 x (one element of each of the previous call's results). XLA
+  cannot hoist the call out of the loop (its inputs are loop-variant), merge two calls, or drop part
+  of a result (all of it is carried), and it does not fold a float multiply by 0 (NaN semantics).
+  The update is in place: a few scalars per call, not a pass over the inputs. (An
+  `optimization_barrier` on loop-invariant inputs is not enough: XLA:CPU hoisted the whole attention
+  out of such a loop.) The trip count is static (no host round-trip per iteration on GPU)."""
   def looped(*args):
     result_shape = jax.eval_shape(fn, *args)
     first = jax.tree.map(lambda s: lax.full(s.shape, 0, s.dtype), result_shape)
 
     def body(_, carry):
       inputs, previous = carry
-      picked = sum(leaf[(0,) * leaf.ndim].astype(jnp.float32)
-                   for leaf in jax.tree.leaves(previous))
+      picked = sum(leaf[(0,) * leaf.ndim].astype(jnp.float32) for leaf in jax.tree.leaves(previous))
       zero = jnp.where(jnp.isfinite(picked), picked, 0.0) * 0.0
       corner = lambda x: (0,) * x.ndim
       inputs = tuple(x.at[corner(x)].add(zero.astype(x.dtype)) for x in inputs)
@@ -355,8 +347,7 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
   return row
 
 
-def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits
-                     ) -> Optional[dict]:
+def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits) -> Optional[dict]:
   """{kind: ms per call} of `call_loop` around calls that do nothing (return their inputs,
   shaped as the results): what the dependency between calls costs (a few scalar kernels
   per call), to read beside sub-millisecond rows. None where the inputs would not fit."""

@@ -22,8 +22,7 @@ The rules (CUDA driver API `cuTensorMapEncodeTiled`, PTX ISA `cp.async.bulk.tens
         16 bytes and, swizzled, at most the swizzle's width; every global stride but the
         innermost a multiple of 16 bytes.
   wgmma each SMEM operand aligned to its swizzle's repeat (the descriptor's base-offset field
-        is 0 in Mosaic's descriptors, which assumes it).
-"""
+        is 0 in Mosaic's descriptors, which assumes it)."""
 
 from __future__ import annotations
 
@@ -170,8 +169,7 @@ def _recording():
     recorder.copy(src_ref, dst_ref, swizzle)
     return async_copy(self, src_ref=src_ref, dst_ref=dst_ref, swizzle=swizzle, **kwargs)
 
-  def record_descriptor(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle,
-                        reduction_op):
+  def record_descriptor(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle, reduction_op):
     recorder.descriptor(gmem_ref, gmem_transform, box, swizzle)
     return get_tma_desc(self, gmem_ref, gmem_transform, gmem_peer_id, box, swizzle, reduction_op)
 
@@ -223,8 +221,7 @@ def main() -> int:
 
   shape = jax.ShapeDtypeStruct((2, 128, 8, 64), jnp.bfloat16)
   # With the loss's value: under grad alone the forward, its output unused, is not lowered.
-  found = uses(benchmark.fwd_bwd(lambda q, k, v: mosaic_kernel.attention(q, k, v,
-                                                                      is_causal=True)),
+  found = uses(benchmark.fwd_bwd(lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True)),
                shape, shape, shape)
   bad = [describe(u) for u in found if not u.ok]
   counts = ", ".join(f"{sum(u.what == k for u in found)} {k}" for k in sorted({u.what for u

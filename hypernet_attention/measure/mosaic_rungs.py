@@ -7,25 +7,19 @@ Why: a kernel that faults on the GPU (`CUDA_ERROR_MISALIGNED_ADDRESS`) kills the
 CUDA context, and every later call in that process fails with it, so a kernel not yet seen
 to run in this window runs alone, smallest shape first, under `compute-sanitizer`, which
 names the faulting instruction and address. The ladder, bottom up:
-  forward       the forward kernel: TMA loads and store, scores, RMSHead code, value
-                network, read-out
-  forward_overlap  the forward with Blocks.overlap (the next key tile's score wgmmas in
-                flight under this tile's value network)
-  forward_paired  the forward with Blocks.paired at 64x8x8 (two value columns per
-                accumulator; the code's key pairs exchanged in registers by inline Mosaic GPU)
+  forward       the forward kernel at its default tiles (paired 64x8x8): TMA loads and store,
+                scores, RMSHead code, the code's key pairs exchanged in registers (inline Mosaic
+                GPU), value network, read-out
   backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
   dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
-  fwd_bwd       the dq rung's forward and backward once at a timing shape, unchecked (the
+  fwd_bwd       the forward and the dq rung's backward once at a timing shape, unchecked (the
                 reference would not fit): the program the window's profiler (ncu) reads
   parity        values and gradients in bfloat16 against the float64 reference at each T
-                (`measure/parity.check`, the GPU window's bound), once the rungs have passed;
-                with --schedule=overlap|paired, of that forward (rows named mosaic_overlap,
-                mosaic_paired)
+                (`measure/parity.check`, the GPU window's bound), once the rungs have passed
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
 reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
 and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
-On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window's dry run).
-"""
+On a CPU with jax >= 0.11 the kernels run in Mosaic's interpret mode (the window's dry run)."""
 
 from __future__ import annotations
 
@@ -35,10 +29,7 @@ import time
 
 from hypernet_attention import errors
 
-RUNGS = ("forward", "forward_overlap", "forward_paired", "backward", "dq", "fwd_bwd", "parity")
-# The forward's other schedules (`mosaic_kernel.Blocks`), each checked as its own rung and
-# parity before a window times it: name -> Blocks fields over the defaults.
-SCHEDULES = {"overlap": dict(overlap=True), "paired": dict(paired=True, block_v=8)}
+RUNGS = ("forward", "backward", "dq", "fwd_bwd", "parity")
 # A sanity bound for the rungs (bf16 inputs and operands against the float32 reference, in
 # relative Frobenius norm per quantity); the parity rung holds the real, derived bound.
 RUNG_TOLERANCE = 0.05
@@ -53,22 +44,16 @@ def _kernel_and_reference(rung: str, interpret):
 
   def kernel(q, k, v):
     return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
-                                   dq="xla" if rung == "backward" else "kernel",
-                                   blocks=schedule(rung.partition("forward_")[2]))
+                                   dq="xla" if rung == "backward" else "kernel")
 
-  if rung.startswith("forward"):
+  if rung == "forward":
     return jax.jit(kernel), jax.jit(parity.hyla_reference)
-  grads = lambda fn: jax.jit(jax.grad(lambda q, k, v, cot: (fn(q, k, v).astype(
+  # fwd_bwd keeps the loss's value, so that its forward kernel runs too (under grad alone XLA
+  # drops it: the profiler then sees no forward).
+  differentiate = jax.value_and_grad if rung == "fwd_bwd" else jax.grad
+  grads = lambda fn: jax.jit(differentiate(lambda q, k, v, cot: (fn(q, k, v).astype(
       jnp.float32) * cot).sum(), argnums=(0, 1, 2)))
   return grads(kernel), grads(parity.hyla_reference)
-
-
-def schedule(name: str = ""):
-  """The forward's Blocks for a name of SCHEDULES ('': the defaults)."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-
-  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-  return dataclasses.replace(mosaic_kernel.DEFAULT_BLOCKS, **SCHEDULES.get(name, {}))
 
 
 def interpret_params():
@@ -111,7 +96,7 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> 
   q, k, v, cot = (jax.random.normal(key, (batch, seq_len, heads, head_dim), jnp.float32)
                   for key in keys)
   kernel, ref = _kernel_and_reference(rung, interpret)
-  args = (q, k, v) if rung.startswith("forward") else (q, k, v, cot)
+  args = (q, k, v) if rung == "forward" else (q, k, v, cot)
   start = time.monotonic()
   got = jax.block_until_ready(kernel(*(a.astype(jnp.bfloat16) for a in args[:3]), *args[3:]))
   row["seconds"] = round(time.monotonic() - start, 2)  # compile and one call
@@ -136,8 +121,6 @@ def main(argv=None) -> int:
   parser.add_argument("--seq_lens", default="128,256,1000", help="parity's T")
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--schedule", default="", choices=("", *SCHEDULES),
-                      help="parity of the forward with this schedule (SCHEDULES)")
   args = parser.parse_args(argv)
   parser.check_positive(args, "batch", "seq_len", "heads", "head_dim")
   try:
@@ -149,17 +132,9 @@ def main(argv=None) -> int:
     print(json.dumps(row), flush=True)
     return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
-  from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
-
-  def scheduled(q, k, v):  # refuses what dispatch's "mosaic" refuses, in one line
-    mosaic_kernel.check_device(q.dtype)
-    return mosaic_kernel.attention(q, k, v, is_causal=True, blocks=schedule(args.schedule))
-
-  name = f"mosaic_{args.schedule}" if args.schedule else "mosaic"  # plain: dispatch's own
   for seq_len in seq_lens:
-    for row in parity.check(seq_len, "bfloat16", [name], fns={name: scheduled} if (
-                                args.schedule) else None,
-                            batch=args.batch, heads=args.heads, head_dim=args.head_dim):
+    for row in parity.check(seq_len, "bfloat16", ["mosaic"], batch=args.batch, heads=args.heads,
+                            head_dim=args.head_dim):
       print(json.dumps(row), flush=True)
       if row["status"] != "pass":
         return 2 if row["status"] == "unsupported" else 1

@@ -3,25 +3,25 @@
 The first stage of a GPU window (`experiments/benchmark_attention.py --parity_only`,
 `launch/gpu_window.py`): a kernel that computes the wrong function on the window's device
 must stop the window before anything is timed. Implementations are read from
-`dispatch.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
+`presets.IMPLEMENTATIONS` when called, so a kernel added there is checked without an edit.
 
 The bound is tests/numerics.py's rule: the float32 reference's own error against float64, `err32`,
 measures the input's conditioning at float32 rounding; any summation order of a correct kernel stays
 within max(sqrt(n) err32, n u32, four roundings of a bfloat16 output), n the longest reduction (keys
 x width x heads), while a wrong mask, head axis or gradient is off by O(0.1-1). Matmuls run at full
-float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser).
-"""
+float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser)."""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import reference
 
@@ -33,7 +33,7 @@ NARROW_SLACK = 2.0
 
 def hyla_implementations() -> tuple[str, ...]:
   """Every implementation `dispatch` can be asked for by name, but the reference itself."""
-  return tuple(n for n in dispatch.IMPLEMENTATIONS if n not in ("auto", "reference"))
+  return tuple(n for n in presets.IMPLEMENTATIONS if n not in ("auto", "reference"))
 
 
 def hyla_reference(q, k, v):
@@ -44,8 +44,7 @@ def hyla_reference(q, k, v):
 
 def _implementation(name: str) -> Callable:
   """A `dispatch` implementation name, causal HYLA (dispatch refuses a name it lacks)."""
-  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name,
-                                            **HYLA)
+  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name, **HYLA)
 
 
 def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:
@@ -70,13 +69,11 @@ def _rel(x: np.ndarray, exact: np.ndarray) -> float:
 
 
 def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: int,
-          head_dim: int, seed: int = 0, fns: Optional[dict[str, Callable]] = None
-          ) -> Iterator[dict]:
+          head_dim: int, seed: int = 0) -> Iterator[dict]:
   """One row per implementation, yielded as each is measured (a window cut short keeps the
   rows it has: a kernel that compiles for minutes is named by the rows before it): relative
   error and bound of the output and each gradient, causal, on fresh normal inputs rounded
-  to `dtype` (the exact answer is for those). A name is `dispatch`'s, or a key of `fns`
-  ((q, k, v) -> causal HYLA: a kernel variant dispatch does not name)."""
+  to `dtype` (the exact answer is for those). A name is `dispatch`'s."""
   rng = np.random.default_rng([seed, seq_len])
   dims = (batch, seq_len, heads, head_dim)
   rounded = [np.asarray(jnp.asarray(rng.standard_normal(dims), dtype), np.float64)
@@ -98,7 +95,7 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
       row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
                  head_dim=head_dim, causal=True)
       try:
-        got = value_and_grads((fns or {}).get(name) or _implementation(name), *inputs)
+        got = value_and_grads(_implementation(name), *inputs)
       except Exception as err:  # pylint: disable=broad-except
         # A kernel that refuses this device or dtype in one line (BadInput: e.g. `mosaic`
         # off Hopper) is not wrong: "unsupported". One that does not compile here is an

@@ -16,11 +16,11 @@ its replacement none (experiments/results/kernels.md has the table).
 `prepare()` must run before JAX picks its backends (the plugin's CUDA version checks need a
 CUDA install this machine does not have; they are skipped, as nothing runs). Mosaic also
 tries to disassemble with nvdisasm, absent from the wheels: its one "nvdisasm invocation
-failed" line per kernel on stderr is harmless.
-"""
+failed" line per kernel on stderr is harmless."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -79,26 +79,99 @@ def device():
   return topology.devices[0]
 
 
+# A Hopper multiprocessor (H100 SXM, H200; CUDA's occupancy rules for compute capability 9.0):
+# 4 warp schedulers; 64 K registers, given to each warp in units of 256; 228 KiB of shared memory,
+# of which the driver keeps 1 KiB per CTA; at most 64 warps and 32 CTAs.
+SCHEDULERS, REGISTERS, REGISTER_UNIT = 4, 65_536, 256
+SMEM, SMEM_PER_CTA_RESERVED, SMEM_UNIT = 233_472, 1024, 128
+MAX_WARPS, MAX_CTAS = 64, 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupancy:
+  """How many CTAs of a kernel one multiprocessor holds, by registers and by shared memory, and so
+  how many warps each scheduler can pick from: at one, every stall of that warp is an idle issue
+  slot (the dS kernel on the H200, 2026-11-28: issue active 55%)."""
+  ctas_by_registers: int
+  ctas_by_smem: int
+  ctas: int
+  warps_per_scheduler: float
+
+
+def occupancy(registers: int, smem_bytes: int, warps_per_cta: int = 4) -> Occupancy:
+  """From ptxas's registers per thread, the CTA's shared memory (bytes, what Mosaic allocates)
+  and its warps (4 per warpgroup); Nsight Compute's launch__occupancy_limit_* for the same
+  inputs (tests/measure/test_ptxas.py holds it to the window's rows)."""
+  per_warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+  by_registers = REGISTERS // per_warp // warps_per_cta
+  allocated = -(-(smem_bytes + SMEM_PER_CTA_RESERVED) // SMEM_UNIT) * SMEM_UNIT
+  by_smem = SMEM // allocated
+  ctas = min(by_registers, by_smem, MAX_CTAS, MAX_WARPS // warps_per_cta)
+  return Occupancy(by_registers, by_smem, ctas, ctas * warps_per_cta / SCHEDULERS)
+
+
+def under_filled(kernels: dict[str, tuple[int, int, int]],
+                 min_warps_per_scheduler: float) -> list[str]:
+  """One line per kernel, {name: (registers, shared memory bytes, warps per CTA)}, whose
+  `occupancy` leaves a scheduler fewer warps than `min_warps_per_scheduler` (0 CTAs: it cannot
+  launch at all)."""
+  lines = []
+  for name, (registers, smem_bytes, warps) in kernels.items():
+    o = occupancy(registers, smem_bytes, warps)
+    if o.warps_per_scheduler < min_warps_per_scheduler:
+      limit = "registers" if o.ctas_by_registers <= o.ctas_by_smem else "shared memory"
+      lines.append(f"{name}: {o.warps_per_scheduler:g} warps per scheduler ({o.ctas} CTAs of "
+                   f"{warps} warps per multiprocessor, bound by {limit}: {registers} registers, "
+                   f"{smem_bytes:,} bytes); allowed: at least {min_warps_per_scheduler:g}")
+  return lines
+
+
 def parse(report: str) -> dict[str, int]:
   """ptxas's report of one kernel -> registers, spill_stores, spill_loads (bytes)."""
   registers = re.search(r"Used (\d+) registers", report)
   spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
   if not registers:
     raise ValueError(f"not a ptxas report: {report.strip()[:120]!r}")
-  return dict(registers=int(registers.group(1)),
-              spill_stores=int(spills.group(1)) if spills else 0,
+  return dict(registers=int(registers.group(1)), spill_stores=int(spills.group(1)) if spills else 0,
               spill_loads=int(spills.group(2)) if spills else 0)
 
 
+def hot_loop(ptx: str) -> dict[str, int]:
+  """The loop of a kernel's PTX (a label and a later branch back to it) whose own body, nested
+  loops left out (barrier waits spin in small ones), holds the most `fma` instructions: its static
+  instructions, FMAs and shared-memory loads. Per execution: the key or query tile loop of the
+  forward and the dV kernel, the value-column loop of the dS kernel."""
+  lines = [line.strip() for line in ptx.splitlines()]
+  labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\$\w+:", line)}
+  loops = sorted({(labels[m.group(1)], i) for i, line in enumerate(lines)
+                  for m in [re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", line)]
+                  if m and labels.get(m.group(1), i) < i}, key=lambda r: r[1] - r[0])
+  if not loops:
+    raise ValueError("hot_loop: no loop in this PTX")
+  best = None
+  for start, stop in loops:
+    inner = [(a, b) for a, b in loops if start <= a and b <= stop and (a, b) != (start, stop)]
+    ops = [re.sub(r"^@!?%\w+\s+", "", lines[i]).split()[0] for i in range(start, stop + 1)
+           if lines[i].endswith(";") and not lines[i].startswith((".", "//"))
+           and not any(a <= i <= b for a, b in inner)]
+    found = dict(instructions=len(ops), fma=sum(op.startswith("fma.") for op in ops),
+                 ld_shared=sum(op.startswith("ld.shared") for op in ops))
+    if best is None or found["fma"] > best["fma"]:
+      best = found
+  return best
+
+
 def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
-  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order
-  Mosaic compiled them (program order). `shapes`: `jax.ShapeDtypeStruct`s."""
+  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order Mosaic
+  compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and its PTX's
+  `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`: `jax.ShapeDtypeStruct`s."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
   previous = os.environ.get("MOSAIC_GPU_DUMP_TO")
   with tempfile.TemporaryDirectory() as folder:
     os.environ["MOSAIC_GPU_DUMP_TO"] = folder  # read by Mosaic at each kernel's compile
+    os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
     try:
       jax.jit(fn).trace(*placed).lower(lowering_platforms=("cuda",)).compile(
           {"xla_gpu_autotune_level": 0})
@@ -109,4 +182,11 @@ def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
         os.environ["MOSAIC_GPU_DUMP_TO"] = previous
     reports = sorted(glob.glob(os.path.join(folder, "*.ptxas")),
                      key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
-    return [parse(open(p).read()) for p in reports]
+    rows = []
+    for path in reports:
+      stem = path[:-len(".ptxas")]
+      loop = hot_loop(open(stem + ".ptx").read())
+      smem = re.search(r"smem_scratch_bytes=(\d+)", open(stem + ".resources.txt").read())
+      rows.append({**parse(open(path).read()), "smem_bytes": int(smem.group(1)),
+                   **{f"loop_{k}": v for k, v in loop.items()}})
+    return rows

@@ -313,9 +313,8 @@ def _prepare(query, key, value, bias, mask, cfg):
   q = _to_heads_major(query, cfg.q_padded)
   k = _to_heads_major(key, cfg.k_padded)
   v = _to_heads_major(value, cfg.k_padded)
-  full = (query.shape[0], query.shape[2], cfg.q_len, cfg.k_len)
-  bias4 = tiling.pad_pair_operand(tiling.as_rank4(bias, "bias", full), cfg, 0)
-  mask4 = tiling.pad_pair_operand(tiling.as_rank4(mask, "mask", full, bool), cfg, False)
+  bias4 = tiling.pad_pair_operand(tiling.as_rank4(bias), cfg, 0)
+  mask4 = tiling.pad_pair_operand(tiling.as_rank4(mask), cfg, False)
   return q, k, v, bias4, mask4
 
 
@@ -359,13 +358,16 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
               block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
               dropout_rate: float = 0.0, dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """Same contract as `reference.attention` (plus `is_causal` and tile sizes); no deep_mlp."""
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
   cfg = tiling.make_config(
       query_BQHD.shape[1], key_BKHD.shape[1], query_BQHD.shape[-1], computes=COMPUTES,
       normalization=normalization, value_network=value_network, activation=activation,
       eps=eps, is_causal=is_causal, block_q=block_q, block_k=block_k,
       dtype=query_BQHD.dtype, dropout_rate=dropout_rate)
-  mask = None if mask is None else mask.astype(bool)
   if cfg.dropout_rate and dropout_seed is None:
     raise ValueError(f"dropout_rate={cfg.dropout_rate} needs dropout_seed (an int32 scalar).")
   seed = jnp.asarray(dropout_seed, jnp.int32) if cfg.dropout_rate else None
-  return _attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, seed, cfg)
+  key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
+      key_BKHD, value_BKHV, mask, cfg.q_len, is_causal)
+  return reference.reveal_nonfinite(
+      _attention(query_BQHD, key_BKHD, value_BKHV, bias, mask, seed, cfg), poisoned_BQ)

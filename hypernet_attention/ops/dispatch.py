@@ -8,7 +8,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              (`factored.py`): per-example matmuls instead of the reference's transposed
              code and tiny batched matmuls. Short sequences with narrow heads, on CPU.
   mosaic     HYLA fused for Hopper in Pallas Mosaic GPU (`mosaic_kernel.py`): `auto` takes
-             it where a GPU window timed it faster than blockwise (`MOSAIC_MIN_PAIRS`).
+             it where its modeled time, calibrated on a GPU window's rows, is under
+             blockwise's (`kernel_cost.py`: by batch, heads, query tiles and pairs).
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
@@ -18,7 +19,8 @@ declares and runs the reference for the rest (`deep_mlp`, HYLA+, has no tiled ke
 normalization or value network added to the reference runs there until a kernel declares
 it), while an explicit fast implementation refuses anything else in one line. Before that,
 every call's operands meet `reference.check_operands` (floating, keys as long as values, no
-empty sequence), whichever path runs them.
+empty sequence, bool mask, eps > 0), whichever path runs them, and on each a NaN or Inf in a
+masked key or value contributes nothing (`reference.isolate_nonfinite`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ import jax
 import jax.numpy as jnp
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dropout
 from hypernet_attention.ops import factored
+from hypernet_attention.ops import kernel_cost
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
 from hypernet_attention.ops import sharded
@@ -43,9 +47,8 @@ FAST_PATHS: dict[str, reference.Computes] = {"factored": factored.COMPUTES,
                                              "blockwise": blockwise.COMPUTES}
 # The fused Hopper kernels (`mosaic_kernel.py`): by name they refuse other devices, float32
 # and what they do not compute in one line; `auto` takes them only where
-# `mosaic_kernel.runs_here` and from MOSAIC_MIN_PAIRS on.
+# `mosaic_kernel.runs_here` and where `kernel_cost.mosaic_faster`.
 EXPLICIT_PATHS: dict[str, reference.Computes] = {"mosaic": mosaic_kernel.COMPUTES}
-IMPLEMENTATIONS = ("auto", "reference", *FAST_PATHS, *EXPLICIT_PATHS)
 # `auto`'s path for plain softmax attention (`_softmax_attention`).
 SOFTMAX_ATTENTION = reference.Computes("jax.nn.dot_product_attention", ("softmax",),
                                        ("linear",))
@@ -80,12 +83,6 @@ FACTORED_MAX_HEAD_DIM = 8
 #   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
 # Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
-# On Hopper, bf16/f16 (`mosaic_kernel.runs_here`), the fused kernels from this many (q, k)
-# pairs on: the shortest length a GPU window timed them against blockwise. T=4096 forward
-# 6.96 vs 8.60 ms (256 x 256 tiles), backward 17.7 vs 27.0 (one H200, B=4, H=8, D=V=64,
-# bf16, causal, one run; experiments/results/gpu_windows/2026-11-27_h200_registers).
-# Lower it when a window times shorter ones faster (gpu_window's mosaic_time_1024 stage).
-MOSAIC_MIN_PAIRS = 4096 * 4096
 
 
 def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
@@ -95,24 +92,20 @@ def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[i
   return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
-def _with_causal(mask, is_causal, q_len, k_len):
-  if not is_causal:
-    return mask
-  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
-  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
-
-
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
-    factorable: bool = False, fused: bool = False,
+    factorable: bool = False, fused: bool = False, batch: int = 1, heads: int = 8,
+    v_dim: int = 64, causal: bool = False,
 ) -> str:
   """The `auto` choice for everything except plain softmax attention without dropout:
   a fast path only for what it declares (`FAST_PATHS`), the reference otherwise.
 
   `head_dim`, `factorable` (mask and bias as `factored.supports` needs them): whether the
   short-sequence choice may be `factored` instead of the reference. `fused`: whether the
-  fused Hopper kernels can run the call here (`mosaic_kernel.runs_here`).
+  fused Hopper kernels can run the call here (`mosaic_kernel.runs_here`); then `batch`, `heads`,
+  `v_dim` and `causal` decide, with the lengths, whether they are faster than blockwise
+  (`kernel_cost.mosaic_faster`: how their CTAs fill the GPU, from a window's rows).
   """
   backend = backend or jax.default_backend()
   if q_len * k_len <= (REFERENCE_MAX_PAIRS_DROPOUT if dropout else REFERENCE_MAX_PAIRS):
@@ -123,7 +116,7 @@ def choose_implementation(
     return "reference"
   if not FAST_PATHS["blockwise"].covers(normalization, value_network):
     return "reference"
-  if fused and q_len * k_len >= MOSAIC_MIN_PAIRS:
+  if fused and kernel_cost.mosaic_faster(batch, q_len, k_len, heads, v_dim, causal):
     return "mosaic"
   return "blockwise"  # XLA gives its einsums to the matrix units, on every backend.
 
@@ -135,17 +128,17 @@ def _softmax_attention(query, key, value, bias, mask, is_causal):
   of returning 0; such rows only occur for padding.
   """
   full = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
-  bias4 = tiling.as_rank4(bias, "bias", full, query.dtype)
-  mask4 = tiling.as_rank4(mask, "mask", full, bool)
+  key, value, poisoned_BQ = reference.isolate_nonfinite(key, value, mask, full[2], is_causal)
+  bias4, mask4 = tiling.as_rank4(bias, query.dtype), tiling.as_rank4(mask)
   use_cudnn = (
       jax.default_backend() == "gpu"
       and query.dtype in (jnp.bfloat16, jnp.float16)
       and query.shape[-1] % 8 == 0 and query.shape[-1] <= 128
       and mask4 is None
       and (bias4 is None or bias4.shape[2:] == full[2:]))
-  return jax.nn.dot_product_attention(
+  return reference.reveal_nonfinite(jax.nn.dot_product_attention(
       query, key, value, bias=bias4, mask=mask4, is_causal=is_causal,
-      implementation="cudnn" if use_cudnn else None)
+      implementation="cudnn" if use_cudnn else None), poisoned_BQ)
 
 
 def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
@@ -164,8 +157,9 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   batch and heads, drawn by `dropout.py`'s hash of (seed, q, k): every implementation
   drops the same pairs, and the tiled ones recompute the mask per tile.
   """
-  reference.check_operands(query_BQHD, key_BKHD, value_BKHV)  # Every path, before any work.
-  errors.check_choice("implementation", implementation, IMPLEMENTATIONS)
+  # Every path, before any work.
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
+  errors.check_choice("implementation", implementation, presets.IMPLEMENTATIONS)
   errors.check_choice("normalization", normalization, reference.NORMALIZATIONS)
   errors.check_choice("value_network", value_network, reference.VALUE_NETWORKS)
   reference.get_activation(activation)
@@ -181,15 +175,17 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
         q_len, k_len, normalization, value_network, dropout=bool(dropout_rate),
         head_dim=query_BQHD.shape[-1],
         factorable=factored.supports(normalization, value_network, mask, bias),
+        batch=query_BQHD.shape[0], heads=query_BQHD.shape[2], v_dim=value_BKHV.shape[-1],
+        causal=is_causal,
         fused=mosaic_kernel.runs_here(query_BQHD, value_BKHV, normalization, value_network,
                                       activation, bias=bias, mask=mask,
                                       dropout_rate=dropout_rate))
-  elif implementation != "reference":
+  elif implementation in FAST_PATHS or implementation in EXPLICIT_PATHS:
     {**FAST_PATHS, **EXPLICIT_PATHS}[implementation].check(normalization, value_network)
   kwargs = dict(normalization=normalization, value_network=value_network,
                 activation=activation, eps=eps, dropout_rate=dropout_rate)
   if implementation in ("reference", "factored"):
-    mask = _with_causal(mask, is_causal, q_len, k_len)
+    mask = reference.with_causal(mask, is_causal, q_len, k_len)
     if implementation == "factored":
       return factored.attention(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask,
                                 dropout_seed=dropout_seed, **kwargs)

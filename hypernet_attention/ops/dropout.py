@@ -10,8 +10,7 @@ the same mask from the same function, so every implementation drops the same pai
 Hash: two rounds of `lowbias32` (a 32-bit integer bijection with low bias, from Chris
 Wellons' hash-prospector), h = mix(mix(seed ^ q) + k); the pair is kept when the top 24 bits
 of h are >= rate * 2^24. Integer arithmetic is int32 with wrap-around and logical shifts
-(the same bits as uint32), which XLA does natively.
-"""
+(the same bits as uint32), which XLA does natively."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def _pair_scale(shape_BQK, scores_BHQK, mask, eps, dropout_rate, dropout_seed):
   batch, q_len, k_len = shape_BQK
   valid_BQK = None
   if mask is not None:
-    valid_BQK = jnp.broadcast_to(mask, (batch, 1, q_len, k_len))[:, 0].astype(bool)
+    valid_BQK = jnp.broadcast_to(mask, (batch, 1, q_len, k_len))[:, 0]
   if scores_BHQK is not None:
     ms_BQK = jnp.mean(jnp.square(scores_BHQK), axis=1)
     if valid_BQK is not None:  # A masked pair's scores may be huge; its code is 0 anyway.
@@ -78,6 +78,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
               eps: float = reference.RMS_HEAD_EPS, dropout_rate: float = 0.0,
               dropout_seed: Optional[jax.Array] = None) -> jax.Array:
   """`reference.attention`'s contract for the calls `supports` accepts; (B, Q, H, V)."""
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
   if not supports(normalization, value_network, mask, bias):
     shape = lambda x: None if x is None else tuple(x.shape)
     raise ValueError(
@@ -86,6 +87,8 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
         f"normalization in {COMPUTES.normalizations}, value_network in "
         f"{COMPUTES.value_networks}, a mask without a head axis and a bias without a batch "
         "axis.")
+  key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
+      key_BKHD, value_BKHV, mask, query_BQHD.shape[1])
   phi = reference.get_activation(activation)
   out_dtype = query_BQHD.dtype
   dtype = jnp.promote_types(out_dtype, jnp.float32)
@@ -121,4 +124,4 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
                         read_BQXV.reshape(batch, q_len, heads, depth, v_width))
   if bias_HQK is not None:
     out_BQHV = out_BQHV + jnp.einsum("hqk,bqkv->bqhv", bias_HQK, weighted_BQKV)
-  return out_BQHV.astype(out_dtype)
+  return reference.reveal_nonfinite(out_BQHV.astype(out_dtype), poisoned_BQ)

@@ -15,27 +15,21 @@ through a two-slot TMA ring: the tile after next loads while this one computes):
                                                    column j, broadcast down the rows
     z_j  = relu(u_j)
     y_hj += sum over 8-column chunks of c_h * z_j  (bq, 8) per (h, j): FMAs within a thread
-At the end y_hj is summed over its 8 columns (the one cross-thread reduction) and stored. With
-`Blocks.overlap` tile k+1's score wgmmas run under tile k's value network. Per pair and column that
-is 2H+1 multiply-adds, the value network's own count, with no shuffles in the key loop: the code
-never leaves the registers the score wgmmas leave it in, as flash attention keeps its scores, and
-the value network is elementwise arithmetic in that same (WGMMA) layout. What it trades: the scores
+At the end y_hj is summed over its 8 columns (the one cross-thread reduction) and stored. Per pair
+and column that is 2H+1 multiply-adds, the value network's own count, with no shuffles in the key
+loop: the code never leaves the registers the score wgmmas leave it in, as flash attention keeps
+its scores, and the value network is elementwise arithmetic in that same (WGMMA) layout. What it
+trades: the scores
 are recomputed once per value slice (V / bv times, H*D tensor-core multiply-adds per pair each time)
 against (2H+1)*bv vector ones, and registers bound bk and bv (per thread, bq=64: H*bk/2 for the
 code, H*bv*4 for y; H*bv*2 with `Blocks.paired`, two value columns per accumulator).
 The backward (`mosaic_kernel_bwd.py`) keeps the same layout; `attention` is a
 `jax.custom_vjp` whose residuals are the inputs only.
 
-Why this layout (history, `git log` on this file): the first kernel ran the value network on
-the tensor cores, which needs the code head-minor per key; Mosaic has no register transpose
-and no head-minor store of a tiled SMEM ref ("Unimplemented primitive in Pallas Mosaic GPU
-lowering: transpose"; "Unsupported index type"), so it permuted by 0/1 matmuls that cost ~9x
-the value network's own work, and its backward held 24 accumulators per thread (255
-registers, ~9.3 KB of spills, by ptxas). On an H200 it was correct and slow (backward 66.6
-ms at T=4096, B=4, H=8, D=V=64, bf16, causal; blockwise XLA 27.5). This one, written without
-a GPU, passed the ladder (`measure/mosaic_rungs.py`) and bf16 parity on an H200 at its first
-run, and beat blockwise (forward 6.96 vs 8.60 ms, backward 17.7 vs 27.0, same shape; ~33x
-cuDNN's fwd+bwd): experiments/results/gpu_windows/2026-11-27_h200_{kernel,registers}.
+Why this layout: the first kernel ran the value network on the tensor cores through 0/1
+permutation matmuls (Mosaic has no register transpose), ~9x the value network's own work, and its
+backward spilled ~9.3 KB per thread; this one passed the ladder and bf16 parity on an H200 at its
+first run (experiments/results/kernels.md has the history and the timings).
 
 The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
 forward and ~3.4x that backward; at T=4096, B=4, H=8, V=64 that is ~37 G forward and ~160 G
@@ -72,15 +66,12 @@ _F32 = jnp.float32
 @dataclasses.dataclass(frozen=True)
 class Blocks:
   """The forward's tiles: bq queries (wgmma M: a multiple of 64), bk keys (wgmma N: a
-  multiple of 8), bv value columns (a loop); and its schedule. The defaults passed on an
-  H200 (2026-11-27). Registers by ptxas 12.9 for an H100 (B=4 T=1024 H=8 D=V=64 bf16,
-  measure/ptxas.py; experiments/results/kernels.md): 64x8x4 230; 64x8x2 160; 64x16x4 249;
-  64x32x1 246; none spills; 64x8x8 and 128x16x2 spill 0.3-0.7 KB per thread.
-
-  overlap: issue key tile k+1's score wgmmas, then run tile k's value network while they are in
-  flight (flash attention 3's overlap of tensor-core and CUDA-core work), instead of waiting on each
-  tile's scores before its value network. It holds a second tile's code: 64x8x2 192 registers;
-  64x8x4 255 and 16 B spilled. Off by default until a GPU window times it.
+  multiple of 8), bv value columns (a loop); and its schedule. The default, paired 64x8x8, was
+  the fastest on an H200 (2026-11-28, B=4 H=8 D=V=64 bf16 causal, fwd+bwd at T=4096: 22.5 ms
+  against 25.0 for plain 64x8x4, 25.2 with the next tile's scores overlapped (retired), 28.7 for
+  64x8x2 (retired)). Registers by ptxas 12.9 for an H100 (measure/ptxas.py;
+  experiments/results/kernels.md): paired 64x8x8 236, plain 64x8x4 230, 64x16x4 249, none
+  spilling; plain 64x8x8 and 128x16x2 spill 0.3-0.7 KB per thread.
 
   paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its odd
   columns) instead of one, each summed over the thread's two keys in-thread, so y takes half the
@@ -88,12 +79,11 @@ class Blocks:
   recomputation and half the per-tile work (code, barriers) per value column. How: with c' the code
   with each key pair (2m, 2m+1) exchanged (`mosaic_smem.swap_pairs`), acc += c * relu(sum_h c_h
   v_mix_h) + c' * relu(sum_h c'_h v_swap_h), where XLA lays out v_mix[k] = v[j + k % 2, k] and
-  v_swap[k] = v[j + k % 2, k ^ 1] (`_paired_values`). Off by default until a GPU window times it."""
+  v_swap[k] = v[j + k % 2, k ^ 1] (`_paired_values`)."""
   block_q: int = 64
   block_k: int = 8
-  block_v: int = 4
-  overlap: bool = False  # tile k+1's score wgmmas under tile k's value network
-  paired: bool = False  # two value columns per accumulator (bv even)
+  block_v: int = 8
+  paired: bool = True  # two value columns per accumulator (bv even)
 
 
 DEFAULT_BLOCKS = Blocks()
@@ -208,9 +198,10 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
 
   def kernel(q_ref, k_ref, v_ref, kval_ref, out_ref, q_smem, k_smem, v_smem, kval_smem,
              o_smem, q_bar, k_bar, v_bar, kval_bar):
-    b, q0, vj, bm, steps = mosaic_smem.forward_program(
-        block_q=bq, block_k=bk, num_k_tiles=num_k_tiles, is_causal=is_causal,
-        mask_batched=mask_batched)
+    b, q0, bm, steps = mosaic_smem.query_program(
+        block_q=bq, block_k=bk, num_q_tiles=q_padded // bq, num_k_tiles=num_k_tiles,
+        is_causal=is_causal, mask_batched=mask_batched)
+    vj = jax.lax.axis_index("v_slice")
 
     load_tile = functools.partial(
         mosaic_smem.copy_key_tile, refs=(k_ref, kval_ref), rings=(k_smem, v_smem, kval_smem),
@@ -264,29 +255,13 @@ def _forward_call(q_BHQD, k_BHKD, v_BJHVK, key_valid_BK, *, scale, is_causal, ep
 
     def key_tile(step, y_HJ):
       slot = jax.lax.rem(step, 2)
-      (c_h, _), _ = code(slot=slot, k0=step * bk)
+      c_h, _ = code(slot=slot, k0=step * bk)
       y_HJ = value_network(c_h, y_HJ, slot)
       release(step, slot)
       return y_HJ
 
-    def key_tile_overlapped(step, carry):
-      # Tile step+1's score wgmmas run on the tensor cores while tile step's value network
-      # runs on the CUDA cores (flash attention 3's overlap). The last step recomputes its
-      # own tile's scores (arrived; the result unused) rather than branch.
-      c_h, y_HJ = carry
-      slot, following = jax.lax.rem(step, 2), jnp.minimum(step + 1, steps - 1)
-      (c_following, _), y_HJ = code(
-          slot=jax.lax.rem(following, 2), k0=following * bk, wait=step + 1 < steps,
-          overlap=lambda: value_network(c_h, y_HJ, slot))
-      release(step, slot)
-      return c_following, y_HJ
-
-    y_HJ = mosaic_smem.chunk_accumulators(bq, heads * bv // (2 if blocks.paired else 1))
-    if blocks.overlap:
-      (c_first, _), _ = code(slot=0, k0=0)
-      _, y_HJ = jax.lax.fori_loop(0, steps, key_tile_overlapped, (c_first, y_HJ))
-    else:
-      y_HJ = jax.lax.fori_loop(0, steps, key_tile, y_HJ)
+    y_HJ = jax.lax.fori_loop(0, steps, key_tile, mosaic_smem.chunk_accumulators(
+        bq, heads * bv // (2 if blocks.paired else 1)))
     mosaic_smem.store_row_sums(y_HJ, o_smem, out_ref.at[b, vj, :, :, pl.ds(q0, bq)],
                                paired=blocks.paired)
 
@@ -377,9 +352,11 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   runs compiled (a Hopper GPU), or a `plgpu.InterpretGPUParams` (CPU, tests). `blocks`: the
   forward's tiles. Gradients: a custom VJP through the backward kernels
   (mosaic_kernel_bwd.py); `dq` says how their dQ = dS K and dK = dS^T Q run, a name in
-  mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel").
+  mosaic_kernel_bwd.DQ_PATHS (None: its DEFAULT_DQ, "kernel"). Masked pairs contribute 0 x
+  value: NaN and Inf are selected away before the kernels (`reference.isolate_nonfinite`).
   """
   del dropout_seed
+  reference.check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
   if not supports(normalization, value_network, activation, bias=bias, mask=mask,
                   dropout_rate=dropout_rate):
     raise BadInput(
@@ -397,4 +374,7 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
                    "block_k of 8 (wgmma M and N), block_v at least 1 (even when paired).")
   if not interpret:  # compiled (None or False); interpret mode has no such limits
     check_tiles(query_BQHD, value_BKHV, blocks)
-  return _attention(query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret, dq)
+  key_BKHD, value_BKHV, poisoned_BQ = reference.isolate_nonfinite(
+      key_BKHD, value_BKHV, mask, query_BQHD.shape[1], is_causal)
+  return reference.reveal_nonfinite(_attention(
+      query_BQHD, key_BKHD, value_BKHV, mask, is_causal, eps, blocks, interpret, dq), poisoned_BQ)

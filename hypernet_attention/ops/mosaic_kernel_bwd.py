@@ -19,7 +19,8 @@ Why three kinds of program. dc needs all V columns of a pair and dV sums over al
 a key, so no one tile order serves both without holding per-key accumulators across queries
 (the previous, key-stationary backward did: 16 dV^T accumulators and 8 dK^T, 255 registers
 and ~9.3 KB of spills per thread by ptxas, 58 of its 66.6 ms fwd+bwd on an H200):
-  dS   query-stationary, a program per (batch, 64-query tile): per key tile of bk keys it
+  dS   query-stationary, a program per (batch, 64-query tile, run of at most DS_SPLIT_KEYS
+       keys; causal, the last query tiles first): per key tile of bk keys it
        recomputes c, loops over the V columns accumulating dc_h (bq, bk) per head, and writes
        dS_h (bf16) to HBM: (4H + 1) V multiply-adds per pair, c and dc in registers.
   dV   key-stationary, the forward's program with rows and columns swapped: a program per
@@ -33,11 +34,9 @@ Causal, every program stops at (or starts from) the diagonal: the dS kernel leav
 above it unwritten, which the matmul kernels never read (XLA's path reads them: the dS
 kernel then writes zeros there).
 
-Cost at T=4096, B=4, H=8, D=V=64, causal (~33.5 M pairs): the CUDA-core work is (7H + 2) V = 3.7 k
-multiply-adds per pair, ~125 G in all, ~3.7 ms at an H100's float32 peak; the tensor cores recompute
-the scores once in dS and V / bv times in dV (2 H D each); dS in HBM is 2H bytes per pair written
-once and read twice (~1.6 GB). What a GPU measures is for the window (`launch/gpu_window.py`);
-registers and spills per kernel, without a GPU, for `python experiments/tune_kernels.py --ptxas`.
+Cost: (7H + 2) V CUDA-core multiply-adds per pair, ~3.7 ms at T=4096, B=4, H=8, V=64 at an H100's
+float32 peak; dS in HBM is 2H bytes per pair, written once and read twice. Times:
+`ops/kernel_cost.py`; registers, spills, instructions per pair: `tune_kernels.py --ptxas`.
 
 Shape letters as in `mosaic_kernel.py`; Hv heads padded so that a ring slot spans a multiple
 of 128 bytes (`mosaic_smem.heads_padded`), J value slices of bv columns.
@@ -60,6 +59,12 @@ BLOCK = 64  # queries per dS program, keys per dV program, both sides of the mat
 # strided dimensions (Mosaic allows 5); it would need one store per head.
 DS_BLOCK_K = 8
 DV_BLOCK_Q, DV_BLOCK_V = 8, 4  # queries per dV step, value columns per dV program
+# Keys per dS program at most: a query tile's keys split over several programs (dS of a pair needs
+# no other key, so nothing is reduced), so that no program runs a whole causal row alone while the
+# GPU idles: at T=1024, B=4 the 64 query tiles filled 64 of 132 multiprocessors; at T=4096 the
+# last tiles' 4096-key loops set the kernel's time (kernel_cost.py's model, the query tiles in
+# reversed order either way: dS 1.62 -> 0.81 ms at T=1024, B=4; 9.6 -> 6.8 at T=4096).
+DS_SPLIT_KEYS = 512
 
 
 def ds_smem(heads: int, depth: int, v_dim: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
@@ -89,6 +94,13 @@ def dv_smem(heads: int, depth: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
   )
 
 
+def matmul_smem(width: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
+  """The dQ / dK matmul kernel's SMEM buffers (width: D), in its order."""
+  n, buf = BLOCK, mosaic_smem.Buffer
+  return (buf("dS ring", (2, n, n), dtype, n), buf("Q or K ring", (2, n, width), dtype, width),
+          buf("output", (n, width), dtype))
+
+
 def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal, eps,
              zero_skipped, interpret):
   """dS (B, H, Qp, Kp) in the input dtype. Causal, the tiles past each query tile's diagonal
@@ -99,14 +111,16 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
   batch, heads, q_padded, depth = q_BHQD.shape
   k_padded, v_dim, dtype = k_BHKD.shape[2], v_BHVK.shape[2], q_BHQD.dtype
   bq, bk = BLOCK, DS_BLOCK_K
-  num_k_tiles = k_padded // bk
+  num_k_tiles, split = k_padded // bk, DS_SPLIT_KEYS // bk
   rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
 
   def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, ds_ref, q_smem, dy_smem, k_smem, v_smem,
              kval_smem, ds_smem, q_bar, k_bar, v_bar, kval_bar):
-    b, q0, _, bm, steps = mosaic_smem.forward_program(
-        block_q=bq, block_k=bk, num_k_tiles=num_k_tiles, is_causal=is_causal,
-        mask_batched=key_valid_BK.shape[0] > 1)
+    b, q0, bm, stop = mosaic_smem.query_program(
+        block_q=bq, block_k=bk, num_q_tiles=q_padded // bq, num_k_tiles=num_k_tiles,
+        is_causal=is_causal, mask_batched=key_valid_BK.shape[0] > 1)
+    first = jax.lax.axis_index("k_split") * split  # this program's key tiles: first + [0, steps)
+    steps = jnp.maximum(jnp.minimum(stop, first + split) - first, 0)
     load_tile = functools.partial(
         mosaic_smem.copy_key_tile, refs=(k_ref, kval_ref), rings=(k_smem, v_smem, kval_smem),
         bars=(k_bar, v_bar, kval_bar), v_tile=lambda k0: v_ref.at[b, :, :, pl.ds(k0, bk)],
@@ -114,15 +128,15 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
     plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
     plgpu.copy_gmem_to_smem(dy_ref.at[b, :, :, pl.ds(q0, bq)], dy_smem, q_bar.at[1])
     for step in range(2):  # the two-slot ring's prologue
-      pl.when(step < steps)(functools.partial(load_tile, step, step))
+      pl.when(step < steps)(lambda step=step: load_tile(first + step, step))
     plgpu.barrier_wait(q_bar.at[0])
     plgpu.barrier_wait(q_bar.at[1])
 
     def key_tile(step, carry):
-      slot, k0 = jax.lax.rem(step, 2), step * bk
-      (c_h, inv_rms), _ = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar,
-                                                slot=slot, q0=q0, k0=k0, is_causal=is_causal,
-                                                scale=scale, eps=eps)
+      slot, k0 = jax.lax.rem(step, 2), (first + step) * bk
+      c_h, inv_rms = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar,
+                                           slot=slot, q0=q0, k0=k0, is_causal=is_causal,
+                                           scale=scale, eps=eps)
       plgpu.barrier_wait(v_bar.at[slot])
 
       def column(j, dc_h):
@@ -148,7 +162,7 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
 
       @pl.when(step + 2 < steps)
       def _prefetch():
-        load_tile(step + 2, slot)
+        load_tile(first + step + 2, slot)
 
       return carry
 
@@ -159,7 +173,7 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
         ds_smem[0, h] = plgpu.layout_cast(jnp.zeros((bq, bk), dtype), plgpu.Layout.WGMMA)
       plgpu.commit_smem()
 
-      @pl.loop(steps, num_k_tiles)
+      @pl.loop(jnp.maximum(stop, first), jnp.minimum(first + split, num_k_tiles))
       def _skipped(kt):
         plgpu.copy_smem_to_gmem(ds_smem.at[0], ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(kt * bk, bk)])
     plgpu.wait_smem_to_gmem(0)
@@ -171,7 +185,8 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
 
   return plgpu.kernel(
       hyla_ds, out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, k_padded), dtype),
-      grid=(batch, q_padded // bq, 1), grid_names=("batch", "q_tile", "v_slice"),
+      grid=(batch, q_padded // bq, -(-num_k_tiles // split)),
+      grid_names=("batch", "q_tile", "k_split"),
       interpret=interpret,
   )(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK)
 
@@ -216,7 +231,7 @@ def _dv_call(k_BHKD, q_BHQD, v_BJHVK, dy_BJHVQ, key_valid_BK, *, scale, is_causa
       plgpu.barrier_wait(q_bar.at[slot])
       valid = mosaic_smem.causal(key_valid, q0=q0, k0=k0, keys_are_rows=True) if (
           is_causal) else key_valid
-      c_h, _ = mosaic_smem.rms_code(mosaic_smem.scores_tile(k_smem, q_smem.at[slot])[0],
+      c_h, _ = mosaic_smem.rms_code(mosaic_smem.scores_tile(k_smem, q_smem.at[slot]),
                                     valid, scale=scale, eps=eps)
       plgpu.barrier_wait(dy_bar.at[slot])
       dv_HJ = list(dv_HJ)
@@ -263,7 +278,6 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
   batch, heads, q_padded, k_padded = ds_BHQK.shape
   width, dtype, n = y_BHXW.shape[-1], ds_BHQK.dtype, BLOCK
   out_len, inner_len = (k_padded, q_padded) if transposed else (q_padded, k_padded)
-  transforms = mosaic_smem.smem_transforms(plgpu, n, dtype)
 
   def kernel(ds_ref, y_ref, out_ref, ds_smem, y_smem, o_smem, ds_bar, y_bar):
     b, h = jax.lax.axis_index("batch"), jax.lax.axis_index("head")
@@ -310,9 +324,7 @@ def _ds_matmul_kernel(ds_BHQK, y_BHXW, *, transposed, is_causal, interpret):
     plgpu.wait_smem_to_gmem(0)
 
   def hyla_dq_dk(*refs):
-    smem = (plgpu.SMEM((2, n, n), dtype, transforms=transforms),
-            plgpu.SMEM((2, n, width), dtype, transforms=transforms),
-            plgpu.SMEM((n, width), dtype))
+    smem = mosaic_smem.allocate(plgpu, matmul_smem(width, dtype))
     barriers = (plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2))
     pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *smem, *barriers)
 

@@ -234,14 +234,17 @@ _SAME_AXES = (("key", 0, "batch", "query"), ("value", 0, "batch", "query"),
               ("key", 3, "depth", "query"), ("value", 1, "length", "key"))
 
 
-def check_operands(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array) -> None:
+def check_operands(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
+                   bias: Optional[jax.Array] = None, mask: Optional[jax.Array] = None,
+                   eps: float = RMS_HEAD_EPS) -> None:
   """The contract's operands, on static shapes and dtypes only (free under jit): floating
-  (B, Q, H, D) queries, (B, K, H, D) keys and (B, K, H, V) values, Q and K at least 1.
+  (B, Q, H, D) queries, (B, K, H, D) keys and (B, K, H, V) values, Q and K at least 1, `bias`
+  and `mask` as `check_pair_operands` says, `eps` finite and > 0 (at 0, 0/0 in RMSHead).
 
   `errors.BadInput` in one line naming the operand and what is allowed, before any work
-  (`dispatch` checks every call here). Otherwise the tiled paths would attend over the
-  shorter of keys and values, compute integers in their tiles' dtype, and fail inside on an
-  empty tile grid; and with no key, the normalization of Eq. 2 has nothing to normalize.
+  (`dispatch` and each implementation check here). Otherwise the tiled paths would attend over
+  the shorter of keys and values, compute integers in their tiles' dtype, and fail inside on
+  an empty tile grid; and with no key, the normalization of Eq. 2 has nothing to normalize.
   """
   operands = {"query": query_BQHD, "key": key_BKHD, "value": value_BKHV}
   for name, x in operands.items():
@@ -261,6 +264,73 @@ def check_operands(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.A
     if not operands[name].shape[1]:
       raise errors.BadInput(f"{name} has length 0 (shape {tuple(operands[name].shape)}); "
                             "allowed: at least one position")
+  check_pair_operands((query_BQHD.shape[0], query_BQHD.shape[2], query_BQHD.shape[1],
+                       key_BKHD.shape[1]), bias=bias, mask=mask)
+  if not (math.isfinite(eps) and eps > 0):
+    raise errors.BadInput(f"eps={eps}; allowed: a finite number > 0 (RMSHead's epsilon)")
+
+
+def check_pair_operands(full_shape_BHQK: tuple[int, ...], *, bias: Optional[jax.Array] = None,
+                        mask: Optional[jax.Array] = None) -> None:
+  """BadInput in one line unless `bias` (floating) and `mask` (bool) broadcast to the scores.
+
+  Why bool only: an additive mask (0 = keep, -1e9 = drop) and a 0/1 one (flax's
+  `make_attention_mask` / `make_causal_mask` unless given dtype=bool) share a dtype; only
+  their values, unknown while tracing, tell them apart, and cast to bool the additive one
+  inverted attention. A dtype rule is static and never guesses. `bias=m` masks only under
+  softmax: RMSHead rescales a -1e9 score like any other (Eq. 7).
+  """
+  for name, x in (("bias", bias), ("mask", mask)):
+    if x is not None and (x.ndim > 4 or any(
+        n not in (1, size) for n, size in zip(x.shape[::-1], full_shape_BHQK[::-1]))):
+      raise errors.BadInput(
+          f"{name} has shape {tuple(x.shape)}; allowed: broadcastable to (B, H, Q, K) = "
+          f"{tuple(full_shape_BHQK)} (at most 4 axes, aligned right, each 1 or that size)")
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise errors.BadInput(
+        f"mask has dtype {mask.dtype}; allowed: bool, True = attend (an additive mask m, 0 = "
+        "keep and -inf or -1e9 = drop: mask=(m == 0), or bias=m under softmax only; flax's "
+        "make_attention_mask and make_causal_mask: pass dtype=bool)")
+  if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise errors.BadInput(f"bias has dtype {bias.dtype}; allowed: a floating dtype, added to "
+                          "the scores (a boolean mask is mask=)")
+
+
+def isolate_nonfinite(key_BKHD: jax.Array, value_BKHV: jax.Array, mask: Optional[jax.Array],
+                      q_len: int, is_causal: bool = False
+                      ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(keys, values, poisoned_BQ): NaN and Inf entries selected away (0), and (B, Q|1) which
+  queries see such a key through `mask` (in any head) and, if `is_causal`, the causal mask.
+
+  Why: a masked pair's code is exactly 0, but 0 x NaN is NaN: a NaN in a masked (future,
+  padded) value reached every output through the sums over keys, a masked key's the gradients
+  (dQ = dS K). A select inside those sums would need a (B, H, Q, K, V) tensor, and cuDNN's
+  attention cannot be opened; this one, on the operands, costs O(B K H (D + V)) and a boolean
+  (B, Q, K) reduction, and every implementation then gives exactly the outputs and gradients
+  of the same call with those entries zeroed. `reveal_nonfinite` gives the queries that do see
+  one NaN: nothing is hidden.
+  """
+  bad_BK = jnp.logical_or(jnp.any(~jnp.isfinite(key_BKHD), axis=(2, 3)),
+                          jnp.any(~jnp.isfinite(value_BKHV), axis=(2, 3)))
+  sees_BQK, visible = bad_BK[:, None, :], with_causal(mask, is_causal, q_len, bad_BK.shape[1])
+  if visible is not None:  # (B|1, H|1, Q|1, K): seen in any head
+    sees_BQK &= jnp.any(visible.reshape((1,) * (4 - visible.ndim) + visible.shape), axis=1)
+  finite = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+  return finite(key_BKHD), finite(value_BKHV), jnp.any(sees_BQK, axis=-1)
+
+
+def with_causal(mask: Optional[jax.Array], is_causal: bool, q_len: int, k_len: int):
+  """`mask` and, if `is_causal`, the causal mask: query i sees the keys <= i, counted from the
+  first position of both (as `jax.nn.dot_product_attention`)."""
+  if not is_causal:
+    return mask
+  causal_QK = jnp.tril(jnp.ones((q_len, k_len), bool))
+  return causal_QK if mask is None else jnp.logical_and(mask, causal_QK)
+
+
+def reveal_nonfinite(out_BQHV: jax.Array, poisoned_BQ: jax.Array) -> jax.Array:
+  """NaN in every output of the queries `isolate_nonfinite` found seeing a NaN or Inf."""
+  return jnp.where(poisoned_BQ[:, :, None, None], jnp.nan, out_BQHV)
 
 
 def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array, *,
@@ -274,8 +344,12 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
   drops pairs of the latent code with `dropout.py`'s (seed, q, k) mask, shared by batch
   and heads, exactly as the tiled kernels do.
   """
+  check_operands(query_BQHD, key_BKHD, value_BKHV, bias=bias, mask=mask, eps=eps)
+  key_BKHD, value_BKHV, poisoned_BQ = isolate_nonfinite(key_BKHD, value_BKHV, mask,
+                                                        query_BQHD.shape[1])
   scores_BHQK = attention_scores(query_BQHD, key_BKHD, bias)
   code_BHQK = normalize_scores(scores_BHQK, mask, normalization, eps)
   if dropout_rate:
     code_BHQK = apply_dropout(code_BHQK, dropout_rate, dropout_seed)
-  return apply_value_network(code_BHQK, value_BKHV, value_network, activation, value_weight_HVV)
+  return reveal_nonfinite(apply_value_network(code_BHQK, value_BKHV, value_network, activation,
+                                              value_weight_HVV), poisoned_BQ)

@@ -9,8 +9,7 @@ and MLP value network mix all heads of a (q, k) pair, and the training mesh has 
 (`train/sharding.py`: heads are replicated). The dropout mask depends only on (seed, q, k),
 so every shard draws the same mask, as the unsharded call does.
 
-Shape letters: B batch, Q / K positions, H heads, D / V widths.
-"""
+Shape letters: B batch, Q / K positions, H heads, D / V widths."""
 
 from __future__ import annotations
 
@@ -42,15 +41,12 @@ def per_device(fn: Callable, query_BQHD, key_BKHD, value_BKHV, bias: Optional[ja
 
   Without a mesh in context (or one whose batch axes do not divide B) calls `fn` as is.
   bias / mask (broadcastable to (B, H, Q, K)) are split where they have a batch axis and
-  replicated where it broadcasts.
-  """
+  replicated where it broadcasts."""
   batch = query_BQHD.shape[0]
   axes = batch_axes(batch)
   if not axes:
     return fn(query_BQHD, key_BKHD, value_BKHV, bias, mask, dropout_seed)
-  full = (batch, query_BQHD.shape[2], query_BQHD.shape[1], key_BKHD.shape[1])
-  bias4 = tiling.as_rank4(bias, "bias", full)
-  mask4 = tiling.as_rank4(mask, "mask", full)
+  bias4, mask4 = tiling.as_rank4(bias), tiling.as_rank4(mask)
   pair_spec = lambda x4: None if x4 is None else (
       P(axes) if x4.shape[0] == batch and batch > 1 else P())
   in_specs = (P(axes), P(axes), P(axes), pair_spec(bias4), pair_spec(mask4),

@@ -101,17 +101,12 @@ def make_config(
       dropout_rate=float(dropout_rate))
 
 
-def as_rank4(x: Optional[jax.Array], name: str, full_shape, dtype=None):
-  """Left-pads `x`'s rank to 4 (as `dtype` if given); it must broadcast to (B, H, Q, K)."""
+def as_rank4(x: Optional[jax.Array], dtype=None):
+  """Left-pads a bias's or mask's rank to 4 (as `dtype` if given); `reference.check_operands`
+  has found it broadcasting to (B, H, Q, K)."""
   if x is None:
     return None
-  if x.ndim > 4:
-    raise ValueError(f"{name} must have rank <= 4 (broadcastable to {full_shape}), got {x.shape}.")
   x4 = x.reshape((1,) * (4 - x.ndim) + x.shape)
-  for got, want in zip(x4.shape, full_shape):
-    if got not in (1, want):
-      raise ValueError(
-          f"{name} of shape {x.shape} does not broadcast to (B, H, Q, K) = {full_shape}.")
   return x4 if dtype is None else x4.astype(dtype)
 
 

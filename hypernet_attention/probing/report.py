@@ -62,7 +62,7 @@ def feature_sets(codes: extract.Codes) -> dict[str, np.ndarray]:
   return sets
 
 
-def _side(codes: extract.Codes, x_NC: np.ndarray, split: int) -> decode.Side:
+def side(codes: extract.Codes, x_NC: np.ndarray, split: int) -> decode.Side:
   keep = codes.split_N == split
   return decode.Side(x_NC[keep], codes.labels[keep], codes.task_N[keep], codes.unit_N[keep],
                      codes.stratum_N[keep])
@@ -80,7 +80,7 @@ def analyse(codes: extract.Codes, options: ProbeOptions, permutations: Optional[
   permutations = options.permutations if permutations is None else permutations
   out = {}
   for name, x_NC in feature_sets(codes).items():
-    fit, score = _side(codes, x_NC, 0), _side(codes, x_NC, 1)
+    fit, score = side(codes, x_NC, 0), side(codes, x_NC, 1)
     if codes.multilabel:
       result = decode.decode_multilabel(fit, score, permutations, options.seed)
       control = decode.selectivity_multilabel(fit, result.c, options.seed)

@@ -17,26 +17,28 @@
   is committed) prints one line and exits with `preemption.EXIT_CODE` (75); a Ctrl-C
   outside the training loop (or a second one) prints one line and exits with 130.
 - `app.UsageError` (the tools' flag checks) is bad input too: one line, no flag list.
-- The console is configured (`console.configure`) before `main` runs.
-"""
+- The console is configured (`console.configure`) before `main` runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Sequence
 
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
 
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
+from hypernet_attention.runs import registry
 
 # The training library's exceptions, looked up only where it was imported (so that tools
 # without JAX, like `launch/xm_launch.py --dry_run`, use this module too).
@@ -50,26 +52,37 @@ def _raised(error: BaseException, module: str, name: str) -> bool:
 
 BAD_INPUT_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report it.
-# Set by launchers (`launch/run_local.py`) to their pid: the program then dies with them.
-PARENT_PID_ENV = "HYPERNET_ATTENTION_PARENT_PID"
+_RUN_WORKDIR: list[str] = []  # The workdir of the run this process trains, once known.
 
 
-def die_with_parent(env=None) -> None:
-  """If a launcher named itself in `PARENT_PID_ENV`: ask Linux to send this process SIGTERM
-  when the launcher dies (prctl PR_SET_PDEATHSIG; even a SIGKILLed launcher), which the
-  training loop treats as a preemption (checkpoint, exit 75). A launcher already gone:
-  SIGTERM now. Elsewhere (no prctl) a no-op."""
-  parent = (os.environ if env is None else env).get(PARENT_PID_ENV)
-  if not parent or not sys.platform.startswith("linux"):
-    return
-  import ctypes  # pylint: disable=g-import-not-at-top
-  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-  if os.getppid() != int(parent):  # It died before the prctl call.
-    os.kill(os.getpid(), signal.SIGTERM)
+def announce_workdir(workdir: str) -> None:
+  """Records the run's workdir (the training loop calls it before any work) for the
+  closing lines' resume command."""
+  _RUN_WORKDIR[:] = [str(workdir)]
+
+
+def resume_command(workdir: str) -> str:
+  """This process's own command line with `--workdir=<workdir>`: what resumes the run (the
+  same command without --workdir would start a new, timestamped one)."""
+  args, skip = [], False
+  for arg in sys.argv[1:]:
+    if not skip and arg != "--workdir" and not arg.startswith("--workdir="):
+      args.append(arg)
+    skip = arg == "--workdir"
+  return shlex.join(["python", sys.argv[0], *args, f"--workdir={workdir}"])
+
+
+def resume_hint() -> str:
+  """How a closing line says to resume: the exact command once the run's workdir is known;
+  before (this process wrote nothing yet) the same command does what this one would have."""
+  if not _RUN_WORKDIR:
+    return "rerun the same command"
+  return f"resume with: {resume_command(_RUN_WORKDIR[0])}"
 
 
 def _fail(message: str) -> NoReturn:
-  print(f"{_program()}: error: {message}", file=sys.stderr, flush=True)
+  """The one refusal line (no exception class before the message), exit 2."""
+  print(f"{_program()}: error: {_CLASS_PREFIX.sub('', message)}", file=sys.stderr, flush=True)
   sys.exit(BAD_INPUT_EXIT_CODE)
 
 
@@ -87,36 +100,22 @@ def _missing_get_config(spec: str | None, error: BaseException) -> str | None:
   'config_config' has no attribute 'get_config'", not which file)."""
   if spec is None or "has no attribute 'get_config'" not in str(error):
     return None
-  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a "
-          "config file whose get_config(arg) returns a ConfigDict (as experiments/configs/"
-          "*.py)")
-
-
-def _load_config(spec: str | None):
-  """The config that `FILE[:ARG]` names, or None."""
-  if spec is None:
-    return None
-  path, _, arg = spec.partition(":")
-  try:
-    module_spec = importlib.util.spec_from_file_location("_config_for_errors", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
-  except Exception:  # pylint: disable=broad-except
-    return None  # The config file's own error is reported instead.
+  return (f"--config={spec}: {spec.partition(':')[0]!r} defines no get_config(); allowed: a config "
+          "file whose get_config(arg) returns a ConfigDict (as experiments/configs/*.py)")
 
 
 def _unknown_override(argv: list[str], spec: str | None) -> str | None:
   """The line for the first `--config.<key>=` flag whose key the config `spec` names does
   not have (`config_checks.unknown_key`: the nearest key, or those allowed)."""
-  config = _load_config(spec)
-  if config is None:
-    return None
-  for arg in argv[1:]:
-    if arg.startswith("--config."):
-      key = arg[len("--config."):].split("=", 1)[0]
-      if (problem := config_checks.unknown_key(config, key)) is not None:
-        return f"{arg}: {problem}"
+  overrides = [arg for arg in argv[1:] if arg.startswith("--config.")]
+  try:
+    config = parse_config(spec) if overrides and spec is not None else None
+  except errors.BadInput:
+    return None  # The config file's own error is reported instead.
+  for arg in overrides if config is not None else ():
+    key = arg[len("--config."):].split("=", 1)[0]
+    if (problem := config_checks.unknown_key(config, key)) is not None:
+      return f"{arg}: {problem}"
   return None
 
 
@@ -132,39 +131,88 @@ def define_config(default: str | None, help_string: str):
     _fail(_unknown_override(sys.argv, default) or _last_line(e))
 
 
+# `ValueError: `, `hypernet_attention.errors.BadInput: `: how a wrapped error's last line
+# starts (ml_collections re-raises a config file's error with its traceback in the text).
+_CLASS_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|BadInput): ")
+
+
 def _last_line(error: BaseException) -> str:
+  """The last line of `error`'s text, without an exception class name before it."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  return lines[-1] if lines else type(error).__name__
+  return _CLASS_PREFIX.sub("", lines[-1]) if lines else "failed without a message"
+
+
+def _config_problem(flag) -> str | None:
+  """Why a `config_flags` flag's config cannot be used (a missing file, a syntax error, no
+  `get_config`, one that returns no ConfigDict), or None. Loads it now (it loads lazily)."""
+  try:
+    value = flag.value
+    # A file that failed to load becomes a placeholder that raises on first use.
+    error = vars(value).get("_error") if type(value).__name__ == "_ErrorConfig" else None
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  if error is None and (value is None or isinstance(value, ml_collections.ConfigDict)):
+    return None
+  spec = flag.serialize().split("=", 1)[-1]
+  if error is not None:
+    return _missing_get_config(spec, error) or f"--{flag.name}={spec}: {_last_line(error)}"
+  return (f"--{flag.name}={spec}: get_config() returned a {type(value).__name__}; allowed: a "
+          "config file whose get_config(arg) returns an ml_collections.ConfigDict (as "
+          "experiments/configs/*.py)")
 
 
 def _load_config_flags() -> None:
-  """Loads every `config_flags` flag now (they load lazily, on first `.value`), so that a
-  missing file, a syntax error or a missing `get_config` is one line, before any work."""
+  """Loads every `config_flags` flag now, so that a bad config file is one line, before any work."""
   for name in list(flags.FLAGS):
-    flag = flags.FLAGS[name]
-    if type(flag).__name__ != "_ConfigFlag":
-      continue
-    try:
-      value = flag.value
-      # A file that failed to load becomes a placeholder that raises on first use.
-      error = vars(value).get("_error") if type(value).__name__ == "_ErrorConfig" else None
-    except Exception as e:  # pylint: disable=broad-except
-      error = e
-    if error is not None:
-      spec = flag.serialize().split("=", 1)[-1]
-      _fail(_missing_get_config(spec, error) or f"--{name}={spec}: {_last_line(error)}")
+    if type(flags.FLAGS[name]).__name__ == "_ConfigFlag":
+      if (problem := _config_problem(flags.FLAGS[name])) is not None:
+        _fail(problem)
+
+
+def parse_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """The config that `--config=<spec> <overrides>` gives an entry point, parsed by
+  ml_collections' `config_flags` with the entry point's one-line refusals (as
+  `errors.BadInput`): what `preflight.py` checks on the launching machine."""
+  values, argv = flags.FlagValues(), [_program(), f"--config={spec}", *overrides]
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                  sys_argv=argv)  # Where it finds the overrides.
+  try:
+    values(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.BadInput(_unknown_override(argv, spec) or _missing_get_config(spec, e)
+                          or _last_line(e)) from None
+  if (problem := _config_problem(values["config"])) is not None:
+    raise errors.BadInput(problem)
+  return values.config
+
+
+_HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+CONFIGS_ALLOWED = ("allowed: an experiment's config file and argument: " + ", ".join(
+    e.config_flag() for e in registry.EXPERIMENTS.values()))
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """`flags.FLAGS(argv)`, with any failure reported as one line."""
+  """`flags.FLAGS(argv)`, with any failure reported as one line; `--help` lists the entry
+  point's own flags (those defined for it elsewhere, as `--config` and `--workdir`, too) and
+  exits 0 (absl's exits 1)."""
+  for name in ("config", "workdir"):
+    if name in flags.FLAGS:
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+  spec = _config_spec(argv)
+  if "config" in flags.FLAGS and flags.FLAGS["config"].default is None and not any(
+      a == "--config" or a.startswith("--config=") for a in argv) and (
+      override := next((a for a in argv[1:] if a.startswith("--config.")), None)):
+    _fail(f"{override} needs --config=<config file>[:<argument>] first; {CONFIGS_ALLOWED}")
   try:
     rest = flags.FLAGS(argv)
+  except SystemExit as e:
+    raise SystemExit(0 if set(argv[1:]) & set(_HELP) else e.code) from None
   except Exception as e:  # pylint: disable=broad-except
     # A config file's own error (syntax, missing file, get_config) arrives wrapped in any
     # exception type with its traceback: keep the last line.
-    if (override := _unknown_override(argv, _config_spec(argv))) is not None:
+    if (override := _unknown_override(argv, spec)) is not None:
       _fail(override)
-    _fail(_missing_get_config(_config_spec(argv), e) or _last_line(e))
+    _fail(_missing_get_config(spec, e) or _last_line(e))
   _load_config_flags()
   return rest
 
@@ -182,8 +230,8 @@ def _guarded(call: Callable[[], object]) -> object:
       logging.exception("bad input")
     _fail(str(e))
   except KeyboardInterrupt:
-    print(f"{_program()}: interrupted (Ctrl-C); outputs written so far are kept",
-          file=sys.stderr, flush=True)
+    print(f"{_program()}: interrupted (Ctrl-C); outputs written so far are kept; "
+          f"{resume_hint()}", file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
     if _raised(e, _CHECKPOINTING, "CheckpointWriteError"):
@@ -197,13 +245,17 @@ def _guarded(call: Callable[[], object]) -> object:
     if _raised(e, _PREEMPTION, "Preempted"):
       print(f"{_program()}: {e}", file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT_CODE)
+    if isinstance(e, FloatingPointError):  # A diverged run (`trainer.diverged`).
+      if logging.get_verbosity() >= 1:
+        logging.exception("diverged")
+      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
+      sys.exit(1)
     if not isinstance(e, OSError) or not e.strerror:
       raise
     if logging.get_verbosity() >= 1:
       logging.exception("file error")
     print(f"{_program()}: error: {e.filename or 'a file'}: {e.strerror}; files written "
-          "before are kept: fix the cause and rerun (training resumes from its last "
-          "checkpoint)", file=sys.stderr, flush=True)
+          f"before are kept: fix the cause, then {resume_hint()}", file=sys.stderr, flush=True)
     sys.exit(1)
 
 
@@ -213,8 +265,7 @@ def _notice_before_the_loop(signum, frame) -> NoReturn:
   nothing to save: one line and exit 75, as a preemption (SystemExit unwinds the lock)."""
   del frame
   print(f"{_program()}: {signal.Signals(signum).name} before any training step: nothing to "
-        "save, outputs written so far are kept; rerun the same command to resume",
-        file=sys.stderr, flush=True)
+        f"save, outputs written so far are kept; {resume_hint()}", file=sys.stderr, flush=True)
   sys.exit(PREEMPTED_EXIT_CODE)
 
 
@@ -227,7 +278,6 @@ def run(main: Callable[[list[str]], object]) -> None:
 
   def guarded(argv):
     console.configure()
-    die_with_parent()
     return _guarded(lambda: main(argv))
   app.run(guarded, flags_parser=_parse_flags)
 

@@ -2,17 +2,17 @@
 
 `validate(config)` takes the values the config alone decides: types, ranges, finiteness,
 the run's schedule and intervals, the attention preset, and a population's members, each as
-the single run it is (`check_population`). It runs once, at the entry (`experiment_main` in
-`runtime.py`, `lm.train_and_sample`, `preflight.py` on the launching machine before anything
-is copied or submitted), and returns a `Checked` that `build.setup`, `population.setup` and
-the loop take as it is (a plain config, they check). `check_task_memory` weighs the task's
-tables against this host's memory; checks that need the devices (mesh, batch divisibility)
-stay with the mesh (`sharding.py`, `data.py`).
+the single run it is (`check_population`), and the names the model and the task choose
+among (`presets.check_model_names`, the record's `names`). It runs once, where the config
+enters (`experiment_main` in `runtime.py`, `preflight.py` on the launching machine before
+anything is copied or submitted, `loop.train_and_evaluate` for library callers), and returns
+a `Checked`, the only thing `build.setup` and `population.setup` take. `check_task_memory`
+weighs the task's tables against this host's memory; checks that need the devices (mesh,
+batch divisibility) stay with the mesh (`sharding.py`, `data.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`; only
 SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
-launching machine without JAX can run `validate` and `check_preset`.
-"""
+launching machine without JAX can run `validate` and `check_preset`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import ml_collections
 
 from hypernet_attention import presets
 from hypernet_attention.errors import BadInput
+from hypernet_attention.errors import check_choice
 from hypernet_attention.runs import registry
 from hypernet_attention.runs.run_files import MEMBER_KEYS
 
@@ -48,8 +49,7 @@ RANGES = (
     ("optimizer.eps", 0.0, math.inf, False, False),
     ("optimizer.grad_clip_norm", 0.0, math.inf, True, False),
     ("model.attention_dropout", 0.0, 1.0, True, False),
-    ("preemption_grace_s", 0.0, math.inf, True, False),
-)
+    ("preemption_grace_s", 0.0, math.inf, True, False))
 
 
 def get_dotted(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -88,8 +88,7 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
           and math.isfinite(value) and (low <= value if low_in else low < value)
           and (value <= high if high_in else value < high))
     if not ok:
-      raise BadInput(f"config.{key}={value!r}; allowed: "
-                     f"{_interval(low, high, low_in, high_in)}")
+      raise BadInput(f"config.{key}={value!r}; allowed: {_interval(low, high, low_in, high_in)}")
 
 
 def check_run(config: ml_collections.ConfigDict) -> None:
@@ -141,9 +140,22 @@ def check_preset(name: str) -> str:
 
 
 class Checked(NamedTuple):
-  """A config `validate` passed: the run's and, for a population, each member's."""
+  """A config `validate` passed: the run's and, for a population, each member's.
+
+  Why a type: the config is checked once, where it enters (the entry point before start-up,
+  `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample` for
+  library callers, a restore for a run's recorded config), and what the layers below (`build.setup`,
+  `population.setup`) receive says it was; they take nothing else and check nothing again."""
   config: ml_collections.ConfigDict
   members: tuple[ml_collections.ConfigDict, ...] = ()
+
+
+def require_checked(checked: Any, who: str) -> Checked:
+  """`checked` if it is a `Checked`; else a TypeError for the library caller (a programming
+  error, not user input) naming `validate`."""
+  if not isinstance(checked, Checked):
+    raise TypeError(f"{who} takes config_checks.validate(config), not a {type(checked).__name__}")
+  return checked
 
 
 def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
@@ -151,14 +163,21 @@ def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
   run and for each population member (`check_population`); a `Checked` is returned as it is.
 
   Raises `BadInput` naming the first bad key, its value and what is allowed. Task and
-  device checks (sizes against memory, the mesh) follow in `build.setup`.
-  """
+  device checks (sizes against memory, the mesh) follow in `build.setup`."""
   if isinstance(config, Checked):
     return config
+  try:
+    experiment = registry.get(config.get("experiment"))
+  except ValueError as e:
+    raise BadInput(f"config.experiment: {e}") from None
   check_positive(config)
   check_ranges(config)
   check_run(config)
   check_preset(config.model.attention)
+  presets.check_model_names(config.model, "config.model.")
+  for key, allowed in experiment.names.items():
+    if (value := get_dotted(config, key)) is not None:
+      check_choice(f"config.{key}", value, allowed)
   return Checked(config, tuple(check_population(config)))
 
 
@@ -200,8 +219,7 @@ _CONVERSIONS = {
     bool: (lambda text: {"1": True, "true": True, "0": False, "false": False}.get(
         text.strip().lower()), "true or false"),
     int: (int, "an integer"),
-    float: (float, "a number"),
-}
+    float: (float, "a number")}
 
 
 def _typed(key: str, text: str, kind: type) -> Any:
@@ -240,9 +258,8 @@ def _member_settings(config: ml_collections.ConfigDict) -> tuple[Any, ...]:
     for key, setting in dict(member).items():
       if key not in MEMBER_KEYS:
         raise BadInput(
-            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; "
-            f"members may differ only in {list(MEMBER_KEYS)} (run other keys as separate "
-            "populations)")
+            f"config.population.members[{i}] sets {key!r}, which changes shapes or code; members "
+            f"may differ only in {list(MEMBER_KEYS)} (run other keys as separate populations)")
       if not (isinstance(setting, (int, float, str)) and not isinstance(setting, bool)
               or setting is None and key == "task.split_seed"):
         raise BadInput(f"config.population.members[{i}]: {key}={setting!r}; allowed: a number")
@@ -275,9 +292,8 @@ def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[st
     raise BadInput(f"config.population.member_names={_plain(names)!r}; allowed: a tuple of "
                    "directory names, one per member")
   if names and not size:
-    raise BadInput(f"config.population.member_names={list(names)!r} but "
-                   "config.population.members is empty; allowed: names only with members "
-                   "(a single run takes no names)")
+    raise BadInput(f"config.population.member_names={list(names)!r} but config.population.members "
+                   "is empty; allowed: names only with members (a single run takes no names)")
   names = tuple(names) or tuple(f"member{i}" for i in range(size))
   bad = [n for n in names if _bad_name(n)]
   if len(names) != size or len(set(names)) != len(names) or bad:
@@ -310,8 +326,7 @@ def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.C
 
   `BadInput` on the first problem: members that are not a tuple of dicts, a member key
   that is not batchable, bad member names, a member value a single run would refuse
-  (prefixed by `config.population.members[i]`), two members that are the same run.
-  """
+  (prefixed by `config.population.members[i]`), two members that are the same run."""
   settings = _member_settings(config)
   # Refused before a language model's vocabulary or data are touched (`registry.py` records
   # which experiments train populations: on-device tasks with split tables).

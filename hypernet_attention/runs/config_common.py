@@ -4,8 +4,7 @@ smoke schedule, and `parse_arg` for `get_config(arg)` strings.
 
 `get_config("model=hyla,size=local")` style arguments follow big_vision: comma-separated
 `key=value` pairs with defaults; an unknown key or value is a `ValueError` that lists what
-is allowed, raised before anything runs.
-"""
+is allowed, raised before anything runs."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def parse_arg(arg: Optional[str], allowed: Mapping[str, Sequence[Any]] | None = 
     arg: the string after the colon in `--config=path.py:arg` (None or '' for defaults).
     allowed: optional `key -> allowed values`; other values raise.
     **defaults: every accepted key with its default (the type of the default is used
-      to convert the string).
-  """
+      to convert the string)."""
   result = dict(defaults)
   for item in (arg or "").split(","):
     item = item.strip()
@@ -52,8 +50,7 @@ def model_config(attention: str, **sizes: Any) -> ml_collections.ConfigDict:
   """`config.model` of the synthetic tasks: the paper's fixed choices, plus `sizes`.
 
   Fixed as in the authors' code (the paper's appendix): GeLU MLP, T5 relative bias with
-  `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32.
-  """
+  `bidirectional=False`, non-causal, dropout 0.1 on the latent code, float32."""
   config_checks.check_preset(attention)
   model = ml_collections.ConfigDict(dict(
       attention=attention, feed_forward="gelu_mlp", position="t5", bidirectional=False,
@@ -71,8 +68,7 @@ def follow_run_seed() -> ml_collections.FieldReference:
   The paper re-draws the held-out split with each run's seed (the authors' SRAVEN held-out
   sets for seeds 0 and 1 share 13 of 82 combinations), so its error bars over seeds include
   split variance; None does the same. An int fixes the split across seeds (then the spread
-  over seeds is initialization and data order only). `objectives.split_seed` resolves it.
-  """
+  over seeds is initialization and data order only). `objectives.split_seed` resolves it."""
   return ml_collections.config_dict.placeholder(int)
 
 

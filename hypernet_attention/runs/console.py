@@ -10,8 +10,7 @@ TensorFlow (loaded only by the language-model data: seqio, `tasks/c4.py`) prints
 lines while it loads, before any logging can be configured; the C4 path calls
 `import_tensorflow_quietly` first, which loads it with the native stderr muted (set
 TF_CPP_MIN_LOG_LEVEL=0 to see them) and hides accelerators from it, so that it never
-competes with JAX for GPU memory (big_vision does the same).
-"""
+competes with JAX for GPU memory (big_vision does the same)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Learning curves from a run's TensorBoard events (what `events.py` recorded), as a PNG.
 
-`experiments/plot_curves.py` is the command; the curves in experiments/results/ are made with it.
-"""
+`experiments/plot_curves.py` is the command; the curves in experiments/results/ are made with it."""
 
 from __future__ import annotations
 

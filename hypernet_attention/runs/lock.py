@@ -6,9 +6,8 @@ second one stop with one line naming the holder, before it touches anything.
 
 Design (works on local disks and on gs:// through etils.epath):
 - The lock is `<workdir>/lock.json`: {"host", "pid", "proc_start", "start_time",
-  "heartbeat", "token"}. It is created exclusively (O_CREAT|O_EXCL) where the filesystem
-  has that (local paths); on object stores (gs://, which epath cannot create exclusively)
-  it is written and read back, and the holder whose random `token` reads back wins.
+  "heartbeat", "token"}. It is created exclusively: O_CREAT|O_EXCL on local paths, the
+  store's atomic create on gs:// (`ifGenerationMatch=0`, through gcsfs).
 - The holder refreshes `heartbeat` every `heartbeat_s` from a daemon thread and removes
   the file on any normal exit (context exit, `atexit`, exceptions, SIGTERM/SIGINT, which
   the entry points turn into exceptions). Only SIGKILL or a lost machine leave it behind.
@@ -18,8 +17,7 @@ Design (works on local disks and on gs:// through etils.epath):
     any host: its heartbeat is older than `stale_after_s` (default 10 min). This is the
     only test possible for a lock written on another host (e.g. a preempted TPU VM).
 - Multi-process runs: process 0 holds the lock for the whole run; the others learn the
-  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it.
-"""
+  outcome from it (`hold`'s `agree`: the training loop's broadcast) and refuse with it."""
 
 from __future__ import annotations
 
@@ -35,8 +33,10 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from etils import epath
+import fsspec
 
 from hypernet_attention import errors
+from hypernet_attention.runs import run_files
 
 LOCK_FILE = "lock.json"
 HEARTBEAT_S = 60.0
@@ -107,8 +107,9 @@ def read_holder(path: epath.Path) -> Optional[Holder]:
 
 
 def _create_exclusive(path: epath.Path, text: str) -> bool:
-  """Creates `path` holding `text` unless it exists; False if it existed."""
-  if not str(path).startswith(("gs://", "s3://")):
+  """Creates `path` holding `text` unless it exists (False), atomically: of two racing
+  writers one wins. On GCS gcsfs's mode="create" is the `ifGenerationMatch=0` upload."""
+  if not run_files.is_remote(str(path)):
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -116,19 +117,18 @@ def _create_exclusive(path: epath.Path, text: str) -> bool:
     with os.fdopen(fd, "w") as f:
       f.write(text)
     return True
-  # Object stores: no exclusive create in epath; write, then check the token read back.
-  if path.exists():
+  fs, key = fsspec.core.url_to_fs(str(path))
+  try:
+    fs.pipe_file(key, text.encode(), mode="create")
+  except FileExistsError:
     return False
-  path.write_text(text)
-  time.sleep(1.0)  # Let a concurrent writer's object land; the last write wins.
-  return json.loads(path.read_text())["token"] == json.loads(text)["token"]
+  return True
 
 
 class WorkdirLock:
   """`with WorkdirLock(workdir):` holds `<workdir>/lock.json` (see the module docstring).
 
-  Raises `errors.BadInput` naming the holder when another live process holds it.
-  """
+  Raises `errors.BadInput` naming the holder when another live process holds it."""
 
   def __init__(self, workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
                stale_after_s: float = STALE_AFTER_S):
@@ -159,10 +159,9 @@ class WorkdirLock:
           continue  # Released between our attempts.
         if now - self.path.stat().mtime < self.stale_after_s:
           raise errors.BadInput(
-              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} "
-              f"less than {self.stale_after_s:.0f} s old (a trainer is starting there?); "
-              "allowed: one training process per workdir: wait, or remove it if no trainer "
-              "runs")
+              f"workdir {str(self.path.parent)!r} has an unreadable lock file {self.path} less "
+              f"than {self.stale_after_s:.0f} s old (a trainer is starting there?); allowed: one "
+              "training process per workdir: wait, or remove it if no trainer runs")
       elif holder.heartbeat > now + self.heartbeat_s and not is_stale(
           holder, now, self.stale_after_s):
         raise errors.BadInput(
@@ -234,8 +233,7 @@ def hold(workdir: str, chief: bool = True,
 
   Several processes (no JAX here: the training loop passes its collective): the `chief`
   takes the lock and `agree(held)` tells every process whether it did, so all refuse
-  together; None for a single process.
-  """
+  together; None for a single process."""
   lock, error = WorkdirLock(workdir), None
   if chief:
     try:
@@ -245,9 +243,8 @@ def hold(workdir: str, chief: bool = True,
   if agree is not None:
     held = agree(error is None)
     if error is None and not held:
-      error = errors.BadInput(f"workdir {workdir!r} is in use by another training "
-                                  "process (process 0 found its lock); allowed: one "
-                                  "training process per workdir")
+      error = errors.BadInput(f"workdir {workdir!r} is in use by another training process (process "
+                                  "0 found its lock); allowed: one training process per workdir")
   if error is not None:
     raise error
   try:

@@ -17,8 +17,7 @@ JAX-dependent parts (task class, objective builder, trainer, memory estimate, pr
 in place (a test) may give the object itself instead. Paths of files are relative to the
 repository root, as the launchers' commands use them.
 
-  python -m hypernet_attention.runs.registry sraven   # prints: script config_file
-"""
+  python -m hypernet_attention.runs.registry sraven   # prints: script config_file"""
 
 from __future__ import annotations
 
@@ -111,6 +110,10 @@ class Experiment:
   default_config: str = "model=hyla,size=smoke"  # The entry point's config with no --config.
   script: str = ENTRY_POINT  # Entry point, relative to the repository root.
   train: Ref = LOOP  # (config, workdir) -> summary: what the entry point runs.
+  # Task keys that name a choice -> the names allowed (None: the task's default), as plain
+  # data so that `config_checks.validate` refuses a typo on the launching machine as on the
+  # host; the task module's own names (tests/runs/test_entry.py checks they agree).
+  names: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.population and not self.on_device:
@@ -206,12 +209,15 @@ register(Experiment(
             "cpu": ({"softmax": 18.4, "linear": 20.1, "hyla": 17.5}, _THROUGHPUT),
             "gpu": (_SRAVEN_H100, "assumed: SRAVEN's H100 rate (kernels.md)")},
         decoding_metric="macro-F1", cell_prefix="fuzzy", ablations_default_first=True),
-    default_config="model=hyla,size=local", script="experiments/fuzzy_logic.py"))
+    default_config="model=hyla,size=local", script="experiments/fuzzy_logic.py",
+    names={"task.split_draw": ("covering", "authors")}))
 register(Experiment(
     "c4_lm", "experiments/configs/c4_lm.py", metric="loss",
     objective="hypernet_attention.train.objectives:c4_lm", on_device=False,
     default_config="model=hyla,size=local", script="experiments/c4_lm.py",
-    train="hypernet_attention.train.lm:train"))
+    train="hypernet_attention.train.lm:train",
+    names={"task.name": ("c4_lm", "text_lm", "synthetic_lm"),
+           "task.pipeline": ("seqio", "grain")}))
 
 
 def get(name: str) -> Experiment:

@@ -19,8 +19,7 @@ on every host), and a cached listing would hide their files.
 
 JSON files are written whole or not at all: locally through a temporary file renamed over the target
 (a rename is atomic on one file system); in a bucket one object write is already atomic (the object
-appears only when its upload completes), and a rename there would be a copy plus a delete.
-"""
+appears only when its upload completes), and a rename there would be a copy plus a delete."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ from typing import Any, Callable, Optional
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
 os.environ.setdefault("EPATH_USE_TF", "false")
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from etils import epath
 import fsspec
 import ml_collections
@@ -121,9 +119,8 @@ def check_bucket_path(path: str, flag: str = "--workdir") -> str:
   parts = text[5:].split("/")
   if not BUCKET_PATH.fullmatch(text) or any(p in (".", "..") for p in parts[1:]):
     raise errors.BadInput(f"{flag}={text!r} is not a valid bucket path; allowed: "
-                          "gs://<bucket>/<path> (lowercase gs://, a bucket of lowercase "
-                          "letters, digits, '-', '_' or '.', no empty, '.' or '..' parts), "
-                          "or a local path")
+                          "gs://<bucket>/<path> (lowercase gs://, a bucket of lowercase letters, "
+                          "digits, '-', '_' or '.', no empty, '.' or '..' parts), or a local path")
   return text
 
 
@@ -131,8 +128,7 @@ def path(workdir: epath.PathLike, flag: str = "--workdir") -> epath.Path:
   """`workdir` as an epath: bucket paths as given, local paths with `~` expanded, absolute.
 
   `BadInput` (naming `flag`) for a malformed bucket path (`check_bucket_path`) and for a
-  bucket path without gcsfs installed.
-  """
+  bucket path without gcsfs installed."""
   text = check_bucket_path(os.fspath(workdir), flag)
   if is_remote(text):
     try:
@@ -156,8 +152,7 @@ def check_credentials(bucket_path: str, flag: str = "--workdir") -> None:
   retries (a minute and more; without a network, a DNS traceback). This asks google-auth for the
   application default credentials (environment, gcloud's application-default file, a Cloud VM's
   metadata server), as gcsfs does first. Skipped for an emulator (`STORAGE_EMULATOR_HOST`) and when
-  fsspec's gcs config names a token (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket).
-  """
+  fsspec's gcs config names a token (e.g. `FSSPEC_GCS_TOKEN=anon` to read a public bucket)."""
   bucket = bucket_path[len("gs://"):].split("/")[0]
   if (bucket in _CREDENTIALS_FOUND or os.environ.get("STORAGE_EMULATOR_HOST")
       or fsspec.config.conf.get("gcs", {}).get("token") is not None):
@@ -233,10 +228,7 @@ def read_json(p: epath.PathLike) -> Optional[Any]:
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
   """{'a': {'b': 1}} -> {'a.b': 1}."""
   if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out.update(flatten(v, f"{prefix}{k}."))
-    return out
+    return {key: leaf for k, v in tree.items() for key, leaf in flatten(v, f"{prefix}{k}.").items()}
   return {prefix[:-1]: tree}
 
 
@@ -295,8 +287,7 @@ def find_runs(root: epath.PathLike) -> list[epath.Path]:
   its members' directories), sorted.
 
   Does not descend into a workdir (its checkpoints hold many files: many listings in a
-  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix.
-  """
+  bucket); lists directories itself, since epath's `walk` drops the `gs://` prefix."""
   root = path(root)
   if (root / CONFIG).exists():
     try:
@@ -385,8 +376,7 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
 
   `population`: the population's workdir when `workdir` is one of its members' (which may
   then hold nothing but what the population writes there). Call before any work: a refused
-  workdir is left untouched.
-  """
+  workdir is left untouched."""
   root = path(workdir)
   blocker = file_in_the_way(root)
   if blocker is not None:  # Found in the dry pass, before any compilation.
@@ -429,8 +419,7 @@ def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = Tru
   process of a multi-process run: the caller passes `jax.process_index() == 0`).
 
   For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
-  without recomputing them.
-  """
+  without recomputing them."""
   cached = read_json(p)
   if cached is not None:
     return cached

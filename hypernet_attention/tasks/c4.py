@@ -21,8 +21,7 @@ from the others. `DataIterator` yields per-process numpy batches and saves / res
 position with a per-process `tf.train.Checkpoint` of the tf.data iterator (as t5x does),
 so a resumed run neither replays nor skips data.
 
-Shape letters: B batch (per process), T tokens per row.
-"""
+Shape letters: B batch (per process), T tokens per row."""
 
 from __future__ import annotations
 
@@ -37,16 +36,6 @@ import tensorflow as tf
 
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
-
-# Shared with the Grain path (`tasks/lm_text.py`), under the names this module always had.
-TASKS, SPLITS, CHECK_BYTES = lm_text.TASKS, lm_text.SPLITS, lm_text.CHECK_BYTES
-PAD_ID, EOS_ID, UNK_ID = lm_text.PAD_ID, lm_text.EOS_ID, lm_text.UNK_ID
-_one_line = lm_text.one_line
-token_byte_lengths = lm_text.token_byte_lengths
-check_sequence_length = lm_text.check_sequence_length
-
-
-# --- vocabulary ---------------------------------------------------------------------------
 
 
 def load_vocabulary(path: str) -> seqio.SentencePieceVocabulary:
@@ -69,23 +58,19 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
   return load_vocabulary(model_path)
 
 
-# --- sources ------------------------------------------------------------------------------
-
-
 def c4_source(data_dir: str) -> seqio.TfdsDataSource:
   """TFDS `c4/en` (the newest version prepared under `data_dir`); one clear error if none."""
   found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
   if not data_dir or not found:
-    raise BadInput(_one_line(
-        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
-        f"`tfds build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
-        f"bucket; set --config.task.data_dir), or train on local files with "
-        f"--config.task.name=text_lm --config.task.train_files=... "
-        f"--config.task.validation_files=..."))
+    raise BadInput(lm_text.one_line(
+        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with `tfds "
+        f"build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// bucket; set "
+        "--config.task.data_dir), or train on local files with --config.task.name=text_lm "
+        "--config.task.train_files=... --config.task.validation_files=..."))
   versions = sorted((os.path.basename(os.path.dirname(p)) for p in found),
                     key=lambda v: tuple(int(x) for x in v.split(".")))
   return seqio.TfdsDataSource(tfds_name=f"c4/en:{versions[-1]}", tfds_data_dir=data_dir,
-                              splits=SPLITS)
+                              splits=lm_text.SPLITS)
 
 
 def text_files(pattern: str, split: str) -> list[str]:
@@ -95,7 +80,7 @@ def text_files(pattern: str, split: str) -> list[str]:
 
 def _head(path: str) -> bytes:
   with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read(CHECK_BYTES)
+    return f.read(lm_text.CHECK_BYTES)
 
 
 def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSource:
@@ -107,7 +92,7 @@ def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSo
 def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
   """The document of one .jsonl line; "" (dropped as empty) for a line that is not a JSON
   object with a string 'text', with one warning line naming it (the first time). Only the first
-  `CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
+  `lm_text.CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
   first); before, such a line printed a TensorFlow traceback per read and was dropped."""
   def parse(line_bytes):
     return lm_text.json_text_or_skip(line_bytes.numpy())
@@ -136,9 +121,6 @@ def documents(source: seqio.DataSource, split: str = "train",
     yield example["text"].decode("utf-8")
 
 
-# --- tasks --------------------------------------------------------------------------------
-
-
 @seqio.map_over_dataset
 def _rekey_targets(example):
   return {"targets": example["text"]}
@@ -149,8 +131,7 @@ def concatenate_and_split(dataset: tf.data.Dataset,
   """Token streams of consecutive documents -> rows of exactly sequence_length['targets'].
 
   A running remainder carries the tokens that did not fill a row into the next document,
-  so every token lands in exactly one row, in order; only the last partial row is lost.
-  """
+  so every token lands in exactly one row, in order; only the last partial row is lost."""
   length = sequence_length["targets"]
 
   def step(carry_T, example):
@@ -167,10 +148,9 @@ def register(name: str, source: seqio.DataSource,
   """(Re-)registers Task `name` on `source` with `vocabulary` and returns it.
 
   Re-registering replaces the previous definition, so a process can build tasks for
-  different data directories (tests, eval on another corpus) under the same name.
-  """
-  if name not in TASKS:
-    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(TASKS)}.")
+  different data directories (tests, eval on another corpus) under the same name."""
+  if name not in lm_text.TASKS:
+    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(lm_text.TASKS)}.")
   seqio.TaskRegistry.remove(name)
 
   def text_preprocessor(dataset):
@@ -185,9 +165,9 @@ def register(name: str, source: seqio.DataSource,
 
 def source(task_config) -> seqio.DataSource:
   """`config.task` (name, data_dir or *_files) -> its seqio DataSource."""
-  if task_config.name not in TASKS:
+  if task_config.name not in lm_text.TASKS:
     raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                     f"{', '.join(TASKS)}.")
+                     f"{', '.join(lm_text.TASKS)}.")
   if task_config.name == "c4_lm":
     return c4_source(task_config.data_dir)
   return text_source(task_config.train_files, task_config.validation_files)
@@ -196,8 +176,7 @@ def source(task_config) -> seqio.DataSource:
 def build_task(task_config) -> seqio.Task:
   """`config.task` (name, data_dir or *_files, vocabulary) -> the registered seqio Task.
 
-  The vocabulary is checked first, then the data, so either error comes before any work.
-  """
+  The vocabulary is checked first, then the data, so either error comes before any work."""
   vocabulary = load_vocabulary(task_config.vocabulary)
   return register(task_config.name, source(task_config), vocabulary)
 
@@ -210,17 +189,13 @@ def resolve(task_config, workdir: str) -> ml_collections.ConfigDict:
                          train_vocabulary=train_vocabulary)
 
 
-# --- batches ------------------------------------------------------------------------------
-
-
 def batches(task: seqio.Task, *, split: str, sequence_length: int, batch_size: int,
             seed: int, shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1),
             shuffle: bool = True, num_epochs: Optional[int] = None) -> tf.data.Dataset:
   """Per-process batches {'inputs', 'targets', 'weights'}: (B, T) int32, B = batch_size.
 
   `num_epochs=None` repeats forever (training); evaluation takes a fixed number of batches
-  of one pass with `shuffle=False`.
-  """
+  of one pass with `shuffle=False`."""
   lm_text.check_batches(split, sequence_length, batch_size)
   dataset = seqio.get_dataset(
       task, task_feature_lengths={"targets": sequence_length},
@@ -243,11 +218,9 @@ class DataIterator:
 
   `save(directory)` writes this process's iterator state (`{directory}/process_{i}-of-
   {n}.*`, the t5x layout); `restore(directory)` on an iterator over the same pipeline
-  continues exactly where the saved one was.
-  """
+  continues exactly where the saved one was."""
 
-  def __init__(self, dataset: tf.data.Dataset,
-               shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
+  def __init__(self, dataset: tf.data.Dataset, shard_info: seqio.ShardInfo = seqio.ShardInfo(0, 1)):
     self._iterator = iter(dataset)
     self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
     self._name = f"process_{shard_info.index}-of-{shard_info.num_shards}"
@@ -271,7 +244,7 @@ class DataIterator:
 
   def restore(self, directory: str) -> None:
     if not tf.io.gfile.exists(self.path(directory) + ".index"):
-      raise BadInput(_one_line(
+      raise BadInput(lm_text.one_line(
           f"no data iterator state {self.path(directory)!r}; allowed: a directory written "
           f"by DataIterator.save with the same process count."))
     self._checkpoint.read(self.path(directory)).assert_consumed()

@@ -21,8 +21,7 @@ unshuffled evaluation of a split shorter than `eval.num_problems` rows would sho
 The training iterator is Grain's `DatasetIterator`: its position is saved with each Orbax
 checkpoint by Grain's own handler (`train/data.GrainIteratorHandler`), so a resume is exact.
 
-Shape letters: B batch (per process), T tokens per row.
-"""
+Shape letters: B batch (per process), T tokens per row."""
 
 from __future__ import annotations
 
@@ -43,9 +42,6 @@ import sentencepiece as spm
 from hypernet_attention.errors import BadInput
 from hypernet_attention.tasks import lm_text
 
-TASKS, SPLITS = lm_text.TASKS, lm_text.SPLITS
-token_byte_lengths = lm_text.token_byte_lengths
-check_sequence_length = lm_text.check_sequence_length
 # Grain's reader threads per iterator (tokenizing runs in them) and documents read ahead.
 READ_OPTIONS = grain.ReadOptions(num_threads=4, prefetch_buffer_size=256)
 NO_SHARDING = grain.sharding.NoSharding()
@@ -87,9 +83,6 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
   (tmp := epath.Path(model_path + ".tmp")).write_bytes(model)
   tmp.replace(path)
   return load_vocabulary(model_path)
-
-
-# --- sources ------------------------------------------------------------------------------
 
 
 def _glob(pattern: str) -> list[str]:
@@ -163,12 +156,12 @@ class Task:
 def build_task(task_config) -> Task:
   """`config.task` (name, data_dir or *_files, vocabulary) -> its `Task`. The vocabulary
   is checked first, then the data, so either error comes before any work."""
-  if task_config.name not in TASKS:
+  if task_config.name not in lm_text.TASKS:
     raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                   f"{', '.join(TASKS)}.")
+                   f"{', '.join(lm_text.TASKS)}.")
   vocabulary = load_vocabulary(task_config.vocabulary)
   return Task(task_config.name, vocabulary,
-              {split: build_documents(task_config, split) for split in SPLITS})
+              {split: build_documents(task_config, split) for split in lm_text.SPLITS})
 
 
 def task_vocabulary(task: Task) -> Vocabulary:
@@ -194,9 +187,6 @@ def build_documents(task_config, split: str) -> grain.MapDataset:
   return grain.MapDataset.source(read_documents(files))
 
 
-# --- batches ------------------------------------------------------------------------------
-
-
 def _text(text: str | bytes) -> str:
   return text.decode("utf-8") if isinstance(text, bytes) else text
 
@@ -211,8 +201,7 @@ def batches(task: Task, *, split: str, sequence_length: int, batch_size: int, se
   """Per-process batches {'inputs', 'targets', 'weights'}: (B, T) int32, B = batch_size.
 
   `num_epochs=None` repeats forever (training); evaluation reads the first batches of the
-  unshuffled split.
-  """
+  unshuffled split."""
   lm_text.check_batches(split, sequence_length, batch_size)
   encode = task.vocabulary.tokenizer.encode
 
@@ -227,8 +216,7 @@ def batches(task: Task, *, split: str, sequence_length: int, batch_size: int, se
           READ_OPTIONS), length_struct={"targets": sequence_length})
   # The stream's last, partial row (padded with segment id 0) is dropped, as by seqio.
   rows = rows.filter(lambda row: row["targets_segment_ids"][-1] != 0)
-  return rows.map(lambda row: row["targets"]).batch(batch_size, drop_remainder=True).map(
-      _features)
+  return rows.map(lambda row: row["targets"]).batch(batch_size, drop_remainder=True).map(_features)
 
 
 def _features(targets_BT: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,8 +6,7 @@ this project depends on (numpy, scipy, jax, ...) are exactly that: written Engli
 code and math mixed in, much like C4's technical pages. Each docstring of a module, class
 or function (at least `min_chars` long, duplicates removed) is one document; every
 `validation_every`-th document goes to the validation file. The order is the sorted file
-order, so the corpus is the same on every machine with the same package versions.
-"""
+order, so the corpus is the same on every machine with the same package versions."""
 
 from __future__ import annotations
 

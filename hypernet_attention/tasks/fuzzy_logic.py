@@ -17,8 +17,7 @@ leave known terms out of training: `heldout.authors_split`):
   ood           held-out combinations of known terms: the paper's "OOD R^2";
   unseen_terms  combinations made only of never-seen terms (all K unseen), as in the
                 authors' code, whose own name for this split is `ood` (and `test` for ours).
-The split name is folded into the key, so equal keys give different batches per split.
-"""
+The split name is folded into the key, so equal keys give different batches per split."""
 
 from __future__ import annotations
 
@@ -74,8 +73,7 @@ class FuzzyLogic:
     known = np.array(list(itertools.combinations(range(num_known), num_terms)), np.int32)
     unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)), np.int32)
     train, ood = heldout.split(known, holdout_fraction, num_known, seed,
-                               what='combinations of known terms',
-                               authors=split_draw == 'authors')
+                               what='combinations of known terms', authors=split_draw == 'authors')
     self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
     self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
     self._terms = jnp.asarray(self.terms_table)
@@ -106,8 +104,7 @@ class FuzzyLogic:
     """A batch: x (B, N, L) in [0, 1), y (B, N), terms (B, K, L) in {0, 1} (1 = plain).
 
     `tables` (default: `split_tables()`): per-split task tables of the same shapes, e.g. a
-    population member's own held-out split.
-    """
+    population member's own held-out split."""
     B, N, L = batch_size, self.num_examples, self.num_variables
     # One draw of random words: each separate jax.random call costs ~1 s of CPU compile.
     bits = jax.random.bits(jax.random.fold_in(key, SPLITS.index(self._check_split(split))),
@@ -144,8 +141,7 @@ class FuzzyLogic:
     """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence).
 
     The variance is the population variance over all N targets of the sequence, query
-    included (the authors' `base_mse`): the MSE of predicting the sequence's mean.
-    """
+    included (the authors' `base_mse`): the MSE of predicting the sequence's mean."""
     y_BN = batch['y']
     pred = jnp.reshape(pred, y_BN.shape[:1])
     return 1.0 - (y_BN[:, -1] - pred) ** 2 / jnp.var(y_BN, axis=-1)

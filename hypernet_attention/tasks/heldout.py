@@ -3,8 +3,7 @@
 A task is a combination of symbols (fuzzy-logic terms, SRAVEN rules); `num_ood` of the combinations
 are held out. A split whose training combinations miss a symbol would make the OOD split partly a
 test of never-seen symbols, so the seeded permutation is re-drawn (from the same generator) until
-every symbol is in some training combination. A seed whose first draw covers keeps it.
-"""
+every symbol is in some training combination. A seed whose first draw covers keeps it."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def authors_split(combinations: np.ndarray, num_ood: int,
   False, the default before jax 0.5). It does not re-draw, so a split can leave a symbol
   out of training: at 70% held out, seed 2 trains none of its 20 tasks on terms 5 and 6,
   and 21 of the 46 held-out tasks contain one of them. For reproducing the paper's splits
-  exactly; `covering_split` is what every other number here uses.
-  """
+  exactly; `covering_split` is what every other number here uses."""
   key = jax.random.PRNGKey(seed, impl="threefry2x32")
   with jax.threefry_partitionable(False):
     order = np.asarray(jax.random.permutation(key, len(combinations)))

@@ -8,8 +8,7 @@ Both tokenize with the same SentencePiece vocabulary, append EOS to every docume
 the token stream into rows of exactly `sequence_length` tokens; this module holds their
 constants, the checks of a vocabulary and of corpus files, and the byte counts behind bits
 per byte, so that the two cannot drift apart. File I/O stays in each path (TensorFlow's
-gfile there, etils' epath here), which is why the checks take bytes, not paths.
-"""
+gfile there, etils' epath here), which is why the checks take bytes, not paths."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def load_vocabulary(path: str, exists: Callable[[str], bool], make: Callable[[st
   `make` read through the path's file system), or one clear line if it is unusable.
 
   A gs:// path on a machine that cannot reach the bucket (no network, no credentials: most
-  accelerator hosts and CI) makes the file system raise, not return False.
-  """
+  accelerator hosts and CI) makes the file system raise, not return False."""
   try:
     found = bool(path) and exists(path)
   except Exception as e:  # pylint: disable=broad-except
@@ -95,8 +93,7 @@ def sentencepiece_model(texts: Iterable[str], vocab_size: int, max_lines: int) -
 
   T5's conventions (pad=0, eos=1, unk=2, no bos) so that seqio treats it as the C4
   vocabulary; byte fallback so that no text maps to unk. Documents are fed line by line
-  (SentencePiece skips "sentences" longer than 4192 bytes), at most `max_lines` of them.
-  """
+  (SentencePiece skips "sentences" longer than 4192 bytes), at most `max_lines` of them."""
   def lines():
     count = 0
     for text in texts:
@@ -121,8 +118,7 @@ def token_byte_lengths(vocabulary) -> np.ndarray:
   """(vocab_size,) UTF-8 bytes each token adds to the (normalized) text, for bits/byte.
 
   A piece's word-start marker counts as the one space it stands for; byte-fallback pieces
-  count one byte; pad/eos/unk and other control pieces count zero.
-  """
+  count one byte; pad/eos/unk and other control pieces count zero."""
   processor = vocabulary.tokenizer
   lengths = np.zeros(vocabulary.vocab_size, np.int32)
   for i in range(processor.get_piece_size()):
@@ -261,8 +257,7 @@ def resolve(task_config, workdir: str, *, exists: Callable[[str], bool],
   `docstring_corpus_mb > 0`: text_lm on that much docstring text, written (once) to
   `{workdir}/corpus/`. `vocabulary=''`: a SentencePiece model of `vocab_size` pieces is
   trained (once) on the first `vocab_documents` training documents (`documents(task)`)
-  into `{workdir}/vocabulary.model`. Run it on one process, then let the others read.
-  """
+  into `{workdir}/vocabulary.model`. Run it on one process, then let the others read."""
   task = ml_collections.ConfigDict(task_config.to_dict())
   if task.docstring_corpus_mb > 0:
     train, validation = docstring_corpus.write(os.path.join(workdir, "corpus"),
@@ -278,9 +273,8 @@ def resolve(task_config, workdir: str, *, exists: Callable[[str], bool],
 def prepare_config(config: ml_collections.ConfigDict, workdir: str,
                    resolve_task: Callable[..., ml_collections.ConfigDict]
                    ) -> ml_collections.ConfigDict:
-  """`config` (locked copy) with `config.task` resolved by `resolve_task(task, workdir)`:
-  process 0 writes the corpus / vocabulary first, the others wait, then every process
-  reads the same files."""
+  """`config` (locked copy) with `config.task` resolved by `resolve_task(task, workdir)`: process 0
+  writes the corpus / vocabulary first, the others wait, then every process reads the same files."""
   if jax.process_index() == 0:
     resolve_task(config.task, workdir)
   multihost.sync("c4_prepare_config")  # Process 0 may train a vocabulary meanwhile.

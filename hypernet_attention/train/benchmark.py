@@ -9,8 +9,7 @@ machine. For sequence models it also reports tokens/s and model FLOPs utilizatio
 N = parameters except the input embedding (a lookup), L layers, T sequence length, E = total
 query/key width. The same formula for every attention variant, so HYLA's extra value-network work is
 not credited: MFU compares useful work at equal model size. MFU = FLOPs per token x tokens/s / the
-device's peak (`PEAK_TFLOPS` by device kind, or given).
-"""
+device's peak (`PEAK_TFLOPS` by device kind, or given)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ import numpy as np
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
-from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import data
 from hypernet_attention.train import memory
@@ -34,8 +32,7 @@ from hypernet_attention.train import population
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
-OVERRIDES_ALLOWED = ("comma-separated dotted key=value pairs, e.g. "
-                     "model.implementation=reference")
+OVERRIDES_ALLOWED = "comma-separated dotted key=value pairs, e.g. model.implementation=reference"
 
 
 def parse_overrides(text: str, flag: str = "--config_overrides",
@@ -60,8 +57,7 @@ def model_config(experiment: str, spec: str, size: str,
   (`hyla@model.implementation=reference`); `overrides` (comma-separated dotted `key=value`
   pairs) apply to every spec, before the spec's own. Bad presets, sizes, keys or values
   raise ValueError / KeyError / AttributeError with a one-line message (`errors.BadInput`,
-  naming the flag, for the overrides).
-  """
+  naming the flag, for the overrides)."""
   preset, *own = spec.split("@")
   config = registry.get(experiment).get_config(f"model={preset},size={size}")
   own_allowed = "preset@dotted.key=value, e.g. hyla@model.implementation=reference"
@@ -119,16 +115,14 @@ def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
 
   Why: a population's gain is capped by what a step must move. On one H200 the paper-size
   SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
-  members could not help (`experiments/results/training_throughput.md`).
-  """
+  members could not help (`experiments/results/training_throughput.md`)."""
   analysis = plan(config, 1).compiled.cost_analysis()  # No state is built for it.
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return {"flops": float(analysis.get("flops", 0.0)),
           "bytes_accessed": float(analysis.get("bytes accessed", 0.0))}
 
 
-def population_config(config: ml_collections.ConfigDict,
-                      members: int) -> ml_collections.ConfigDict:
+def population_config(config: ml_collections.ConfigDict, members: int) -> ml_collections.ConfigDict:
   """`config` as a population of `members` seeds (0, 1, ...); 1: the single run itself."""
   config = ml_collections.ConfigDict(config.to_dict())
   if members > 1:
@@ -140,11 +134,12 @@ def trainer_for(config: ml_collections.ConfigDict, devices=None):
   """(trainer, its abstract state, the single run's setup, members, a function building the
   real state) of a run or a population config, on `devices` (default: jax's). Nothing is
   allocated: `plan` checks memory first."""
-  if run_files.is_population(config):
-    p = population.setup(config, devices)
+  checked = config_checks.validate(config)  # The benchmark's config enters here.
+  if checked.members:
+    p = population.setup(checked, devices)
     trainer = population.PopulationTrainer(p)
     return trainer, p.restore_target(), p.single, p.size, trainer.init_state
-  single = build.setup(config, devices)
+  single = build.setup(checked, devices)
   trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
                                 single.mesh, single.shardings)
   return (trainer, single.restore_target(), single, 1,
@@ -158,8 +153,7 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   Why abstract: a state too large for the host, built first, is ended by the kernel's OOM
   killer (which may pick another process) before any check could refuse it. XLA's memory
   analysis needs only shapes and shardings (`memory.py`); the jitted call on the real state
-  later reuses the executable compiled here.
-  """
+  later reuses the executable compiled here."""
   start = time.perf_counter()
   trainer, target, single, members, init = trainer_for(config)
   compiled = trainer.compile_chunk(target, steps)
@@ -177,8 +171,7 @@ def prepare(config_or_plan: ml_collections.ConfigDict | _Plan, steps: int) -> _P
 
 
 def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan], *,
-                           steps: int = 200, repeats: int = 3,
-                           labels: Sequence[str] | None = None,
+                           steps: int = 200, repeats: int = 3, labels: Sequence[str] | None = None,
                            log=print) -> list[dict[str, Any]]:
   """Median steps/s per config over `repeats` rounds of one `steps`-step chunk each.
 
@@ -187,8 +180,7 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan],
   are then timed interleaved (A, B, C, A, B, C, ...), so a slow phase of a shared machine
   hits every model alike. `step_time_ratio` is the median over rounds of the config's chunk
   time / the first config's chunk time in that round. `labels` (default: the attention
-  presets) name the configs in the progress lines.
-  """
+  presets) name the configs in the progress lines."""
   labels = labels or [(c.config if isinstance(c, _Plan) else c).model.attention for c in configs]
   plans = []
   for c, label in zip(configs, labels):  # A line each: a window cut mid-compile says where.
@@ -222,16 +214,14 @@ def population_plans(config: ml_collections.ConfigDict, member_counts: Sequence[
 
 def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[int], *,
                     steps: int, repeats: int, cost: bool = False,
-                    plans: Sequence[_Plan] | None = None,
-                    log=print) -> list[dict[str, Any]]:
+                    plans: Sequence[_Plan] | None = None, log=print) -> list[dict[str, Any]]:
   """Aggregate member-steps/s and device bytes per member of populations of each size,
   timed interleaved with the single run (member count 1) as in `train_steps_per_second`.
 
   `speedup` is the median over rounds of (P x single-run chunk time / population chunk
   time): how many times more member-steps per second than training them one by one.
   `cost`: also XLA's FLOPs and bytes accessed per member-step (`step_cost`). `plans`:
-  `population_plans(config, member_counts, steps)`, when the caller planned them already.
-  """
+  `population_plans(config, member_counts, steps)`, when the caller planned them already."""
   counts = _population_counts(member_counts)
   plans = plans or population_plans(config, member_counts, steps)
   rows = train_steps_per_second(plans, steps=steps, repeats=repeats,
@@ -294,7 +284,7 @@ def mfu(row: dict[str, Any], peak_tflops: float | None) -> float | None:
 def input_tokens_per_second(config: ml_collections.ConfigDict, seconds: float = 10.0) -> float:
   """Tokens/s this process's host input pipeline delivers alone (no model), after the
   first batch; tokens = rows x row length of every feature-0 array read."""
-  s = build.setup(config)
+  s = build.setup(config_checks.validate(config))
   if s.objective.source.on_device:
     raise ValueError(f"experiment {config.experiment!r} generates its data on device; "
                      "allowed: experiments with a host input pipeline (c4_lm).")

@@ -4,8 +4,7 @@
 abstract train state and its shardings) and raises `errors.BadInput` for anything
 unusable, before any work. `init_state` materializes a fresh state with its shardings.
 Training (`loop.py`), read-only restore for probing (`restore.py`) and the benchmarks all
-start here, so analysis never imports the training loop or its writers.
-"""
+start here, so analysis never imports the training loop or its writers."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from hypernet_attention import errors
@@ -44,16 +42,19 @@ class Setup:
     return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state), self.shardings)
 
 
-def setup(config: ml_collections.ConfigDict | config_checks.Checked, devices=None,
+def setup(checked: config_checks.Checked, devices=None,
           member_of_population: bool = False) -> Setup:
-  """Everything that validates input: objective, model, optimizer, mesh. No side effects.
+  """Everything that needs the devices or the task: objective, model, optimizer, mesh. No
+  side effects.
 
-  Any problem with the config or the devices is a `errors.BadInput`. A population
-  (`population.setup`) builds its members' run with `member_of_population=True`, which
-  allows a mesh with a `member` axis.
-  """
+  `checked` is `config_checks.validate(config)`: the config is validated once, where it
+  enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
+  data, so no layer below checks it again. Any problem with the task or the devices is a
+  `errors.BadInput`. A population (`population.setup`) builds its members' run with
+  `member_of_population=True`, which allows a mesh with a `member` axis."""
+  config_checks.require_checked(checked, "build.setup")
   try:
-    return _setup(config, devices, member_of_population)
+    return _setup(checked.config, devices, member_of_population)
   except errors.BadInput:
     raise
   except ValueError as e:
@@ -61,7 +62,6 @@ def setup(config: ml_collections.ConfigDict | config_checks.Checked, devices=Non
 
 
 def _setup(config, devices, member_of_population: bool) -> Setup:
-  config = config_checks.validate(config).config
   config_checks.check_task_memory(config)
   objective = objectives.build(config)
   mesh = sharding.make_mesh(config.mesh, devices)

@@ -19,8 +19,7 @@ opens the checkpoints without creating, cleaning or moving anything, and
 `Checkpointer.restore_params` reads the parameters only, not the optimizer moments.
 
 Restore targets are abstract arrays that carry the *current* shardings, so a checkpoint
-written on N devices restores on M devices.
-"""
+written on N devices restores on M devices."""
 
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from hypernet_attention import multihost
+from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import data as data_lib
 
@@ -67,10 +67,9 @@ def check_compatible(saved_tree: Any, abstract_state: Any, where: str) -> None:
       continue
     describe = lambda spec: "absent" if spec is None else f"shape {spec[0]} {spec[1]}"
     raise CheckpointMismatchError(
-        f"{where} does not match the model this code builds: '{key}' is "
-        f"{describe(saved.get(key))} in the checkpoint but {describe(wanted.get(key))} in the "
-        "model. Nothing was moved or deleted; run the code and config that wrote it, or use a "
-        "fresh --workdir")
+        f"{where} does not match the model this code builds: '{key}' is {describe(saved.get(key))} "
+        f"in the checkpoint but {describe(wanted.get(key))} in the model. Nothing was moved or "
+        "deleted; run the code and config that wrote it, or use a fresh --workdir")
 
 
 def abstract_with_shardings(abstract_tree: Any, shardings: Any) -> Any:
@@ -124,8 +123,7 @@ class Checkpointer:
   """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
 
   `read_only=True` opens existing checkpoints for restoring only: no directory is created,
-  no temporary directory cleaned, nothing quarantined.
-  """
+  no temporary directory cleaned, nothing quarantined."""
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
                use_async: bool = True, read_only: bool = False):
@@ -147,8 +145,7 @@ class Checkpointer:
     interval says so (or `force`). The iterator must be at the position of `step`.
 
     An earlier asynchronous save that failed is reported here (or by `wait`/`close`) as a
-    `CheckpointWriteError`.
-    """
+    `CheckpointWriteError`."""
     self.check()
     with self._write_errors(f"saving step {step}"):
       if step in self.manager.all_steps():  # Resumed exactly at a saved step.
@@ -171,8 +168,7 @@ class Checkpointer:
       raise CheckpointWriteError(
           f"checkpoint write failed while {what} in {self.directory}: {os_reason(e)}; "
           f"finalized steps {finalized or 'none'} are intact (a partial write is never "
-          "finalized): fix the cause (e.g. free disk space) and rerun the same command to "
-          "resume") from e
+          f"finalized): fix the cause (e.g. free disk space), then {cli.resume_hint()}") from e
 
   def check(self) -> None:
     """Raises `CheckpointWriteError` now if an asynchronous save has failed (called at every
@@ -202,8 +198,7 @@ class Checkpointer:
     """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved.
 
     With `data_iterator`, its position is restored too; a step saved without one (or by
-    a different number of processes) cannot resume a host-data run and raises.
-    """
+    a different number of processes) cannot resume a host-data run and raises."""
     check_compatible(self._saved_tree(step), abstract_state,
                      f"checkpoint step {step} in {self.directory}")
     items = dict(state=self._restore_args(abstract_state))
@@ -244,8 +239,7 @@ class Checkpointer:
     """The newest readable checkpoint restored onto `abstract_state`'s shardings, or None.
 
     A checkpoint that reads but does not fit the model raises `CheckpointMismatchError`
-    (nothing moved); only unreadable steps are quarantined and skipped.
-    """
+    (nothing moved); only unreadable steps are quarantined and skipped."""
     self.manager.wait_until_finished()
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:

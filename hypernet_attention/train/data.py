@@ -11,8 +11,7 @@
                   Grain's own handler for a Grain iterator, `DataIteratorArgs` for the others), so a
                   resumed run neither replays nor skips data.
 
-The loop asks only `source.on_device`; everything task-specific stays in the objective.
-"""
+The loop asks only `source.on_device`; everything task-specific stays in the objective."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ class HostSource:
     `save(directory)` / `restore(directory)` of its position (e.g. `c4.DataIterator`).
   evaluate(split, local_batch_size, num_batches, process_index, process_count): the
     split's first `num_batches` batches, the same ones every time.
-  example(global_batch_size): shapes and dtypes of a global batch.
-  """
+  example(global_batch_size): shapes and dtypes of a global batch."""
   train: Callable[..., Any]
   evaluate: Callable[..., Iterable[Mapping[str, np.ndarray]]]
   splits: tuple[str, ...]
@@ -81,8 +79,7 @@ class RandomTokens:
   Why: it times the language model's real training step where TensorFlow, seqio and the C4
   vocabulary are not (a lent GPU image; `benchmark_training.py --synthetic_tokens`). The
   step's cost does not depend on which tokens it reads. Batch i is a function of (seed,
-  process, i), so `save` / `restore` keep only i.
-  """
+  process, i), so `save` / `restore` keep only i."""
 
   def __init__(self, seed: int, batch_size: int, sequence_length: int, vocab_size: int,
                process_index: int = 0, process_count: int = 1):
@@ -123,8 +120,7 @@ def to_global(local_batch: Mapping[str, np.ndarray], mesh: jax.sharding.Mesh,
 
   Rows are split over the mesh's batch axes (`sharding.batch_sharding`); each process's
   slice lands on its own devices. Fails loudly, naming the feature, when the slices do
-  not make up the global batch or the batch does not divide over the devices.
-  """
+  not make up the global batch or the batch does not divide over the devices."""
   sharding.check_batch_size(global_batch_size, mesh)
   out = {}
   for name, x in local_batch.items():
@@ -195,8 +191,7 @@ def checkpoint_item(iterator: Any) -> tuple[str, ocp.args.CheckpointArgs]:
   A Grain iterator (it has Grain's `get_state` / `set_state`) goes to item `grain`,
   written by Grain's handler; any other (`c4.DataIterator`, `RandomTokens`) to item `data`,
   through its own `save` / `restore`. Distinct names keep a checkpoint of one data path
-  from being resumed by the other.
-  """
+  from being resumed by the other."""
   if _is_grain(iterator):
     return "grain", GrainIteratorArgs(iterator)
   return "data", DataIteratorArgs(iterator)

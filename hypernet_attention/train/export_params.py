@@ -13,8 +13,7 @@ computed from parameters alone, so the campaign keeps exactly those beside each 
 
 `restore.restore_params(out, member=i)` and `experiments/probe_latents.py --workdir=out/<member>`
 read it as they read a workdir (its one step is the run's last; step 0 rebuilds the
-initialization from the seed). SRAVEN at paper size keeps ~1.6 MB per member in float32.
-"""
+initialization from the seed). SRAVEN at paper size keeps ~1.6 MB per member in float32."""
 
 from __future__ import annotations
 
@@ -63,6 +62,9 @@ def check_output_dir(workdir: str, out_dir: str) -> str:
   a file there or above it; the run's workdir, a folder inside it or one holding it (its
   checkpoints); an existing folder that is neither empty nor a previous export."""
   out = os.fspath(run_files.check_output_dir(out_dir, "--output_dir"))
+  if os.path.islink(out):  # Replaced by a rename, which would move the link, not its target.
+    raise errors.BadInput(f"--output_dir={out_dir!r} is a symbolic link (to "
+                          f"{os.readlink(out)!r}); allowed: a real folder path (its target)")
   real_out, real_workdir = os.path.realpath(out), os.path.realpath(workdir)
   common = os.path.commonpath([real_out, real_workdir])
   if common in (real_out, real_workdir):
@@ -108,8 +110,7 @@ def export(workdir: str, out_dir: str, max_bytes: Optional[int] = None) -> dict[
   temporary sibling). Returns its `final_params.json` record.
 
   Raises `BadInput` (nothing written) for an `out_dir` that `check_output_dir` refuses, an
-  unfinished run, or a folder that would exceed `max_bytes`.
-  """
+  unfinished run, or a folder that would exceed `max_bytes`."""
   out_dir = check_output_dir(workdir, out_dir)
   if not run_files.is_finished(workdir):
     raise errors.BadInput(f"{workdir!r} is not a finished run (no summary.json); allowed: "

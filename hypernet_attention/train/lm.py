@@ -2,8 +2,7 @@
 
 `experiments/c4_lm.py` only parses flags and calls `train_and_sample` or
 `sample_from_workdir`. The text comes through `config.task.pipeline` (`tasks/lm_text.py`):
-seqio (TensorFlow, loaded only then) or Grain (no TensorFlow).
-"""
+seqio (TensorFlow, loaded only then) or Grain (no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import ml_collections
 
 from hypernet_attention import decoding
 from hypernet_attention import errors
+from hypernet_attention.runs import cli
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
@@ -88,6 +88,7 @@ def train_and_sample(config: ml_collections.ConfigDict | config_checks.Checked, 
   resolves the data (corpus, vocabulary) into `workdir`, trains, prints samples."""
   config = config_checks.validate(config).config
   workdir = check_before_data(config, workdir)
+  cli.announce_workdir(workdir)  # The data written next: a stop from here names it.
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   pipeline = objectives.lm_pipeline(config.task)
   # Resolving the data changes only `config.task`'s files, which `validate` does not read.

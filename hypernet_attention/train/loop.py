@@ -7,8 +7,7 @@ notice and evaluates; the program decides what each of those writes.
 
 Order of work: validate everything (config, mesh, batch divisibility, workdir) -> build the
 state abstractly -> restore or initialize it sharded -> train / evaluate / checkpoint ->
-summary.json. Only process 0 writes logs and the summary.
-"""
+summary.json. Only process 0 writes logs and the summary."""
 
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from hypernet_attention import errors
 from hypernet_attention import multihost
+from hypernet_attention.runs import cli
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
@@ -40,8 +40,6 @@ from hypernet_attention.train import population_loop
 from hypernet_attention.train import preemption
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
-
-Trainer = trainer_lib.Trainer  # Its old home: tests and tools build one from here.
 
 
 class Program(Protocol):
@@ -71,7 +69,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   disk); a population (`config.population.members`) returns {"members": [member summary,
   ...], "state": stacked final state}. Raises `errors.BadInput` before any work for
   unusable input, and `preemption.Preempted` after checkpointing when a SIGTERM arrived.
-  """
+  `config`: the entry point's `config_checks.Checked`, taken as it is; a plain config (a
+  library caller that skips the entry) is validated here, the one library door."""
   start_time = time.time()
   checked = config_checks.validate(config)
   config = checked.config
@@ -126,41 +125,60 @@ class Session:
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
             check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
-  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError
-  becomes BadInput), dry, then `fits` (the memory check: a notice during its compilation
-  exits at once), then the guard again, recording the config; then the one-writer lock
-  (`lock.py`), a writable checkpoints/ and the checkpointer; all released on any exit. Single
-  runs and populations (`population_loop.py`) train inside one."""
+  """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError becomes
+  BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is refused in one line
+  before any compilation; `fits` (the memory check: a notice during its compilation exits at once);
+  the guard again, recording the config; a writable checkpoints/ and the checkpointer; all released
+  on any exit. Single runs and populations (`population_loop.py`) train inside one."""
+  cli.announce_workdir(workdir)
   workdir = run_files.workdir_path(workdir)
   checkpoints = str(run_files.path(workdir) / run_files.CHECKPOINTS)
   is_chief = jax.process_index() == 0
+  made = []  # The directories the lock will create: removed again if nothing is trained.
+  for directory in (run_files.path(workdir), *run_files.path(workdir).parents):
+    if directory.exists():
+      break
+    made.append(directory)
   checked = is_chief and run_files.path(checkpoints).is_dir()
   if checked:
     lock.check_writable(checkpoints)  # Before `check` records anything.
+  not_started = f"not started yet; nothing in {workdir} was written"
+  agree = _chief_outcome if jax.process_count() > 1 else None
   # The signal handlers first: a SIGTERM from here on is a preemption.
   with preemption.Watcher() as watcher:
-    with watcher.nothing_to_save(f"not started yet; nothing in {workdir} was written",
-                                 lambda: None):
+    with watcher.nothing_to_save(not_started, lambda: None), _as_bad_input():
+      check(workdir, False)
+    with lock.hold(workdir, is_chief, agree) as held:
       try:
-        check(workdir, False)
-        first_chunk = fits()
-        check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
-        multihost.sync("check_workdir")
+        with watcher.nothing_to_save(not_started, held.release), _as_bad_input():
+          first_chunk = fits()
+          check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
+          multihost.sync("check_workdir")
       except errors.BadInput:
+        held.release()
+        for directory in made if is_chief else ():  # Only the lock made them: leave none.
+          with contextlib.suppress(OSError):
+            directory.rmdir()
         raise
-      except ValueError as e:
-        raise errors.BadInput(str(e)) from e
-    agree = _chief_outcome if jax.process_count() > 1 else None
-    with lock.hold(workdir, is_chief, agree) as held, _debug_nans(config.get("debug_nans", False)):
       if is_chief and not checked:  # A new checkpoints/: found now, not at the first save.
         lock.check_writable(checkpoints)
       ckpt = checkpointing.Checkpointer(
           workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
           use_async=config.async_checkpoints)
       try:
-        yield Session(workdir, watcher, ckpt, held.release, first_chunk)
+        with _debug_nans(config.get("debug_nans", False)):
+          yield Session(workdir, watcher, ckpt, held.release, first_chunk)
       finally:
         ckpt.close()
+
+
+@contextlib.contextmanager
+def _as_bad_input():
+  """The workdir guard's ValueError as the `BadInput` it is."""
+  try:
+    yield
+  except ValueError as e:
+    raise errors.BadInput(str(e)) from e
 
 
 def _chief_outcome(held: bool) -> bool:
@@ -180,17 +198,28 @@ def _next_boundary(step: int, config, steps_per_loop: int) -> int:
 def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> dict[str, Any]:
   """The loop proper: restore, train in chunks, check, save, log, evaluate, summarize."""
   ckpt, watcher = sess.ckpt, sess.watcher
-  state, step = program.restore_or_init(ckpt)
+  # A notice with nothing unsaved exits at once (`preemption.py`): while restoring,
+  # initializing and opening (ceilings, writers), and until a chunk is done.
+  unchanged = f"the checkpoints in {sess.workdir} are unchanged"
+  with watcher.nothing_to_save(f"nothing trained yet; {unchanged}", sess.release):
+    state, step = program.restore_or_init(ckpt)
+    if step >= config.num_train_steps:
+      finished = program.finished(state)
+      if finished is not None:
+        return finished
+    program.open(step, state)
   start_step = step
-  if step >= config.num_train_steps:
-    finished = program.finished(state)
-    if finished is not None:
-      return finished
-  program.open(step, state)
   progress = console.Progress(step, config.num_train_steps)
   chunks = _chunk_bound(config)
   chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
   pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
+
+  def idle(step: int):
+    """Exits at a notice (one process) while nothing was trained since the last save."""
+    if last_saved != step or ckpt.saving():
+      return contextlib.nullcontext()
+    return watcher.nothing_to_save(f"nothing trained yet since step {step}; {unchanged}",
+                                   sess.release)
 
   def save(step: int, state, force: bool):
     nonlocal pending, last_saved
@@ -214,17 +243,15 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
       if config.get("stop_after_steps") and step >= config.stop_after_steps:
         break
       if watcher.reached():  # A notice during an evaluation or a log: nothing dispatched.
-        stop(step, state)
+        with idle(step) if step == start_step else contextlib.nullcontext():
+          stop(step, state)  # Nothing trained by this process: `idle` exits first.
       end = _next_boundary(step, config, chunks.length)
       if chunks.compile_may_outlast_bound(end - step):
         if last_saved != step:  # Committed first, so that a notice during this chunk's
           save(step, state, force=True)  # compilation can exit at once.
         ckpt.wait()
       chunk_start = time.time()
-      # Until a chunk is done, a notice with nothing unsaved exits at once (`preemption.py`).
-      with (watcher.nothing_to_save(f"nothing trained yet since step {step}; the "
-                                    f"checkpoints in {sess.workdir} are unchanged", sess.release)
-            if last_saved == step and not ckpt.saving() else contextlib.nullcontext()):
+      with idle(step):
         state, metrics = program.train_chunk(state, end - step)
         # The chunk ends before the notice is read, so one that came during it stops the
         # run here, with no chunk queued behind it (`preemption.py`).
@@ -305,9 +332,9 @@ class SingleRun:
     bad = trainer_lib.first_nonfinite([(start, m.per_step) for start, m in pending])
     if bad is not None:
       ckpt.wait()
-      raise FloatingPointError(
-          f"non-finite training loss at step {bad}; stopping (checkpoints up to step "
-          f"{ckpt.latest_step()} are intact; --config.debug_nans=true finds the first op)")
+      raise trainer_lib.diverged(f"non-finite training loss at step {bad:,} "
+                                 "(--config.debug_nans=true finds the first op)",
+                                 ckpt.latest_step())
 
   def saved(self, step: int, start_step: int) -> None:
     del step, start_step

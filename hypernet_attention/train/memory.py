@@ -5,8 +5,7 @@ RESOURCE_EXHAUSTED traceback (GPU, TPU) or the kernel's OOM killer (CPU). Shape 
 predict it (fusion, scan, buffer reuse and donation move the peak by several times); the compiled
 executable's `memory_analysis()` is XLA's own buffer assignment. Compiling the first chunk ahead of
 time costs nothing extra: the jitted call that follows finds the same executable in JAX's cache
-(`tests/e2e/test_compile_once.py` counts the traces of whole runs with this check on).
-"""
+(`tests/e2e/test_compile_once.py` counts the traces of whole runs with this check on)."""
 
 from __future__ import annotations
 
@@ -134,14 +133,12 @@ def check_fits(compiled: jax.stages.Compiled, devices: Sequence[Any], batch_size
     advice = (f"the state alone needs {_size(fixed)} per device: {smaller} or more devices "
               "to shard it")
   elif fits < 1:  # Not even one example: a smaller batch is no advice that can be followed.
-    advice = (f"even batch_size=1 would not fit (about {_size(need.temporaries / batch_size)} "
-              f"of temporaries per example beside {_size(fixed)} of state): {smaller} or "
-              "more devices")
+    advice = (f"even batch_size=1 would not fit (about {_size(need.temporaries / batch_size)} of "
+              f"temporaries per example beside {_size(fixed)} of state): {smaller} or more devices")
   else:
     advice = (f"a batch_size of about {fits} or less would fit"
               + (", or fewer members" if members > 1 else "") + "; or more devices")
   raise errors.BadInput(
-      f"{what} does not fit in memory: one training chunk needs {_size(need.total)} per "
-      f"device (XLA's analysis of the compiled step: {_size(need.arguments)} state and "
-      f"inputs, {_size(need.temporaries)} temporaries) and "
-      f"{have.described}; allowed: {advice}")
+      f"{what} does not fit in memory: one training chunk needs {_size(need.total)} per device "
+      f"(XLA's analysis of the compiled step: {_size(need.arguments)} state and inputs, "
+      f"{_size(need.temporaries)} temporaries) and {have.described}; allowed: {advice}")

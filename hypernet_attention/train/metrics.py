@@ -13,8 +13,7 @@ jit, so no `gather_from_model_output` (a pmap idiom) is needed.
 A train chunk's steps are stacked by the scan and merged by `Collection.reduce` (the same
 merge CLU uses across devices). Besides its collection, a train chunk keeps the loss and
 gradient norm of every step (`ChunkMetrics.per_step`): the loop stops or freezes at the
-first non-finite *step*, and tests compare loss curves step by step.
-"""
+first non-finite *step*, and tests compare loss curves step by step."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ branches. This module is the one home of objective builders, built from what `ta
 class: its `encode`, per-example `metrics` and `output_dim`), `c4_lm` for the host pipelines (their
 readers). A new on-device task needs no builder: its record names its class.
 
-Shape letters: B batch, T tokens, V vocabulary.
-"""
+Shape letters: B batch, T tokens, V vocabulary."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from hypernet_attention import errors
 from hypernet_attention.runs import console
 from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
@@ -94,8 +94,7 @@ def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
 def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
 
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing.
-  """
+  Stored in the workdir so that a resumed run reports the same numbers without recomputing."""
   if config.eval.ceiling_problems <= 0:
     return {}
 
@@ -142,13 +141,19 @@ def _task_run_metrics(task, config, workdir: str) -> dict[str, float]:
 def lm_pipeline(task_config):
   """The module of `config.task.pipeline`'s data path (`lm_text.PIPELINES`): `tasks/c4.py`
   (seqio, TensorFlow: loaded quietly first) or `tasks/c4_grain.py` (Grain, no TensorFlow).
-  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary`, `SPLITS`
-  and `readers` (a host source's train and evaluate readers; neither imports train/)."""
+  Both have `resolve`, `load_vocabulary`, `build_task`, `task_vocabulary` and `readers` (a host
+  source's train and evaluate readers; neither imports train/); the rest is `lm_text`'s."""
   from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
   name = lm_text.check_pipeline(task_config)
   if name == "seqio":
     console.import_tensorflow_quietly()  # seqio and c4 load TensorFlow, which logs natively.
-  return importlib.import_module(lm_text.PIPELINES[name])
+  try:
+    return importlib.import_module(lm_text.PIPELINES[name])
+  except ModuleNotFoundError as e:  # The TF-free install ('.[dev]') has no seqio.
+    raise errors.BadInput(
+        f"config.task.pipeline={name!r} needs {e.name!r}, which is not installed; allowed: "
+        "install the [lm] extra (pip install '.[lm]'), or --config.task.pipeline=grain "
+        "(no TensorFlow)") from None
 
 
 # `config.task.name` of uniformly random tokens (`data.RandomTokens`): the 50M step timed
@@ -181,14 +186,15 @@ def c4_lm(config: ml_collections.ConfigDict) -> Objective:
     bytes_V = jnp.zeros((vocab_size,))  # No text behind the tokens: bits per byte is absent.
     source = _random_token_source(vocab_size, config.task.sequence_length)
   else:
+    from hypernet_attention.tasks import lm_text  # pylint: disable=g-import-not-at-top
     pipeline = lm_pipeline(config.task)
-    pipeline.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
+    lm_text.check_sequence_length(config.task.sequence_length, config.model.get("max_len"))
     task = pipeline.build_task(config.task)
     vocabulary = pipeline.task_vocabulary(task)
     vocab_size = vocabulary.vocab_size
-    bytes_V = jnp.asarray(pipeline.token_byte_lengths(vocabulary))
+    bytes_V = jnp.asarray(lm_text.token_byte_lengths(vocabulary))
     length = config.task.sequence_length
-    source = data.HostSource(*pipeline.readers(task, length), pipeline.SPLITS,
+    source = data.HostSource(*pipeline.readers(task, length), lm_text.SPLITS,
                              data.token_rows_example(length))
 
   def metrics_fn(logits_BTV, batch):

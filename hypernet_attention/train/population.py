@@ -3,11 +3,11 @@
 The models of this paper are tiny (52k-400k parameters, batch 128), so one run uses 1-2% of an
 accelerator. A population stacks P members' train states along a leading member axis and maps the
 single run's own train step and evaluation (`trainer.Trainer`) over it: one jitted, scanned chunk
-trains every member. What may differ between members (`MEMBER_KEYS`) is what can be data instead of
-code: the seed (initialization, data order, dropout), the held-out split's seed (each member's split
-tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight decay and the
-warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything else would change
-shapes or code and is refused in one line naming the key.
+trains every member. What members may differ in (`run_files.MEMBER_KEYS`) is what can be data
+instead of code: the seed (initialization, data order, dropout), the held-out split's seed (each
+member's split tables are arrays, `task.sample(..., tables=)`), the peak learning rate, the weight
+decay and the warmup (traced hyperparameters, `state.make_optimizer(config, member)`). Anything
+else would change shapes or code and is refused in one line naming the key.
 
 Member i computes exactly what the single run with its settings computes: the same step
 function, the same keys, an optimizer state of the same tree. A member whose loss or
@@ -24,8 +24,7 @@ By hand (a sweep's launchers build these flags themselves, `launch/grouping.py`)
       --workdir=W "--config.population.members=({'seed': 0}, {'seed': 1, \
       'optimizer.learning_rate': 3e-4})" [--config.mesh.member=2 --config.mesh.data=1]
 
-Shape letters: P members.
-"""
+Shape letters: P members."""
 
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ import ml_collections
 
 from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
-from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import metrics as metrics_lib
@@ -52,9 +50,7 @@ from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
-MEMBER_KEYS = run_files.MEMBER_KEYS  # What a member may set (data, not code).
 MEMBER_AXIS = "member"
-member_state = metrics_lib.member  # Member `index`'s slice of a population state.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +76,11 @@ def stack_sharding(member_sharding: NamedSharding) -> NamedSharding:
   return NamedSharding(member_sharding.mesh, P(axis, *member_sharding.spec))
 
 
-def setup(config: ml_collections.ConfigDict | config_checks.Checked,
-          devices=None) -> PopulationSetup:
-  """Builds the population abstractly from its checked config (`config_checks.validate`),
-  checking what needs devices and tasks (mesh, split tables). Any problem is `BadInput`."""
-  configs = config_checks.validate(config).members
+def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
+  """Builds the population abstractly from its checked config (`config_checks.validate`:
+  each member validated as the run it is), checking what needs devices and tasks (mesh,
+  split tables). Any problem is `BadInput`."""
+  configs = config_checks.require_checked(checked, "population.setup").members
   single = build.setup(config_checks.Checked(configs[0]), devices, member_of_population=True)
   member_objectives = [single.objective]
   for i, member in enumerate(configs[1:], 1):
@@ -173,8 +169,7 @@ class PopulationTrainer:
       return state, metrics_lib.ChunkMetrics(  # per_step {name: (P, length)}
           jax.tree.map(lambda m: m.T, per_step), collections.reduce())
     return jax.jit(
-        chunk, static_argnums=2, donate_argnums=0,
-        in_shardings=(self.setup.shardings, None),
+        chunk, static_argnums=2, donate_argnums=0, in_shardings=(self.setup.shardings, None),
         # Metrics stay on their member's devices: the chunk has no collective at all.
         out_shardings=(self.setup.shardings, stack_sharding(sharding.replicated(self.mesh))))
 
@@ -222,9 +217,7 @@ class PopulationTrainer:
     """Each member's eval metrics, as `trainer.Trainer.evaluate` reports a single run's."""
     with jax.set_mesh(self.mesh):
       results = jax.device_get(self._eval_jit(self.members, params))
-    out = []
-    for i, objective in enumerate(self.setup.member_objectives):
-      out.append({f"{split}/{k}": float(v) for split, collection in results.items()
-                  for k, v in objective.finalize(metrics_lib.means(
-                      metrics_lib.member(collection, i))).items()})
-    return out
+    return [{f"{split}/{k}": float(v) for split, collection in results.items()
+             for k, v in objective.finalize(metrics_lib.means(
+                 metrics_lib.member(collection, i))).items()}
+            for i, objective in enumerate(self.setup.member_objectives)]

@@ -123,9 +123,8 @@ class PopulationRun:
                           "last finite state", os.path.basename(self.dirs[i]), bad)
     if all(f is not None for f in self.frozen):
       ckpt.wait()
-      raise FloatingPointError(
-          f"non-finite training loss in every member (steps {self.frozen}); stopping "
-          f"(checkpoints up to step {ckpt.latest_step()} are intact)")
+      raise trainer_lib.diverged(
+          f"non-finite training loss in every member (steps {self.frozen})", ckpt.latest_step())
 
   def saved(self, step: int, start_step: int) -> None:
     self._write_population_summary(step, start_step)

@@ -1,14 +1,14 @@
 """Preemption: on SIGTERM (or Ctrl-C), finish the chunk, checkpoint, wait for it, exit 75.
 
-Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine (about 30 s on
-GCE spot VMs and by default on Kubernetes). The loop waits for each chunk to end before it
-dispatches the next, and asks `Watcher.reached()` after every chunk and before every
-dispatch; once it says yes, the loop saves the state at that step (every process at the
-same step), waits until the checkpoint is committed, runs no evaluation and logs nothing
-more, writes no summary.json and raises `Preempted`; entry points exit with `EXIT_CODE`
-(75, EX_TEMPFAIL in sysexits.h: "temporary failure, retry"), which schedulers can map to a
-requeue. Rerunning the same command resumes from that step, and because every batch is a
-pure function of (seed, step) it ends with the parameters of an uninterrupted run.
+Cloud TPU, GKE and SLURM send SIGTERM some time before they take a machine (about 30 s on GCE spot
+VMs and by default on Kubernetes). The loop waits for each chunk to end before it dispatches the
+next, and asks `Watcher.reached()` after every chunk and before every dispatch; once it says yes,
+the loop saves the state at that step (every process at the same step), waits until the checkpoint
+is committed, runs no evaluation and logs nothing more, writes no summary.json and raises
+`Preempted`; entry points exit with `EXIT_CODE` (75, EX_TEMPFAIL in sysexits.h: "temporary failure,
+retry"), which schedulers can map to a requeue. The closing line names the command that resumes from
+that step (`cli.resume_hint`), and because every batch is a pure function of (seed, step) the
+resumed run ends with the parameters of an uninterrupted run.
 
 Agreement between processes: with `jax.distributed` running, JAX's preemption sync manager
 (which listens for SIGTERM itself) tells every process the same sync point, so the call
@@ -26,8 +26,7 @@ the restored checkpoint, or the seed's initialization), yet that chunk compiles,
 minutes for large models. A Python signal handler only runs once the compilation returns,
 so in a single process the signal is also written to a pipe (`signal.set_wakeup_fd`) that a
 thread watches: a notice in that phase exits at once with status 75 (the lock released, the
-checkpoints untouched), and rerunning resumes as after any preemption.
-"""
+checkpoints untouched), and rerunning resumes as after any preemption."""
 
 from __future__ import annotations
 
@@ -43,6 +42,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from hypernet_attention.runs import cli
+
 EXIT_CODE = 75
 
 
@@ -50,8 +51,7 @@ class Preempted(Exception):
   """The run saved a checkpoint at `step` and stopped because of a preemption notice."""
 
   def __init__(self, step: int, workdir: str, reason: str = "preempted"):
-    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; rerun the "
-                     "same command to resume")
+    super().__init__(f"{reason}: checkpoint saved at step {step} in {workdir}; {cli.resume_hint()}")
     self.step, self.workdir = step, workdir
 
 
@@ -87,6 +87,8 @@ class Watcher:
         os.close(read_fd)
         return
       if {signal.SIGTERM, signal.SIGINT} & set(signums):
+        if signal.SIGINT in set(signums):  # Named before the main thread's handler runs.
+          self.reason = "interrupted"
         with self._phase:
           if self._exit_now is not None:
             self._exit_now()
@@ -98,8 +100,8 @@ class Watcher:
     the workdir's lock first. In a single process only (several processes must agree on a step)."""
     def exit_now():
       release()
-      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; rerun the same "
-            "command to resume", file=sys.stderr, flush=True)
+      print(f"{os.path.basename(sys.argv[0])}: {self.reason}: {unchanged}; "
+            f"{cli.resume_hint()}", file=sys.stderr, flush=True)
       os._exit(EXIT_CODE)  # pylint: disable=protected-access
     if self._wakeup is None:
       yield
@@ -176,8 +178,7 @@ class ChunkBound:
   chunks (log, eval and checkpoint steps stay where they were, and so do the data and the
   parameters: each step is a pure function of the state and the step), at the cost of one more
   compilation where the choice differs from the probe. `steps_per_loop` <= `PROBE_STEPS` (smoke and
-  local configs) compiles once, as without the bound.
-  """
+  local configs) compiles once, as without the bound."""
 
   def __init__(self, steps_per_loop: int, grace_s: float | None):
     self.steps_per_loop, self.grace_s = steps_per_loop, grace_s

@@ -11,8 +11,7 @@ kernels: only those count (the host's thunk events would count each op twice), a
 is named after its HLO fusion with `.` as `_` (`gemm_fusion_dot_28` for `gemm_fusion_dot.28`),
 which `instruction_ops` also answers to. Kernels no HLO instruction names (cuBLAS's
 `nvjet_*`, launched by a custom call) are rows of their own, `(kernel nvjet_...)`, so the
-step's time adds up (experiments/results/gpu_windows/2026-11-26_h100).
-"""
+step's time adds up (experiments/results/gpu_windows/2026-11-26_h100)."""
 
 from __future__ import annotations
 
@@ -120,8 +119,7 @@ def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
 
   The program whose instructions the trace names is the one `benchmark.prepare` compiled:
   the scanned `steps`-step chunk (on-device data) or the one-step function a host-fed
-  experiment (C4) runs `steps` times.
-  """
+  experiment (C4) runs `steps` times."""
   prepared = benchmark.prepare(config, steps)
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):

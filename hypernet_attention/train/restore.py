@@ -11,8 +11,7 @@ no checkpoint was saved at step 0: initialization is a pure function of the seed
 
 The same calls read a folder of kept final parameters (`export_params.py`: the run's
 `config.json`, its members' files and `final_params/`, the parameters alone), as the campaign
-keeps them beside its cell files: such a folder has one step, the run's last.
-"""
+keeps them beside its cell files: such a folder has one step, the run's last."""
 
 from __future__ import annotations
 
@@ -24,9 +23,11 @@ import jax
 import ml_collections
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import objectives
 from hypernet_attention.train import population
 
@@ -89,7 +90,7 @@ def _analysis_config(workdir: str, devices: Optional[Sequence[jax.Device]]
 
 
 def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, Any]:
-  s = build.setup(config, devices)
+  s = build.setup(config_checks.validate(config), devices)  # The recorded config enters here.
   step, params = _params_at(workdir, step, s.restore_target(),
                             lambda: build.init_state(config, s.init_fn, s.shardings).params)
   return s, step, params
@@ -98,7 +99,7 @@ def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, An
 def _population_params(workdir, step, config, devices
                        ) -> tuple[population.PopulationSetup, int, Any]:
   """Every member's parameters, stacked on the leading member axis."""
-  p = population.setup(config, devices)
+  p = population.setup(config_checks.validate(config), devices)  # Enters here, as above.
   step, params = _params_at(workdir, step, p.restore_target(),
                             lambda: population.PopulationTrainer(p).init_state().params)
   return p, step, params
@@ -111,7 +112,12 @@ def _kept_params(workdir: str, step: Optional[int], target: Any,
   record = run_files.read_json(root / run_files.FINAL_PARAMS_RECORD)
   if record is None or (root / run_files.CHECKPOINTS).is_dir():
     return None
-  kept = int(record["step"])
+  kept = record.get("step") if isinstance(record, dict) else None
+  if isinstance(kept, bool) or not isinstance(kept, int) or kept < 0:
+    raise errors.BadInput(
+        f"{root / run_files.FINAL_PARAMS_RECORD} holds {str(record)[:80]}, not a record of "
+        "kept parameters; allowed: the one export_params writes ({\"step\": an integer >= 0, "
+        "...}): export them again from the run's workdir (experiments/export_params.py)")
   if step is None or step == kept:
     folder = root / run_files.FINAL_PARAMS
     try:
@@ -211,5 +217,5 @@ def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
   directory = member_dir(workdir, member)  # Refuses a member the population does not have.
   p, step, params = _population_params(workdir, step, config, devices)
   return RestoredRun(workdir=directory, step=int(step), config=p.member_configs[member],
-                     params=population.member_state(params, member), model=p.single.model,
+                     params=metrics_lib.member(params, member), model=p.single.model,
                      objective=p.member_objectives[member])

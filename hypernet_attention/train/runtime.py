@@ -12,8 +12,7 @@ clusters `jax.distributed.initialize()` without arguments finds its peers itself
                  ssh pass --multi_process (there the metadata server names the peers)
   SLURM          srun with SLURM_NTASKS > 1 (JAX reads SLURM's variables)
   Open MPI       mpirun with OMPI_COMM_WORLD_SIZE > 1
-  --multi_process  any other environment `jax.distributed.initialize()` detects.
-"""
+  --multi_process  any other environment `jax.distributed.initialize()` detects."""
 
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ def _vertex(cluster_spec: str) -> Optional[Cluster]:
 
 
 def detect_cluster(env: Mapping[str, str], *, multi_process: bool = False,
-                   coordinator_address: Optional[str] = None,
-                   num_processes: Optional[int] = None,
+                   coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
                    process_id: Optional[int] = None) -> Optional[Cluster]:
   """The cluster this process belongs to, or None for a single-process run (pure: reads
   only `env` and the flags' values, so tests can fake any environment)."""
@@ -108,8 +106,7 @@ def initialize(multi_process: bool = False, coordinator_address: Optional[str] =
   if cluster is not None:
     logging.info("Joining a multi-process run: %s", cluster)
     jax.distributed.initialize(coordinator_address=cluster.coordinator_address,
-                               num_processes=cluster.num_processes,
-                               process_id=cluster.process_id)
+                               num_processes=cluster.num_processes, process_id=cluster.process_id)
   return cluster
 
 
@@ -126,10 +123,9 @@ def start() -> str:
 
 
 def log_topology() -> str:
-  line = (f"process {jax.process_index()}/{jax.process_count()}, "
-          f"{jax.local_device_count()} local / {jax.device_count()} global devices, "
-          f"backend {jax.default_backend()}, kind {jax.devices()[0].device_kind}, "
-          f"host {os.uname().nodename}")
+  line = (f"process {jax.process_index()}/{jax.process_count()}, {jax.local_device_count()} local "
+          f"/ {jax.device_count()} global devices, backend {jax.default_backend()}, kind "
+          f"{jax.devices()[0].device_kind}, host {os.uname().nodename}")
   logging.info("Topology: %s", line)
   return line
 
@@ -137,8 +133,7 @@ def log_topology() -> str:
 def fresh_workdir(name: str, root: str = "workdirs") -> str:
   """`<root>/<name>_<UTC time>`; multi-process runs must pass --workdir (clocks differ)."""
   if jax.process_count() > 1:
-    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all "
-                          "processes")
+    raise errors.BadInput("multi-process runs need an explicit --workdir shared by all processes")
   return os.path.join(root, f"{name}_{time.strftime('%Y%m%d_%H%M%S', time.gmtime())}")
 
 
@@ -151,18 +146,11 @@ def define_run_flags(config_flag: Optional[str]):
   return config, workdir
 
 
-def _experiment(config: Any) -> registry.Experiment:
-  try:
-    return registry.get(config.experiment)
-  except ValueError as e:
-    raise errors.BadInput(f"config.experiment: {e}") from None
-
-
-def train_experiment(config: Any, workdir: Optional[str] = None) -> Any:
-  """Trains `config` (`config_checks.validate`d, here if not yet) with the record's `train`
-  (the loop, or the language model's) into `workdir`, or a fresh one named after it."""
-  checked = config_checks.validate(config)
-  experiment = _experiment(checked.config)
+def train_experiment(checked: config_checks.Checked, workdir: Optional[str] = None) -> Any:
+  """Trains the `config_checks.validate`d config with the record's `train` (the loop, or
+  the language model's) into `workdir`, or a fresh one named after it."""
+  experiment = registry.get(config_checks.require_checked(checked, "train_experiment")
+                            .config.experiment)
   train = registry.load(experiment.train)
   return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)
 
@@ -177,11 +165,8 @@ def experiment_main(name: Optional[str] = None) -> Callable[[Any], None]:
   def main(argv):
     del argv
     if config.value is None:
-      raise errors.BadInput(
-          "--config is required; allowed: an experiment's config file and argument: "
-          + ", ".join(e.config_flag() for e in registry.EXPERIMENTS.values()))
-    _experiment(config.value)  # An unknown name, then any bad value: refused before start-up.
-    checked = config_checks.validate(config.value)
+      raise errors.BadInput(f"--config is required; {cli.CONFIGS_ALLOWED}")
+    checked = config_checks.validate(config.value)  # Refused before start-up.
     start()
     train_experiment(checked, workdir.value)
   return main

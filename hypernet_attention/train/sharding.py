@@ -9,8 +9,7 @@ logical names are the ones `transformer.py` annotates its parameters with.
 The synthetic tasks need no host input pipeline: each step's batch is generated inside
 the jitted step and constrained to `batch_sharding`, so with JAX's partitionable threefry
 every device draws only its own slice, on any number of hosts, and the batch is still a
-pure function of (seed, step) independent of the device count.
-"""
+pure function of (seed, step) independent of the device count."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ LOGICAL_AXIS_RULES = (
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
     ("heads", None), ("kv", None), ("mlp", None), ("vocab", None), ("input", None),
-    ("output", None), ("relpos_buckets", None), ("experts", None), ("norm", None),
-)
+    ("output", None), ("relpos_buckets", None), ("experts", None), ("norm", None))
 
 
 def make_mesh(mesh_config: ml_collections.ConfigDict,
@@ -78,8 +76,7 @@ def state_shardings(abstract_boxed_state: Any, mesh: jax.sharding.Mesh,
                     rules=LOGICAL_AXIS_RULES) -> Any:
   """Boxed abstract state (from `jax.eval_shape`) -> NamedSharding per unboxed leaf.
 
-  Raises when a sharded dimension does not divide its mesh axis, naming the parameter.
-  """
+  Raises when a sharded dimension does not divide its mesh axis, naming the parameter."""
   specs = nn.get_partition_spec(abstract_boxed_state)
   shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
   unboxed = nn.meta.unbox(abstract_boxed_state)

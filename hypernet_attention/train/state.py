@@ -7,8 +7,7 @@
 
 As the paper (its appendix): no weight decay on 1-D parameters (biases, norm scales);
 optional global-norm gradient clipping. The state is a plain pytree (step, params,
-opt_state) so Orbax saves and restores it without custom handlers.
-"""
+opt_state) so Orbax saves and restores it without custom handlers."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def decay_steps(config: ml_collections.ConfigDict, warmup_steps=None):
   Ours: the run's length, so the learning rate reaches its floor at the last step. With
   `optimizer.authors_schedule` the authors' choice, `num_train_steps - warmup_steps`: their
   cosine ends `warmup_steps` early and the floor holds for the last `warmup_steps` steps.
-  `warmup_steps` may be a traced value (a population member's).
-  """
+  `warmup_steps` may be a traced value (a population member's)."""
   opt = config.optimizer
   warmup = opt.warmup_steps if warmup_steps is None else warmup_steps
   if opt.get("authors_schedule", False):
@@ -102,8 +100,7 @@ def make_init_fn(model: nn.Module, example_inputs: jax.Array,
   """Returns `rng -> TrainState` with *boxed* (logically partitioned) leaves.
 
   Call it under `jax.eval_shape` to read shapes and logical axes for free, then jit it
-  with `out_shardings` (see `sharding.state_shardings`) to materialize it sharded.
-  """
+  with `out_shardings` (see `sharding.state_shardings`) to materialize it sharded."""
   def init(rng):
     params = model.init({"params": rng}, example_inputs, deterministic=True)["params"]
     # optax maps over the boxed tree, so moments carry the same logical axes as params.

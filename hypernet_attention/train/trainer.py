@@ -11,8 +11,7 @@ Data comes from the objective's source (`data.py`), of one of two kinds:
     step. The iterator's position is saved in every checkpoint and restored with it.
 Either way the state is donated and its shardings are explicit, and metrics stay on device until a
 log step, as `clu.metrics` collections (`metrics.py`). A population (`population.py`) maps
-`train_step` and `eval_split` over its member axis; the loop that drives either is `loop.py`.
-"""
+`train_step` and `eval_split` over its member axis; the loop that drives either is `loop.py`."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class Trainer:
   """Jitted train chunks and evaluation for one (config, objective, mesh).
 
   For a host source it owns this process's training iterator (`self.data_iterator`),
-  whose position the checkpoints save and restore.
-  """
+  whose position the checkpoints save and restore."""
 
   def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
                state_shardings):
@@ -87,8 +85,7 @@ class Trainer:
       step = lambda st, _: self.train_step(st)
       state, (per_step, collections) = jax.lax.scan(step, state, None, length=length)
       return state, metrics_lib.ChunkMetrics(per_step, collections.reduce())
-    return jax.jit(chunk, static_argnums=1, donate_argnums=0,
-                   in_shardings=(self.state_shardings,),
+    return jax.jit(chunk, static_argnums=1, donate_argnums=0, in_shardings=(self.state_shardings,),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
 
   @functools.cached_property
@@ -107,8 +104,7 @@ class Trainer:
     Host source: the iterator advances by exactly `length` batches, so at a chunk end its
     position matches `state.step` (what a checkpoint there records). Traced and run with
     the mesh in context (`jax.set_mesh`), so the tiled attention kernels run per device
-    on their batch shard (`ops/sharded.py`) instead of being gathered.
-    """
+    on their batch shard (`ops/sharded.py`) instead of being gathered."""
     with jax.set_mesh(self.mesh):
       return self._train_chunk(state, length)
 
@@ -175,15 +171,12 @@ class Trainer:
   def _host_evaluate(self, params) -> dict[str, Any]:
     """Each split's collection over its first `eval.num_problems` rows, read by every process."""
     eval_config = self.config.eval
-    results = {}
-    for split in self.eval_splits:
-      results[split] = metrics_lib.merge_all([
-          self._host_eval_jit(params, data.to_global(local, self.mesh, eval_config.batch_size))
-          for local in self.source.evaluate(
-              split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
-              eval_config.num_problems // eval_config.batch_size, jax.process_index(),
-              jax.process_count())])
-    return results
+    return {split: metrics_lib.merge_all([
+        self._host_eval_jit(params, data.to_global(local, self.mesh, eval_config.batch_size))
+        for local in self.source.evaluate(
+            split, data.local_batch_size(eval_config.batch_size, "eval.batch_size"),
+            eval_config.num_problems // eval_config.batch_size, jax.process_index(),
+            jax.process_count())]) for split in self.eval_splits}
 
   def evaluate(self, params) -> dict[str, float]:
     """Mean metrics on a fixed set of `eval.num_problems` problems per split (and what
@@ -205,3 +198,10 @@ def first_nonfinite(chunks) -> Optional[int]:
     if bad.size:
       return start + int(bad[0]) + 1
   return None
+
+
+def diverged(what: str, latest_step: Optional[int]) -> FloatingPointError:
+  """A diverged run's one line (`cli.run`). Saves check the losses first (`loop.py`)."""
+  return FloatingPointError(f"{what}; stopped (" + (
+      "no checkpoint was saved before it: nothing to resume from" if latest_step is None else
+      f"the checkpoints, up to step {latest_step:,}, were saved before it and are intact") + ")")

@@ -112,7 +112,8 @@ def main(argv) -> int:
   _check_flags(cells)
   existing = records.read_all(f.results_dir)  # A corrupt cell file fails here, first.
   if f.report:
-    print(report.write(existing, f.report_path, partial.read_all(f.results_dir)))
+    print(report.write(existing, f.report_path, partial.read_all(f.results_dir),
+                       records.read_redraws(f.results_dir)))
     return 0
   if not f.dry_run:
     records.check_writable(f.results_dir)

@@ -7,8 +7,7 @@ finished cell becomes one small JSON file under `experiments/results/paper_scale
 named by `Cell.name`, so the names here are stable: renaming one orphans its file.
 
 Priority: the stages of `STAGES`, in order (what a user asks first, cheapest first within
-a stage); each stage's letter, title and role in the report are declared there once.
-"""
+a stage); each stage's letter, title and role in the report are declared there once."""
 
 from __future__ import annotations
 
@@ -21,13 +20,10 @@ from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from launch import grouping
 from launch import jobs
-from launch import sweeps
 from launch.sweeps import common
 from launch.sweeps import fig4_sraven_scaling
 from launch.sweeps import fig5c_heads_sraven
 from launch.sweeps import figa5_holdout_sraven
-
-REPO = sweeps.REPO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,18 +34,16 @@ class Stage:
 
 
 STAGES = (
-    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the "
-          "paper's default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a "
-          "2-core CPU finishes one in a session; seeds interleaved so that paired "
-          "comparisons come first"),
+    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's "
+          "default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU "
+          "finishes one in a session; seeds interleaved so that paired comparisons come first"),
     Stage("b", "SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), "
           "lr 1e-3, wd 0.1, warmup 1000, 3 seeds per cell"),
     Stage("c", "decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members "
           "(Fig. 5F), from the final parameters every finished train cell keeps"),
-    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting "
-          "(3 seeds, one population each; the paper's claim that both of HYLA's changes "
-          "matter rests on them), then the rest of each main row's grid (Table A1 reports "
-          "the best grid point)"),
+    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting (3 "
+          "seeds, one population each; the paper's claim that both of HYLA's changes matter rests "
+          "on them), then the rest of each main row's grid (Table A1 reports the best grid point)"),
     Stage("e", "the ablation and '+ MoE' rows over the rest of their grids (fuzzy logic: "
           "the default setting ran in d) or their whole grid (SRAVEN)"),
     Stage("f", "Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the "
@@ -57,8 +51,7 @@ STAGES = (
     Stage("g", "the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA"),
     Stage("h", "fuzzy logic's main rows on the authors' own held-out splits "
           "(task.split_draw=authors), seed 2 first: at 70% held out the authors' seed-2 split "
-          "trains neither term 5 nor 6, which our default (covering) re-draws away"),
-)
+          "trains neither term 5 nor 6, which our default (covering) re-draws away"))
 BY_LETTER = {s.letter: s for s in STAGES}
 # What the report reads from each stage: Table A1's rows (every run of a Table A1 row at
 # the paper's size, each run once), the main rows' learning curves, the authors' splits.
@@ -92,8 +85,7 @@ class Cell:
   `probe`: decodes the rules from the latent codes of the members of cell `source`
   (`overrides`: flags of `experiments/probe_latents.py`, e.g. fewer problems for a smoke).
   `benchmark`: times `num_steps`-step chunks of the training step of `models` at size
-  `config` (`experiments/benchmark_training.py`; `overrides`: its flags, True for a switch).
-  """
+  `config` (`experiments/benchmark_training.py`; `overrides`: its flags, True for a switch)."""
   name: str
   stage: str
   kind: str
@@ -281,8 +273,7 @@ def _stage_g() -> list[Cell]:
 
 
 def _stage_h() -> list[Cell]:
-  return [_train(f"h_fuzzy_{m}_authors_split_seed{s}", "h", FUZZY, m,
-                 _default_members((s,)),
+  return [_train(f"h_fuzzy_{m}_authors_split_seed{s}", "h", FUZZY, m, _default_members((s,)),
                  f"fuzzy logic, {m}, default setting, the authors' split of seed {s}",
                  overrides=_default_overrides(FUZZY) + ((AUTHORS_SPLIT_KEY, "authors"),))
           for s in (2, 0, 1) for m in ("hyla", "softmax", "linear")]
@@ -310,9 +301,7 @@ def _smoke() -> list[Cell]:
            model="hyla", source="smoke_sraven_hyla",
            overrides=(("num_problems", 64), ("permutations", 2))),
       Cell("smoke_c4_step", "g", "benchmark", C4, "smoke: C4 step on random tokens",
-           config="smoke", models=("softmax", "hyla"), num_steps=2,
-           overrides=SYNTHETIC_TOKENS),
-  ]
+           config="smoke", models=("softmax", "hyla"), num_steps=2, overrides=SYNTHETIC_TOKENS)]
 
 
 SMOKE_CELLS: tuple[Cell, ...] = tuple(_smoke())

@@ -3,8 +3,7 @@
 Reads what the training / probe / benchmark processes wrote (member `config.json`,
 `summary.json`, TensorBoard scalars, `population_summary.json`, the probe's `metrics.json`,
 the benchmark's JSON lines) and this runner's own per-process wall times
-(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up).
-"""
+(`campaign_times.jsonl`, one line per process, so a cell resumed across windows adds up)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,10 @@ import subprocess
 import time
 from typing import Any
 
+from hypernet_attention.runs import children
 from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
+from launch import sweeps
 from launch.campaign import cells as cells_lib
 from launch.campaign import plan
 from launch.campaign import records
@@ -28,13 +29,10 @@ CURVE_PREFIXES = ("test/", "ood/", "unseen_terms/", "train/loss")
 
 def commit(repo: str) -> str:
   try:
-    return subprocess.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
-                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    return children.run(["git", "-C", repo, "describe", "--always", "--dirty", "--abbrev=12"],
+                        capture_output=True, text=True, timeout=30, check=True).stdout.strip()
   except (OSError, subprocess.SubprocessError):
     return "unknown"
-
-
-host = machine.host  # runner.py records each process's host through this name.
 
 
 def segments(workdir: str) -> list[dict[str, Any]]:
@@ -74,12 +72,9 @@ def member_record(member_dir: str, name: str, frozen_at_step) -> dict[str, Any]:
   flat = run_files.flatten(_read_json(os.path.join(member_dir, run_files.CONFIG)))
   summary = _read_json(os.path.join(member_dir, run_files.SUMMARY))
   return {
-      "name": name,
-      "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
+      "name": name, "settings": {k: flat.get(k) for k in run_files.MEMBER_KEYS},
       "final": {k: v for k, v in summary.items() if isinstance(v, (int, float))},
-      "frozen_at_step": frozen_at_step,
-      "curves": member_curves(member_dir),
-  }
+      "frozen_at_step": frozen_at_step, "curves": member_curves(member_dir)}
 
 
 def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -91,10 +86,9 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "device": {**device, "host_cpu": machine.host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
       # The code that trained it: each process's commit (one, unless resumed across commits).
-      "commit": commits(runs) or commit(cells_lib.REPO), "finished_utc": time.strftime(
+      "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs,
-  }
+      "wall_s": sum(r["wall_s"] for r in runs), "processes": runs}
 
 
 def train_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,7 @@ that is given back bare, so without this the window's training is lost. When a c
 A later runner on any machine unpacks the state into `<root>/<cell>` when that workdir has
 no checkpoint, and the cell resumes from it exactly (the training loop's resume); once the
 cell finishes, both files are deleted. Commit them: the repository is the one store that
-every window sees.
-"""
+every window sees."""
 
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
 """How long a cell will take on a device, and which cells fit in a budget.
 
-An estimate comes, in this order, from (1) finished cells of the same experiment and model
-family on the same device kind (their cell files: member-steps per wall-second, evaluation
-and compilation included), or (2) the single-run training rates measured in the repository
-(the `reference_rates` of the experiment's record, `registry.Paper`, each with its source),
-assuming no population gain (conservative: a window then runs fewer cells than it could,
-never more). Cells of another width or depth (Fig. 4) scale by width x depth; a MoE
-feed-forward cell with no finished MoE cell to go by takes its dense family's rate over
-MOE_STEP_COST. Probes and benchmarks take twice the longest finished cell of their kind and
-experiment on the device kind, else a fixed allowance.
-"""
+An estimate comes, in this order, from (1) finished cells of the same experiment and model family on
+the same device kind (their cell files: member-steps per wall-second, evaluation and compilation
+included), or (2) the single-run training rates measured in the repository (the `reference_rates` of
+the experiment's record, `registry.Paper`, each with its source), assuming no population gain
+(conservative: a window then runs fewer cells than it could, never more). Cells of another width or
+depth (Fig. 4) scale by width x depth; a MoE feed-forward cell with no finished MoE cell to go by
+takes its dense family's rate over MOE_STEP_COST. Probes and benchmarks take twice the longest
+finished cell of their kind and experiment on the device kind, else a fixed allowance."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ from launch.campaign import cells as cells_lib
 COMPILE_S = {"cpu": 60.0, "gpu": 30.0, "tpu": 30.0}
 EVAL_OVERHEAD = 1.15  # Evaluations and checkpoints on top of the training steps.
 FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu"): 8.0,
-                 ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0,
-                 ("benchmark", "tpu"): 5.0}
+                 ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0, ("benchmark", "tpu"): 5.0}
 H100 = "NVIDIA H100 80GB HBM3"
 # A MoE feed-forward step over the dense one, fuzzy logic at paper size, timed interleaved on a
 # 2-core AMD EPYC (`benchmark_training.py --experiment=fuzzy_logic --size=paper

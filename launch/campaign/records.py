@@ -23,12 +23,16 @@ from typing import Any, Optional
 
 from hypernet_attention import errors
 from hypernet_attention.runs import lock
+from hypernet_attention.runs import run_files
 from launch.campaign import schema
 
 SCHEMA = 1
 DEFAULT_DIR = os.path.join("experiments", "results", "paper_scale")
 MAX_BYTES = 1_000_000  # Nothing heavy goes into the repository.
 PARAMS = "params"  # <results_dir>/params/<cell>/: a train cell's final parameters, <= 16 MiB.
+# <results_dir>/redraw/<cell>.json: a cell's numbers re-evaluated from its kept parameters on
+# independent draws, each with its evaluation error (experiments/redraw_cells.py).
+REDRAW = "redraw"
 
 
 def path_of(results_dir: str, cell: str) -> str:
@@ -62,12 +66,56 @@ def read(path: str) -> dict[str, Any]:
 
 def read_all(results_dir: str, read_one=read) -> dict[str, dict[str, Any]]:
   """Every cell file of `results_dir` by cell name (all checked: one bad file fails it);
-  `read_one` reads another kind of file (`partial.read_all`)."""
+  `read_one` reads another kind of file (`partial.read_all`). Only `<cell>.json` of a cell
+  the campaign defines is a cell file: a user's own notes.json there is not read."""
   if not os.path.isdir(results_dir):
     return {}
   names = sorted(n for n in os.listdir(results_dir)
-                 if n.endswith(".json") and not n.startswith("."))
+                 if n.endswith(".json") and n[:-len(".json")] in schema.cells_lib.BY_NAME)
   return {os.path.splitext(n)[0]: read_one(os.path.join(results_dir, n)) for n in names}
+
+
+def read_redraws(results_dir: str) -> dict[str, dict[str, Any]]:
+  """Every re-evaluation file of `results_dir` by cell name ({} if none)."""
+  return read_all(os.path.join(results_dir, REDRAW), read_one=run_files.read_json)
+
+
+def _redrawn(block: dict[str, Any], redrawn: dict[str, Any], key: str) -> dict[str, Any]:
+  """`block` with `key` (a number of it) replaced by the re-evaluation's mean; the recorded
+  number and the evaluation error (s.e. across draws) kept beside it."""
+  return {**block, key: redrawn["mean"], "recorded": {**block.get("recorded", {}),
+                                                        key: block.get(key)},
+          "eval_se": {**block.get("eval_se", {}), key: redrawn["se"]}}
+
+
+def with_redraws(records: dict[str, dict[str, Any]], redraws: dict[str, dict[str, Any]]
+                 ) -> dict[str, dict[str, Any]]:
+  """`records` with every re-evaluated number in place of the one-draw number it steadies
+  (train cells: their members' `final` metrics; probe cells: the held-out decoding score of
+  each layer, trained and at step 0) and, per member, the split facts it records
+  (`untrained_terms`); cells without a re-evaluation as they are."""
+  out = dict(records)
+  for cell, redraw in redraws.items():
+    if cell not in records:
+      continue
+    members = []
+    for m in records[cell]["members"]:
+      r = redraw["members"].get(m["name"], {})
+      m = dict(m, **{k: r[k] for k in ("untrained_terms",) if k in r})
+      if "final" in m:
+        for key in [k for k, v in r.items() if k in m["final"] and isinstance(v, dict)]:
+          m.update(final=_redrawn(m["final"], r[key], key))
+      for layer, d in r.get("feature_sets", {}).items():
+        block = dict(m["feature_sets"][layer])
+        for which in ("trained", "step0"):
+          score = "macro_f1" if "macro_f1" in block[which] else "accuracy"
+          inner = block[which] if score == "macro_f1" else block[which]["scores"]
+          inner = _redrawn(inner, d[which], score)
+          block[which] = inner if score == "macro_f1" else {**block[which], "scores": inner}
+        m = dict(m, feature_sets={**m["feature_sets"], layer: block})
+      members.append(m)
+    out[cell] = {**records[cell], "members": members, "redraw": redraw["options"]}
+  return out
 
 
 def publish(results_dir: str, record: dict[str, Any], replace: bool = False) -> bool:

@@ -75,6 +75,27 @@ def versus_paper(ours: collect.Stat, paper: tuple[float, float], paper_seeds: in
   return f"{diff} ({float(p):.2f})"
 
 
+def _eval_error(members, key: str, seeds: collect.Stat) -> str:
+  """The evaluation error (x100) of a row's mean from its members' re-evaluations: the
+  s.e. across draws of each member, combined as the s.e. of their mean, and its ratio to
+  the seeds' s.e.; '-' if any member is a single recorded draw (`records.with_redraws`)."""
+  ses = [m.summary.get("eval_se", {}).get(key) for m in members]
+  if any(se is None for se in ses):
+    return "-"
+  error = 100 * math.sqrt(sum(se**2 for se in ses)) / len(ses)
+  return f"{error:.2f}" + ("" if math.isnan(seeds.se) else f" ({error / seeds.se:.2f} s.e.)")
+
+
+def _order_text(key, means: dict, paper: dict) -> str:
+  """Of the other rows run, those whose order against `key` is the paper's: 'k of m', and
+  the rows that flip it."""
+  others = [o for o in means if o != key and o in paper]
+  flips = [common.TABLE_A1_ROWS[o] for o in others
+           if (means[key] > means[o]) != (paper[key][0] > paper[o][0])]
+  return (f"{len(others) - len(flips)} of {len(others)}"
+          + (f" (flips: {', '.join(flips)})" if flips else "")) if others else "-"
+
+
 def table_a1(records, experiment: str) -> str:
   metric = _metric(experiment)
   rows = table_a1_members(records, experiment)
@@ -83,15 +104,16 @@ def table_a1(records, experiment: str) -> str:
   paper = cells_lib.paper(experiment)
   grid_size = math.prod(len(v) for v in paper.grid.values())
   split_cols = paper.splits
+  default = _default_setting(experiment)
+  means = {key: _stat(settings[default].values(), f"ood/{metric}").mean
+           for key, settings in rows.items() if default in settings}
   lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
-           + " | OOD per seed | paper OOD | ours - paper (p) |",
-           "|---" * (6 + len(split_cols)) + "|"]
+           + " | eval. error | OOD per seed | paper OOD | ours - paper (p) | paper's order |",
+           "|---" * (8 + len(split_cols)) + "|"]
   for key, settings in rows.items():  # In Table A1's order.
     name, paper_ood = common.TABLE_A1_ROWS[key], paper.table_a1[key]
     complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
-    shown = []
-    if _default_setting(experiment) in settings:
-      shown.append((_default_setting(experiment), "default"))
+    shown = [(default, "default")] if default in settings else []
     if complete:
       shown.append((collect.best_setting(settings, f"ood/{metric}"), "best of grid"))
     elif not shown:
@@ -99,21 +121,79 @@ def table_a1(records, experiment: str) -> str:
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
       stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
-      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" for m in members)
+      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" + (
+          f" ± {100 * se:.1f}" if (se := m.summary.get("eval_se", {}).get(f"ood/{metric}"))
+          else "") for m in members)
       ours = _stat(members, f"ood/{metric}")
       text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
+      order = _order_text(key, means, paper.table_a1) if why == "default" else "-"
       lines.append(f"| {name} | {text} ({why}) | {len(members)} | " + " | ".join(stats)
-                   + f" | {per_seed} | {versus_paper(ours, paper_ood)} |")
+                   + f" | {_eval_error(members, f'ood/{metric}', ours)} | {per_seed} | "
+                   f"{versus_paper(ours, paper_ood)} | {order} |")
   return "\n".join(lines) + "\n"
 
 
-def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
+# What each of HYLA's components is worth (Table A1's dense rows, the paper's Sec. 3 and
+# Table A1 ablations): (component, row, baseline), each pair differing in that component.
+ABLATION_PAIRS = (
+    ("main rows", "hyla", "softmax"), ("main rows", "hyla", "linear"),
+    ("main rows", "linear", "softmax"),
+    ("RMSHead", "hyla", "hyla_no_rmshead"), ("RMSHead", "linear_rmshead", "linear"),
+    ("RMSHead", "hyla_linear_value", "hyla_linear_value_no_rmshead"),
+    ("nonlinearity (phi)", "hyla", "hyla_linear_value"),
+    ("nonlinearity (phi)", "hyla_no_rmshead", "hyla_linear_value_no_rmshead"),
+    ("generated hidden layer", "hyla", "linear_rmshead_nonlinear_value"),
+    ("generated hidden layer", "hyla_linear_value", "linear_rmshead"),
+    ("generated hidden layer", "hyla_linear_value_no_rmshead", "linear"),
+    ("nonlinear value, read-out only", "linear_rmshead_nonlinear_value", "linear_rmshead"),
+    ("softmax for RMSHead", "softmax_hyla", "hyla"),
+    ("generated value network on softmax", "softmax_hyla", "softmax"),
+    ("depth (Eq. 10)", "hyla_deep", "hyla"),
+)
+
+
+def ablation_text(records, experiment: str, partials=None) -> str:
+  """Every pair of `ABLATION_PAIRS`, paired by seed at the default setting beside the
+  paper's difference of means; a pair whose row has not finished is shown pending (with
+  its progress where a window cut it off). '' when no pair of the experiment has run."""
+  record = cells_lib.paper(experiment)
+  paper, prefix = record.table_a1, record.cell_prefix
+  lines = []
+  for component, row, base in ABLATION_PAIRS:
+    (pm, ps), (bm, bs) = paper[row, False], paper[base, False]
+    paper_text = f"{pm - bm:+.2f} ± {math.hypot(ps, bs):.2f}"
+    pair = _pair(records, experiment, row, base)
+    if pair is None and not record.ablations_default_first:
+      continue  # Its rows run over their whole grid at once (stage e): no default cell.
+    if pair is None:
+      missing = [m for m in (row, base) if not table_a1_members(records, experiment).get(
+          (m, False), {}).get(_default_setting(experiment))]
+      cells = [f"d_{prefix}_{m}_default" for m in missing]
+      lines.append(f"| {component} | {row} - {base} | 0 | pending: " + ", ".join(
+          c + (f" (at step {partials[c]['step']:,} of {partials[c]['num_steps']:,})"
+               if c in (partials or {}) else "") for c in cells) + f" | | | | {paper_text} | |")
+    else:
+      lines.append(f"| {component} {paired(records, experiment, row, base)} {paper_text} | "
+                   + ("same" if (pair.diff.mean > 0) == (pm > bm) else "**opposite**") + " |")
+  if all("pending" in line for line in lines):  # Nothing run yet (or no line at all).
+    return ""
+  return ("| component | difference | seeds | mean ± s.e. (x100) | ahead in | p | per seed | "
+          "paper (x100) | sign as paper |\n|---|---|---|---|---|---|---|---|---|\n"
+          + "\n".join(lines) + "\n")
+
+
+def _pair(records, experiment: str, row: str, baseline: str) -> Optional[collect.Paired]:
   """`row - baseline` seed by seed at the default setting (a seed fixes the held-out split,
   so the difference is free of the split's variance); None if no seed has both."""
   rows = table_a1_members(records, experiment)
   ood = lambda model: {s: m.summary[f"ood/{_metric(experiment)}"] for s, m in rows.get(
       (model, False), {}).get(_default_setting(experiment), {}).items()}
-  q = collect.Paired.of(f"{row} - {baseline}", ood(row), ood(baseline))
+  return collect.Paired.of(f"{row} - {baseline}", ood(row), ood(baseline))
+
+
+def paired(records, experiment: str, row: str, baseline: str) -> Optional[str]:
+  """`_pair` as a table row: difference, seeds, mean ± s.e., wins, p, per seed."""
+  q = _pair(records, experiment, row, baseline)
   if q is None:
     return None
   per_seed = ", ".join(f"seed {s}: {d:+.1f}" for s, d in zip(q.seeds, q.diff.values))
@@ -126,30 +206,18 @@ def _p_text(p: float) -> str:
   return "-" if math.isnan(p) else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def _untrained_terms(seed: int) -> list[int]:
-  """Known terms that no training task of the authors' fuzzy-logic split of `seed` uses."""
-  from hypernet_attention.tasks import fuzzy_logic  # pylint: disable=g-import-not-at-top
-  config = registry.get(cells_lib.FUZZY).get_config("size=paper").task
-  task = fuzzy_logic.FuzzyLogic(
-      num_variables=config.num_variables, num_terms=config.num_terms,
-      holdout_fraction=config.holdout_fraction, num_unseen_terms=config.num_unseen_terms,
-      seed=seed, split_draw="authors")
-  known = 2 ** config.num_variables - config.num_unseen_terms
-  return sorted(set(range(known)) - set(np.unique(task.combinations("train")).tolist()))
-
-
 def authors_split_text(records) -> str:
   """Stage h: the main rows on the authors' own splits, beside the paper (same splits)."""
   metric = _metric(cells_lib.FUZZY)
-  rows = collections.defaultdict(dict)
+  rows, untrained = collections.defaultdict(dict), {}
   for _, r in sorted(records.items()):
     if r["kind"] == "train" and r["stage"] == cells_lib.AUTHORS_SPLIT_STAGE:
       for m in r["members"]:
         rows[r["model"]][m["settings"]["seed"]] = m["final"][f"ood/{metric}"]
+        seed = m["settings"]["seed"]
+        untrained[seed] = m.get("untrained_terms", untrained.get(seed))
   if not rows:
     return "No cell of stage h yet.\n"
-  seeds = sorted({s for by_seed in rows.values() for s in by_seed})
-  untrained = {s: _untrained_terms(s) for s in seeds}
   lines = ["| row | n | ood (ours) | OOD per seed | paper OOD | ours - paper (p) |",
            "|---|---|---|---|---|---|"]
   for model in [m for m in ("softmax", "linear", "hyla") if m in rows]:
@@ -160,9 +228,10 @@ def authors_split_text(records) -> str:
     paper_ood = cells_lib.paper(cells_lib.FUZZY).table_a1[(model, False)]
     lines.append(f"| {name} | {len(by_seed)} | {ours} | {per_seed} | "
                  f"{versus_paper(ours, paper_ood)} |")
-  notes = "; ".join(f"seed {s}: " + (f"terms {', '.join(map(str, t))} in no training task"
+  notes = "; ".join(f"seed {s}: " + ("not re-evaluated" if t is None else
+                                     f"terms {', '.join(map(str, t))} in no training task"
                                      if t else "every known term trained")
-                    for s, t in untrained.items())
+                    for s, t in sorted(untrained.items()))
   return "\n".join(lines) + f"\n\nThe authors' splits ({notes}).\n"
 
 
@@ -223,6 +292,14 @@ def _decode_score(block: dict[str, Any]) -> Optional[float]:
   return block.get("macro_f1", (block.get("scores") or {}).get("accuracy"))
 
 
+def _score_text(block: dict[str, Any]) -> str:
+  """The score, with its evaluation error and the one recorded draw once re-evaluated."""
+  score, key = _decode_score(block), "macro_f1" if "macro_f1" in block else "accuracy"
+  inner = block if key == "macro_f1" else block.get("scores") or {}
+  se, recorded = inner.get("eval_se", {}).get(key), inner.get("recorded", {}).get(key)
+  return _num(score) + ("" if se is None else f" ± {se:.3f} (one draw: {_num(recorded)})")
+
+
 def _chance_max(block: dict[str, Any]) -> Optional[float]:
   chance = block.get("chance")
   return max((v for v in map(_headline, chance.values()) if v is not None),
@@ -273,8 +350,8 @@ def decoding_text(records, figures: Optional[str] = None, out_dir: str = ".") ->
                if topo.get("rho") is not None else "-")  # None: a constant code
         lines.append(
             f"| {r['cell']} | {m['name']} | {m['step']:,} | {layer} | "
-            f"{_num(_decode_score(trained))} | "
-            f"{_num(_decode_score(d['step0']))} | {_chance(trained.get('chance'))} | "
+            f"{_score_text(trained)} | {_score_text(d['step0'])} | "
+            f"{_chance(trained.get('chance'))} | "
             f"{_num(trained.get('p_value'))} | {_verdict(d)} | {_num(sel)} | {rho} | "
             f"{_num(d.get('ridge_r2_authors_metric'))} |")
   text = "\n".join(lines) + "\n"
@@ -322,7 +399,8 @@ def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear")
                    f"{collect.Stat.of(list(f1[base].values()))} | {q.diff} | {q.wins} of "
                    f"{len(seeds)} | {_p_text(q.p_value)} (paired t) |")
   return ("Held-out macro-F1 x100, paired by seed (a seed fixes the held-out terms for both "
-          "models). Per seed: Wilcoxon signed-rank over the held-out terms' F1; over seeds: "
+          "models; a re-evaluated cell's mean over its draws). Per seed: Wilcoxon signed-rank "
+          "over the held-out terms' F1 of the cell's own recorded draw; over seeds: "
           "mean ± s.e., paired t-test (none below 2 seeds).\n\n| difference | layer | seed | "
           "first | second | first - second | ahead in | p |\n|---|---|---|---|---|---|---|---|\n"
           + "\n".join(lines) + "\n") if lines else ""
@@ -511,10 +589,14 @@ def provenance(records) -> str:
 
 
 def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
-          partials: Optional[dict[str, dict[str, Any]]] = None) -> str:
+          partials: Optional[dict[str, dict[str, Any]]] = None,
+          redraws: Optional[dict[str, dict[str, Any]]] = None) -> str:
   """Writes the report (and its figures under `<dir>/paper_scale/figures/`); returns a
-  one-line summary. `partials`: progress of cells a window cut off (`partial.py`)."""
+  one-line summary. `partials`: progress of cells a window cut off (`partial.py`);
+  `redraws`: cells re-evaluated on independent draws, whose numbers every table uses
+  (`records.with_redraws`)."""
   partials = partials or {}
+  records = records_lib.with_redraws(records, redraws or {})
   out_dir = os.path.dirname(path) or "."
   figures = os.path.join(out_dir, "paper_scale", "figures")
   paper = {c.name for c in cells_lib.CELLS}
@@ -540,21 +622,22 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
                  "(best of grid, 3 seeds). 'ours - paper': the difference of the means and, "
                  "from two seeds of ours on, Welch's two-sided p from the two means and "
                  "s.e.s (the paper gives no per-seed values); a default row is set against "
-                 "the paper's best of grid, which favours the paper.\n")
+                 "the paper's best of grid, which favours the paper. 'eval. error': the "
+                 "s.e. of the row's mean over re-draws of its problems (each seed's beside "
+                 "it, from `experiments/redraw_cells.py`; '-': a seed evaluated on one draw "
+                 "only) and, in brackets, its ratio to the seeds' s.e., which should stay "
+                 "under a third (a fresh draw of every problem moves the mean by ~1.4x it). "
+                 "'paper's order': against how many of the other rows run the paper's "
+                 "order holds.\n")
     parts.append(table_a1(records, experiment))
-    # The main rows against each other, then HYLA against each ablation row: what each of
-    # its two changes (RMSHead, the nonlinear value network) is worth on the same splits;
-    # then the steps from linear attention towards HYLA, one component at a time.
-    comparisons = [("hyla", "softmax"), ("hyla", "linear"), ("linear", "softmax")]
-    comparisons += [("hyla", p) for p in cells_lib.ABLATION_ORDER]
-    comparisons += [("linear_rmshead", "linear"),
-                    ("linear_rmshead_nonlinear_value", "linear_rmshead")]
-    pairs = [p for p in (paired(records, experiment, a, b) for a, b in comparisons) if p]
-    if pairs:
-      parts.append("Paired by seed at the default setting (one seed = one held-out split; "
-                   "p: two-sided paired t-test, none below 2 seeds):\n")
-      parts.append("| difference | seeds | mean ± s.e. (x100) | ahead in | p | per seed |\n"
-                   "|---|---|---|---|---|---|\n" + "\n".join(pairs) + "\n")
+    ablation = ablation_text(records, experiment, partials)
+    if ablation:
+      parts.append("Which component carries HYLA's lead: each pair of Table A1's dense rows "
+                   "that differ in one component, paired by seed at the default setting (one "
+                   "seed = one held-out split; p: two-sided paired t-test, none below 2 "
+                   "seeds), beside the paper's difference of its means (± the two s.e.s "
+                   "combined; its rows are best of grid).\n")
+      parts.append(ablation)
     figure = curves_figure(records, experiment,
                            os.path.join(figures, f"curves_{experiment}.png"), partials)
     if figure:

@@ -11,8 +11,7 @@ file and a stopped one as its state. A cell's result comes only from its own run
 resume state) whose recorded config differs from the cell's in any field is moved aside (never
 deleted, never published), and so is a finished one that --redo retrains.
 Every few seconds `<root>/progress.txt` says what runs, how far it is and what is left,
-for a second command to read (`cat`), e.g. while the runner was started with setsid nohup.
-"""
+for a second command to read (`cat`), e.g. while the runner was started with setsid nohup."""
 
 from __future__ import annotations
 
@@ -29,10 +28,13 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from hypernet_attention import errors
+from hypernet_attention.runs import children
 from hypernet_attention.runs import cli
+from hypernet_attention.runs import machine
 from hypernet_attention.runs import run_files
 from launch import jobs
 from launch import run_local
+from launch import sweeps
 from launch.campaign import cells as cells_lib
 from launch.campaign import collect_cell
 from launch.campaign import partial
@@ -89,7 +91,7 @@ def device_info(python: str = sys.executable) -> dict[str, Any]:
   importable where JAX is not installed)."""
   code = ("import jax, json; d = jax.devices()[0]; print(json.dumps(dict(platform=d.platform, "
           "kind=d.device_kind, count=jax.device_count(), jax_version=jax.__version__)))")
-  out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+  out = children.run([python, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -270,9 +272,9 @@ class Campaign:
             f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
     try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
       # waits for the publish (`signals_held`) instead of failing its export; it still dies
-      # with this runner (`run_local.child_env`).
-      done = subprocess.run(argv, cwd=cells_lib.REPO, capture_output=True, text=True,
-                            timeout=600, env=run_local.child_env(1), start_new_session=True)
+      # with this runner (`children.run`).
+      done = children.run(argv, cwd=sweeps.REPO, capture_output=True, text=True,
+                          timeout=600, env=run_local.child_env(1), start_new_session=True)
     except subprocess.TimeoutExpired:
       return {"params": None, "params_note": "export_params.py timed out after 600 s"}
     if done.returncode != 0:
@@ -370,11 +372,10 @@ class Campaign:
       f.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
               f"{jobs.shell_line(argv)}\n")
       f.flush()
-      process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cells_lib.REPO,
-                                 env=run_local.child_env(self.options.max_concurrent))
+      process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
+                               env=run_local.child_env(self.options.max_concurrent))
     self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
-                                       collect_cell.commit(cells_lib.REPO),
-                                       resumed_from=resumed_from)
+                                       collect_cell.commit(sweeps.REPO), resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
     return True
@@ -391,7 +392,7 @@ class Campaign:
     collect_cell.add_segment(self.workdir(cell), {
         "wall_s": time.time() - run.started, "returncode": code,
         "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": collect_cell.host()})
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
     try:
       if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
         self._publish(cell)

@@ -6,8 +6,7 @@ readers cannot use (a string where a number is, members missing, curves as strin
 experiment than its cell's, a negative wall time that turns an estimate negative) is
 refused where it is read, in one line naming the file and the field, never as a TypeError
 deep in a table. A field is checked as its readers use it: its type, and its range where
-it enters an estimate or a table (wall time, rates, steps, learning rate).
-"""
+it enters an estimate or a table (wall time, rates, steps, learning rate)."""
 
 from __future__ import annotations
 
@@ -184,8 +183,7 @@ BY_KIND = {
                     {"scale": number(positive=True), "params": text(optional=True),
                      "member_steps_per_s_training": number(0, optional=True)}),
     "probe": fields({"source": text(), "members": items(PROBE_MEMBER, min_len=1)}),
-    "benchmark": fields({"rows": items(BENCHMARK_ROW, min_len=1)}),
-}
+    "benchmark": fields({"rows": items(BENCHMARK_ROW, min_len=1)})}
 
 
 _RESTORE = "restore it from git (`git checkout -- <file>`) or delete it"
@@ -258,8 +256,7 @@ def _against_the_cell(record: dict[str, Any]) -> list[str]:
     out += [f"field {k} is {_shown(got[k])}; allowed: {wanted[k]!r} (cell {cell.name}'s "
             "definition)" for k in compared if got[k] != wanted[k]]
   if "step" in record and record["step"] > record["num_steps"]:
-    out.append(f"field step is {record['step']}; allowed: 0 to num_steps "
-               f"({record['num_steps']})")
+    out.append(f"field step is {record['step']}; allowed: 0 to num_steps ({record['num_steps']})")
   if record.get("kind") == "train":
     experiment = registry.get(record["experiment"])
     splits = experiment.paper.splits if experiment.paper else ()

@@ -4,8 +4,7 @@ Each module defines `EXPERIMENT` (a name of `hypernet_attention.runs.registry`) 
 list of points, and states its job count in its docstring. A point is a dict: the key `config` is
 the argument of the experiment's config file (`experiments/configs/<name>.py:<config>`), every other
 key is a `--config.<key>=<value>` override. One point is one job. Run them with `launch.xm_launch`
-(XManager) or `launch.run_local` (this machine); tabulate them with `launch.collect`.
-"""
+(XManager) or `launch.run_local` (this machine); tabulate them with `launch.collect`."""
 
 import importlib
 import os

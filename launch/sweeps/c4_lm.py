@@ -5,8 +5,7 @@ at `size=50m` (992,000 steps of 256 x 512 tokens = 130B tokens each; the paper: 
 on 16 TPU v5e per run). Every job needs the TFDS c4/en data: add
 `--config.task.data_dir=gs://BUCKET/tensorflow_datasets` (see experiments/configs/c4_lm.py).
 Reported metric: `validation/loss` (and perplexity, bits per byte) in each summary.json;
-pick the best lr/wd per model, as the paper does.
-"""
+pick the best lr/wd per model, as the paper does."""
 
 from launch.sweeps import common
 

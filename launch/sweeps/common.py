@@ -7,7 +7,7 @@ from hypernet_attention.runs import registry
 
 SEEDS = (0, 1, 2)
 MAIN_MODELS = ("softmax", "linear", "hyla")
-# Table A1's rows without MoE, as attention presets (hypernet_attention.attention.PRESETS).
+# Table A1's rows without MoE, as attention presets (hypernet_attention.presets.PRESETS).
 TABLE_A1_PRESETS = (
     "softmax", "linear", "hyla", "linear_rmshead", "linear_rmshead_nonlinear_value",
     "hyla_no_rmshead", "hyla_linear_value", "hyla_linear_value_no_rmshead", "softmax_hyla",
@@ -27,8 +27,7 @@ TABLE_A1_ROWS = {
     ("hyla_linear_value", False): "HYLA - nonlinearity",
     ("hyla_linear_value_no_rmshead", False): "HYLA - nonlinearity - RMSHead",
     ("softmax_hyla", False): "HYLA - RMSHead + softmax",
-    ("hyla_deep", False): "HYLA + deep value network",
-}
+    ("hyla_deep", False): "HYLA + deep value network"}
 TABLE_A1_ROWS.update({(p, True): TABLE_A1_ROWS[p, False] + " + MoE" for p in TABLE_A1_MOE_PRESETS})
 
 

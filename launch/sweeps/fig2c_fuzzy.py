@@ -2,8 +2,7 @@
 
 3 models x N {16, 32, 64, 96} x held-out fraction {0.3, 0.5, 0.7} x lr {1e-3, 3e-3} x
 wd {0.03, 0.1} x 3 seeds = 432 jobs at `size=paper` (the authors' sweeps/logic.yaml).
-Each (model, N, fraction) cell reports its best setting (`launch.collect`).
-"""
+Each (model, N, fraction) cell reports its best setting (`launch.collect`)."""
 
 from launch.sweeps import common
 

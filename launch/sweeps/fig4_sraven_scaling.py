@@ -3,8 +3,7 @@
 3 models x width {1, 2, 4} x depth {4, 8, 16} x {10M, 20M, 40M} problems x lr {3e-4, 1e-3}
 x wd {0.1, 0.3} x warmup {1000, 3000} x 3 seeds = 1,944 jobs (the authors'
 sweeps/raven.yaml). The number of problems sets `num_train_steps` at batch 128; evaluation
-and checkpoint intervals stay at the config's (every 15,625 steps).
-"""
+and checkpoint intervals stay at the config's (every 15,625 steps)."""
 
 from launch.sweeps import common
 

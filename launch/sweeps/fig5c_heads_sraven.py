@@ -7,8 +7,7 @@ the SRAVEN grid are our assumption.
 3 seeds = 360 jobs at `size=paper`, width 1, depth 4. The total qk/v width stays 64 (the
 config's `qk_dim`/`v_dim` are totals over heads), so each head has 64/H dimensions and every
 H has the same parameter count except the T5 bias table (H x 36 per layer). At H=1 the
-latent code is a scalar; the paper reports a clear OOD drop there (no numbers published).
-"""
+latent code is a scalar; the paper reports a clear OOD drop there (no numbers published)."""
 
 from launch.sweeps import common
 

@@ -6,8 +6,7 @@ held-out fraction is already an axis of Fig. 2C).
 3 models x held-out fraction {0.1, 0.25, 0.5, 0.75} x lr {3e-4, 1e-3} x wd {0.1, 0.3} x
 warmup {1000, 3000} x 3 seeds = 288 jobs at `size=paper`, width 1, depth 4. 0.25 is the
 paper's default; the other fractions bracket it.
-Every split keeps each rule in some training combination (`tasks.sraven` re-draws).
-"""
+Every split keeps each rule in some training combination (`tasks.sraven` re-draws)."""
 
 from launch.sweeps import common
 

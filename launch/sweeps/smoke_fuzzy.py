@@ -1,7 +1,6 @@
 """A smoke sweep for testing the executors and the collector end to end in seconds.
 
-Fuzzy logic `size=smoke`, softmax and HYLA, seed 0: 2 jobs.
-"""
+Fuzzy logic `size=smoke`, softmax and HYLA, seed 0: 2 jobs."""
 
 EXPERIMENT = "fuzzy_logic"
 

@@ -2,8 +2,7 @@
 
 13 rows x lr {1e-3, 3e-3} x wd {0.03, 0.1} x 3 seeds = 156 jobs at `size=paper` (50,000 steps, batch
 128; 2-3 GPU-minutes each in the paper). Reported metric: `ood/r2` x100 of each row's best setting,
-mean +- s.e. over seeds (`launch.collect`; Table A1: softmax 63.28, linear 59.89, HYLA 81.13).
-"""
+mean +- s.e. over seeds (`launch.collect`; Table A1: softmax 63.28, linear 59.89, HYLA 81.13)."""
 
 from launch.sweeps import common
 

@@ -4,8 +4,7 @@ softmax, linear, HYLA x 3 seeds = 9 jobs at lr 1e-3, wd 0.1 (the config's defaul
 paper's 2 x 2 grid would be 36 jobs, 4x the ~1.5-2 CPU-hours of this one). 8-15 min per job
 on a 2-core CPU alone (`size=local`: 6,000 steps instead of 50,000).
 
-  python -m launch.run_local --sweep=table_a1_fuzzy_local --jobs=1
-"""
+  python -m launch.run_local --sweep=table_a1_fuzzy_local --jobs=1"""
 
 from launch.sweeps import common
 

@@ -5,8 +5,7 @@
 for 5 experts with top-2 routing. Reported metric: `ood/accuracy` of each row's best setting,
 mean +- s.e. over seeds (`launch.collect`; Table A1: softmax 56.56, linear 56.30, HYLA
 69.13). The authors' ablation sweep file fixes warmup at 1000 (104 of these jobs); the
-paper's appendix states the full grid, which this runs.
-"""
+paper's appendix states the full grid, which this runs."""
 
 from launch.sweeps import common
 

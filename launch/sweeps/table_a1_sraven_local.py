@@ -8,8 +8,7 @@ steps: 5-10 min per job on a 2-core CPU alone.
   python -m launch.run_local --sweep=table_a1_sraven_local --jobs=1
 
 Order: softmax and HYLA at every seed first (the comparison the README's main job is about),
-linear last, so that a partial run already answers whether HYLA and softmax separate.
-"""
+linear last, so that a partial run already answers whether HYLA and softmax separate."""
 
 from launch.sweeps import common
 

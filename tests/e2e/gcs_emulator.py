@@ -3,10 +3,17 @@
 The emulator's media downloads carry no `x-goog-generation` header; tensorstore (Orbax's
 arrays and OCDBT manifests) takes an object's generation from it, reads 0 without it, and
 then refuses the conditional update of that object ("Malformed StorageGeneration"). This
-adds the header from the emulator's own object record, then runs the emulator's CLI:
+adds the header from the emulator's own object record.
+
+It also ignores the `ifGenerationMatch=0` precondition of an upload (create only if absent;
+checked: a second such upload overwrites), which `runs/lock.py` relies on; this answers it
+as GCS documents: 412 Precondition Failed when the object exists. The emulator's HTTP server
+handles one request at a time, so the check and the create are atomic, as on GCS.
+Then it runs the emulator's CLI:
   python tests/e2e/gcs_emulator.py start --host=127.0.0.1 --port=PORT --in-memory ...
 """
 
+from http import HTTPStatus
 import sys
 
 from gcp_storage_emulator import exceptions
@@ -26,7 +33,29 @@ def _download_with_generation(request, response, storage, *args, **kwargs):
   return _download(request, response, storage, *args, **kwargs)
 
 
+_insert = objects.insert
+
+
+def _insert_if_generation_matches(request, response, storage, *args, **kwargs):
+  if request.query.get("ifGenerationMatch") == ["0"]:
+    name = request.query.get("name", [None])[0]
+    if name is None and isinstance(request.data, dict):
+      name = request.data.get("meta", {}).get("name")
+    try:
+      storage.get_file_obj(request.params["bucket_name"], name)
+    except exceptions.NotFound:
+      pass
+    else:
+      response.status = HTTPStatus.PRECONDITION_FAILED
+      response.json({"error": {"code": 412, "message": "At least one of the pre-conditions "
+                               "you specified did not hold.", "errors": [
+                                   {"reason": "conditionNotMet"}]}})
+      return None
+  return _insert(request, response, storage, *args, **kwargs)
+
+
 objects.download = _download_with_generation  # Before the server builds its routes.
+objects.insert = _insert_if_generation_matches
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from gcp_storage_emulator import __main__ as emulator  # noqa: E402
 

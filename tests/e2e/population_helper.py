@@ -23,6 +23,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numpy as np
 
 from experiments.configs import sraven
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import population
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -46,7 +47,7 @@ def main(out_dir):
   result, params = {}, {}
   for name, mesh in MESHES.items():
     devices = jax.devices()[:1] if name == "one" else jax.devices()
-    p = population.setup(_config(mesh), devices)
+    p = population.setup(config_checks.validate(_config(mesh)), devices)
     trainer = population.PopulationTrainer(p)
     state = trainer.init_state()
     if name == "member4":

@@ -27,15 +27,15 @@ from hypernet_attention.train import sharding
 
 import c4_testlib
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 try:  # The seqio path needs TensorFlow (not in '.[dev]'): without it, its tests skip.
   import seqio
   import tensorflow_datasets as tfds
 
   from hypernet_attention.tasks import c4
+  from hypernet_attention.tasks import lm_text
 except ModuleNotFoundError:
-  seqio = tfds = c4 = None
+  seqio = tfds = c4 = lm_text = None
 needs_seqio = c4_testlib.seqio_tests(c4 is not None)
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
@@ -151,7 +151,7 @@ def test_a_bad_line_past_the_checked_head_is_skipped_with_one_warning(corpus, tm
   lines = [json.dumps({"text": " ".join(c4_testlib.documents(i, 150))}) + "\n"
            for i in range(40)]
   head = []
-  while sum(map(len, head)) <= c4.CHECK_BYTES:
+  while sum(map(len, head)) <= lm_text.CHECK_BYTES:
     head.append(lines[len(head)])
   train = tmp_path / "train.jsonl"
   train.write_text("".join(head) + "plain text, not JSON\n" + "".join(lines[len(head):]))

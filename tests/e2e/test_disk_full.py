@@ -14,7 +14,6 @@ import sys
 import pytest
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 PROGRAM = os.path.join("experiments", "fuzzy_logic.py")
 CONFIG = "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=smoke"
@@ -63,7 +62,7 @@ def test_disk_full_during_a_save_is_one_line_and_the_run_resumes(tmp_path):
   assert re.fullmatch(
       r"fuzzy_logic\.py: error: checkpoint write failed while writing step \d+ in "
       rf"{disk}/run/checkpoints: No space left on device; finalized steps \[4[^\]]*\] are "
-      r"intact .*rerun the same command to resume", line), line
+      rf"intact .*then resume with: python .*fuzzy_logic\.py .*--workdir={disk}/run", line), line
   assert "4" in (out / "steps").read_text().split()
   second = (out / "second.err").read_text()
   assert (out / "second.rc").read_text().strip() == "0", second[-3000:]
@@ -82,8 +81,8 @@ def test_disk_full_writing_the_summary_is_one_line(tmp_path):
   assert first.returncode == 1, first.stderr[-3000:]
   line = _only_line(first.stderr)
   assert line == (f"fuzzy_logic.py: error: {workdir}/summary.json: No space left on device; "
-                  "files written before are kept: fix the cause and rerun (training resumes "
-                  "from its last checkpoint)"), line
+                  "files written before are kept: fix the cause, then resume with: python "
+                  f"{PROGRAM} {CONFIG} --config.num_train_steps=4 --workdir={workdir}"), line
   assert not (workdir / "summary.json.tmp").exists()  # The link, not /dev/full, is removed.
   assert os.path.exists("/dev/full") and os.listdir(workdir / "checkpoints") == ["4"]
   second = tl.run(_train(str(workdir), "--config.num_train_steps=4"), cwd=tl.REPO,

@@ -13,7 +13,6 @@ from hypernet_attention.runs import registry
 from hypernet_attention.train import objectives
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 

@@ -17,18 +17,21 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import chex
+from etils import epath
 import fsspec
 import pytest
 
+from hypernet_attention.runs import config_checks
+from hypernet_attention.runs import lock
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
@@ -74,7 +77,8 @@ def gcs(tmp_path_factory):
                 poll_s=0.2)
   url = f"http://127.0.0.1:{port}"
   env = dict(STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
-             GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator", EPATH_USE_TF="false")
+             GOOGLE_AUTH_TOKEN_FOR_TESTING="emulator", EPATH_USE_TF="false",
+             GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")  # No gRPC probe of the bucket.
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
   try:
@@ -165,7 +169,8 @@ def test_train_stop_resume_restore_probe_collect_in_a_bucket(gcs, tmp_path):
     f.write_bytes(b"garbage")
   ckpt = checkpointing.Checkpointer(workdir)
   try:
-    state = ckpt.restore_latest(build.setup(tl.smoke("sraven")).restore_target())
+    checked = config_checks.validate(tl.smoke("sraven"))
+    state = ckpt.restore_latest(build.setup(checked).restore_target())
   finally:
     ckpt.close()
   assert int(state.step) == 4
@@ -233,3 +238,50 @@ def test_collect_writes_its_tables_to_the_bucket(gcs, tmp_path):
   assert (out / "table_a1.csv").exists() and (out / "table_a1.png").read_bytes()[:4] == \
       b"\x89PNG"
   assert os.listdir(tmp_path) == []
+
+
+def _contenders(gcs, name: str) -> tuple[str, list[str]]:
+  """A free lock path in the bucket and two writers' records for it."""
+  del gcs
+  path = f"gs://bucket/race/{name}/{lock.LOCK_FILE}"
+  return path, [json.dumps(dict(token=f"writer{i}")) for i in range(2)]
+
+
+def test_a_writer_whose_check_is_stale_loses_the_gs_lock(gcs, monkeypatch):
+  """Two writers both saw no lock file (the second looked before the first's object
+  landed): only the storage's atomic create can refuse the second; a check, write and
+  read-back lets both win (the second reads back its own token)."""
+  path, (first, second) = _contenders(gcs, "stale_check")
+  assert lock._create_exclusive(epath.Path(path), first)
+  # What it saw before (the class epath builds for gs://, where `exists` is defined):
+  monkeypatch.setattr(type(epath.Path(path)), "exists", lambda self: False)
+  assert not lock._create_exclusive(epath.Path(path), second)
+  monkeypatch.undo()
+  assert json.loads(epath.Path(path).read_text())["token"] == "writer0"
+
+
+def _race(path: str, texts: list[str], order: tuple[int, int]) -> dict[int, bool]:
+  """Writer i creates `path` holding `texts[i]`, both released at once; who won."""
+  go, won = threading.Barrier(2), {}
+
+  def write(i):
+    go.wait()
+    won[i] = lock._create_exclusive(epath.Path(path), texts[i])
+
+  threads = [threading.Thread(target=write, args=(i,)) for i in order]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  return won
+
+
+def test_exactly_one_of_two_racing_writers_takes_the_gs_lock(gcs):
+  """Two threads create the same free lock at once, 20 times, each order of start as
+  often: exactly one wins each time, and the file holds the winner's record."""
+  for trial in range(20):
+    path, texts = _contenders(gcs, f"race{trial}")
+    won = _race(path, texts, (0, 1) if trial % 2 else (1, 0))
+    assert sorted(won.values()) == [False, True], (trial, won)
+    winner = next(i for i, w in won.items() if w)
+    assert epath.Path(path).read_text() == texts[winner], trial

@@ -11,16 +11,18 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
+from hypernet_attention.train import metrics as metrics_lib
 from hypernet_attention.train import population
 from hypernet_attention.train import restore
 from hypernet_attention.train import state as state_lib
+from hypernet_attention.train import trainer as trainer_lib
 from launch import collect
 
 import numerics
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
@@ -32,8 +34,8 @@ MEMBERS = ({"seed": 0},
 
 
 def _single_run(config):
-  s = build.setup(config)
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  s = build.setup(config_checks.validate(config))
+  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(build.init_state(config, s.init_fn, s.shardings), STEPS)
   return (np.asarray(metrics.per_step["loss"]), tl.flat_params(state.params),
           trainer.evaluate(state.params))
@@ -46,7 +48,7 @@ def _max_rel(a: dict, b: dict) -> float:
 
 def test_members_equal_single_runs():
   config = tl.smoke("sraven", **{"population.members": MEMBERS})
-  p = population.setup(config)
+  p = population.setup(config_checks.validate(config))
   trainer = population.PopulationTrainer(p)
   state, metrics = trainer.train_chunk(trainer.init_state(), STEPS)
   evals = trainer.evaluate(state.params)
@@ -56,25 +58,25 @@ def test_members_equal_single_runs():
   n = config.batch_size * 36 * config.model.emb_dim
   bound = STEPS * n * numerics.U_FLOAT32
   for i, (losses, params, evaluation) in enumerate(singles):
-    member_params = tl.flat_params(population.member_state(state, i).params)
+    member_params = tl.flat_params(metrics_lib.member(state, i).params)
     loss_err = float(np.max(np.abs(metrics.per_step["loss"][i] - losses) / np.abs(losses)))
     assert loss_err < bound, (i, loss_err, bound)  # Measured: <= 1.2e-7.
     assert _max_rel(member_params, params) < bound  # Measured: <= 1.6e-6.
     for key, value in evaluation.items():
       assert abs(evals[i][key] - value) <= bound * max(1.0, abs(value)), key
   # A member compared with the other member's run is off by far more than the bound.
-  other = tl.flat_params(population.member_state(state, 1).params)
+  other = tl.flat_params(metrics_lib.member(state, 1).params)
   assert _max_rel(other, singles[0][1]) > 100 * bound
 
 
 def test_member_keys_refused_in_one_line():
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"model.num_layers": 3})})
   with pytest.raises(errors.BadInput, match=r"members\[1\] sets 'model.num_layers'"):
-    population.setup(config)
+    population.setup(config_checks.validate(config))
   config = tl.smoke("sraven", **{"population.members": ({"seed": 0}, {"seed": 1}),
                                  "population.member_names": ("a", "a")})
   with pytest.raises(errors.BadInput, match="member_names"):
-    population.setup(config)
+    population.setup(config_checks.validate(config))
 
 
 def _population(workdir, **updates):
@@ -107,7 +109,7 @@ def test_resume_outputs_and_frozen_member(tmp_path):
     assert json.load(f)["ood/r2"] == healthy["ood/r2"]
   restored = restore.restore_params(root, member=0)
   by_dir = restore.restore_params(os.path.join(root, "seed=0"))
-  expected = population.member_state(resumed["state"], 0).params
+  expected = metrics_lib.member(resumed["state"], 0).params
   for got in (restored, by_dir):
     assert got.config.seed == 0 and got.step == STEPS
     chex.assert_trees_all_equal(got.params, expected)
@@ -148,7 +150,7 @@ def test_authors_schedule_needs_a_cosine_part():
   config = tl.smoke("sraven", **{"optimizer.authors_schedule": True,
                                  "optimizer.warmup_steps": 4})
   with pytest.raises(errors.BadInput, match="num_train_steps > 2 \\* warmup_steps"):
-    build.setup(config)
+    build.setup(config_checks.validate(config))
 
 
 def test_sigterm_population_exits_75_and_resumes_bit_identical(tmp_path):

@@ -24,9 +24,11 @@ jax.config.update("jax_num_cpu_devices", 4 if sys.argv[1] == "devices" else 2)
 import numpy as np
 
 from experiments.configs import sraven
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import runtime
+from hypernet_attention.train import trainer as trainer_lib
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -44,9 +46,9 @@ def smoke_config(**mesh):
 
 def loss_curve(config, devices):
   """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`."""
-  s = build.setup(config, devices)
+  s = build.setup(config_checks.validate(config), devices)
   state = build.init_state(config, s.init_fn, s.shardings)
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state, metrics = trainer.train_chunk(state, NUM_STEPS)
   return [float(x) for x in jax.device_get(metrics.per_step["loss"])]
 

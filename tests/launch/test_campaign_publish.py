@@ -22,6 +22,8 @@ from launch.campaign import partial
 from launch.campaign import records
 from launch.campaign import runner
 
+import train_testlib as tl
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
 HYLA = cells_lib.BY_NAME["smoke_fuzzy_hyla"]
@@ -162,8 +164,8 @@ def test_the_windows_kill_grace_outlasts_the_runners_stop(tmp_path):
   # A folder it cannot make is one line, before anything is installed or run.
   blocker = tmp_path / "a_file"
   blocker.write_text("")
-  out = subprocess.run(["bash", "launch/device_window.sh", "300", "b_sraven_hyla"],
-                       cwd=REPO, capture_output=True, text=True, timeout=30,
+  out = tl.run(["bash", "launch/device_window.sh", "300", "b_sraven_hyla"],
+                       cwd=REPO, capture_output=True, text=True,
                        env={**os.environ, "OUT": str(blocker / "out")})
   assert out.returncode == 2, out
   assert out.stdout.strip() == (f"OUT or ROOT={blocker / 'out'} cannot be a folder (a file "
@@ -203,13 +205,6 @@ def test_held_signals_reach_a_handler_when_sigint_is_ignored():
       signal.signal(sig, handler)
 
 
-def _wait_for(path, what: str, limit_s: float = 600.0) -> None:
-  deadline = time.time() + limit_s
-  while not os.path.exists(path):
-    assert time.time() < deadline, f"waited {limit_s:.0f} s for {what} ({path})"
-    time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_a_stop_at_the_publish_point_still_publishes_the_cell(tmp_path):
   """SIGTERM and then Ctrl-C while the runner publishes a finished cell (paused there by
@@ -217,22 +212,21 @@ def test_a_stop_at_the_publish_point_still_publishes_the_cell(tmp_path):
   is left, the claim is released, and only then does the runner exit as stopped. The finished
   run, put in another cell's workdir, is then moved aside there, never published."""
   root, results, pause = tmp_path / "root", tmp_path / "results", tmp_path / "paused"
-  proc = subprocess.Popen(
+  log = tmp_path / "runner.out"
+  with open(log, "w") as f, tl.started(
       [sys.executable, "-m", "launch.campaign", "--set=smoke", f"--cells={HYLA.name}",
        "--budget_minutes=20", f"--root={root}", f"--results_dir={results}"],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      env={**os.environ, runner.PAUSE_ENV: str(pause)})
-  try:
-    _wait_for(pause, "the runner to reach the publish point")
+      cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+      env={**os.environ, runner.PAUSE_ENV: str(pause)}) as proc:
+    tl.wait_until(lambda: os.path.exists(pause), [proc],
+                  f"the runner to reach the publish point ({pause})", [str(log)])
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)  # The handlers run at once; the pause would hide a premature exit.
     assert proc.poll() is None, "the runner exited at the publish point"
     os.unlink(pause)
-    out, _ = proc.communicate(timeout=300)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
+    tl.wait_for([proc], "the stopped runner to publish and exit", [str(log)])
+  out = log.read_text()
   # Stopped, by the signal noted first: both were pending at once, and Python runs the
   # handlers of pending signals in signal-number order (SIGINT's 130 before SIGTERM's 75).
   assert proc.returncode in (75, 130), out
@@ -261,10 +255,10 @@ def test_redo_moves_the_finished_run_aside_and_trains_afresh(tmp_path):
   _finished_run(str(root / HYLA.name), HYLA, cells_lib.recorded_config(HYLA))
   results.mkdir()
   records.publish(str(results), _old_record(rate=10.0))
-  out = subprocess.run(
+  out = tl.run(
       [sys.executable, "-m", "launch.campaign", "--set=smoke", f"--cells={HYLA.name}",
        f"--redo={HYLA.name}", "--budget_minutes=20", f"--root={root}",
-       f"--results_dir={results}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+       f"--results_dir={results}"], cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 0, out.stdout + out.stderr
   (aside,) = _aside(root, HYLA)
   (line,) = [line for line in out.stdout.splitlines() if "moved it to" in line]

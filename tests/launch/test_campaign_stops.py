@@ -24,6 +24,8 @@ from launch.campaign import partial
 from launch.campaign import records
 from launch.campaign import runner
 
+import train_testlib as tl
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CPU = {"platform": "cpu", "kind": "cpu", "count": 1, "jax_version": "test"}
 HYLA = cells_lib.BY_NAME["smoke_fuzzy_hyla"]
@@ -143,10 +145,10 @@ def test_a_damaged_progress_file_is_named_by_dry_run_and_report(tmp_path, conten
   with pytest.raises(errors.BadInput, match=str(bad)):
     partial.read_all(str(results))
   for flags in (["--dry_run", "--device_kind=cpu"], ["--report"]):
-    out = subprocess.run(
+    out = tl.run(
         [sys.executable, "-m", "launch.campaign", "--set=smoke", f"--results_dir={results}",
          f"--report_path={tmp_path / 'r.md'}", *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0], out.stderr
@@ -163,9 +165,9 @@ def test_flags_that_would_record_what_did_not_run_are_refused(tmp_path, flags, s
   a_file = tmp_path / "a_file"
   a_file.write_text("")
   flags = [f.format(file=a_file, dir=tmp_path) for f in flags]
-  out = subprocess.run([sys.executable, "-m", "launch.campaign", "--set=smoke",
+  out = tl.run([sys.executable, "-m", "launch.campaign", "--set=smoke",
                         f"--results_dir={tmp_path / 'results'}", *flags],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+                       cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 2 and says in out.stderr, out.stderr
   assert len(out.stderr.strip().splitlines()) == 1, out.stderr
   assert not os.path.exists(tmp_path / "results" / "smoke_fuzzy_hyla.json")
@@ -174,8 +176,8 @@ def test_flags_that_would_record_what_did_not_run_are_refused(tmp_path, flags, s
 # 18446744073709552000 wraps to 384 in bash arithmetic (2^64 + 384): refused as text first.
 @pytest.mark.parametrize("seconds", ["0", "119", "36001", "ten", "18446744073709552000"])
 def test_device_window_refuses_a_budget_it_cannot_honour(seconds):
-  out = subprocess.run(["bash", "launch/device_window.sh", seconds, "b_sraven_hyla"],
-                       cwd=REPO, capture_output=True, text=True, timeout=30)
+  out = tl.run(["bash", "launch/device_window.sh", seconds, "b_sraven_hyla"],
+                       cwd=REPO, capture_output=True, text=True)
   assert out.returncode == 2 and f"SECONDS={seconds}; allowed" in out.stdout, out
 
 
@@ -184,19 +186,20 @@ def test_two_sigterms_leave_no_trainer_behind_and_keep_the_state(tmp_path):
   """Two SIGTERMs 0.3 s apart while a cell trains: the runner forwards the stop, waits for
   its trainer, saves what it has, and progress.txt and the claim end true."""
   root, results = tmp_path / "root", tmp_path / "results"
-  proc = subprocess.Popen(
+  log, out = root / "smoke_sraven_hyla" / runner.LOG, tmp_path / "runner.out"
+  with open(out, "w") as f, tl.started(
       [sys.executable, "-m", "launch.campaign", "--set=smoke", "--cells=smoke_sraven_hyla",
        "--budget_minutes=20", f"--root={root}", f"--results_dir={results}"],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  log = root / "smoke_sraven_hyla" / runner.LOG
-  deadline = time.time() + 240
-  while time.time() < deadline and not (log.exists() and "step" in log.read_text()):
-    time.sleep(0.2)
-  assert log.exists(), "the cell never started"
-  proc.send_signal(signal.SIGTERM)
-  time.sleep(0.3)
-  proc.send_signal(signal.SIGTERM)
-  out, _ = proc.communicate(timeout=180)
+      cwd=REPO, stdout=f, stderr=subprocess.STDOUT) as proc:
+    def training():
+      assert proc.poll() is None, f"the runner exited: {out.read_text()}"
+      return log.exists() and "step" in log.read_text()
+    tl.wait_until(training, [proc], "the smoke cell to log a step", [str(log), str(out)])
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # The second stop lands while the first is handled.
+    proc.send_signal(signal.SIGTERM)
+    tl.wait_for([proc], "the stopped runner to exit", [str(out)])
+  out = out.read_text()
   assert proc.returncode == 75, out
   trainers = subprocess.run(["pgrep", "-f", str(root / "smoke_sraven_hyla")],
                             capture_output=True, text=True)
@@ -263,10 +266,10 @@ def test_a_hand_edited_cell_file_is_named_with_its_field(tmp_path, edit):
 def test_dry_run_and_report_name_a_hand_edited_cell_file(tmp_path, edit):
   path = _edited_cell_file(tmp_path / "results", edit)
   for flags in (["--dry_run", "--device_kind=cpu"], ["--report"]):
-    out = subprocess.run(
+    out = tl.run(
         [sys.executable, "-m", "launch.campaign", f"--results_dir={tmp_path / 'results'}",
          f"--report_path={tmp_path / 'r.md'}", f"--root={tmp_path / 'root'}", *flags],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
     assert path in line and CELL_FILE_EDITS[edit][1] in line, line

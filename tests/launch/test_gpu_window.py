@@ -4,7 +4,6 @@ and what its one JSON-lines file must hold for a window's numbers to be read off
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
@@ -25,9 +24,9 @@ def _numbers(row):
 @pytest.mark.slow
 def test_dry_run_records_every_kind_of_result(tmp_path):
   out = tmp_path / "out"
-  result = subprocess.run([sys.executable, "-m", "launch.gpu_window", "--dry_run", "--stages=all",
+  result = tl.run([sys.executable, "-m", "launch.gpu_window", "--dry_run", "--stages=all",
                            f"--out={out}", "--commit=test"], cwd=tl.REPO,
-                          env=tl.subprocess_env(), capture_output=True, text=True, timeout=900)
+                          env=tl.subprocess_env(), capture_output=True, text=True)
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
   rows = [json.loads(line) for line in (out / "gpu_window.jsonl").read_text().splitlines()]
   by_kind = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
@@ -37,39 +36,37 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   assert rows[0]["kind"] == "window" and rows[0]["commit"] == "test"
   assert rows[-1]["kind"] == "window_end"
   stages = {r["stage"]: r["status"] for r in by_kind["stage"]}
-  # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2);
-  # the overlapped forward's parity runs only once its rung passed. Parity before any timing;
-  # on a CPU the Mosaic forwards refuse it in one line (they need a Hopper GPU compiled).
-  ran = {s: stages[f"rung_forward_{s}"] == "ok" for s in ("overlap", "paired")}
-  for schedule, rung_ran in ran.items():
-    assert stages[f"mosaic_parity_{schedule}"] == ("refused" if rung_ran else "skipped"), stages
-  mosaic = ("rung_forward", "rung_backward", "rung_dq", "mosaic_parity", "rung_forward_overlap",
-            "rung_forward_paired")
+  # The order: the kernels checked, the C4 step right after parity, then the timings, the
+  # counters and the profile.
+  assert list(stages) == ["env", "rung_forward", "rung_dq", "mosaic_parity", "c4_b2", "time_T64",
+                          "counters", "profile"], stages
+  # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2).
+  # Parity before any timing; on a CPU the Mosaic kernels refuse it in one line (they need a
+  # Hopper GPU compiled).
+  mosaic = ("rung_forward", "rung_dq", "mosaic_parity")
   assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
-  assert all(s == "ok" for n, s in stages.items() if n not in (
-      *mosaic, "mosaic_parity_overlap", "mosaic_parity_paired", "counters")), stages
+  assert all(s == "ok" for n, s in stages.items() if n not in (*mosaic, "counters")), stages
   assert stages["counters"] == "skipped", stages  # ncu waits for Mosaic's parity
   first_timing = min(i for i, r in enumerate(rows) if r["kind"] == "tune")
   assert max(i for i, r in enumerate(rows) if r["kind"] == "parity") < first_timing
   parity = by_kind["parity"]
   assert [(r["implementation"], r["seq_len"], r["status"]) for r in parity] == [
-      ("mosaic", 64, "unsupported"),
-      *[("mosaic_overlap", 64, "unsupported")] * ran["overlap"],
-      *[("mosaic_paired", 64, "unsupported")] * ran["paired"]], parity
-  # The C4 step of both models; the Mosaic one waits for its parity in this window.
+      ("mosaic", 64, "unsupported")], parity
+  # The C4 step: softmax, and HYLA through blockwise where the Mosaic kernels have not passed
+  # parity in this window (a skipped row says so).
   steps = by_kind["c4_step"]
-  assert [r.get("label") for r in steps if "steps_per_s" in r] == ["softmax", "hyla"]
+  assert [r.get("label") for r in steps if "steps_per_s" in r] == [
+      "softmax", "hyla@model.implementation=blockwise"]
   skipped = [r for r in steps if r.get("status") == "skipped"]
   assert [r["model"] for r in skipped] == ["hyla@model.implementation=mosaic"], skipped
   tune = {r["name"]: r for r in by_kind["tune"]}
   assert tune["softmax"]["status"] == "ok" and tune["softmax"]["fwd_bwd_ms"] > 0
-  # blockwise at 32 x 32 tiles, once in mosaic_time_64 and once in tiles.
   blockwise = [r for r in by_kind["tune"] if r["name"] == "blockwise"]
-  assert [(r["block_q"], r["status"]) for r in blockwise] == [(32, "ok"), (32, "ok")], blockwise
-  # Mosaic never passes parity on a CPU, so no stage times it beside others: a "skipped"
-  # row with the reason, per configuration that would have run (plain, overlapped, paired).
+  assert [(r["block_q"], r["status"]) for r in blockwise] == [(32, "ok")], blockwise
+  # Mosaic never passes parity on a CPU, so no stage times it beside others: a "skipped" row
+  # with the reason, per stage that would have run it (the timing and the profile).
   mosaic = [r for r in by_kind["tune"] if r["name"] == "mosaic"]
-  assert len(mosaic) == 4 and all(r["status"] == "skipped" and "parity" in r["message"]
+  assert len(mosaic) == 2 and all(r["status"] == "skipped" and "parity" in r["message"]
                                   for r in mosaic), mosaic
   assert sorted(os.listdir(out)) == ["gpu_window.jsonl", "gpu_window.log"]
 
@@ -97,18 +94,19 @@ def test_a_failed_rung_ends_the_window_before_timing(tmp_path, monkeypatch):
 
 def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(tmp_path):
   """A kernel that faults kills its process's CUDA context (the H100 window of 2026-11-27),
-  so the tile sweeps time Mosaic beside cuDNN and XLA only once its bf16 parity passed in
-  the same window: no rows yet (`--stages=tiles` alone) or float32's "unsupported" leave it
+  so the timing stages time Mosaic beside cuDNN and XLA only once its bf16 parity passed in
+  the same window: no rows yet (`--stages=time_c4` alone) or float32's "unsupported" leave it
   out, as does an "error" or "fail" row (recorded, with the reason); another kernel's error
   does not matter."""
   from launch import gpu_window  # pylint: disable=g-import-not-at-top
   window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
-  def configs(name="mosaic_time_4096"):
+  def argv(name="time_T4096"):
     stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == name)
-    return next(a for a in stage.argv(window, 100) if a.startswith("--configs="))
+    return stage.argv(window, 100)
+  configs = lambda name="time_T4096": next(a for a in argv(name) if a.startswith("--configs="))
 
-  for name in ("tiles", "mosaic_time_4096"):
-    assert "mosaic:" not in configs(name) and "blockwise:256x256" in configs(name)
+  for name in ("time_T4096", "time_c4", "profile"):
+    assert "mosaic:" not in configs(name)
   window.record("parity", implementation="mosaic", seq_len=256, dtype="float32",
                 status="unsupported")
   window.record("parity", implementation="blockwise", seq_len=256, dtype="bfloat16",
@@ -116,32 +114,31 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   assert "mosaic:" not in configs()
   window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
                 status="pass")
-  # The overlapped forward needs its own parity (mosaic_overlap), which needs its rung.
-  assert configs() == "--configs=mosaic:64x8x4:kernel,blockwise:256x256"
-  overlap_parity = next(s for s in gpu_window.stages(gpu_window.GPU)
-                        if s.name == "mosaic_parity_overlap")
-  assert gpu_window.run_stage(window, overlap_parity, {}) == "skipped"
-  window.record("rung", rung="forward_overlap", status="pass")
-  assert overlap_parity.requires(window) is None
-  window.record("parity", implementation="mosaic_overlap", seq_len=1000, dtype="bfloat16",
-                status="pass")
-  assert configs() == ("--configs=mosaic:64x8x4:kernel,mosaic:64x8x4:kernel:overlap,"
-                       "blockwise:256x256")
-  assert "mosaic:64x8x2:kernel:overlap" in configs("tiles")
-  # The paired forward likewise, at each length; the overlapped one is timed at T=4096 only.
-  window.record("parity", implementation="mosaic_paired", seq_len=1000, dtype="bfloat16",
-                status="pass")
-  assert configs("mosaic_time_1024") == ("--configs=mosaic:64x8x4:kernel,"
-                                         "mosaic:64x8x8:kernel:paired,blockwise:256x256")
-  assert "mosaic:64x8x4:kernel:paired" in configs("tiles")
+  assert configs() == "--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256"
+  # Each shape in its own process, beside cuDNN (always its first row) and blockwise.
+  assert argv("time_c4")[-5:] == ["--seq_len=512", "--batch=64", "--heads=8", "--head_dim=64",
+                                    "--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256"]
+  assert "--heads=16" in argv("time_sraven") and "--head_dim=2" in argv("time_fuzzy")
+  assert argv("profile")[-2:] == ["--configs=mosaic:64x8x8:kernel:paired", "--profile"]
   window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
-  assert configs() == ("--configs=mosaic:64x8x4:kernel:overlap,mosaic:64x8x8:kernel:paired,"
-                       "blockwise:256x256")
+  assert configs() == "--configs=blockwise:256x256"
   last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
-  assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x4:kernel",
-                  "status": "skipped", "seq_len": 4096,
+  assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x8:kernel:paired",
+                  "status": "skipped", "seq_len": 4096, "batch": 4,
                   "message": "mosaic's parity in this window: error at T=1000 bfloat16"}
+
+
+def test_the_stage_budgets_fit_eight_minutes_with_the_install():
+  """Every stage's budget (the last window's measured seconds + 30%) and the install fit in 8
+  minutes once T=16384, the last and optional stage, is left out; the deadline is what remains;
+  no stage needs more time left than its budget gives it."""
+  from launch import gpu_window  # pylint: disable=g-import-not-at-top
+  budgets = {s.name: s.budget_s for s in gpu_window.stages(gpu_window.GPU)}
+  assert all(s.min_s <= s.budget_s for s in gpu_window.stages(gpu_window.GPU))  # else never run
+  assert list(budgets)[-1] == "time_T16384"
+  assert sum(budgets.values()) - budgets["time_T16384"] + 15 <= 480
+  assert gpu_window.GPU.deadline_s + 15 <= 480
 
 
 def test_a_window_in_which_no_stage_can_run_says_so_and_fails(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import positions
+from hypernet_attention import presets
 from hypernet_attention.ops import reference
 
 B, T, E, H = 2, 6, 8, 2
@@ -38,18 +39,18 @@ def make(preset="hyla", **kw):
 
 def test_presets_cover_table_a1():
   for name, (norm, network) in TABLE_A1.items():
-    preset = attention.PRESETS[name]
+    preset = presets.PRESETS[name]
     assert (preset.normalization, preset.value_network) == (norm, network), name
-  assert attention.PRESETS["hyla"].activation == "relu"
-  assert attention.PRESETS["hyla_linear_value"].activation == "identity"
-  assert attention.PRESETS["linear_rmshead_nonlinear_value"] == (
+  assert presets.PRESETS["hyla"].activation == "relu"
+  assert presets.PRESETS["hyla_linear_value"].activation == "identity"
+  assert presets.PRESETS["linear_rmshead_nonlinear_value"] == (
       "rms_head", "nonlinear_value", "relu")
   assert attention.resolve_preset("hyla", "silu").activation == "silu"
 
 
 def test_presets_name_what_the_ops_compute():
   # `presets.py` is plain data without JAX: each row must name entries the ops define.
-  for name, preset in attention.PRESETS.items():
+  for name, preset in presets.PRESETS.items():
     assert preset.normalization in reference.NORMALIZATIONS, name
     assert preset.value_network in attention.VALUE_NETWORKS, name
     assert preset.activation in reference.ACTIVATIONS, name
@@ -96,7 +97,7 @@ def test_rms_head_code_has_unit_rms_across_heads():
   np.testing.assert_array_equal(code[..., -1], 0.0)
 
 
-@pytest.mark.parametrize("preset", sorted(attention.PRESETS))
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
 def test_masked_keys_contribute_nothing(preset):
   module = make(preset)  # 'auto': XLA's kernel for softmax, the reference for the rest
   x, kv = inputs(0), inputs(1)
@@ -220,7 +221,7 @@ def test_bad_input_errors():
     make("hyla", activation="swish").init(jax.random.PRNGKey(0), x)
   with pytest.raises(ValueError, match="qk_features=5 is not divisible by num_heads=2"):
     make("hyla", qk_features=5).init(jax.random.PRNGKey(0), x)
-  with pytest.raises(ValueError, match="mask of shape \\(2, 1, 5, 6\\)"):
+  with pytest.raises(ValueError, match="mask has shape \\(2, 1, 5, 6\\); allowed: broadcastable"):
     make("hyla").init(jax.random.PRNGKey(0), x, mask=jnp.ones((B, 1, 5, T), bool))
   with pytest.raises(ValueError, match="position 'alibi'"):
     make("hyla", position="alibi").init(jax.random.PRNGKey(0), x)

@@ -16,6 +16,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import hypernetwork
+from hypernet_attention import presets
 
 BATCH, LENGTH, WIDTH, HEADS, QK, V = 2, 5, 6, 3, 6, 9  # per head: D=2, V=3
 ACTIVATIONS = {
@@ -106,7 +107,7 @@ class AttentionHypernetworkFormulaTest(chex.TestCase):
     self.enter_context(jax.enable_x64(True))
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(preset=sorted(attention.PRESETS), position=("t5", "rope"))
+  @parameterized.product(preset=sorted(presets.PRESETS), position=("t5", "rope"))
   def test_attention_hypernetwork_and_formula_agree(self, preset, position):
     module = attention.MultiHeadAttention(
         num_heads=HEADS, attention=preset, qk_features=QK, v_features=V,

@@ -17,6 +17,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import nnx_attention
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch as ops_dispatch
 
 import train_testlib as tl
@@ -24,7 +25,7 @@ import train_testlib as tl
 B, Q, K, E, H = 2, 5, 7, 8, 2
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # A position per preset, so that both T5 and RoPE meet every kind of value network.
-POSITION = {name: ("none", "t5", "rope")[i % 3] for i, name in enumerate(attention.PRESETS)}
+POSITION = {name: ("none", "t5", "rope")[i % 3] for i, name in enumerate(presets.PRESETS)}
 
 
 def pair(preset, position="none", **kw):
@@ -54,7 +55,7 @@ def assert_trees_close(a, b, rtol=1e-10):
   jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=rtol, atol=rtol), a, b)
 
 
-@pytest.mark.parametrize("preset", list(attention.PRESETS))
+@pytest.mark.parametrize("preset", list(presets.PRESETS))
 def test_same_outputs_and_gradients_as_linen(preset, x64):
   linen, params, module = pair(preset, POSITION[preset], param_dtype=jnp.float64)
   x, kv, mask, bias = data(jnp.float64)
@@ -78,7 +79,7 @@ def test_same_outputs_and_gradients_as_linen(preset, x64):
       rtol=1e-12)
 
 
-@pytest.mark.parametrize("preset", list(attention.PRESETS))
+@pytest.mark.parametrize("preset", list(presets.PRESETS))
 def test_decode_step_by_step_as_linen(preset, x64):
   linen, params, module = pair(preset, POSITION[preset], decode=True,
                                param_dtype=jnp.float64)

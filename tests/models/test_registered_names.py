@@ -21,6 +21,7 @@ import pytest
 
 from hypernet_attention import attention
 from hypernet_attention import errors
+from hypernet_attention import feed_forward
 from hypernet_attention import hypernetwork
 from hypernet_attention import nnx_attention
 from hypernet_attention import presets
@@ -199,6 +200,65 @@ def test_unknown_names_are_refused_in_one_line():
 
 
 def test_declared_model_names_are_the_modules_own():
-  """`presets.py` declares the names the launching machine checks without JAX."""
-  assert presets.IMPLEMENTATIONS == dispatch.IMPLEMENTATIONS
-  assert presets.POSITIONS == attention.POSITIONS
+  """`presets.py` declares the names the launching machine checks without JAX; each has its
+  runner, kernel or class."""
+  assert set(presets.IMPLEMENTATIONS) == {"auto", "reference", *dispatch.FAST_PATHS,
+                                          *dispatch.EXPLICIT_PATHS}
+  x = _inputs()
+  for name, class_name in presets.FEED_FORWARDS.items():
+    layer = feed_forward.layer(name, hidden_dim=4, num_experts=3, top_k=2)
+    assert type(layer).__name__ == class_name
+    assert layer.apply(layer.init(jax.random.key(0), x), x).shape == x.shape
+
+
+def test_a_feed_forward_name_without_a_class_is_refused(monkeypatch):
+  """A name added to `presets.FEED_FORWARDS` alone: the model refuses it in one line (the
+  block's last branch once built it as a MoE)."""
+  monkeypatch.setitem(presets.FEED_FORWARDS, "geglu", "GeGlu")
+  model = transformer.Transformer(transformer.TransformerConfig(
+      num_layers=1, emb_dim=E, num_heads=H, qk_dim=H * D, v_dim=H * D, mlp_dim=4,
+      feed_forward="geglu"))
+  with pytest.raises(ValueError, match=r"^feed_forward 'geglu' maps to 'GeGlu', which is no "
+                                       r"class of feed_forward.py."):
+    model.init(jax.random.key(0), _inputs())
+
+
+def test_an_implementation_declared_without_a_runner_is_refused(monkeypatch):
+  """`presets.IMPLEMENTATIONS` is the one list dispatch checks: a name added there alone
+  reaches dispatch's runners, and is refused there in one line."""
+  monkeypatch.setattr(presets, "IMPLEMENTATIONS", (*presets.IMPLEMENTATIONS, "fused"))
+  with pytest.raises(ValueError, match=r"^dispatch has no runner for implementation='fused'."):
+    dispatch.attention(*_operands(), implementation="fused")
+
+
+def test_probing_paths_refuse_an_unknown_implementation():
+  """The materializing path (Linen with mutable intermediates, NNX with `sow_weights`) runs
+  no implementation, but a name no path runs is refused there too, as on the fast path."""
+  x = _inputs()
+  module = _linen("hyla", implementation="foo")
+  params = _linen_params(_linen("hyla"), x)
+  for mutable in (False, ["intermediates"]):
+    _refused(lambda m=mutable: module.apply({"params": params}, x, mutable=m), "foo")
+  ours = nnx_attention.MultiHeadAttention(H, E, H * D, implementation="foo", rngs=nnx.Rngs(0))
+  for sow_weights in (False, True):
+    _refused(lambda s=sow_weights: ours(x, sow_weights=s), "foo")
+
+
+def test_hypernetwork_form_reads_the_one_value_network_table(monkeypatch):
+  """The explicit form checks `attention.VALUE_NETWORKS`, not a list of its own: a network
+  dropped from that table is refused here too, and one in it whose weights are not written
+  is refused in one line, not computed as an MLP."""
+  module, x = _linen("hyla"), _inputs()
+  params = _linen_params(module, x)
+  monkeypatch.setattr(attention, "VALUE_NETWORKS", ("linear", "nonlinear_value"))
+  _refused(lambda: hypernetwork.hypernetwork_attention(module, params, x), "mlp")
+  monkeypatch.setattr(attention, "VALUE_NETWORKS", (*attention.VALUE_NETWORKS, VALUE_NETWORK))
+  monkeypatch.setitem(presets.PRESETS, "new_value",
+                      presets.AttentionPreset("rms_head", VALUE_NETWORK, "tanh"))
+  code = hypernetwork.latent_code(module, params, x)
+  for call in (lambda: hypernetwork.generate_value_network(_linen("new_value"), params, code),
+               lambda: hypernetwork.apply_value_network(_linen("new_value"), params,
+                                                 {"W2": jnp.zeros((B, T, T, 1))}, x)):
+    with pytest.raises(errors.BadInput, match=rf"^value_network '{VALUE_NETWORK}' has no "
+                                              "explicit hypernetwork form yet; allowed: "):
+      call()

@@ -55,6 +55,17 @@ def test_shapes_axes_and_latent_codes(feed_forward_kind):
     assert code.shape == (2, 2, 5, 5)
 
 
+def test_inputs_of_another_width_than_the_parameters_are_one_line():
+  """Parameters of a width-7 model applied to width-5 inputs (a model of another task or
+  size): one line naming both widths, not flax's ScopeParamShapeError."""
+  model = transformer.Transformer(tiny())
+  variables = model.init(jax.random.PRNGKey(1), jnp.zeros((2, 5, 7)))
+  with pytest.raises(ValueError, match=r"^inputs of shape \(2, 5, 5\) \(width 5\); allowed: "
+                     r"width 7, that of these parameters \(input_dense kernel \(7, 8\)\)"):
+    model.apply(variables, jnp.zeros((2, 5, 5)))
+  assert model.apply(variables, jnp.zeros((2, 5, 7))).shape == (2, 5, 3)
+
+
 def test_embedding_input_and_tied_readout():
   config = tiny(input_kind="embed", vocab_size=11, tied_embedding=True, position="rope",
                 causal=True)

@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import blockwise
 from hypernet_attention.ops import dispatch
 from hypernet_attention.ops import factored
+from hypernet_attention.ops import kernel_cost
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
 
@@ -310,15 +312,14 @@ def test_auto_choice_by_shape_and_backend():
   assert choose(16, 16, "rms_head", "mlp", backend="cpu") == "reference"
   assert choose(36, 36, "rms_head", "mlp", backend="cpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="cpu") == "blockwise"
-  # Blockwise on GPU too, unless the fused kernels run the call there (`fused`), and only
-  # from the length a window timed them faster.
+  # Blockwise on GPU too, unless the fused kernels run the call there (`fused`) and are
+  # faster for its shape (tests/ops/test_kernel_cost.py).
   assert choose(1024, 1024, "rms_head", "mlp", backend="gpu") == "blockwise"
   assert choose(1024, 1024, "rms_head", "mlp", backend="tpu") == "blockwise"
   assert choose(4096, 4096, "rms_head", "deep_mlp", backend="gpu") == "reference"
-  timed = int(np.sqrt(dispatch.MOSAIC_MIN_PAIRS))
-  assert choose(timed, timed, "rms_head", "mlp", backend="gpu", fused=True) == "mosaic"
-  assert choose(timed, timed - 1, "rms_head", "mlp", backend="gpu", fused=True) == "blockwise"
-  assert choose(timed, timed, "rms_head", "mlp", backend="gpu") == "blockwise"
+  timed = dict(backend="gpu", batch=4, causal=True)
+  assert choose(4096, 4096, "rms_head", "mlp", fused=True, **timed) == "mosaic"
+  assert choose(4096, 4096, "rms_head", "mlp", **timed) == "blockwise"
 
 
 class _Hopper:
@@ -328,7 +329,7 @@ class _Hopper:
 def test_auto_takes_the_fused_kernels_only_on_hopper_for_what_they_run(monkeypatch):
   """`runs_here` is False off Hopper (this CPU); on a (pretend) Hopper, False for float32,
   anything but HYLA with relu, a bias, dropout, a query-dependent mask or tiles that do not
-  fit; and `auto` then calls the kernels from MOSAIC_MIN_PAIRS on."""
+  fit; and `auto` then calls the kernels where `kernel_cost` says they are faster."""
   zeros = lambda *shape, dtype=jnp.bfloat16: jnp.zeros(shape, dtype)
   q = zeros(1, 32, 8, 64)
   hyla = ("rms_head", "mlp", "relu")
@@ -350,9 +351,10 @@ def test_auto_takes_the_fused_kernels_only_on_hopper_for_what_they_run(monkeypat
     return jnp.zeros(query.shape[:3] + value.shape[-1:], query.dtype)
   monkeypatch.setattr(mosaic_kernel, "attention", kernel)
   run = lambda x, **kw: dispatch.attention(x, x, x, is_causal=True, **kw)
-  run(q)  # 32 x 32 pairs: below MOSAIC_MIN_PAIRS, blockwise
+  run(q)  # 32 keys: below kernel_cost.MIN_KEYS, blockwise
   assert not calls
-  monkeypatch.setattr(dispatch, "MOSAIC_MIN_PAIRS", 32 * 32)
+  monkeypatch.setattr(kernel_cost, "MIN_KEYS", 32)
+  monkeypatch.setattr(kernel_cost, "BLOCKWISE_FLOOR_MS", 1.0)  # as if blockwise were slow here
   run(q.astype(jnp.float32))
   run(q, dropout_rate=0.1, dropout_seed=jnp.int32(0))
   assert not calls
@@ -477,7 +479,7 @@ def test_members_under_vmap_add_no_loop(implementation):
 def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
   """The fused Hopper kernel: by name only (`auto` never takes it before it is measured),
   refusing in one line a pair it does not compute and, before compiling, any other device."""
-  assert "mosaic" in dispatch.IMPLEMENTATIONS and "mosaic" not in dispatch.FAST_PATHS
+  assert "mosaic" in presets.IMPLEMENTATIONS and "mosaic" not in dispatch.FAST_PATHS
   q = jnp.ones((1, 64, 8, 16), jnp.bfloat16)
   with pytest.raises(errors.BadInput, match="does not compute normalization='softmax'"):
     dispatch.attention(q, q, q, normalization="softmax", implementation="mosaic")
@@ -486,7 +488,7 @@ def test_mosaic_is_asked_for_by_name_and_refuses_what_it_cannot_run():
       dispatch.attention(q, q, q, implementation="mosaic")
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 def test_every_path_refuses_bad_operands_before_any_work(implementation):
   """Keys and values of different lengths, integer or bool operands and empty sequences are
   one BadInput line on every registered path, before a kernel (or Mosaic's device check) runs:

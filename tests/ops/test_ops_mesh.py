@@ -60,7 +60,8 @@ import json
 import jax
 from experiments.configs import sraven
 from hypernet_attention.ops import sharded
-from hypernet_attention.train import build, loop
+from hypernet_attention.runs import config_checks
+from hypernet_attention.train import build, trainer as trainer_lib
 
 seen = []
 batch_axes = sharded.batch_axes
@@ -71,8 +72,8 @@ def losses(mesh, devices, steps=2):
   with config.unlocked():
     config.model.implementation = "blockwise"
     config.mesh.update(mesh)
-  s = build.setup(config, devices)
-  trainer = loop.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  s = build.setup(config_checks.validate(config), devices)
+  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   state = build.init_state(config, s.init_fn, s.shardings)
   seen.clear()  # Only the calls traced by the training step.
   state, metrics = trainer.train_chunk(state, steps)

@@ -23,7 +23,6 @@ from hypernet_attention.train import restore
 
 import numerics
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 CLI = os.path.join(tl.REPO, "experiments", "probe_latents.py")
 FILES = ("codes_8.npz", "codes_0.npz", "metrics.json", "report.md", "decoder_vs_layer.png",
@@ -222,7 +221,7 @@ from hypernet_attention.train import build, loop, restore
 config = tl.smoke("sraven", **{"eval.ceiling_problems": 0, "mesh.data": 2, "mesh.fsdp": 2})
 summary = loop.train_and_evaluate(config, sys.argv[2], devices=jax.devices())
 assert len(jax.devices()) == 4
-setup = build.setup(config, jax.devices())
+setup = build.setup(config_checks.validate(config), jax.devices())
 live = restore.RestoredRun(sys.argv[2], 8, config, summary["state"].params, setup.model,
                            setup.objective)
 extract.extract_codes(live, num_problems=16, progress=False).save(sys.argv[3])

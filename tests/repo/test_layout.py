@@ -2,11 +2,15 @@
 
 A module added under `hypernet_attention/` or `launch/` without a word in the contributor's
 map (experiments/reference.md, "Where the code lives"), or a package missing from the
-README's Layout block, fails here; the sweeps of `launch/sweeps/` are listed by `SWEEPS`.
+README's Layout block, fails here. Two kinds are listed elsewhere: the sweeps of
+`launch/sweeps/` by `SWEEPS`, and a task's module by its registry record (`Experiment.task`),
+so that a new task is its module, its config and its record, with no line of the map.
 """
 
 import os
 import re
+
+from hypernet_attention.runs import registry
 
 import train_testlib as tl
 
@@ -29,11 +33,31 @@ def _modules():
           yield rel, name[:-3]
 
 
-def test_contributors_map_names_every_module():
+def _unmapped(modules) -> list[str]:
+  """The modules of `modules` that the map does not name and no registry record names."""
   text = _section("experiments/reference.md", "**Where the code lives**")
-  missing = [f"{rel}/{name}.py" for rel, name in _modules()
-             if not re.search(rf"`{re.escape(name)}`", text)]
+  recorded = {e.task.partition(":")[0] for e in registry.EXPERIMENTS.values()
+              if isinstance(e.task, str)}
+  return [f"{rel}/{name}.py" for rel, name in modules
+          if not re.search(rf"`{re.escape(name)}`", text)
+          and f"{rel}/{name}".replace("/", ".") not in recorded]
+
+
+def test_contributors_map_names_every_module():
+  missing = _unmapped(_modules())
   assert not missing, f"add to experiments/reference.md's 'Where the code lives': {missing}"
+
+
+def test_a_new_task_module_is_found_through_its_record(monkeypatch):
+  """The map's recipe for a new task (three files) holds here: its module, named by its
+  record, needs no line in the map; a helper module beside it does."""
+  new = [("hypernet_attention/tasks", "toy_count"), ("hypernet_attention/tasks", "toy_util")]
+  assert _unmapped(new) == ["hypernet_attention/tasks/toy_count.py",
+                            "hypernet_attention/tasks/toy_util.py"]
+  monkeypatch.setitem(registry.EXPERIMENTS, "toy_count", registry.Experiment(
+      "toy_count", "experiments/configs/toy_count.py", "loss",
+      task="hypernet_attention.tasks.toy_count:ToyCount"))
+  assert _unmapped(new) == ["hypernet_attention/tasks/toy_util.py"]
 
 
 def test_readme_layout_names_every_package():

@@ -153,3 +153,22 @@ def test_the_c4_step_is_timed_on_random_tokens_without_tensorflow(no_tf):
   # cross-entropy is below ln V, and an untrained one is near it.
   assert np.log(512) - 0.3 < row["final_loss"] < np.log(512) + 1.5
   assert "input: synthetic tokens" in proc.stdout
+
+
+def test_c4_with_its_default_seqio_pipeline_names_the_extra_and_grain(no_tf, tmp_path):
+  """c4_lm.py's default pipeline (seqio) in the TF-free install: one line naming the [lm]
+  extra and the Grain pipeline, before anything is written (was a 30-line
+  ModuleNotFoundError)."""
+  (tmp_path / "blocked" / "seqio").mkdir(parents=True)
+  (tmp_path / "blocked" / "seqio" / "__init__.py").write_text(
+      BLOCKER.replace("tensorflow", "seqio"))
+  env = _env(no_tf)
+  env["PYTHONPATH"] = str(tmp_path / "blocked") + os.pathsep + env["PYTHONPATH"]
+  workdir = tmp_path / "c4"
+  proc = tl.run([sys.executable, os.path.join("experiments", "c4_lm.py"),
+                 f"--workdir={workdir}"], env=env, capture_output=True, text=True, cwd=tl.REPO)
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert ("c4_lm.py: error: config.task.pipeline='seqio' needs 'seqio', which is not "
+          "installed; allowed: install the [lm] extra") in last, last
+  assert "--config.task.pipeline=grain" in last and not workdir.exists()

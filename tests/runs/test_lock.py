@@ -19,7 +19,6 @@ from hypernet_attention.runs import lock
 from hypernet_attention.train import loop
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 def _record(path, **changes):

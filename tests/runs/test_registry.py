@@ -15,6 +15,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +82,7 @@ def toy():
 
 def test_a_task_added_as_one_record_trains_through_the_entry_point(toy, tmp_path):
   config = toy.get_config("size=smoke")
-  summary = runtime.train_experiment(config, str(tmp_path / "run"))
+  summary = runtime.train_experiment(config_checks.validate(config), str(tmp_path / "run"))
   assert summary["step"] == config.num_train_steps
   written = json.loads((tmp_path / "run" / "summary.json").read_text())
   assert written["test/loss"] >= 0.0 and "accuracy" not in str(written)
@@ -92,10 +93,10 @@ def test_every_question_about_the_toy_is_answered_by_its_record(toy):
   config = toy.get_config("size=smoke")
   config.population.members = ({"seed": 0}, {"seed": 1})
   with pytest.raises(errors.BadInput, match=f"'{TOY}', which trains no population; allowed: "
-                     "populations of sraven, fuzzy_logic"):
+                     f"populations of {', '.join(registry.names(population=True))}"):
     config_checks.check_population(config)
   with pytest.raises(ValueError, match=f"'{TOY}' has no probe setting; allowed: "
-                     r"\['sraven', 'fuzzy_logic'\]"):
+                     + re.escape(str(extract.probed_experiments()))):
     extract.make_setting(TOY, None)
   config_checks.check_task_memory(config, budget=0)  # No estimate in the record: nothing to refuse.
   heavy = dataclasses.replace(toy, memory=lambda c: 2**40)
@@ -115,6 +116,60 @@ def test_a_record_declares_what_its_objective_builds(toy):
     registry.register(toy)
   with pytest.raises(ValueError, match="allowed: 'package.module:attribute'"):
     registry.load("no_attribute")
+
+
+# A task in a tree of its own: the map's three files (experiments/reference.md, "A new task"),
+# written out as a contributor would, and nothing else.
+TASK_MODULE = """
+import jax, jax.numpy as jnp
+
+class ToyCount:
+  splits, output_dim = ("train", "test"), 1
+
+  def __init__(self, length=4, seed=0):
+    self.length = length
+
+  def sample(self, key, batch_size, split, tables=None):
+    x = jax.random.bernoulli(jax.random.fold_in(key, self.splits.index(split)), 0.5,
+                             (batch_size, self.length, 1)).astype(jnp.float32)
+    return {"x": x, "y": x.sum((1, 2))}
+
+  def encode(self, batch):
+    return batch["x"], batch["y"]
+
+  def metrics(self, outputs_BT1, batch):
+    return {"loss": jnp.square(outputs_BT1[:, -1, 0] - batch["y"])}
+"""
+CONFIG_FILE = """
+import ml_collections
+from hypernet_attention.runs import config_common
+
+def get_config(arg=None):
+  config_common.parse_arg(arg, {"size": ("smoke",)}, model="hyla", size="smoke")
+  c = config_common.base_config(experiment="toy_count")
+  c.task = ml_collections.ConfigDict(dict(length=4))
+  c.model = config_common.model_config("hyla", num_layers=1, emb_dim=16, num_heads=2,
+                                       qk_dim=8, v_dim=8, mlp_dim=32)
+  config_common.use_smoke_schedule(c)
+  c.num_train_steps, c.eval.splits = c.steps_per_loop, ("test",)
+  return c
+"""
+
+
+def test_a_task_in_three_new_files_trains_through_the_loop(tmp_path, monkeypatch):
+  """Its module and config written into a fresh tree, its record registered: the normal
+  entry (`train_and_evaluate`, the record's `train`) trains and evaluates it."""
+  (tmp_path / "toy_count.py").write_text(TASK_MODULE)
+  (tmp_path / "toy_count_config.py").write_text(CONFIG_FILE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  record = registry.Experiment("toy_count", str(tmp_path / "toy_count_config.py"), "loss",
+                               task="toy_count:ToyCount")
+  monkeypatch.setitem(registry.EXPERIMENTS, record.name, record)
+  config = registry.get("toy_count").get_config("size=smoke")
+  summary = registry.load(record.train)(config, str(tmp_path / "run"))
+  assert summary["step"] == config.num_train_steps > 0
+  written = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert written["test/loss"] >= 0.0 and written["step"] == config.num_train_steps
 
 
 # The tests that train every on-device experiment (smoke, resume, compile once) and probe

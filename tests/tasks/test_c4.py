@@ -66,21 +66,21 @@ def _rows(task, shard=None, **kwargs):
 
 def _stream(corpus, docs):
   processor = spm.SentencePieceProcessor(model_file=corpus["vocabulary"])
-  return np.concatenate([processor.encode(d) + [c4.EOS_ID] for d in docs])
+  return np.concatenate([processor.encode(d) + [lm_text.EOS_ID] for d in docs])
 
 
 @needs_seqio
 def test_trained_vocabulary_round_trips_and_counts_bytes(corpus):
   vocabulary = c4.load_vocabulary(corpus["vocabulary"])
   assert vocabulary.vocab_size == 300
-  assert (vocabulary.pad_id, vocabulary.eos_id) == (c4.PAD_ID, c4.EOS_ID)
-  lengths = c4.token_byte_lengths(vocabulary)
+  assert (vocabulary.pad_id, vocabulary.eos_id) == (lm_text.PAD_ID, lm_text.EOS_ID)
+  lengths = lm_text.token_byte_lengths(vocabulary)
   for doc in corpus["docs"][:20]:
     ids = vocabulary.encode(doc)
     assert vocabulary.decode(ids) == doc
     # Word-start markers count as spaces: the document plus the one before its first word.
     assert lengths[ids].sum() == len(doc.encode("utf-8")) + 1
-  assert lengths[[c4.PAD_ID, c4.EOS_ID, c4.UNK_ID]].sum() == 0
+  assert lengths[[lm_text.PAD_ID, lm_text.EOS_ID, lm_text.UNK_ID]].sum() == 0
 
 
 @needs_seqio
@@ -104,7 +104,7 @@ def test_inputs_are_targets_shifted_right(corpus):
   batch = next(c4.batches(_text_task(corpus), split="train", sequence_length=SEQ,
                           batch_size=4, seed=0).as_numpy_iterator())
   assert batch["targets"].shape == batch["inputs"].shape == (4, SEQ)
-  np.testing.assert_array_equal(batch["inputs"][:, 0], c4.PAD_ID)
+  np.testing.assert_array_equal(batch["inputs"][:, 0], lm_text.PAD_ID)
   np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
   np.testing.assert_array_equal(batch["weights"], 1)
 
@@ -158,13 +158,13 @@ def test_c4_task_on_mock_tfds(corpus, tmp_path):
     task = c4.build_task(_task_config(name="c4_lm", data_dir=data_dir,
                                       vocabulary=corpus["vocabulary"]))
     assert seqio.get_mixture_or_task("c4_lm") is task
-    for split in c4.SPLITS:
+    for split in lm_text.SPLITS:
       batches = list(c4.batches(task, split=split, sequence_length=SEQ, batch_size=8,
                                 seed=0, num_epochs=1, shuffle=False).as_numpy_iterator())
       assert len(batches) >= 10
       targets = np.concatenate([b["targets"] for b in batches])
       assert targets.min() >= 1 and targets.max() < 300
-      assert (targets == c4.EOS_ID).sum() >= num_examples * 0.8  # One per document.
+      assert (targets == lm_text.EOS_ID).sum() >= num_examples * 0.8  # One per document.
 
 
 def _error_line(error):
@@ -261,7 +261,7 @@ def test_text_files_check_only_complete_lines(tmp_path):
   """A line cut by the checked head (`CHECK_BYTES`) is not judged; a character cut there is
   no decoding error."""
   record = json.dumps({"text": "\u00e9" * 100}) + "\n"
-  (tmp_path / "a.jsonl").write_text(record * (2 * c4.CHECK_BYTES // len(record)))
+  (tmp_path / "a.jsonl").write_text(record * (2 * lm_text.CHECK_BYTES // len(record)))
   assert c4.text_files(str(tmp_path / "a.jsonl"), "train")
 
 

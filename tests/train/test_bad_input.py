@@ -25,7 +25,6 @@ from hypernet_attention.tasks import sraven
 from hypernet_attention.train import loop
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 LIBRARY_CASES = {
     # name: (config overrides, expected message regex)
@@ -325,6 +324,19 @@ CLI_CASES = {
          "--size=smoke", "--models=softmax", "--steps=1", "--repeats=1",
          "--config_overrides=batch_size=20000000"],
         "batch_size=20000000 does not fit in memory: one training chunk needs", 2),
+    # Issue 67: refused before any work, not after hours or the first rows.
+    "benchmark_training_absurd_steps": (
+        [os.path.join("experiments", "benchmark_training.py"), "--steps=100000000"],
+        "--steps=100000000 with --repeats=3 runs 400,000,000 steps; allowed: --steps <= "
+        "100,000", 2),
+    "tune_kernels_unknown_dq": (
+        [os.path.join("experiments", "tune_kernels.py"), "--interpret",
+         "--configs=mosaic:8x8x8:kernel,mosaic:8x8x8:fast"],
+        "--configs entry 'mosaic:8x8x8:fast': DQ 'fast'; allowed: kernel, xla", 2),
+    "probe_same_workdir_twice": (
+        [os.path.join("experiments", "probe_latents.py"), "--workdir={tmp}/fuzzy_root/run",
+         "--workdir={tmp}/fuzzy_root/run/", "--output_dir={tmp}/probes"],
+        "--workdir={tmp}/fuzzy_root/run is given 2 times; allowed: each run once", 2),
     "c4_generate_negative_tokens": (
         [os.path.join("experiments", "c4_lm.py"), "--generate", "--workdir={tmp}/c4_run",
          "--num_tokens=-1"], "--num_tokens=-1; allowed: an integer >= 1", 2),

@@ -8,18 +8,18 @@ import optax
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import objectives
 from hypernet_attention.train import state as state_lib
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")
 def sraven():
   config = tl.smoke("sraven", "hyla", **{"eval.ceiling_problems": 0})
-  return config, build.setup(config)
+  return config, build.setup(config_checks.validate(config))
 
 
 def test_setup_joins_the_config_and_the_task_and_materializes_nothing(sraven):
@@ -60,7 +60,7 @@ def test_init_state_is_the_abstract_state_drawn_from_the_seed(sraven):
 
 def test_a_language_model_on_host_batches_embeds_its_vocabulary():
   config = tl.smoke("c4_lm", **{"task.name": objectives.SYNTHETIC_LM})
-  s = build.setup(config)
+  s = build.setup(config_checks.validate(config))
   assert not s.objective.source.on_device
   model = s.model.config
   assert (model.input_kind, model.vocab_size, model.output_dim) == (
@@ -73,5 +73,5 @@ def test_a_language_model_on_host_batches_embeds_its_vocabulary():
 ])
 def test_unusable_configs_are_bad_input_before_any_work(updates, message):
   with pytest.raises(errors.BadInput, match=message) as error:
-    build.setup(tl.smoke("sraven", **updates))
+    build.setup(config_checks.validate(tl.smoke("sraven", **updates)))
   assert "\n" not in str(error.value)

@@ -8,13 +8,13 @@ import shutil
 import chex
 import pytest
 
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import checkpointing
 from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
@@ -29,7 +29,7 @@ def run(tmp_path_factory):
 
 
 def _abstract_state(config):
-  return build.setup(config).restore_target()
+  return build.setup(config_checks.validate(config)).restore_target()
 
 
 @pytest.mark.parametrize("change, message", [
@@ -89,7 +89,7 @@ def test_restore_params_is_read_only_and_exact(run, caplog):
   assert restore.restore_params(workdir, step=4).step == 4
   # Step 0 (never saved) is the seed's initialization: equal to a fresh init of the config.
   init = restore.restore_params(workdir, step=0)
-  s = build.setup(init.config)
+  s = build.setup(config_checks.validate(init.config))
   chex.assert_trees_all_equal(init.params,
                               build.init_state(init.config, s.init_fn, s.shardings).params)
   assert tl.snapshot(workdir) == before

@@ -5,7 +5,6 @@ line naming it."""
 import hashlib
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -16,7 +15,6 @@ from hypernet_attention.train import loop
 from hypernet_attention.train import restore
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 pytestmark = pytest.mark.e2e  # Trains a smoke run (tests/pytest.ini).
 CLI = os.path.join(tl.REPO, "experiments", "export_params.py")
@@ -71,9 +69,9 @@ def test_refuses_every_folder_it_did_not_write(run, tmp_path):
 
 
 def test_entry_point_refuses_the_workdir_in_one_line(run):
-  result = subprocess.run([sys.executable, CLI, f"--workdir={run}", f"--output_dir={run}"],
+  result = tl.run([sys.executable, CLI, f"--workdir={run}", f"--output_dir={run}"],
                           env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
   lines = result.stderr.strip().splitlines()
   assert result.returncode == 2, result.stderr[-2000:]
   assert f"--output_dir='{run}' is the run's workdir" in lines[-1], lines[-1]
@@ -123,3 +121,38 @@ def test_a_damaged_kept_folder_is_one_line_naming_it(run, tmp_path, damage, says
                      "export them again") as refused:
     restore.restore_params(kept)
   assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("record", ['{"members": [], "bytes": 1}', '{"step": "eight"}', '[8]',
+                                    '{"step": -1}'])
+def test_a_damaged_kept_record_is_one_line_naming_it(run, tmp_path, record):
+  """final_params.json edited or damaged (JSON, but not the record export writes): one line
+  naming it (a KeyError or TypeError traceback before)."""
+  kept = str(tmp_path / "kept")
+  export_params.export(run, kept)
+  path = os.path.join(kept, "final_params.json")
+  with open(path, "w") as f:
+    f.write(record)
+  with pytest.raises(errors.BadInput, match=rf"^{re.escape(path)} holds .*, not a record of "
+                     "kept parameters; allowed: the one export_params writes") as refused:
+    restore.restore_params(kept)
+  assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("target", ["empty", "export"])
+def test_an_output_dir_that_is_a_symlink_is_refused_naming_its_target(run, tmp_path, target):
+  """A link to an empty folder or to a previous export: the export's rename would replace
+  the link itself (a misleading "Not a directory" line before); nothing is written."""
+  real = tmp_path / "real"
+  if target == "export":
+    export_params.export(run, str(real))
+  else:
+    real.mkdir()
+  before = _contents(str(real))
+  link = tmp_path / "link"
+  link.symlink_to(real)
+  with pytest.raises(errors.BadInput, match=rf"--output_dir='{re.escape(str(link))}' is a "
+                     rf"symbolic link \(to '{re.escape(str(real))}'\); allowed: a real folder"):
+    export_params.export(run, str(link))
+  assert link.is_symlink() and _contents(str(real)) == before
+

@@ -14,19 +14,19 @@ import types
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build
 from hypernet_attention.train import loop
 from hypernet_attention.train import memory
 from hypernet_attention.train import trainer as trainer_lib
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 MiB = 2**20
 
 
 def _footprint(config) -> memory.Footprint:
-  s = build.setup(config)
+  s = build.setup(config_checks.validate(config))
   trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   return memory.footprint(trainer.compile_chunk(s.restore_target(), config.steps_per_loop))
 

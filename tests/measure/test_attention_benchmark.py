@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypernet_attention import presets
 from hypernet_attention.measure import benchmark
 from hypernet_attention.measure import parity
 from hypernet_attention.ops import dispatch
@@ -158,8 +159,8 @@ def test_run_measures_the_baseline_first_and_every_ratio_against_it():
   assert all(r["fwd_vs_baseline"] == 1.0 for r in out if r["implementation"] == "softmax_xla")
 
 
-def test_implementations_are_read_from_dispatch_at_call_time(monkeypatch):
-  monkeypatch.setattr(dispatch, "IMPLEMENTATIONS", (*dispatch.IMPLEMENTATIONS, "fused"))
+def test_implementations_are_read_from_presets_at_call_time(monkeypatch):
+  monkeypatch.setattr(presets, "IMPLEMENTATIONS", (*presets.IMPLEMENTATIONS, "fused"))
   assert "hyla_fused" in benchmark.implementations()
   assert "fused" in parity.hyla_implementations()
   assert "hyla_auto" not in benchmark.implementations()
