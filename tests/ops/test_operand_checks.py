@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from hypernet_attention import errors
+from hypernet_attention import presets
 from hypernet_attention.ops import dispatch
 
 HYLA = dict(normalization="rms_head", value_network="mlp")
@@ -42,7 +43,7 @@ def _refused(message, implementation, **kwargs):
   assert "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 @pytest.mark.parametrize("mask", [
     np.where(np.tril(np.ones((6, 6))), 0.0, -1e9).astype(np.float32),  # additive
     np.tril(np.ones((6, 6), np.float32)),  # flax's make_causal_mask default
@@ -55,13 +56,13 @@ def test_a_mask_that_is_not_boolean_is_refused(implementation, mask):
            r"dtype=bool", implementation, mask=jnp.asarray(mask))
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 @pytest.mark.parametrize("eps", [-1.0, 0.0, float("nan"), float("inf")])
 def test_eps_must_be_finite_and_positive(implementation, eps):
   _refused(rf"eps={eps}; allowed: a finite number > 0", implementation, eps=eps)
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 @pytest.mark.parametrize("name,value,says", [
     ("mask", np.ones((1, 1, 1, 1, 6), bool), r"mask has shape \(1, 1, 1, 1, 6\)"),
     ("mask", np.ones((1, 2, 6, 7), bool), r"mask has shape \(1, 2, 6, 7\)"),
@@ -74,7 +75,7 @@ def test_bias_and_mask_must_broadcast_to_the_scores(implementation, name, value,
            implementation, **{name: jnp.asarray(value)})
 
 
-@pytest.mark.parametrize("implementation", dispatch.IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", presets.IMPLEMENTATIONS)
 def test_a_bias_that_is_not_floating_is_refused(implementation):
   _refused(r"bias has dtype bool; allowed: a floating dtype", implementation,
            bias=jnp.ones((6, 6), bool))

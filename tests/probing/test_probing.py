@@ -217,6 +217,7 @@ jax.config.update("jax_num_cpu_devices", 4)
 import numerics
 import train_testlib as tl
 from hypernet_attention.probing import extract
+from hypernet_attention.runs import config_checks
 from hypernet_attention.train import build, loop, restore
 config = tl.smoke("sraven", **{"eval.ceiling_problems": 0, "mesh.data": 2, "mesh.fsdp": 2})
 summary = loop.train_and_evaluate(config, sys.argv[2], devices=jax.devices())

@@ -16,7 +16,6 @@ from hypernet_attention.tasks import fuzzy_logic
 from hypernet_attention.train import restore
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 
 def test_evaluation_error_is_the_standard_error_across_draws():

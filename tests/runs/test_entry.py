@@ -30,7 +30,6 @@ from hypernet_attention.train import objectives
 from hypernet_attention.train import preemption
 
 import train_testlib as tl
-from train_testlib import compilation_cache  # noqa: F401  pylint: disable=unused-import
 
 SCRIPT = os.path.join("experiments", "sraven_scaling.py")
 SMOKE = ["--config=experiments/configs/sraven.py:model=hyla,size=smoke",

@@ -181,12 +181,12 @@ CLI_CASES = {
                    "config.batch_size=0 must be a positive integer", 2),
     "retired_implementation": (  # The Triton kernel, retired in issue 54.
         SRAVEN + ["--config.model.implementation=pallas"],
-        "Unknown implementation 'pallas'; allowed: auto, reference, factored, blockwise, "
-        "mosaic.", 2),
+        "Unknown config.model.implementation 'pallas'; allowed: auto, reference, factored, "
+        "blockwise, mosaic.", 2),
     "retired_blockwise_broadcast": (  # Blockwise's multiply-reduce form, retired in issue 54.
         SRAVEN + ["--config.model.implementation=blockwise_broadcast"],
-        "Unknown implementation 'blockwise_broadcast'; allowed: auto, reference, factored, "
-        "blockwise, mosaic.", 2),
+        "Unknown config.model.implementation 'blockwise_broadcast'; allowed: auto, reference, "
+        "factored, blockwise, mosaic.", 2),
     "workdir_is_a_file": (SRAVEN + ["--workdir=README.md"],
                           "--workdir='README.md' is a file, not a directory", 2),
     "benchmark_unknown_experiment": (
@@ -223,7 +223,7 @@ CLI_CASES = {
         [os.path.join("experiments", "fuzzy_logic.py"),
          "--config=experiments/configs/fuzzy_logic.py:model=hyla,size=smoke",
          "--config.task.split_draw="],
-        "split_draw=''; allowed: ('covering', 'authors')", 2),
+        "Unknown config.task.split_draw ''; allowed: covering, authors.", 2),
     # The tools: one line, exit 2, no flag list, nothing written.
     "plot_curves_no_workdir": (
         [os.path.join("experiments", "plot_curves.py"), "--workdir={tmp}/nope",
