@@ -148,6 +148,7 @@ def session(config: ml_collections.ConfigDict, workdir: str,
   with preemption.Watcher() as watcher:
     with watcher.nothing_to_save(not_started, lambda: None), _as_bad_input():
       check(workdir, False)
+      multihost.sync("lock")  # The lock's broadcast may be the first collective: Gloo's 30 s.
     with lock.hold(workdir, is_chief, agree) as held:
       try:
         with watcher.nothing_to_save(not_started, held.release), _as_bad_input():
