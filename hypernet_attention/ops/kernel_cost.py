@@ -103,10 +103,10 @@ def mosaic_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal
 
 
 def _tile_pairs(q_len: int, k_len: int, block_q: int, block_k: int, causal: bool) -> int:
-  q_tiles, k_tiles = -(-q_len // block_q), -(-k_len // block_k)
-  if not causal:
-    return q_tiles * k_tiles
-  return sum(min(k_tiles, -(-((i + 1) * block_q) // block_k)) for i in range(q_tiles))
+  """The (query tile, key tile) pairs blockwise's schedule visits (`tiling.tile_schedule`)."""
+  k_tiles = -(-k_len // block_k)
+  return sum(tiling.visible_k_blocks(i, block_q, block_k, k_tiles, causal)
+             for i in range(-(-q_len // block_q)))
 
 
 def blockwise_ms(batch: int, q_len: int, k_len: int, heads: int, v_dim: int, causal: bool,

@@ -168,9 +168,15 @@ def schedule_tile(p: jax.Array, ends: np.ndarray, offsets: np.ndarray
 
 def causal_k_blocks(q_block: int, cfg: TileConfig) -> int:
   """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
-  if not cfg.is_causal:
-    return cfg.num_k_blocks
-  return min(((q_block + 1) * cfg.block_q - 1) // cfg.block_k + 1, cfg.num_k_blocks)
+  return visible_k_blocks(q_block, cfg.block_q, cfg.block_k, cfg.num_k_blocks, cfg.is_causal)
+
+
+def visible_k_blocks(q_block: int, block_q: int, block_k: int, num_k_blocks: int,
+                     is_causal: bool) -> int:
+  """`causal_k_blocks` from the tiles alone (`ops/kernel_cost.py` counts blockwise's pairs)."""
+  if not is_causal:
+    return num_k_blocks
+  return min(((q_block + 1) * block_q - 1) // block_k + 1, num_k_blocks)
 
 
 def causal_first_q_block(k_block: int, cfg: TileConfig) -> int:
