@@ -33,7 +33,7 @@ from hypernet_attention.tasks import heldout
 
 SPLITS = ('train', 'test', 'ood', 'unseen_terms')
 SPLIT_DRAWS = ('covering', 'authors')
-class FuzzyLogic:
+class FuzzyLogic(heldout.SplitTables):
   """Generator of fuzzy-logic regression sequences with compositional splits."""
 
   splits = SPLITS
@@ -74,23 +74,8 @@ class FuzzyLogic:
     unseen = np.array(list(itertools.combinations(range(num_known, num_all), num_terms)), np.int32)
     train, ood = heldout.split(known, holdout_fraction, num_known, seed,
                                what='combinations of known terms', authors=split_draw == 'authors')
-    self._combinations = {'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen}
-    self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
+    self._set_combinations({'train': train, 'test': train, 'ood': ood, 'unseen_terms': unseen})
     self._terms = jnp.asarray(self.terms_table)
-
-  def _check_split(self, split):
-    if split not in SPLITS:
-      raise ValueError(f'Unknown split {split!r}; allowed: {SPLITS}.')
-    return split
-
-  def split_tables(self) -> dict[str, jax.Array]:
-    """The split's task tables {base split: (n, K) int32}, as `sample` reads them; their
-    shapes depend on the task's sizes only, never on its seed."""
-    return dict(self._tables)
-
-  def combinations(self, split: str) -> np.ndarray:
-    """Term indices (n, K) of the tasks of a split; `train` and `test` share theirs."""
-    return self._combinations[self._check_split(split)].copy()
 
   @staticmethod
   def evaluate(terms_BKL: jax.Array, x_BNL: jax.Array) -> jax.Array:

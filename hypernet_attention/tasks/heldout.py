@@ -11,11 +11,36 @@ import math
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Re-drawing this many times looks for a covering split; failing that, the configuration
 # cannot teach every symbol.
 MAX_DRAWS = 1000
+
+
+class SplitTables:
+  """A generator's task tables per split, as `sample` reads them: both tasks' `splits`, their
+  combinations and the check of a split name (a `*_unpermuted` split reads its base split's)."""
+
+  def _set_combinations(self, combinations: dict[str, np.ndarray]) -> None:
+    self._combinations = combinations
+    self._tables = {k: jnp.asarray(v) for k, v in combinations.items()}
+
+  def _check_split(self, split: str) -> str:
+    if split not in self.splits:
+      raise ValueError(f'Unknown split {split!r}; allowed: {self.splits}.')
+    return split.removesuffix('_unpermuted')
+
+  def split_tables(self) -> dict[str, jax.Array]:
+    """The split's task tables {base split: (n, K) int32}, as `sample` reads them; their
+    shapes depend on the task's sizes only, never on its seed."""
+    return dict(self._tables)
+
+  def combinations(self, split: str) -> np.ndarray:
+    """The tasks (n, K) of a split (term indices, or sorted rule multisets); `train` and
+    `test` share theirs."""
+    return self._combinations[self._check_split(split)].copy()
 
 
 def covering_split(combinations: np.ndarray, num_ood: int, num_symbols: int,

@@ -75,7 +75,7 @@ def config_memory(config) -> int:
       ceiling_batch=1024 if config.eval.ceiling_problems > 0 else 0)
 
 
-class SRaven(sraven_analysis.Analysis):
+class SRaven(sraven_analysis.Analysis, heldout.SplitTables):
   """Generator of SRAVEN problems with compositional train/ood splits (analysis inherited).
 
   Attributes:
@@ -109,26 +109,11 @@ class SRaven(sraven_analysis.Analysis):
     train, ood = heldout.split(
         combos, holdout_fraction, self.num_rules, seed,
         what=f'rule combinations (num_features={num_features})')
-    self._combinations = {'train': train, 'test': train, 'ood': ood}
-    self._tables = {k: jnp.asarray(v) for k, v in self._combinations.items()}
+    self._set_combinations({'train': train, 'test': train, 'ood': ood})
 
   @property
   def seq_len(self) -> int:
     return self.grid_size * self.grid_size * self.num_features
-
-  def _check_split(self, split):
-    if split not in SPLITS:
-      raise ValueError(f'Unknown split {split!r}; allowed: {SPLITS}.')
-    return split.removesuffix('_unpermuted')
-
-  def split_tables(self) -> dict[str, jax.Array]:
-    """The split's task tables {base split: (n, K) int32}, as `sample` reads them; their
-    shapes depend on the task's sizes only, never on its seed."""
-    return dict(self._tables)
-
-  def combinations(self, split: str) -> np.ndarray:
-    """Sorted rule multisets (n, K) of a split; `train` and `test` share theirs."""
-    return self._combinations[self._check_split(split)].copy()
 
   def _rule_values(self, bits, shape):
     """Values of every rule for `shape` = (B, K) features: (B, K, R, G rows, G cols).
