@@ -31,18 +31,18 @@ def _metric(experiment: str) -> str:
   return registry.get(experiment).metric
 
 
-def table_a1_members(records: dict[str, dict[str, Any]], experiment: str):
-  """{row key: {setting: {seed: run}}} of Table A1's cells (stages a, b, d, e), each finished
-  member a `collect.Run` (its settings as config, its final metrics as summary), grouped as
-  `collect` groups a sweep's runs; a seed that appears twice at one setting is counted once
-  (the first cell's, in name order)."""
+def table_a1_members(records: dict[str, dict[str, Any]], experiment: str,
+                     stages: Sequence[str] = cells_lib.TABLE_A1_STAGES):
+  """{row key: {setting: {seed: run}}} of the cells of `stages` (Table A1's: a, b, d, e), each
+  finished member a `collect.Run` (its settings as config, its final metrics as summary),
+  grouped as `collect` groups a sweep's runs; a seed that appears twice at one setting is
+  counted once (the first cell's, in name order)."""
   runs = [collect.Run(f"{name}/{m['name']}", {
       "model.attention": r["model"], **m["settings"],
       "model.feed_forward": r["overrides"].get("model.feed_forward")}, m["final"], 0.0)
           for name, r in sorted(records.items())
           if r["kind"] == "train" and r["experiment"] == experiment
-          and r["stage"] in cells_lib.TABLE_A1_STAGES
-          for m in r["members"] if m["frozen_at_step"] is None]
+          and r["stage"] in stages for m in r["members"] if m["frozen_at_step"] is None]
   return {key: settings for (_, key, _), settings in collect.grid_rows(runs).items()}
 
 
@@ -96,9 +96,11 @@ def _order_text(key, means: dict, paper: dict) -> str:
           + (f" (flips: {', '.join(flips)})" if flips else "")) if others else "-"
 
 
-def table_a1(records, experiment: str) -> str:
+def table_a1(records, experiment: str, stages: Sequence[str] = cells_lib.TABLE_A1_STAGES) -> str:
+  """Table A1's rows of the cells of `stages` beside the paper's: every split's mean ± s.e.,
+  the evaluation error, each seed's OOD value (with its own), ours - paper, the paper's order."""
   metric = _metric(experiment)
-  rows = table_a1_members(records, experiment)
+  rows = table_a1_members(records, experiment, stages)
   if not rows:
     return f"No finished cell of {experiment} yet.\n"
   paper = cells_lib.paper(experiment)
@@ -121,9 +123,9 @@ def table_a1(records, experiment: str) -> str:
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
       stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
-      per_seed = ", ".join(f"{m.summary[f'ood/{metric}'] * 100:.1f}" + (
+      per_seed = ", ".join(f"seed {s}: {m.summary[f'ood/{metric}'] * 100:.1f}" + (
           f" ± {100 * se:.1f}" if (se := m.summary.get("eval_se", {}).get(f"ood/{metric}"))
-          else "") for m in members)
+          else "") for s, m in sorted(settings[setting].items()))
       ours = _stat(members, f"ood/{metric}")
       text = common.setting_text(dict(zip(collect.HPARAMS, setting)))
       order = _order_text(key, means, paper.table_a1) if why == "default" else "-"
@@ -207,32 +209,22 @@ def _p_text(p: float) -> str:
 
 
 def authors_split_text(records) -> str:
-  """Stage h: the main rows on the authors' own splits, beside the paper (same splits)."""
-  metric = _metric(cells_lib.FUZZY)
-  rows, untrained = collections.defaultdict(dict), {}
+  """Stage h: the main rows on the authors' own splits, as Table A1's rows (`table_a1`), and
+  per seed the known terms its split puts in no training task (`redraw.untrained_terms`)."""
+  untrained = {}
   for _, r in sorted(records.items()):
     if r["kind"] == "train" and r["stage"] == cells_lib.AUTHORS_SPLIT_STAGE:
       for m in r["members"]:
-        rows[r["model"]][m["settings"]["seed"]] = m["final"][f"ood/{metric}"]
         seed = m["settings"]["seed"]
         untrained[seed] = m.get("untrained_terms", untrained.get(seed))
-  if not rows:
+  if not untrained:
     return "No cell of stage h yet.\n"
-  lines = ["| row | n | ood (ours) | OOD per seed | paper OOD | ours - paper (p) |",
-           "|---|---|---|---|---|---|"]
-  for model in [m for m in ("softmax", "linear", "hyla") if m in rows]:
-    by_seed = rows[model]
-    ours = collect.Stat.of([by_seed[s] for s in sorted(by_seed)])
-    name = common.TABLE_A1_ROWS[(model, False)]
-    per_seed = ", ".join(f"seed {s}: {by_seed[s] * 100:.1f}" for s in sorted(by_seed))
-    paper_ood = cells_lib.paper(cells_lib.FUZZY).table_a1[(model, False)]
-    lines.append(f"| {name} | {len(by_seed)} | {ours} | {per_seed} | "
-                 f"{versus_paper(ours, paper_ood)} |")
   notes = "; ".join(f"seed {s}: " + ("not re-evaluated" if t is None else
                                      f"terms {', '.join(map(str, t))} in no training task"
                                      if t else "every known term trained")
                     for s, t in sorted(untrained.items()))
-  return "\n".join(lines) + f"\n\nThe authors' splits ({notes}).\n"
+  return (table_a1(records, cells_lib.FUZZY, (cells_lib.AUTHORS_SPLIT_STAGE,))
+          + f"\nThe authors' splits ({notes}).\n")
 
 
 def _versions(records: Sequence[dict[str, Any]]) -> str:

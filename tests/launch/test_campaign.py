@@ -280,8 +280,15 @@ def test_report_from_the_files_alone(tmp_path):
   h = text.split("authors' own held-out splits")[1]
   a = np.array([v for _, v in authors]) * 100
   a[0] = np.mean([55, 56])  # Seed 2 re-evaluated.
-  assert f"| HYLA | 2 | {a.mean():.2f} ± {a.std(ddof=1) / np.sqrt(2):.2f} | seed 0: 93.0, " \
-         "seed 2: 55.5 | 81.13 ± 7.77 |" in h
+  # Table A1's columns (one builder): seed 2's value with its evaluation error beside it.
+  row = next(r for r in h.splitlines() if r.startswith("| HYLA |")).split(" | ")
+  column = next(r for r in h.splitlines() if r.startswith("| row |")).split(" | ").index
+  assert row[column("n")] == "2"
+  assert row[column("ood (ours)")] == f"{a.mean():.2f} ± {a.std(ddof=1) / np.sqrt(2):.2f}"
+  assert row[column("OOD per seed")] == (
+      f"seed 0: 93.0, seed 2: 55.5 ± {100 * stats.sem([0.55, 0.56]):.1f}")
+  assert row[column("paper OOD")] == "81.13 ± 7.77"
+  assert row[column("eval. error")] == "-"  # Seed 0 was evaluated on one draw only.
   assert "seed 0: not re-evaluated; seed 2: terms 5, 6 in no training task" in h
   assert (tmp_path / "paper_scale" / "figures" / "curves_fuzzy_logic.png").stat().st_size > 0
   assert "a_fuzzy_linear_seed0" in text  # Still to run.
