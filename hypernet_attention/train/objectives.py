@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import os
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -223,10 +224,29 @@ def c4_lm(config: ml_collections.ConfigDict) -> Objective:
       finalize=finalize, task=task)
 
 
-def build(config: ml_collections.ConfigDict) -> Objective:
-  """The objective of `config.experiment`'s record; ValueError for an unknown name (naming
-  the known ones) or a data source other than the record declares."""
-  experiment = registry.get(config.experiment)
+def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | None = None,
+          budget: int | None = None) -> Objective:
+  """The objective of `config.experiment`'s record (`experiment`, as `config_checks.validate`
+  found it); ValueError for an unknown name (naming the known ones) or a data source other
+  than the record declares. First the estimate the record names (bytes from the config alone)
+  is weighed against `budget` (default: half this host's memory, where the task tables and
+  the ceilings' readings live): sizes that would not fit (e.g. SRAVEN's K! readings) are
+  refused before the task is built."""
+  experiment = experiment or registry.get(config.experiment)
+  try:
+    need = registry.load(experiment.memory)(config) if experiment.memory else 0
+  except (TypeError, ValueError):
+    need = 0  # Wrong types: the task's own constructor names them.
+  if budget is None:
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+  if need > budget:
+    sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
+                      if k in ("num_features", "num_values", "grid_size"))
+    raise errors.BadInput(
+        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
+        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
+        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
+        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
   objective = registry.load(experiment.objective)(config)
   if objective.source.on_device != experiment.on_device:
     raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "
