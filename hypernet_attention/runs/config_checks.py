@@ -6,19 +6,18 @@ the single run it is (`check_population`), and the names the model and the task 
 among (`presets.check_model_names`, the record's `names`). It runs once, where the config
 enters (`experiment_main` in `runtime.py`, `preflight.py` on the launching machine before
 anything is copied or submitted, `loop.train_and_evaluate` for library callers), and returns
-a `Checked`, the only thing `build.setup` and `population.setup` take. `check_task_memory`
-weighs the task's tables against this host's memory; checks that need the devices (mesh,
-batch divisibility) stay with the mesh (`sharding.py`, `data.py`).
+a `Checked`: the config with what later stages would otherwise look up again (its registry
+record, its members' configs and directory names), the only thing `build.setup` and
+`population.setup` take. What needs the training host (the task's memory, the mesh, batch
+divisibility) is checked there (`objectives.build`, `sharding.py`, `data.py`).
 
-JAX is not imported here (the attention presets are plain data in `presets.py`; only
-SRAVEN's memory estimate, run on the training hosts, loads JAX on first use), so a
+JAX is not imported here (the attention presets are plain data in `presets.py`), so a
 launching machine without JAX can run `validate` and `check_preset`."""
 
 from __future__ import annotations
 
 import difflib
 import math
-import os
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import ml_collections
@@ -92,8 +91,11 @@ def check_ranges(config: ml_collections.ConfigDict) -> None:
 
 
 def check_run(config: ml_collections.ConfigDict) -> None:
-  """The run-level fields no single module owns: seed, schedule (the authors' needs a cosine
-  part), stop step, eval (whole batches), dtypes."""
+  """Sizes (`check_positive`), ranges (`check_ranges`) and the run-level fields no single
+  module owns: seed, schedule (the authors' needs a cosine part), stop step, eval (whole
+  batches), dtypes. All a population member may change (`MEMBER_KEYS`) is checked here."""
+  check_positive(config)
+  check_ranges(config)
   seed = config.get("seed")
   if not _is_int(seed) or not 0 <= seed < 2**32:
     raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
@@ -140,22 +142,18 @@ def check_preset(name: str) -> str:
 
 
 class Checked(NamedTuple):
-  """A config `validate` passed: the run's and, for a population, each member's.
+  """A config `validate` passed, with what it looked up: the run's record and, for a
+  population, each member's config and directory name.
 
   Why a type: the config is checked once, where it enters (the entry point before start-up,
   `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample` for
   library callers, a restore for a run's recorded config), and what the layers below (`build.setup`,
-  `population.setup`) receive says it was; they take nothing else and check nothing again."""
+  `population.setup`) receive says it was; they take nothing else, check nothing again and
+  look nothing up again."""
   config: ml_collections.ConfigDict
+  experiment: registry.Experiment
   members: tuple[ml_collections.ConfigDict, ...] = ()
-
-
-def require_checked(checked: Any, who: str) -> Checked:
-  """`checked` if it is a `Checked`; else a TypeError for the library caller (a programming
-  error, not user input) naming `validate`."""
-  if not isinstance(checked, Checked):
-    raise TypeError(f"{who} takes config_checks.validate(config), not a {type(checked).__name__}")
-  return checked
+  member_names: tuple[str, ...] = ()
 
 
 def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
@@ -170,15 +168,16 @@ def validate(config: ml_collections.ConfigDict | Checked) -> Checked:
     experiment = registry.get(config.get("experiment"))
   except ValueError as e:
     raise BadInput(f"config.experiment: {e}") from None
-  check_positive(config)
-  check_ranges(config)
   check_run(config)
   check_preset(config.model.attention)
+  members, names = check_population(config, experiment)
+  # The task's choices, refused after the model's as the same one line (`errors.check_choice`).
+  choices = [(f"config.{key}", value, allowed) for key, allowed in experiment.names.items()
+             if (value := get_dotted(config, key)) is not None]
   presets.check_model_names(config.model, "config.model.")
-  for key, allowed in experiment.names.items():
-    if (value := get_dotted(config, key)) is not None:
-      check_choice(f"config.{key}", value, allowed)
-  return Checked(config, tuple(check_population(config)))
+  for choice in choices:
+    check_choice(*choice)
+  return Checked(config, experiment, members, names)
 
 
 def unknown_key(config: ml_collections.ConfigDict, key: str) -> str | None:
@@ -320,29 +319,29 @@ def member_config(config: ml_collections.ConfigDict, index: int) -> ml_collectio
   return member
 
 
-def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """Checks every member of `config.population` as the single run it is, before any work,
-  and returns their configs (empty for a single run).
+def check_population(config: ml_collections.ConfigDict, experiment: registry.Experiment
+                     ) -> tuple[tuple[ml_collections.ConfigDict, ...], tuple[str, ...]]:
+  """Checks every member of `config.population` as the single run it is (`check_run`: all
+  else it shares with the population), before any work, and returns their configs and
+  directory names (both empty for a single run).
 
   `BadInput` on the first problem: members that are not a tuple of dicts, a member key
   that is not batchable, bad member names, a member value a single run would refuse
   (prefixed by `config.population.members[i]`), two members that are the same run."""
   settings = _member_settings(config)
-  # Refused before a language model's vocabulary or data are touched (`registry.py` records
+  # Refused before a language model's vocabulary or data are touched (the record says
   # which experiments train populations: on-device tasks with split tables).
-  experiment = registry.EXPERIMENTS.get(config.get("experiment"))
-  if settings and not (experiment and experiment.population):
-    why = ("reads host-side data" if experiment and not experiment.on_device
-           else "trains no population")
-    raise BadInput(f"config.population.members set for experiment "
-                   f"{config.get('experiment')!r}, which {why}; allowed: populations of "
+  if settings and not experiment.population:
+    why = "reads host-side data" if not experiment.on_device else "trains no population"
+    raise BadInput(f"config.population.members set for experiment {experiment.name!r}, "
+                   f"which {why}; allowed: populations of "
                    f"{', '.join(registry.names(population=True))} (on-device tasks)")
-  check_member_names(config, len(settings))
+  names = check_member_names(config, len(settings))
   configs, seen = [], {}
   for i in range(len(settings)):
     member = member_config(config, i)
     try:
-      validate(member)
+      check_run(member)
     except BadInput as e:
       raise BadInput(f"config.population.members[{i}]: {e}") from None
     run = member.to_json_best_effort(sort_keys=True)
@@ -353,31 +352,4 @@ def check_population(config: ml_collections.ConfigDict) -> list[ml_collections.C
           "learning rate, weight decay or warmup)")
     seen[run] = i
     configs.append(member)
-  return configs
-
-
-def memory_budget() -> int:
-  """Bytes a run may plan for: half of this host's physical memory (the task tables and the
-  accuracy-ceiling readings live on the host; a larger estimate would swap or be killed)."""
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
-
-def check_task_memory(config: ml_collections.ConfigDict, budget: int | None = None) -> None:
-  """Refuses task sizes whose tables would not fit in memory (e.g. SRAVEN's K! readings),
-  from the estimate its record names (bytes from the config alone, before building it)."""
-  experiment = registry.EXPERIMENTS.get(config.experiment)
-  if experiment is None or experiment.memory is None:
-    return
-  try:
-    need = registry.load(experiment.memory)(config)
-  except (TypeError, ValueError):
-    return  # Wrong types: the task's own constructor names them.
-  budget = memory_budget() if budget is None else budget
-  if need > budget:
-    sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
-                      if k in ("num_features", "num_values", "grid_size"))
-    raise BadInput(
-        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
-        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
-        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
-        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
+  return tuple(configs), names

@@ -89,8 +89,8 @@ class Experiment:
   config_file: str  # `get_config(arg)` module, relative to the repository root.
   # summary.json reports it per split (`test/<metric>`, `ood/<metric>`); tables show x100.
   metric: str
-  # config -> `objectives.Objective` (task, data source, loss, metrics); the default builds
-  # it from `task`.
+  # (config, this record) -> `objectives.Objective` (task, data source, loss, metrics); the
+  # default builds it from `task`.
   objective: Ref = ON_DEVICE
   # The task class (`tasks/<name>.py`, the task protocol in experiments/reference.md),
   # built from `config.task`; None for a host pipeline, whose objective reads the config.

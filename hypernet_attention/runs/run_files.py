@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
 os.environ.setdefault("EPATH_USE_TF", "false")
@@ -412,6 +412,18 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
   except OSError as e:
     raise ValueError(f"--workdir={workdir!r} is not writable ({e.strerror or e}); pass a "
                      "directory you can write to") from None
+
+
+def check_run(workdir: epath.PathLike, config: ml_collections.ConfigDict,
+              members: Sequence[tuple[str, ml_collections.ConfigDict]] = (),
+              record: bool = True) -> None:
+  """`check` for a run's workdir and, for a population, each member's directory (`members`:
+  (name, config) pairs): all pass before any config.json is recorded (`record`: then
+  recorded; else a dry pass)."""
+  for this_pass in (False, True) if record else (False,):
+    check(workdir, config, record=this_pass)
+    for name, member in members:
+      check(str(path(workdir) / name), member, population=workdir, record=this_pass)
 
 
 def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = True) -> Any:

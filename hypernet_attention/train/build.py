@@ -49,21 +49,23 @@ def setup(checked: config_checks.Checked, devices=None,
 
   `checked` is `config_checks.validate(config)`: the config is validated once, where it
   enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
-  data, so no layer below checks it again. Any problem with the task or the devices is a
-  `errors.BadInput`. A population (`population.setup`) builds its members' run with
-  `member_of_population=True`, which allows a mesh with a `member` axis."""
-  config_checks.require_checked(checked, "build.setup")
+  data with its record, so no layer below checks it or looks it up again. Any problem with
+  the task or the devices is a `errors.BadInput`. A population (`population.setup`) builds
+  its members' run with `member_of_population=True`, which allows a mesh with a `member`
+  axis."""
+  if not isinstance(checked, config_checks.Checked):
+    raise TypeError(f"build.setup takes config_checks.validate(config), not a "
+                    f"{type(checked).__name__}")
   try:
-    return _setup(checked.config, devices, member_of_population)
+    return _setup(checked.config, checked.experiment, devices, member_of_population)
   except errors.BadInput:
     raise
   except ValueError as e:
     raise errors.BadInput(str(e)) from e
 
 
-def _setup(config, devices, member_of_population: bool) -> Setup:
-  config_checks.check_task_memory(config)
-  objective = objectives.build(config)
+def _setup(config, experiment, devices, member_of_population: bool) -> Setup:
+  objective = objectives.build(config, experiment)
   mesh = sharding.make_mesh(config.mesh, devices)
   if mesh.shape["member"] > 1 and not member_of_population:
     raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "

@@ -86,13 +86,14 @@ def train_and_sample(config: ml_collections.ConfigDict | config_checks.Checked, 
                      num_samples: int = 2) -> dict:
   """Checks what it can (the config once: `config_checks.validate`, unless the entry did),
   resolves the data (corpus, vocabulary) into `workdir`, trains, prints samples."""
-  config = config_checks.validate(config).config
+  checked = config_checks.validate(config)
+  config = checked.config
   workdir = check_before_data(config, workdir)
   cli.announce_workdir(workdir)  # The data written next: a stop from here names it.
   decoding.check_sampling(prompt=prompt, num_tokens=num_tokens, temperature=temperature)
   pipeline = objectives.lm_pipeline(config.task)
   # Resolving the data changes only `config.task`'s files, which `validate` does not read.
-  checked = config_checks.Checked(lm_text.prepare_config(config, workdir, pipeline.resolve))
+  checked = checked._replace(config=lm_text.prepare_config(config, workdir, pipeline.resolve))
   config = checked.config
   vocabulary = pipeline.load_vocabulary(config.task.vocabulary)  # The prompt fits: before training.
   decoding.check_prompt_length(1 + len(vocabulary.encode(prompt)), config.model.get("max_len"))

@@ -77,13 +77,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   if checked.members:
     p = population.setup(checked, devices)
     trainer, target, members = population.PopulationTrainer(p), p.restore_target(), p.size
-    check = lambda w, record: population_loop.check_workdirs(config, p, w, record)
-    make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
+    make = lambda workdir: population_loop.PopulationRun(checked, workdir, p, start_time, trainer)
   else:
     s = build.setup(checked, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     target, members = s.restore_target(), 1
-    check = lambda w, record: run_files.check(w, config, record=record)
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 
   def fits() -> FirstChunk:
@@ -97,6 +95,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
     logging.info("First chunk (%d steps) compiled in %.1fs; %s", length, seconds, fit.describe())
     return FirstChunk(length, seconds)
 
+  runs = tuple(zip(checked.member_names, checked.members))  # A population's member runs.
+  check = lambda workdir, record: run_files.check_run(workdir, config, runs, record)
   with session(config, workdir, check, fits) as sess:
     return run(make(sess.workdir), config, sess)
 

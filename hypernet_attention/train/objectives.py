@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import os
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -112,12 +113,11 @@ def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
                                 write=jax.process_index() == 0)
 
 
-def on_device(config: ml_collections.ConfigDict) -> Objective:
+def on_device(config: ml_collections.ConfigDict, experiment: registry.Experiment) -> Objective:
   """The objective of an on-device task: the record's `task` class built from `config.task`, its
   `encode`, `metrics` and `output_dim` (the task protocol, experiments/reference.md), and the
   record's main metric. A task with `accuracy_ceiling` reports each eval split's ceiling once per
   run, one with `chance_accuracy` the chance level."""
-  experiment = registry.get(config.experiment)
   if experiment.task is None:
     raise ValueError(f"experiment {experiment.name!r} names no task class; the on-device "
                      "objective needs one (`Experiment.task`)")
@@ -175,12 +175,13 @@ def _random_token_source(vocab_size: int, sequence_length: int) -> data.HostSour
                          data.token_rows_example(sequence_length))
 
 
-def c4_lm(config: ml_collections.ConfigDict) -> Objective:
+def c4_lm(config: ml_collections.ConfigDict, experiment: registry.Experiment) -> Objective:
   """Next-token prediction. Per row: mean loss and token accuracy over weighted tokens,
   and the row's summed nats and UTF-8 bytes, from whose means `finalize` derives
   perplexity and bits per byte (a ratio of sums, not a mean of per-row ratios).
   `task.name=synthetic_lm`: random tokens over `task.vocab_size` (no bytes, no TensorFlow).
   Text comes through `config.task.pipeline` (`lm_pipeline`): seqio or Grain."""
+  del experiment  # The record names no task class: the config's task does.
   if config.task.name == SYNTHETIC_LM:
     vocab_size, task = config.task.vocab_size, None
     bytes_V = jnp.zeros((vocab_size,))  # No text behind the tokens: bits per byte is absent.
@@ -223,11 +224,30 @@ def c4_lm(config: ml_collections.ConfigDict) -> Objective:
       finalize=finalize, task=task)
 
 
-def build(config: ml_collections.ConfigDict) -> Objective:
-  """The objective of `config.experiment`'s record; ValueError for an unknown name (naming
-  the known ones) or a data source other than the record declares."""
-  experiment = registry.get(config.experiment)
-  objective = registry.load(experiment.objective)(config)
+def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | None = None,
+          budget: int | None = None) -> Objective:
+  """The objective of `config.experiment`'s record (`experiment`, as `config_checks.validate`
+  found it); ValueError for an unknown name (naming the known ones) or a data source other
+  than the record declares. First the estimate the record names (bytes from the config alone)
+  is weighed against `budget` (default: half this host's memory, where the task tables and
+  the ceilings' readings live): sizes that would not fit (e.g. SRAVEN's K! readings) are
+  refused before the task is built."""
+  experiment = experiment or registry.get(config.experiment)
+  try:
+    need = registry.load(experiment.memory)(config) if experiment.memory else 0
+  except (TypeError, ValueError):
+    need = 0  # Wrong types: the task's own constructor names them.
+  if budget is None:
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+  if need > budget:
+    sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
+                      if k in ("num_features", "num_values", "grid_size"))
+    raise errors.BadInput(
+        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
+        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
+        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
+        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
+  objective = registry.load(experiment.objective)(config, experiment)
   if objective.source.on_device != experiment.on_device:
     raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "
                      f"{'on device' if objective.source.on_device else 'host-side'}, its record "

@@ -80,19 +80,22 @@ def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
   """Builds the population abstractly from its checked config (`config_checks.validate`:
   each member validated as the run it is), checking what needs devices and tasks (mesh,
   split tables). Any problem is `BadInput`."""
-  configs = config_checks.require_checked(checked, "population.setup").members
-  single = build.setup(config_checks.Checked(configs[0]), devices, member_of_population=True)
+  if not isinstance(checked, config_checks.Checked):
+    raise TypeError(f"population.setup takes config_checks.validate(config), not a "
+                    f"{type(checked).__name__}")
+  single = build.setup(config_checks.Checked(checked.members[0], checked.experiment), devices,
+                       member_of_population=True)
   member_objectives = [single.objective]
-  for i, member in enumerate(configs[1:], 1):
+  for i, member in enumerate(checked.members[1:], 1):
     try:
-      member_objectives.append(objectives.build(member))
+      member_objectives.append(objectives.build(member, checked.experiment))
     except ValueError as e:
       raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
   shapes = [jax.tree.map(jnp.shape, o.task.split_tables()) for o in member_objectives]
   if any(s != shapes[0] for s in shapes):
     raise errors.BadInput("population members' held-out splits differ in shape; "
                               "members may differ only in the split's seed")
-  size = len(configs)
+  size = len(checked.members)
   mesh_members = single.mesh.shape.get(MEMBER_AXIS, 1)
   if size % mesh_members:
     raise errors.BadInput(
@@ -101,7 +104,7 @@ def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype),
                           nn.meta.unbox(single.abstract_state))
   shardings = jax.tree.map(stack_sharding, single.shardings)
-  return PopulationSetup(single, tuple(configs), tuple(member_objectives), abstract, shardings)
+  return PopulationSetup(single, checked.members, tuple(member_objectives), abstract, shardings)
 
 
 def member_arrays(p: PopulationSetup) -> dict[str, Any]:

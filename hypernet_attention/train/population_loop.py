@@ -23,9 +23,9 @@ from typing import Any, Optional
 
 from absl import logging
 import jax
-import ml_collections
 import numpy as np
 
+from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
 from hypernet_attention.runs import run_files
@@ -35,27 +35,13 @@ from hypernet_attention.train import state as state_lib
 from hypernet_attention.train import trainer as trainer_lib
 
 
-def member_dirs(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  return [str(run_files.path(workdir) / name) for name in run_files.member_names(config)]
-
-
-def check_workdirs(config, p: population.PopulationSetup, workdir: str,
-                   record: bool = True) -> None:
-  """The population's workdir guard, then each member's; all pass before any config.json
-  is recorded (`record`: then recorded; else a dry pass)."""
-  for this_pass in (False, True) if record else (False,):
-    run_files.check(workdir, config, record=this_pass)
-    for member_dir, member_config in zip(member_dirs(config, workdir), p.member_configs):
-      run_files.check(member_dir, member_config, population=workdir, record=this_pass)
-
-
 class PopulationRun:
   """One invocation of a population's loop: its state, writers and per-member records."""
 
-  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float,
-               trainer: population.PopulationTrainer):
-    self.config, self.workdir, self.p, self.start_time = config, workdir, p, start_time
-    self.dirs = member_dirs(config, workdir)
+  def __init__(self, checked: config_checks.Checked, workdir: str, p: population.PopulationSetup,
+               start_time: float, trainer: population.PopulationTrainer):
+    self.config, self.workdir, self.p, self.start_time = checked.config, workdir, p, start_time
+    self.dirs = [str(run_files.path(workdir) / name) for name in checked.member_names]
     self.trainer = trainer
     self.data_iterator = None  # On-device data only.
     self.frozen: list[Optional[int]] = [None] * p.size

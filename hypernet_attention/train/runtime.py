@@ -149,8 +149,10 @@ def define_run_flags(config_flag: Optional[str]):
 def train_experiment(checked: config_checks.Checked, workdir: Optional[str] = None) -> Any:
   """Trains the `config_checks.validate`d config with the record's `train` (the loop, or
   the language model's) into `workdir`, or a fresh one named after it."""
-  experiment = registry.get(config_checks.require_checked(checked, "train_experiment")
-                            .config.experiment)
+  if not isinstance(checked, config_checks.Checked):
+    raise TypeError(f"train_experiment takes config_checks.validate(config), not a "
+                    f"{type(checked).__name__}")
+  experiment = checked.experiment
   train = registry.load(experiment.train)
   return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)
 

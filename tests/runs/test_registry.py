@@ -94,15 +94,15 @@ def test_every_question_about_the_toy_is_answered_by_its_record(toy):
   config.population.members = ({"seed": 0}, {"seed": 1})
   with pytest.raises(errors.BadInput, match=f"'{TOY}', which trains no population; allowed: "
                      f"populations of {', '.join(registry.names(population=True))}"):
-    config_checks.check_population(config)
+    config_checks.validate(config)
   with pytest.raises(ValueError, match=f"'{TOY}' has no probe setting; allowed: "
                      + re.escape(str(extract.probed_experiments()))):
     extract.make_setting(TOY, None)
-  config_checks.check_task_memory(config, budget=0)  # No estimate in the record: nothing to refuse.
+  objectives.build(config, budget=0)  # No estimate in the record: nothing to refuse.
   heavy = dataclasses.replace(toy, memory=lambda c: 2**40)
   registry.EXPERIMENTS[TOY] = heavy
   with pytest.raises(errors.BadInput, match="GiB for the task's tables"):
-    config_checks.check_task_memory(config, budget=2**30)
+    objectives.build(config, budget=2**30)
 
 
 def test_a_record_declares_what_its_objective_builds(toy):

@@ -20,9 +20,11 @@ from hypernet_attention import errors
 from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import config_common
 from hypernet_attention.runs import preflight
+from hypernet_attention.runs import registry
 from hypernet_attention.runs import run_files
 from hypernet_attention.tasks import sraven
 from hypernet_attention.train import loop
+from hypernet_attention.train import objectives
 
 import train_testlib as tl
 
@@ -91,11 +93,11 @@ def test_task_memory_bound_follows_the_estimate():
   """SRAVEN K=7 without ceilings is small (3,432 rule multisets); with them the K!**2
   readings are not; the bound is the estimate against the budget."""
   config = tl.smoke("sraven", **{"task.num_features": 7, "eval.ceiling_problems": 0})
-  config_checks.check_task_memory(config, budget=2**30)
+  objectives.build(config, budget=2**30)
   with config.unlocked():
     config.eval.ceiling_problems = 32
   with pytest.raises(errors.BadInput, match="eval.ceiling_problems=32 needs ~"):
-    config_checks.check_task_memory(config, budget=2**30)
+    objectives.build(config, budget=2**30)
   # The estimate: (7!)**2 readings x 7 slots x 1024 problems x (8 values + 4) bytes at least.
   assert sraven.memory_estimate(7, 8, 3, 1024) > 5040**2 * 7 * 1024 * 12
 
@@ -635,7 +637,7 @@ def test_language_model_population_refused_from_the_config_alone():
   with pytest.raises(errors.BadInput, match=r"population.members set for experiment "
                      r"'c4_lm', which reads host-side data; allowed: populations of sraven, "
                      r"fuzzy_logic"):
-    config_checks.check_population(config)
+    config_checks.check_population(config, registry.get("c4_lm"))
 
 
 # Missing Google Cloud credentials (issue 25, point 7): one line in well under a second;
