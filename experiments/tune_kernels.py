@@ -108,11 +108,10 @@ PROGRAMS = {"hyla_forward": ("forward",), "hyla_ds": ("dS",), "hyla_dv": ("dV",)
 
 
 def _ptxas_rows(configs: list[dict], args, version: str) -> int:
-  """--ptxas: one row per Mosaic kernel of each config, forward and backward (each config's
-  backward once per distinct dq and dS warpgroups), and a table: registers, spills, CTAs per
-  multiprocessor and warps per scheduler (`ptxas.occupancy`), and from its hot loop's static PTX
-  (`ptxas.hot_loop`), per (q, k) pair over all V columns, the instructions one warpgroup (128
-  threads) issues and their FMA share."""
+  """--ptxas: one row per Mosaic kernel of each config (a backward once per distinct dq and dS
+  warpgroups) and a table: registers, spills, CTAs per SM and warps per scheduler
+  (`ptxas.occupancy`), and from its hot loop's static PTX (`ptxas.hot_loop`), per (q, k) pair over
+  all V columns, the instructions one warpgroup (128 threads) issues and their FMA share."""
   ptxas.device()  # no CUDA plugin: one line, before any work
   shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
                                jnp.dtype(args.dtype))

@@ -206,9 +206,8 @@ def _mosaic_not_passed(w: Window) -> Optional[str]:
 
 
 def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
-  """`configs` without the Mosaic ones unless Mosaic passed here, and `VARIANT` unless its own rung
-  did too (a `tune` row says why): timing a kernel that is wrong or does not compile only costs
-  time."""
+  """`configs` without the Mosaic ones unless Mosaic passed here, `VARIANT` unless its rung did too
+  (a `tune` row says why): timing a kernel that is wrong or does not compile only costs time."""
   kept, variant_passed = [], any(r.get("kind") == "rung" and r.get("status") == "pass" and
                                  r.get("schedule") == VARIANT_SCHEDULE for r in _rows(w))
   for config in configs:

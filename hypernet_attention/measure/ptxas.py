@@ -160,12 +160,10 @@ def hot_loop(ptx: str) -> dict[str, int]:
 
 
 def kernels(fn: Callable, *shapes: Any) -> list[dict[str, Any]]:
-  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, each with its entry's
-  name (kernel: e.g. hyla_ds), threads per CTA (PTX's .maxntid), the shared memory Mosaic allocates
-  (smem_bytes) and its PTX's `hot_loop` (loop_instructions, loop_fma, loop_ld_shared); by name,
-  the compiles of one name in order. Mosaic numbers its dumps per name and step (jax 0.12: one
-  kernel's resources _0 and PTX _1), so a kernel's k-th report goes with its k-th resources.
-  `shapes`: `jax.ShapeDtypeStruct`s."""
+  """`parse` of every Mosaic kernel in `jit(fn)` (`shapes`: `jax.ShapeDtypeStruct`s) compiled for
+  `device()`, with its entry's name (kernel: e.g. hyla_ds), threads per CTA (PTX's .maxntid), the
+  shared memory Mosaic allocates (smem_bytes) and its PTX's `hot_loop` (loop_*). Mosaic numbers its
+  dumps per name (jax 0.12: resources _0, PTX _1), so a name's k-th report goes with its k-th."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
