@@ -1,30 +1,26 @@
 r"""Tile configurations of HYLA's GPU kernels (Mosaic, blockwise), timed beside cuDNN.
 
   python experiments/tune_kernels.py --seq_len=4096 --batch=4 --heads=8 --head_dim=64 \
-      --configs=mosaic:64x8x4:kernel,mosaic:64x16x2:xla --out=/tmp/tune.jsonl
+      --configs=mosaic:64x8x8:kernel:paired,mosaic:64x8x8:kernel:paired:ds_two_warpgroups
   python experiments/tune_kernels.py --configs=blockwise:256x256,blockwise:128x128
   python experiments/tune_kernels.py --interpret --seq_len=64 --batch=1 --dtype=float32 ...
 
 --configs entries, each timed forward and forward+backward (causal):
   mosaic:BQxBKxBV:DQ     `mosaic_kernel.attention` with the forward's Blocks(BQ, BK, BV) and
                          the backward's dQ/dK path DQ (`mosaic_kernel_bwd.DQ_PATHS`: kernel
-                         | xla); the suffix :paired sets Blocks.paired (the default tiles are
-                         mosaic:64x8x8:kernel:paired)
+                         | xla); the suffixes :paired and :ds_two_warpgroups set those Blocks
+                         flags (the default tiles are mosaic:64x8x8:kernel:paired)
   blockwise:BQxBK        XLA's blockwise HYLA with tiles BQ x BK
 Softmax through cuDNN (XLA's softmax off a GPU) is always the first row. Each row is timed over
 --calls calls inside one jitted loop (`measure/benchmark.call_loop`: sub-millisecond baselines are
-not inflated by a dispatch per call), median of --repeats, and is
-printed and appended to --out as one JSON line as soon as it exists; a table of the rows, in the
-order timed, ends the run. A configuration the kernel refuses (tiles over Hopper's shared memory,
-Mosaic's swizzles) or that does not compile is a row with its one-line reason (status refused,
-error, or unsupported where this jax cannot interpret Mosaic), not the end of the sweep.
-
-The Mosaic forward's tiles are bounded by registers, not SMEM (~90 KiB at Blocks(64, 8, 4); --ptxas
-reports each kernel's registers and spills, compiled for an H100 without a GPU). Blockwise's tiles
-matter for another reason: compiled for an H100, its T=4096 forward+backward launched 14,795 kernels
-at 128 x 128, 2,866 at 256 x 256. Needs a GPU, or --interpret (tiny sizes; Mosaic needs
-jax >= 0.11), or, timing nothing, --ptxas: each Mosaic kernel's registers and spills, compiled for
-an H100 on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
+not inflated by a dispatch per call), median of --repeats, and is printed and appended to --out as
+one JSON line as soon as it exists; a table of the rows, in the order timed, ends the run. A
+configuration the kernel refuses (tiles over Hopper's shared memory, Mosaic's swizzles) or that does
+not compile is a row with its one-line reason (status refused, error, or unsupported where this jax
+cannot interpret Mosaic), not the end of the sweep.
+Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing nothing, --ptxas:
+each Mosaic kernel's registers, spills, occupancy and instructions per pair, compiled for an H100
+on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
 
 import json
 import time
@@ -43,10 +39,8 @@ from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import profiling
 
-# The backward's Mosaic kernels (mosaic_kernel_bwd.py): dS, dV, then (dq=kernel) dQ, dK.
-BACKWARD_KERNELS = ("dS", "dV", "dQ", "dK")
 # The forward's schedule flags (`mosaic_kernel.Blocks` fields), as --configs suffixes.
-SCHEDULES = ("paired",)
+SCHEDULES = ("paired", "ds_two_warpgroups")
 
 
 class Unsupported(Exception):
@@ -70,8 +64,9 @@ def parse_config(entry: str) -> dict:
       return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   except (ValueError, IndexError):
     pass
-  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:paired] "
-                   "(e.g. mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles positive integers")
+  raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:paired]"
+                   "[:ds_two_warpgroups] (e.g. mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles "
+                   "positive integers")
 
 
 def kernel_fn(config: dict, interpret: bool):
@@ -106,43 +101,54 @@ def _emit(row: dict, out: str) -> None:
       f.write(json.dumps(row) + "\n")
 
 
+# Program names by the kernels' entries (`hyla_*` in mosaic_kernel*.py); the matmul kernel's two
+# compiles are dQ, then dK (the order backward() launches them).
+PROGRAMS = {"hyla_forward": ("forward",), "hyla_ds": ("dS",), "hyla_dv": ("dV",),
+            "hyla_dq_dk": ("dQ", "dK")}
+
+
 def _ptxas_rows(configs: list[dict], args, version: str) -> int:
-  """--ptxas: one row per Mosaic kernel of each config, forward and backward (named as
-  BACKWARD_KERNELS, the order backward() launches and XLA compiles them), and a table. Each row
-  has its hot loop's static PTX (`ptxas.hot_loop`) and from it, per (q, k) pair over all V
-  columns, the instructions one warpgroup (128 threads) issues and their FMA share."""
+  """--ptxas: one row per Mosaic kernel of each config (a backward once per distinct dq and dS
+  warpgroups) and a table: registers, spills, CTAs per SM and warps per scheduler
+  (`ptxas.occupancy`), and from its hot loop's static PTX (`ptxas.hot_loop`), per (q, k) pair over
+  all V columns, the instructions one warpgroup (128 threads) issues and their FMA share."""
   ptxas.device()  # no CUDA plugin: one line, before any work
   shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
                                jnp.dtype(args.dtype))
-  print("| kernel | tiles | pass | program | registers | spill stores / loads (B) | "
-        "instructions per pair | FMA share |")
-  print("|---|---|---|---|---|---|---|---|")
+  print("| tiles | program | registers | spill stores / loads (B) | shared memory (B) | "
+        "CTAs/SM | warps per scheduler | instructions per pair | FMA share |")
+  print("|---|---|---|---|---|---|---|---|---|")
   count, backward_done = 0, set()
   for config in (c for c in configs if c["name"] == "mosaic"):
     fn = kernel_fn(config, interpret=False)
     grad = jax.grad(lambda *a, fn=fn: jnp.sum(fn(*a).astype(jnp.float32)), (0, 1, 2))
-    tiles = _tiles(config)
     passes = [("forward", fn)]
-    if config["dq"] not in backward_done:  # the backward's kernels depend on dq alone
+    backward = (config["dq"], config["ds_two_warpgroups"])  # what the backward's kernels take
+    if backward not in backward_done:
       passes.append(("backward", grad))
-      backward_done.add(config["dq"])
+      backward_done.add(backward)
     for pass_name, f in passes:
-      for i, found in enumerate(ptxas.kernels(f, shape, shape, shape)):
-        i = "forward" if pass_name == "forward" else BACKWARD_KERNELS[i]
+      names = {entry: list(programs) for entry, programs in PROGRAMS.items()}
+      for found in ptxas.kernels(f, shape, shape, shape):
+        name = names[found.pop("kernel")].pop(0)
         # (pairs, value columns) one pass of its hot loop covers: the forward's key tile, the dS
         # kernel's value column, the dV kernel's query tile; the matmuls have no per-pair loop.
         work = {"forward": (config["block_q"] * config["block_k"], config["block_v"]),
-                "dS": (64 * 8, 1), "dV": (64 * 8, 4)}.get(i)
+                "dS": (64 * 8, 1), "dV": (64 * 8, 4)}.get(name)
         if work:  # thread instructions x 128 threads, per pair, times the passes over V
           found["instructions_per_pair"] = round(
               found["loop_instructions"] * 128 * args.head_dim / work[1] / work[0], 1)
           found["fma_share"] = round(found["loop_fma"] / found["loop_instructions"], 3)
-        _emit(dict(config, **{"pass": pass_name}, kernel=i, **found, seq_len=args.seq_len,
+        fits = ptxas.occupancy(found["registers"], found["smem_bytes"], found["threads"] // 32)
+        _emit(dict(config, **{"pass": pass_name}, kernel=name, **found, ctas_per_sm=fits.ctas,
+                   warps_per_scheduler=fits.warps_per_scheduler, seq_len=args.seq_len,
                    batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                   dtype=args.dtype, device="compile-only H100", ptxas=version), args.out)
-        print(f"| mosaic | {tiles} | {pass_name} | {i} | "
-              f"{found['registers']} | {found['spill_stores']} / {found['spill_loads']} | "
-              f"{found.get('instructions_per_pair', '-')} | {found.get('fma_share', '-')} |")
+                   dtype=args.dtype, device="compile-only H100", ptxas=version,
+                   jax=jax.__version__), args.out)
+        print(f"| {_tiles(config)} | {name} | {found['registers']} | {found['spill_stores']} / "
+              f"{found['spill_loads']} | {found['smem_bytes']:,} | {fits.ctas} | "
+              f"{fits.warps_per_scheduler:g} | {found.get('instructions_per_pair', '-')} | "
+              f"{found.get('fma_share', '-')} |")
         count += 1
   print(f"tune_kernels --ptxas: {count} kernels compiled", flush=True)
   return 0

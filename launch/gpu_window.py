@@ -4,27 +4,13 @@ r"""One GPU window, one command: HYLA's fused kernels checked, then timed, each 
   python -m launch.gpu_window --out=DIR           # the same, where the packages are
   python -m launch.gpu_window --out=DIR --dry_run # the whole sequence at tiny sizes, on CPU
 
-Stages, in order, each a subprocess with its own time limit clipped by --deadline_s (one without
-its minimum left is recorded as skipped): first whether the kernels are right on this GPU, then
-what a train step costs with them, then how fast each call is and why:
-  env          versions, device, commit (`--commit`, else git, else unknown) and a digest of
-               the sources that ran
-  rung_forward, rung_dq  the forward, then the backward's dS, dV, dQ and dK kernels, each rung
-               alone in its process at B=1, T=128 under compute-sanitizer's memcheck
-               (`measure/mosaic_rungs.py`), which names a faulting access; a failure ends the window
-  mosaic_parity  bf16 values and gradients against the float64 reference at T=1000
-               (`measure/parity.check`), alone; a wrong answer ends the window
-  c4_b64       the C4 50M train step, batch 64 (T=512), random tokens, softmax against HYLA
-               through the Mosaic kernels (`experiments/benchmark_training.py`)
-  time_T4096, time_T1024, time_c4, time_sraven, time_fuzzy
-               fwd and fwd+bwd (causal) of the Mosaic kernels at their default tiles beside cuDNN
-               softmax and blockwise 256 x 256 in one process per shape (`Sizes.time_shapes`: B=4
-               at T=4096 and 1024, C4's B=64 T=512, SRAVEN's B=128 T=36 H=16 D=4, fuzzy logic's
-               B=128 T=33 D=2): the rows `ops/kernel_cost.py`'s model is held to
-  counters     ncu's hardware counters of the Mosaic kernels in one fwd+bwd at T=4096 (forward,
-               dS, dV, dQ, dK: time, occupancy, issue slots, warp stall reasons, pipes)
-  profile      each kernel's ms in the T=4096 fwd+bwd, from a trace (`tune_kernels --profile`)
-  time_T16384  the longest length, if time is left
+Stages (`stages`), in order, each a subprocess with its own time limit clipped by --deadline_s
+(one without its minimum left is recorded as skipped): first whether the kernels are right on this
+GPU (env; the rungs alone under compute-sanitizer's memcheck, `measure/mosaic_rungs.py`; bf16
+parity against float64; a failure of the default kernels ends the window, of `VARIANT` keeps it
+out of the timings), then what the C4 train step costs with them, then how fast each call is
+beside cuDNN and blockwise (`Sizes.time_shapes`: the rows `ops/kernel_cost.py`'s model is held to)
+and why (ncu's counters, each kernel's ms from a trace), T=16384 last if time is left.
 Output in --out: gpu_window.jsonl (one JSON object per line, appended and flushed as each result
 exists: kind = window, env, rung, parity, ncu, c4_step, tune, stage, window_end) and gpu_window.log
 (every stage's output). Exit status: 0, or 1 if parity failed or a stage failed.
@@ -59,6 +45,9 @@ MOSAIC_C4 = "hyla@model.implementation=mosaic"
 H100_DEADLINE_S = 460
 # The forward's default tiles (mosaic_kernel.DEFAULT_BLOCKS) as a tune_kernels config.
 MOSAIC_DEFAULT = "mosaic:64x8x8:kernel:paired"
+# Timed beside it from T=512 once its rung passed: the dS kernel on two warpgroups (kernels.md).
+VARIANT_SCHEDULE = "ds_two_warpgroups"
+VARIANT = f"{MOSAIC_DEFAULT}:{VARIANT_SCHEDULE}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +85,8 @@ DRY_RUN = Sizes(
     time_shapes=(("T64", (1, 64, 2, 16)),), rung_shape=(1, 64, 2, 16),
     counters_shape=(1, 64, 2, 16), mosaic_parity_lens="64")
 # Stage budgets (`stages`): the H200 window's measured seconds + 30% (2026-11-28, its `kind: stage`
-# rows, experiments/results/gpu_windows/2026-11-28_h200): env 1.8, the paired forward's rung 11.4
-# and parity 31.1, rung_dq 13.2, counters 15.6. Unmeasured stages, from its rows: a timing shape
-# ~35 s (T=1024: softmax, two kernels and blockwise in 48.7), ~23 at T=33-36 (the compiles), T=16384
-# ~45 (73.9 for three configurations), profile ~45 (the --profile row 44.4 s), the C4 step of two
-# models ~60 (a separate call: compiles 9.9 and 8.1 s, plans 9.6 and 7.6). Expected: ~15 s install
-# + ~350 s of stages, T=16384 only if the others run short.
+# rows); the stages it did not run, estimated from its rows: experiments/results/kernels.md, "The
+# next window, call by call", has each stage's expected and budgeted seconds.
 
 
 @dataclasses.dataclass
@@ -221,11 +206,13 @@ def _mosaic_not_passed(w: Window) -> Optional[str]:
 
 
 def _passed_configs(w: Window, configs: list[str], **row) -> list[str]:
-  """`configs` without the Mosaic ones unless Mosaic passed here (a `tune` row says why):
-  timing a kernel that is wrong or does not compile only costs time."""
-  kept = []
+  """`configs` without the Mosaic ones unless Mosaic passed here, `VARIANT` unless its rung did too
+  (a `tune` row says why): timing a kernel that is wrong or does not compile only costs time."""
+  kept, variant_passed = [], any(r.get("kind") == "rung" and r.get("status") == "pass" and
+                                 r.get("schedule") == VARIANT_SCHEDULE for r in _rows(w))
   for config in configs:
-    why_not = config.startswith("mosaic:") and _mosaic_not_passed(w)
+    why_not = config.startswith("mosaic:") and _mosaic_not_passed(w) or (
+        config == VARIANT and not variant_passed and "its rung has not passed in this window")
     if why_not:
       w.record("tune", name="mosaic", config=config, **row, status="skipped", message=why_not)
     else:
@@ -296,9 +283,10 @@ def _counters(budget_s: float) -> Stage:
   return Stage("counters", budget_s, argv, parse, min_s=20, requires=requires)
 
 
-def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
+def _rung(rung: str, budget_s: float, schedule: str = "default") -> Stage:
   """One rung of the Mosaic ladder, alone in its process, under memcheck; a failure (a fault, a
-  memcheck error, wrong numbers) ends the window (`stops_window`): nothing after it is timed."""
+  memcheck error, wrong numbers) of the default kernels ends the window (`stops_window`): nothing
+  after it is timed; another schedule's (`mosaic_rungs --schedule`) keeps that one out only."""
   def argv(w: Window, _limit: float) -> list[str]:
     batch, seq_len, heads, head_dim = w.sizes.rung_shape
     # Autotuning would launch hundreds of XLA kernels under the sanitizer; no preallocation
@@ -306,9 +294,10 @@ def _rung(rung: str, budget_s: float, stops_window: bool = True) -> Stage:
     return ["env", "XLA_PYTHON_CLIENT_PREALLOCATE=false", "XLA_FLAGS=--xla_gpu_autotune_level=0",
             *_sanitizer(), *_python("-m", "hypernet_attention.measure.mosaic_rungs", rung,
                                     f"--batch={batch}", f"--seq_len={seq_len}",
-                                    f"--heads={heads}", f"--head_dim={head_dim}")]
-  return Stage(f"rung_{rung}", budget_s, argv, _json_line("rung"), min_s=10,
-               stops_window=stops_window)
+                                    f"--heads={heads}", f"--head_dim={head_dim}",
+                                    f"--schedule={schedule}")]
+  return Stage(f"rung_{rung if schedule == 'default' else schedule}", budget_s, argv,
+               _json_line("rung"), min_s=10, stops_window=schedule == "default")
 
 
 def stages(sizes: Sizes) -> list[Stage]:
@@ -335,10 +324,12 @@ def stages(sizes: Sizes) -> list[Stage]:
       Stage("env", 5, env_probe, _json_line("env"), min_s=3),
       _rung("forward", 15),
       _rung("dq", 17),
+      _rung("dq", 17, VARIANT_SCHEDULE),
       Stage("mosaic_parity", 40, mosaic_parity, _json_line("parity"), min_s=30, stops_window=True),
       _c4(sizes.c4_batch, min_s=40),
       *(Stage(f"time_{name}", 46 if shape[1] >= 512 else 30,
-              tune(shape, [MOSAIC_DEFAULT, sizes.blockwise]), _json_line("tune"), min_s=25)
+              tune(shape, [MOSAIC_DEFAULT, sizes.blockwise, *[VARIANT] * (shape[1] >= 512)]),
+              _json_line("tune"), min_s=25)
         for name, shape in sizes.time_shapes if shape is not longest or len(shapes) == 1),
       _counters(25),
       # Each row's kernels by name, from a trace of its fwd+bwd: the forward, dS, dV, dQ/dK and

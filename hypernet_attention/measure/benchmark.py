@@ -5,13 +5,10 @@ forward+backward time per call, the compiled programs' memory (XLA's `memory_ana
 GPU/TPU the device's peak bytes in use, achieved TFLOP/s from analytic FLOP counts and the ratio to
 softmax attention (cuDNN on GPU, XLA elsewhere; the row names which) measured in the same process.
 
-Timing (`call_loop`): one measurement runs `calls` (>= 20 by default) calls inside one jitted
-`lax.fori_loop` of static trip count and waits once, so a sub-millisecond kernel is not timed as its
-dispatch. Each call's inputs depend on the previous call's result through a few scalars updated in
-place (0 x one element of it): XLA can neither hoist the call out of the loop nor merge calls, and
-the loop adds no pass over any array; what it does add (a few scalar kernels per call) is measured
-per T as `*_loop_overhead_ms` (the same loop around calls that do nothing). The rows give the median
-and the minimum over `repeats` measurements, in ms per call, overhead included.
+Timing (`call_loop`): one measurement runs `calls` (>= 20 by default) dependent calls inside one
+jitted loop and waits once, so a sub-millisecond kernel is not timed as its dispatch; what the loop
+adds is measured per T as `*_loop_overhead_ms`. The rows give the median and the minimum over
+`repeats` measurements, in ms per call, overhead included.
 
 Memory (issue: a benchmark must refuse before it allocates): before any array exists, the inputs'
 and results' bytes (abstract shapes) are compared with the device, then the compiled loop's memory

@@ -10,12 +10,12 @@ names the faulting instruction and address. The ladder, bottom up:
   forward       the forward kernel at its default tiles (paired 64x8x8): TMA loads and store,
                 scores, RMSHead code, the code's key pairs exchanged in registers (inline Mosaic
                 GPU), value network, read-out
-  backward      + the backward's dS and dV kernels, dQ and dK by XLA matmuls (dq="xla")
-  dq            + the matmul kernels for dQ and dK (dq="kernel", the default)
+  dq            + the backward's dS and dV kernels and the matmul kernels for dQ and dK
   fwd_bwd       the forward and the dq rung's backward once at a timing shape, unchecked (the
                 reference would not fit): the program the window's profiler (ncu) reads
   parity        values and gradients in bfloat16 against the float64 reference at each T
                 (`measure/parity.check`, the GPU window's bound), once the rungs have passed
+--schedule=ds_two_warpgroups runs a rung with that `mosaic_kernel.Blocks` flag (not yet on a GPU).
 Each rung prints one JSON line (rung, shape, status, max |error| against the float32
 reference as a sanity check of what ran) and exits 0 when it ran and its numbers are finite
 and close, 1 otherwise, 2 where this machine cannot run it (no Hopper GPU, no interpret mode).
@@ -29,22 +29,24 @@ import time
 
 from hypernet_attention import errors
 
-RUNGS = ("forward", "backward", "dq", "fwd_bwd", "parity")
+RUNGS = ("forward", "dq", "fwd_bwd", "parity")
+SCHEDULES = ("default", "ds_two_warpgroups")  # "default", or a `mosaic_kernel.Blocks` flag
 # A sanity bound for the rungs (bf16 inputs and operands against the float32 reference, in
 # relative Frobenius norm per quantity); the parity rung holds the real, derived bound.
 RUNG_TOLERANCE = 0.05
 
 
-def _kernel_and_reference(rung: str, interpret):
+def _kernel_and_reference(rung: str, interpret, schedule: str = "default"):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
 
+  blocks = mosaic_kernel.Blocks(**({} if schedule == "default" else {schedule: True}))
+
   def kernel(q, k, v):
-    return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret,
-                                   dq="xla" if rung == "backward" else "kernel")
+    return mosaic_kernel.attention(q, k, v, is_causal=True, interpret=interpret, blocks=blocks)
 
   if rung == "forward":
     return jax.jit(kernel), jax.jit(parity.hyla_reference)
@@ -82,11 +84,12 @@ def _interpret_or_reason():
   return None, None
 
 
-def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> dict:
+def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int,
+             schedule: str = "default") -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  row = dict(rung=rung, batch=batch, seq_len=seq_len, heads=heads,
+  row = dict(rung=rung, schedule=schedule, batch=batch, seq_len=seq_len, heads=heads,
              head_dim=head_dim, dtype="bfloat16", causal=True, device=jax.devices()[0].device_kind)
   interpret, why_not = _interpret_or_reason()
   if why_not:
@@ -95,7 +98,7 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int) -> 
   keys = jax.random.split(jax.random.PRNGKey(seq_len), 4)
   q, k, v, cot = (jax.random.normal(key, (batch, seq_len, heads, head_dim), jnp.float32)
                   for key in keys)
-  kernel, ref = _kernel_and_reference(rung, interpret)
+  kernel, ref = _kernel_and_reference(rung, interpret, schedule)
   args = (q, k, v) if rung == "forward" else (q, k, v, cot)
   start = time.monotonic()
   got = jax.block_until_ready(kernel(*(a.astype(jnp.bfloat16) for a in args[:3]), *args[3:]))
@@ -121,6 +124,8 @@ def main(argv=None) -> int:
   parser.add_argument("--seq_lens", default="128,256,1000", help="parity's T")
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--schedule", choices=SCHEDULES, default="default",
+                      help="the rungs' Blocks flag (not parity's)")
   args = parser.parse_args(argv)
   parser.check_positive(args, "batch", "seq_len", "heads", "head_dim")
   try:
@@ -128,7 +133,8 @@ def main(argv=None) -> int:
   except ValueError:
     parser.error(f"--seq_lens={args.seq_lens!r}; allowed: comma-separated positive integers")
   if args.rung != "parity":
-    row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim)
+    row = run_rung(args.rung, args.batch, args.seq_len, args.heads, args.head_dim,
+                   args.schedule)
     print(json.dumps(row), flush=True)
     return {"pass": 0, "unsupported": 2}.get(row["status"], 1)
   from hypernet_attention.measure import parity  # pylint: disable=g-import-not-at-top

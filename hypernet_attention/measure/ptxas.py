@@ -4,14 +4,11 @@ Why: a Hopper thread holds at most 255 registers; a kernel that needs more spill
 memory, in its inner loop, and no CPU test sees it. XLA compiles for a CUDA device that is
 not there (deviceless ahead-of-time compilation: jax's CUDA PJRT plugin builds a
 compile-only H100 from a target description), and that runs Mosaic's whole pipeline down to
-ptxas, whose report (`MOSAIC_GPU_DUMP_PTXAS`) gives each kernel's registers and spill bytes.
-So a tile's register cost is known before a GPU window spends minutes on it; e.g. (ptxas
-12.9.86, 2026-11-27, B=4 T=1024 H=8 D=V=64 bf16) the first backward kernel: 255 registers
-and ~9 KB of spill stores per thread, the suspect of its 58 ms at T=4096 on an H200, and
-its replacement none (experiments/results/kernels.md has the table).
+ptxas, whose report (`MOSAIC_GPU_DUMP_PTXAS`) gives each kernel's registers and spill bytes
+(the first backward kernel's ~9 KB of spills per thread were found so: kernels.md has the tables).
 
   pip install jax-cuda12-plugin==V jax-cuda12-pjrt==V nvidia-cuda-nvcc-cu12   # V: jax's
-  python experiments/tune_kernels.py --ptxas --configs=mosaic:64x8x4:kernel,mosaic:64x16x4:xla
+  python experiments/tune_kernels.py --ptxas --configs=mosaic:64x8x8:kernel:paired
 
 `prepare()` must run before JAX picks its backends (the plugin's CUDA version checks need a
 CUDA install this machine does not have; they are skipped, as nothing runs). Mosaic also
@@ -27,6 +24,7 @@ import re
 import subprocess
 import tempfile
 from typing import Any, Callable
+from unittest import mock
 
 from hypernet_attention.errors import BadInput
 
@@ -161,32 +159,37 @@ def hot_loop(ptx: str) -> dict[str, int]:
   return best
 
 
-def kernels(fn: Callable, *shapes: Any) -> list[dict[str, int]]:
-  """`parse` of every Mosaic kernel in `jit(fn)` compiled for `device()`, in the order Mosaic
-  compiled them (program order), with the shared memory Mosaic allocates (smem_bytes) and its PTX's
-  `hot_loop` (loop_instructions, loop_fma, loop_ld_shared). `shapes`: `jax.ShapeDtypeStruct`s."""
+def kernels(fn: Callable, *shapes: Any) -> list[dict[str, Any]]:
+  """`parse` of every Mosaic kernel in `jit(fn)` (`shapes`: `jax.ShapeDtypeStruct`s) compiled for
+  `device()`, with its entry's name (kernel: e.g. hyla_ds), threads per CTA (PTX's .maxntid), the
+  shared memory Mosaic allocates (smem_bytes) and its PTX's `hot_loop` (loop_*). Mosaic numbers its
+  dumps per name (jax 0.12: resources _0, PTX _1), so a name's k-th report goes with its k-th."""
   import jax  # pylint: disable=g-import-not-at-top
   sharding = jax.sharding.SingleDeviceSharding(device())
   placed = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding) for s in shapes]
-  previous = os.environ.get("MOSAIC_GPU_DUMP_TO")
   with tempfile.TemporaryDirectory() as folder:
-    os.environ["MOSAIC_GPU_DUMP_TO"] = folder  # read by Mosaic at each kernel's compile
-    os.environ["MOSAIC_GPU_DUMP_PTX"] = "1"
-    try:
+    # Read by Mosaic at each kernel's compile; restored after, so that no later compile dumps
+    # into a folder that is gone.
+    with mock.patch.dict(os.environ, MOSAIC_GPU_DUMP_TO=folder, MOSAIC_GPU_DUMP_PTX="1"):
       jax.jit(fn).trace(*placed).lower(lowering_platforms=("cuda",)).compile(
           {"xla_gpu_autotune_level": 0})
-    finally:  # no later compile dumps into a folder that is gone
-      if previous is None:
-        del os.environ["MOSAIC_GPU_DUMP_TO"]
-      else:
-        os.environ["MOSAIC_GPU_DUMP_TO"] = previous
-    reports = sorted(glob.glob(os.path.join(folder, "*.ptxas")),
-                     key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[-1]))
+
+    def dumps(suffix):  # {name: [path, ...] in Mosaic's numbering}
+      found = {}
+      for path in sorted(glob.glob(os.path.join(folder, "*" + suffix)),
+                         key=lambda p: int(re.findall(r"_(\d+)\.", p)[-1])):
+        name = re.sub(r"_\d+$", "", os.path.basename(path)[:-len(suffix)])
+        found.setdefault(name, []).append(path)
+      return found
+
+    reports, resources = dumps(".ptxas"), dumps(".resources.txt")
     rows = []
-    for path in reports:
-      stem = path[:-len(".ptxas")]
-      loop = hot_loop(open(stem + ".ptx").read())
-      smem = re.search(r"smem_scratch_bytes=(\d+)", open(stem + ".resources.txt").read())
-      rows.append({**parse(open(path).read()), "smem_bytes": int(smem.group(1)),
-                   **{f"loop_{k}": v for k, v in loop.items()}})
+    for name, paths in reports.items():
+      for path, used in zip(paths, resources[name]):
+        ptx = open(path[:-len(".ptxas")] + ".ptx").read()
+        smem = re.search(r"smem_scratch_bytes=(\d+)", open(used).read())
+        threads = re.search(r"\.maxntid (\d+)", ptx)
+        rows.append({"kernel": name, **parse(open(path).read()), "threads": int(threads.group(1)),
+                     "smem_bytes": int(smem.group(1)),
+                     **{f"loop_{k}": v for k, v in hot_loop(ptx).items()}})
     return rows

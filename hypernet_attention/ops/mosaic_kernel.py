@@ -19,23 +19,15 @@ At the end y_hj is summed over its 8 columns (the one cross-thread reduction) an
 and column that is 2H+1 multiply-adds, the value network's own count, with no shuffles in the key
 loop: the code never leaves the registers the score wgmmas leave it in, as flash attention keeps
 its scores, and the value network is elementwise arithmetic in that same (WGMMA) layout. What it
-trades: the scores
-are recomputed once per value slice (V / bv times, H*D tensor-core multiply-adds per pair each time)
-against (2H+1)*bv vector ones, and registers bound bk and bv (per thread, bq=64: H*bk/2 for the
-code, H*bv*4 for y; H*bv*2 with `Blocks.paired`, two value columns per accumulator).
-The backward (`mosaic_kernel_bwd.py`) keeps the same layout; `attention` is a
+trades: the scores are recomputed once per value slice (V / bv times, H*D tensor-core multiply-adds
+per pair each time) against (2H+1)*bv vector ones, and registers bound bk and bv (per thread,
+bq=64: H*bk/2 for the code, H*bv*4 for y; H*bv*2 with `Blocks.paired`, two value columns per
+accumulator). The backward (`mosaic_kernel_bwd.py`) keeps the same layout; `attention` is a
 `jax.custom_vjp` whose residuals are the inputs only.
 
-Why this layout: the first kernel ran the value network on the tensor cores through 0/1
-permutation matmuls (Mosaic has no register transpose), ~9x the value network's own work, and its
-backward spilled ~9.3 KB per thread; this one passed the ladder and bf16 parity on an H200 at its
-first run (experiments/results/kernels.md has the history and the timings).
-
-The ceiling, by arithmetic: per causal pair HYLA's value network is (2H+1)V multiply-adds
-forward and ~3.4x that backward; at T=4096, B=4, H=8, V=64 that is ~37 G forward and ~160 G
-in all: 1.1 ms and ~4.8 ms at an H100's float32 CUDA-core peak (~33.5 T FMA/s), ~6.3x
-cuDNN's softmax fwd+bwd before any overhead. Within 4x of cuDNN needs packed 16-bit
-arithmetic (two multiply-adds per instruction) for the per-pair work, near peak.
+The ceiling: per causal pair the value network is (2H+1)V multiply-adds forward, ~3.4x that
+backward: at T=4096, B=4, H=8, V=64 ~4.8 ms fwd+bwd at an H100's float32 CUDA-core peak, ~6.3x
+cuDNN's softmax (experiments/results/kernels.md has the history of the layouts and timings).
 
 Precision: scores, code, u, z and y in float32 from input-dtype operands (Q, K, V); on
 hardware the score wgmmas take bf16/f16 (float32 inputs become TF32, and do not fit SMEM:
@@ -67,11 +59,8 @@ _F32 = jnp.float32
 class Blocks:
   """The forward's tiles: bq queries (wgmma M: a multiple of 64), bk keys (wgmma N: a
   multiple of 8), bv value columns (a loop); and its schedule. The default, paired 64x8x8, was
-  the fastest on an H200 (2026-11-28, B=4 H=8 D=V=64 bf16 causal, fwd+bwd at T=4096: 22.5 ms
-  against 25.0 for plain 64x8x4, 25.2 with the next tile's scores overlapped (retired), 28.7 for
-  64x8x2 (retired)). Registers by ptxas 12.9 for an H100 (measure/ptxas.py;
-  experiments/results/kernels.md): paired 64x8x8 236, plain 64x8x4 230, 64x16x4 249, none
-  spilling; plain 64x8x8 and 128x16x2 spill 0.3-0.7 KB per thread.
+  the fastest on an H200 (2026-11-28, fwd+bwd at T=4096, B=4: 22.5 ms against 25.0 for plain
+  64x8x4); registers, spills and timings of the others: experiments/results/kernels.md.
 
   paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its odd
   columns) instead of one, each summed over the thread's two keys in-thread, so y takes half the
@@ -84,6 +73,9 @@ class Blocks:
   block_k: int = 8
   block_v: int = 8
   paired: bool = True  # two value columns per accumulator (bv even)
+  # The backward's dS kernel with two warpgroups per CTA, Q and dY shared (mosaic_kernel_bwd.
+  # ds_smem): two warps per scheduler, not one. Not yet run on a GPU.
+  ds_two_warpgroups: bool = False
 
 
 DEFAULT_BLOCKS = Blocks()
@@ -130,7 +122,7 @@ def check_tiles(query_BQHD, value_BKHV, blocks: Blocks = DEFAULT_BLOCKS) -> None
   buffers = forward_smem(blocks, heads, mosaic_smem.depth_padded(depth, dtype), dtype)
   mosaic_smem.check_tiles(buffers, f"mosaic_kernel blocks={blocks}, {heads} heads, {dtype}")
   mosaic_kernel_bwd.check_tiles(heads, depth, mosaic_smem.round_up(
-      value_BKHV.shape[-1], mosaic_kernel_bwd.DV_BLOCK_V), dtype)
+      value_BKHV.shape[-1], mosaic_kernel_bwd.DV_BLOCK_V), dtype, 1 + blocks.ds_two_warpgroups)
 
 
 def runs_here(query_BQHD, value_BKHV, normalization: str, value_network: str,
@@ -157,12 +149,8 @@ def supports(normalization: str, value_network: str, activation: str, *, bias=No
     return False
   if bias is not None or dropout_rate:
     return False
-  return mask is None or _key_mask_shape_ok(mask)
-
-
-def _key_mask_shape_ok(mask) -> bool:
-  shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
-  return len(shape) == 4 and shape[1] == 1 and shape[2] == 1
+  return mask is None or mask.ndim <= 4 and (
+      (1,) * (4 - mask.ndim) + tuple(mask.shape))[1:3] == (1, 1)
 
 
 def _v_heads(heads: int, blocks: Blocks) -> int:
@@ -329,11 +317,12 @@ def _attention_fwd(query, key, value, mask, is_causal, eps, blocks, interpret, d
 
 
 def _attention_bwd(is_causal, eps, blocks, interpret, dq, residuals, d_out):
-  """The backward kernels (mosaic_kernel_bwd.py), recomputed from the inputs."""
-  del blocks  # the backward has its own tiles (mosaic_kernel_bwd's constants)
+  """The backward kernels (mosaic_kernel_bwd.py), recomputed from the inputs; of `blocks`
+  they take the dS kernel's warpgroups only (their tiles are mosaic_kernel_bwd's constants)."""
   query, key, value, mask = residuals
   d_query, d_key, d_value = mosaic_kernel_bwd.backward(
-      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret, dq=dq)
+      query, key, value, mask, d_out, is_causal=is_causal, eps=eps, interpret=interpret, dq=dq,
+      ds_warpgroups=1 + blocks.ds_two_warpgroups)
   return d_query, d_key, d_value, None
 
 

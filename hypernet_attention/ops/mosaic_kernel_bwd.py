@@ -16,13 +16,13 @@ A masked or padded pair has c = 0 (`mosaic_smem.rms_code`), so u = z = 0 and dc 
 and its share of dV are exactly 0 with no mask in the backward beyond the recomputed code's.
 
 Why three kinds of program. dc needs all V columns of a pair and dV sums over all queries of
-a key, so no one tile order serves both without holding per-key accumulators across queries
-(the previous, key-stationary backward did: 16 dV^T accumulators and 8 dK^T, 255 registers
-and ~9.3 KB of spills per thread by ptxas, 58 of its 66.6 ms fwd+bwd on an H200):
+a key, so no one tile order serves both without per-key accumulators across queries, which spilled
+(the previous backward's; experiments/results/kernels.md, also on sharing u between dS and dV):
   dS   query-stationary, a program per (batch, 64-query tile, run of at most DS_SPLIT_KEYS
-       keys; causal, the last query tiles first): per key tile of bk keys it
-       recomputes c, loops over the V columns accumulating dc_h (bq, bk) per head, and writes
-       dS_h (bf16) to HBM: (4H + 1) V multiply-adds per pair, c and dc in registers.
+       keys; causal, the last query tiles first): per key tile of bk keys it recomputes c, loops
+       over the V columns accumulating dc_h (bq, bk) per head, and writes dS_h (bf16) to HBM:
+       (4H + 1) V multiply-adds per pair, c and dc in registers; on one warpgroup, or on two
+       that share Q and dY and take alternate key tiles (`ds_smem`).
   dV   key-stationary, the forward's program with rows and columns swapped: a program per
        (batch, 64-key tile, slice of bv columns) loops over query tiles of 8; the scores
        k_h q_h^T put keys on the rows, so each key's v_hj is a per-row vector and dV_hj a
@@ -34,9 +34,9 @@ Causal, every program stops at (or starts from) the diagonal: the dS kernel leav
 above it unwritten, which the matmul kernels never read (XLA's path reads them: the dS
 kernel then writes zeros there).
 
-Cost: (7H + 2) V CUDA-core multiply-adds per pair, ~3.7 ms at T=4096, B=4, H=8, V=64 at an H100's
-float32 peak; dS in HBM is 2H bytes per pair, written once and read twice. Times:
-`ops/kernel_cost.py`; registers, spills, instructions per pair: `tune_kernels.py --ptxas`.
+Cost: (7H + 2) V CUDA-core multiply-adds per pair; dS in HBM is 2H bytes per pair, written once
+and read twice. Times: `ops/kernel_cost.py`; registers, occupancy, instructions per pair:
+`tune_kernels.py --ptxas`.
 
 Shape letters as in `mosaic_kernel.py`; Hv heads padded so that a ring slot spans a multiple
 of 128 bytes (`mosaic_smem.heads_padded`), J value slices of bv columns.
@@ -67,17 +67,21 @@ DV_BLOCK_Q, DV_BLOCK_V = 8, 4  # queries per dV step, value columns per dV progr
 DS_SPLIT_KEYS = 512
 
 
-def ds_smem(heads: int, depth: int, v_dim: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
-  """The dS kernel's SMEM buffers, in its order (depth: D padded to a 128-byte row)."""
+def ds_smem(heads: int, depth: int, v_dim: int, dtype, warpgroups: int = 1
+            ) -> tuple[mosaic_smem.Buffer, ...]:
+  """The dS kernel's SMEM buffers, in its order (depth: D padded to a 128-byte row). With two
+  warpgroups (`Blocks.ds_two_warpgroups`) Q and dY are shared and each has its own rings, V in the
+  input dtype: in float32 they would need 262,656 bytes at H=8, D=V=64 (Hopper: 232,448)."""
   bq, bk, buf = BLOCK, DS_BLOCK_K, mosaic_smem.Buffer
-  hv = mosaic_smem.heads_padded(heads, v_dim * bk, _F32)
+  v_type, slots = (_F32 if warpgroups == 1 else dtype), 2 * warpgroups
+  hv = mosaic_smem.heads_padded(heads, v_dim * bk, v_type)
   return (
       buf("Q", (heads, bq, depth), dtype, depth),
       buf("dY", (heads, v_dim, bq), dtype),
-      buf("K ring", (2, heads, bk, depth), dtype, depth),
-      buf("V ring", (2, hv, v_dim, bk), _F32),
-      buf("key validity ring", (2, mosaic_smem.key_valid_slot(bk)), _F32),
-      buf("dS ring", (2, heads, bq, bk), dtype),
+      buf("K ring", (slots, heads, bk, depth), dtype, depth),
+      buf("V ring", (slots, hv, v_dim, bk), v_type),
+      buf("key validity ring", (slots, mosaic_smem.key_valid_slot(bk)), _F32),
+      buf("dS ring", (slots, heads, bq, bk), dtype),
   )
 
 
@@ -102,9 +106,10 @@ def matmul_smem(width: int, dtype) -> tuple[mosaic_smem.Buffer, ...]:
 
 
 def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal, eps,
-             zero_skipped, interpret):
+             zero_skipped, warpgroups, interpret):
   """dS (B, H, Qp, Kp) in the input dtype. Causal, the tiles past each query tile's diagonal
-  are written (as zeros) only if `zero_skipped`."""
+  are written (as zeros) only if `zero_skipped`. `warpgroups` (1 or 2): with two, a program's
+  key tiles alternate between them, each with its own rings, Q and dY shared (`ds_smem`)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
 
@@ -113,6 +118,7 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
   bq, bk = BLOCK, DS_BLOCK_K
   num_k_tiles, split = k_padded // bk, DS_SPLIT_KEYS // bk
   rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+  shared = dict(collective_axes="wg") if warpgroups > 1 else {}
 
   def kernel(q_ref, k_ref, v_ref, dy_ref, kval_ref, ds_ref, q_smem, dy_smem, k_smem, v_smem,
              kval_smem, ds_smem, q_bar, k_bar, v_bar, kval_bar):
@@ -121,27 +127,36 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
         is_causal=is_causal, mask_batched=key_valid_BK.shape[0] > 1)
     first = jax.lax.axis_index("k_split") * split  # this program's key tiles: first + [0, steps)
     steps = jnp.maximum(jnp.minimum(stop, first + split) - first, 0)
+    # This warpgroup's key tiles: tile(i) for i < own, in its ring slots 2wg, 2wg + 1.
+    wg = jax.lax.axis_index("wg") if warpgroups > 1 else 0
+    own, base = (steps - wg + warpgroups - 1) // warpgroups, 2 * wg
+    tile = lambda i: first + wg + warpgroups * i
+    first_wg = (lambda fn: fn()) if warpgroups == 1 else pl.when(wg == 0)  # a decorator
     load_tile = functools.partial(
         mosaic_smem.copy_key_tile, refs=(k_ref, kval_ref), rings=(k_smem, v_smem, kval_smem),
         bars=(k_bar, v_bar, kval_bar), v_tile=lambda k0: v_ref.at[b, :, :, pl.ds(k0, bk)],
         b=b, bm=bm)
-    plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
-    plgpu.copy_gmem_to_smem(dy_ref.at[b, :, :, pl.ds(q0, bq)], dy_smem, q_bar.at[1])
+
+    @first_wg
+    def _load_shared():
+      plgpu.copy_gmem_to_smem(q_ref.at[b, :, pl.ds(q0, bq)], q_smem, q_bar.at[0])
+      plgpu.copy_gmem_to_smem(dy_ref.at[b, :, :, pl.ds(q0, bq)], dy_smem, q_bar.at[1])
+
     for step in range(2):  # the two-slot ring's prologue
-      pl.when(step < steps)(lambda step=step: load_tile(first + step, step))
+      pl.when(step < own)(lambda step=step: load_tile(tile(step), base + step))
     plgpu.barrier_wait(q_bar.at[0])
     plgpu.barrier_wait(q_bar.at[1])
 
     def key_tile(step, carry):
-      slot, k0 = jax.lax.rem(step, 2), (first + step) * bk
+      slot, k0 = base + jax.lax.rem(step, 2), tile(step) * bk
       c_h, inv_rms = mosaic_smem.code_tile(q_smem, k_smem, kval_smem, k_bar, kval_bar,
                                            slot=slot, q0=q0, k0=k0, is_causal=is_causal,
                                            scale=scale, eps=eps)
       plgpu.barrier_wait(v_bar.at[slot])
 
       def column(j, dc_h):
-        v_h = [jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[slot, h, j], layout=cols),
-                                        (bq, bk), [1]) for h in range(heads)]
+        v_h = [jax.lax.broadcast_in_dim(plgpu.load(v_smem.at[slot, h, j], layout=cols).astype(
+            _F32), (bq, bk), [1]) for h in range(heads)]
         dy_h = [jax.lax.broadcast_in_dim(plgpu.load(dy_smem.at[h, j], layout=rows).astype(
             _F32), (bq, bk), [0]) for h in range(heads)]
         u = sum(c * v for c, v in zip(c_h, v_h))
@@ -160,34 +175,37 @@ def _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, *, scale, is_causal,
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(ds_smem.at[slot], ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(k0, bk)])
 
-      @pl.when(step + 2 < steps)
+      @pl.when(step + 2 < own)
       def _prefetch():
-        load_tile(first + step + 2, slot)
+        load_tile(tile(step + 2), slot)
 
       return carry
 
-    jax.lax.fori_loop(0, steps, key_tile, 0)
+    jax.lax.fori_loop(0, own, key_tile, 0)
     if is_causal and zero_skipped:  # XLA's matmuls read the tiles past the diagonal: zeros
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-      for h in range(heads):
-        ds_smem[0, h] = plgpu.layout_cast(jnp.zeros((bq, bk), dtype), plgpu.Layout.WGMMA)
-      plgpu.commit_smem()
+      @first_wg
+      def _write_zeros():
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        for h in range(heads):
+          ds_smem[0, h] = plgpu.layout_cast(jnp.zeros((bq, bk), dtype), plgpu.Layout.WGMMA)
+        plgpu.commit_smem()
 
-      @pl.loop(jnp.maximum(stop, first), jnp.minimum(first + split, num_k_tiles))
-      def _skipped(kt):
-        plgpu.copy_smem_to_gmem(ds_smem.at[0], ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(kt * bk, bk)])
+        @pl.loop(jnp.maximum(stop, first), jnp.minimum(first + split, num_k_tiles))
+        def _skipped(kt):
+          plgpu.copy_smem_to_gmem(ds_smem.at[0],
+                                  ds_ref.at[b, :, pl.ds(q0, bq), pl.ds(kt * bk, bk)])
     plgpu.wait_smem_to_gmem(0)
 
   def hyla_ds(*refs):
-    buffers = mosaic_smem.allocate(plgpu, ds_smem(heads, depth, v_dim, dtype))
-    barriers = [plgpu.Barrier(num_barriers=2) for _ in range(4)]
-    pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *buffers, *barriers)
+    buffers = mosaic_smem.allocate(plgpu, ds_smem(heads, depth, v_dim, dtype, warpgroups))
+    barriers = [plgpu.Barrier(num_barriers=n) for n in (2, *[2 * warpgroups] * 3)]
+    pl.run_scoped(lambda *scoped: kernel(*refs, *scoped), *buffers, *barriers, **shared)
 
+  threads = dict(num_threads=warpgroups, thread_name="wg") if warpgroups > 1 else {}
   return plgpu.kernel(
       hyla_ds, out_type=jax.ShapeDtypeStruct((batch, heads, q_padded, k_padded), dtype),
       grid=(batch, q_padded // bq, -(-num_k_tiles // split)),
-      grid_names=("batch", "q_tile", "k_split"),
-      interpret=interpret,
+      grid_names=("batch", "q_tile", "k_split"), interpret=interpret, **threads,
   )(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK)
 
 
@@ -354,19 +372,20 @@ DQ_PATHS = {"kernel": _matmuls_kernel, "xla": _matmuls_xla}
 DEFAULT_DQ = "kernel"
 
 
-def check_tiles(heads: int, depth: int, v_dim: int, dtype) -> None:
+def check_tiles(heads: int, depth: int, v_dim: int, dtype, ds_warpgroups: int = 1) -> None:
   """BadInput in one line, before lowering, when the compiled backward's buffers cannot fit
   (`mosaic_smem.check_tiles`); interpret mode has no such limit."""
   what = f"mosaic_kernel backward, {heads} heads, D={depth}, V={v_dim}, {dtype}"
   depth_padded = mosaic_smem.depth_padded(depth, dtype)
-  mosaic_smem.check_tiles(ds_smem(heads, depth_padded, v_dim, dtype), what + " (dS)")
+  mosaic_smem.check_tiles(ds_smem(heads, depth_padded, v_dim, dtype, ds_warpgroups), what + " (dS)")
   mosaic_smem.check_tiles(dv_smem(heads, depth_padded, dtype), what + " (dV)")
 
 
 def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, eps,
-             interpret, dq=DEFAULT_DQ):
+             interpret, dq=DEFAULT_DQ, ds_warpgroups=1):
   """(dQ, dK, dV) of `mosaic_kernel.attention` from the inputs and the output's cotangent;
-  `dq` names the entry of DQ_PATHS that computes dQ and dK from dS."""
+  `dq` names the entry of DQ_PATHS that computes dQ and dK from dS; `ds_warpgroups` (1 or 2)
+  the dS kernel's (`_ds_call`)."""
   batch, q_len, heads, depth = query_BQHD.shape
   k_len, v_dim, dtype = key_BKHD.shape[1], value_BKHV.shape[-1], query_BQHD.dtype
   round_up = mosaic_smem.round_up
@@ -376,15 +395,17 @@ def backward(query_BQHD, key_BKHD, value_BKHV, mask, d_out_BQHV, *, is_causal, e
       (0, 0), (0, length - x.shape[1]), (0, heads_to - heads), (0, width - x.shape[3])))
   q_BHQD = jnp.transpose(pad(query_BQHD, q_padded, heads, d_padded), (0, 2, 1, 3))
   k_BHKD = jnp.transpose(pad(key_BKHD, k_padded, heads, d_padded), (0, 2, 1, 3))
-  # V (and dY, for dV) in float32: the kernels' FMAs take it without a conversion per load.
-  hv_ds = mosaic_smem.heads_padded(heads, v_padded * DS_BLOCK_K, _F32)
-  v_BHVK = jnp.transpose(pad(value_BKHV, k_padded, hv_ds, v_padded, _F32), (0, 2, 3, 1))
+  # V (and dY, for dV) in float32: the kernels' FMAs take it without a conversion per load
+  # (except in the two-warpgroup dS kernel, whose rings would not fit: `ds_smem`).
+  v_type = _F32 if ds_warpgroups == 1 else dtype
+  hv_ds = mosaic_smem.heads_padded(heads, v_padded * DS_BLOCK_K, v_type)
+  v_BHVK = jnp.transpose(pad(value_BKHV, k_padded, hv_ds, v_padded, v_type), (0, 2, 3, 1))
   dy_BHVQ = jnp.transpose(pad(d_out_BQHV, q_padded, heads, v_padded), (0, 2, 3, 1))
   key_valid_BK = mosaic_smem.key_valid(mask, k_len, k_padded)
   scale = 1.0 / math.sqrt(depth)
   ds_BHQK = _ds_call(q_BHQD, k_BHKD, v_BHVK, dy_BHVQ, key_valid_BK, scale=scale,
                      is_causal=is_causal, eps=eps, zero_skipped=dq == "xla",
-                     interpret=interpret)
+                     warpgroups=ds_warpgroups, interpret=interpret)
 
   def sliced(x_BXHV, length, heads_to):  # (B, J, Hv, bv, X): the value slice leading
     x = pad(x_BXHV, length, heads_to, v_padded, _F32).reshape(

@@ -38,12 +38,12 @@ def test_dry_run_records_every_kind_of_result(tmp_path):
   stages = {r["stage"]: r["status"] for r in by_kind["stage"]}
   # The order: the kernels checked, the C4 step right after parity, then the timings, the
   # counters and the profile.
-  assert list(stages) == ["env", "rung_forward", "rung_dq", "mosaic_parity", "c4_b2", "time_T64",
-                          "counters", "profile"], stages
+  assert list(stages) == ["env", "rung_forward", "rung_dq", "rung_ds_two_warpgroups",
+                          "mosaic_parity", "c4_b2", "time_T64", "counters", "profile"], stages
   # The Mosaic ladder runs in interpret mode where jax >= 0.11 has it, else refuses (exit 2).
   # Parity before any timing; on a CPU the Mosaic kernels refuse it in one line (they need a
   # Hopper GPU compiled).
-  mosaic = ("rung_forward", "rung_dq", "mosaic_parity")
+  mosaic = ("rung_forward", "rung_dq", "rung_ds_two_warpgroups", "mosaic_parity")
   assert all(stages[n] in ("ok", "refused") for n in mosaic), stages
   assert all(s == "ok" for n, s in stages.items() if n not in (*mosaic, "counters")), stages
   assert stages["counters"] == "skipped", stages  # ncu waits for Mosaic's parity
@@ -115,18 +115,25 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   window.record("parity", implementation="mosaic", seq_len=256, dtype="bfloat16",
                 status="pass")
   assert configs() == "--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256"
+  # The dS kernel on two warpgroups, last, once its own rung passed here (from T=512).
+  window.record("rung", rung="dq", schedule="ds_two_warpgroups", status="pass")
+  variant = "mosaic:64x8x8:kernel:paired:ds_two_warpgroups"
+  assert configs() == f"--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256,{variant}"
+  assert configs("time_T1024").endswith(variant) and variant not in configs("time_sraven")
   # Each shape in its own process, beside cuDNN (always its first row) and blockwise.
   assert argv("time_c4")[-5:] == ["--seq_len=512", "--batch=64", "--heads=8", "--head_dim=64",
-                                    "--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256"]
+                                    f"--configs=mosaic:64x8x8:kernel:paired,blockwise:256x256,"
+                                    f"{variant}"]
   assert "--heads=16" in argv("time_sraven") and "--head_dim=2" in argv("time_fuzzy")
   assert argv("profile")[-2:] == ["--configs=mosaic:64x8x8:kernel:paired", "--profile"]
   window.record("parity", implementation="mosaic", seq_len=1000, dtype="bfloat16",
                 status="error", message="does not compile")
   assert configs() == "--configs=blockwise:256x256"
-  last = json.loads((tmp_path / "gpu_window.jsonl").read_text().splitlines()[-1])
-  assert last == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x8:kernel:paired",
-                  "status": "skipped", "seq_len": 4096, "batch": 4,
-                  "message": "mosaic's parity in this window: error at T=1000 bfloat16"}
+  last = [json.loads(line) for line in (tmp_path / "gpu_window.jsonl").read_text().splitlines()]
+  assert [r["config"] for r in last[-2:]] == ["mosaic:64x8x8:kernel:paired", variant]
+  assert last[-2] == {"kind": "tune", "name": "mosaic", "config": "mosaic:64x8x8:kernel:paired",
+                      "status": "skipped", "seq_len": 4096, "batch": 4,
+                      "message": "mosaic's parity in this window: error at T=1000 bfloat16"}
 
 
 def test_the_stage_budgets_fit_eight_minutes_with_the_install():

@@ -83,11 +83,13 @@ def test_occupancy_is_what_nsight_compute_measured_on_the_h200():
                   "hyla_dq_dk_mosaic_gpu_kernel"}
 
 
-def _recorded():
-  """{kernel: (registers, shared memory bytes, 4 warps)} of the newest ptxas rows of the default
-  schedule (paired 64x8x8, dq=kernel), which carry Mosaic's shared memory (smem_bytes)."""
-  return {row["kernel"]: (row["registers"], row["smem_bytes"], 4) for row in _rows(PTXAS_ROWS)
-          if row.get("paired") and row["block_v"] == 8 and "smem_bytes" in row}
+def _recorded(ds_two_warpgroups=False):
+  """{kernel: (registers, shared memory bytes, warps per CTA)} of the newest ptxas rows of the
+  default schedule (paired 64x8x8, dq=kernel), or with the dS kernel on two warpgroups, which carry
+  Mosaic's shared memory (smem_bytes) and, since jax 0.12, the threads per CTA (else 128)."""
+  return {row["kernel"]: (row["registers"], row["smem_bytes"], row.get("threads", 128) // 32)
+          for row in _rows(PTXAS_ROWS) if row.get("paired") and row["block_v"] == 8
+          and "smem_bytes" in row and row.get("ds_two_warpgroups", False) == ds_two_warpgroups}
 
 
 def test_every_mosaic_kernel_launches_and_the_planted_over_budget_one_is_caught():
@@ -105,6 +107,16 @@ def test_every_mosaic_kernel_launches_and_the_planted_over_budget_one_is_caught(
   assert [line.split(":")[0] for line in ptxas.under_filled(planted, 2)] == ["dS", "dV"]
   too_big = dict(table, forward=(255, 240 * 1024, 4))
   assert ptxas.under_filled(too_big, 1)[0].startswith("forward: 0 warps")
+
+
+def test_the_two_warpgroup_ds_kernel_gives_each_scheduler_two_warps():
+  """Issue 66's floor, met by ptxas's numbers of `Blocks.ds_two_warpgroups` (not yet run on a
+  GPU): one CTA of 8 warps per multiprocessor, by shared memory (Q and dY shared, the V ring in
+  bf16) and by registers, where the default's one CTA holds 4."""
+  two = _recorded(ds_two_warpgroups=True)["dS"]
+  assert two[2] == 8 and ptxas.under_filled({"dS": two}, 2) == []
+  assert ptxas.occupancy(*two).ctas == 1
+  assert ptxas.occupancy(*_recorded()["dS"]).warps_per_scheduler == 1
 
 
 def test_the_cost_models_ctas_per_sm_are_the_occupancy_of_the_kernels():

@@ -9,7 +9,8 @@ Python 3.11 / jax 0.10.2 this module skips, and CI's Python 3.12 leg (jax 0.11.2
 Interpretation is slow, so the cases are few and small: B=1, H=8, T=64 plain and T=128
 causal with a padding mask (two query tiles, so the causal tiles the backward skips are
 exercised), a batch of two with per-example masks at a length no tile divides, H=4 at T=72
-through XLA's matmuls, and H=3 with V=10 (padded heads and columns); the dQ and dK matmul
+through XLA's matmuls, and H=3 with V=10 (padded heads and columns); the dS kernel on two
+warpgroups (`Blocks.ds_two_warpgroups`) at T=128 and, split, at T=72; the dQ and dK matmul
 kernels alone against float64, with NaN where they must not read. The lot takes ~5 minutes
 on a 2-core CPU.
 
@@ -75,6 +76,7 @@ def _padding_mask(valid_lengths, length):
 
 
 PLAIN = mosaic_kernel.Blocks(64, 8, 4, paired=False)
+TWO_WARPGROUP_DS = mosaic_kernel.Blocks(ds_two_warpgroups=True)
 
 
 @pytest.mark.parametrize("batch,length,heads,causal,valid,blocks,dq,v_dim", [
@@ -93,6 +95,8 @@ PLAIN = mosaic_kernel.Blocks(64, 8, 4, paired=False)
     # H=3: V ring slots pad to 4 heads (128 bytes in float32); V=10 pads to 16 (the forward's
     # 8-column slices) and 12 (the dV kernel's 4).
     (1, 72, 3, True, None, mosaic_kernel.DEFAULT_BLOCKS, "kernel", 10),
+    # The dS kernel on two warpgroups, alternating key tiles (8 of the second query tile's 16).
+    (1, 128, 8, True, (100,), TWO_WARPGROUP_DS, "kernel", 16),
 ])
 def test_interpret_matches_reference(batch, length, heads, causal, valid, blocks, dq, v_dim,
                                      capsys):
@@ -110,19 +114,20 @@ def test_interpret_matches_reference(batch, length, heads, causal, valid, blocks
   assert max(bound for _, bound in errors.values()) < 1e-2
 
 
-@pytest.mark.parametrize("length,heads,valid,dq", [(128, 8, (100,), "kernel"),
-                                                  (72, 4, None, "xla")])
-def test_ds_kernel_split_over_keys_matches_reference(length, heads, valid, dq, monkeypatch,
-                                                     capsys):
+@pytest.mark.parametrize("length,heads,valid,dq,blocks", [
+    (128, 8, (100,), "kernel", mosaic_kernel.DEFAULT_BLOCKS),
+    (72, 4, None, "xla", mosaic_kernel.DEFAULT_BLOCKS), (72, 4, None, "xla", TWO_WARPGROUP_DS)])
+def test_ds_kernel_split_over_keys_matches_reference(length, heads, valid, dq, blocks,
+                                                     monkeypatch, capsys):
   """The dS kernel's keys split over programs (DS_SPLIT_KEYS, 512 on hardware) at 16 keys, so that
   these lengths run several programs per query tile, some past the causal diagonal with nothing to
-  do; through XLA's matmuls those write zeros over their own keys only."""
+  do; through XLA's matmuls those write zeros over their own keys only. On two warpgroups, a
+  program's second warpgroup has one key tile or none."""
   from hypernet_attention.ops import mosaic_kernel_bwd  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(mosaic_kernel_bwd, "DS_SPLIT_KEYS", 16)
   inputs = _inputs(1, length, heads=heads)
   mask = None if valid is None else _padding_mask(valid, length)
-  errors = compare(_kernel_fn(mask, True, mosaic_kernel.DEFAULT_BLOCKS, dq),
-                   _reference_fn(mask, True), inputs)
+  errors = compare(_kernel_fn(mask, True, blocks, dq), _reference_fn(mask, True), inputs)
   assert "RACE DETECTED" not in capsys.readouterr().out
   for name, (err, bound) in errors.items():
     assert err < bound, f"{name}: relative error {err:.3g} >= bound {bound:.3g}"
@@ -198,7 +203,8 @@ def test_ds_matmul_kernels(k_padded, causal, capsys):
 
 
 @pytest.mark.parametrize("dtype,with_backward,schedule", [
-    (jnp.bfloat16, True, {}), (jnp.float16, False, {}),
+    (jnp.bfloat16, True, {}), (jnp.bfloat16, True, {"ds_two_warpgroups": True}),
+    (jnp.float16, False, {}),
     (jnp.bfloat16, False, {"paired": False, "block_v": 4})])
 def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, schedule):
   """Pallas -> Mosaic GPU lowering, layout inference, TMA descriptors and the SMEM budget run
@@ -213,10 +219,9 @@ def test_lowers_for_hopper_and_meets_its_memory_rules(dtype, with_backward, sche
   from hypernet_attention.measure import hopper_rules  # pylint: disable=g-import-not-at-top
   q = jax.ShapeDtypeStruct((2, 128, 8, 64), dtype)
   blocks = mosaic_kernel.Blocks(**schedule)
-  fn = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
-  if with_backward:
-    fn = jax.value_and_grad(lambda *a: mosaic_kernel.attention(*a, is_causal=True).astype(
-        jnp.float32).sum(), argnums=(0, 1, 2))
+  forward = lambda q, k, v: mosaic_kernel.attention(q, k, v, is_causal=True, blocks=blocks)
+  fn = jax.value_and_grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2)
+                          ) if with_backward else forward
   uses = hopper_rules.uses(fn, q, q, q)
   assert [hopper_rules.describe(u) for u in uses if not u.ok] == []
   kinds = {u.what for u in uses}
@@ -284,6 +289,13 @@ def test_the_default_tiles_fit_forward_and_backward():
   mosaic_kernel_bwd.check_tiles(8, 64, 64, jnp.bfloat16)
   with pytest.raises(ValueError, match="at least 393,472 bytes"):
     mosaic_kernel_bwd.check_tiles(16, 64, 64, jnp.bfloat16)
+  # On two warpgroups: Q, dY and two rings each of K, V (bf16), key validity and dS, 229,888
+  # bytes (Mosaic's own count: 230,400), which V in float32 would take to 262,656.
+  mosaic_kernel_bwd.check_tiles(8, 64, 64, jnp.bfloat16, ds_warpgroups=2)
+  buffers = mosaic_kernel_bwd.ds_smem(8, 64, 64, jnp.bfloat16, 2)
+  v_ring = next(b for b in buffers if b.name == "V ring")
+  assert v_ring.dtype == jnp.bfloat16 and sum(b.nbytes for b in buffers) == 229_888
+  assert sum(b.nbytes for b in buffers) + v_ring.nbytes > mosaic_smem.HOPPER_SMEM_BYTES
 
 
 @pytest.mark.parametrize("blocks,heads,with_backward", [
