@@ -108,7 +108,7 @@ def process_mode(port, process_id, workdir, out_dir):
   assert jax.process_count() == 2 and jax.device_count() == 4, runtime.log_topology()
   if process_id == 1:
     # Peers a while apart, as on a loaded machine: beyond Gloo's fixed 30 s wait for a
-    # peer's key at its set-up (runtime.wait_for_all is what lets the run go on).
+    # peer's key at its set-up (multihost.sync's key-value barrier lets the run go on).
     time.sleep(PEER_SKEW_S)
   summary = loop.train_and_evaluate(smoke_config(), workdir)
   if process_id == 0:
