@@ -62,6 +62,16 @@ def test_two_processes_match_one_process(tmp_path):
   with tl.multiprocess_slot():
     procs = [_run(["process", port, i, workdir, tmp_path], tmp_path, f"process{i}")
              for i in (0, 1)]
+    # The one-process reference meanwhile (process 1 first idles for the peer skew).
+    try:
+      config = tl.smoke("sraven", **{"eval.ceiling_problems": 0})
+      single = loop.train_and_evaluate(config, str(tmp_path / "single"))
+    except BaseException:
+      for proc, log in procs:
+        proc.kill()
+        proc.wait()
+        log.close()
+      raise
     _wait_all(procs, tmp_path)
   with open(tmp_path / "summary.json") as f:
     summary = json.load(f)
@@ -69,9 +79,6 @@ def test_two_processes_match_one_process(tmp_path):
   assert sorted(os.listdir(workdir / "checkpoints")) == ["4", "8"]
   assert len([f for f in os.listdir(workdir) if f.startswith("events")]) == 1  # process 0
   two = dict(np.load(tmp_path / "params.npz"))
-
-  config = tl.smoke("sraven", **{"eval.ceiling_problems": 0})
-  single = loop.train_and_evaluate(config, str(tmp_path / "single"))
   one = tl.flat_params(single["state"].params)
   chex.assert_trees_all_close(two, one, rtol=1e-7, atol=2e-5)  # np.testing's default rtol.
 

@@ -21,18 +21,24 @@ import train_testlib as tl
 
 pytestmark = pytest.mark.e2e  # Drives the whole training loop (tests/pytest.ini).
 
-# Two processes agree on the preemption step within a few seconds (the coordination
-# service relays the notice), so they need a longer run than one process does.
+# The run must still be going when the stop comes, after the test sees step 8. One
+# process stops at the chunk (4 steps) after its SIGTERM: its 312 further steps are a few
+# seconds. Two processes agree on the step through JAX's preemption sync manager (a
+# key-value barrier between their notifier threads), seen to stop at the next chunk too
+# under load 6 on 2 cores; their steps run Gloo collectives (3-15 steps/s seen there), so
+# fewer steps leave them as long: 152 further steps are 10 s or more at 15 steps/s.
 STEPS = 320
-OVERRIDES = {"num_train_steps": STEPS, "log_every_steps": 4, "eval_every_steps": STEPS,
-             "checkpoint_every_steps": STEPS, "eval.ceiling_problems": 0, "eval.num_problems": 16}
+TWO_PROCESS_STEPS = 160
 
 
-def _command(workdir, process_id=None, port=None):
+def _command(workdir, process_id=None, port=None, steps=STEPS):
   command = [sys.executable, os.path.join(tl.REPO, "experiments", "sraven_scaling.py"),
              "--config=" + os.path.join(tl.REPO, "experiments/configs/sraven.py") +
              ":model=hyla,size=smoke", f"--workdir={workdir}"]
-  command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
+  overrides = {"num_train_steps": steps, "log_every_steps": 4, "eval_every_steps": steps,
+               "checkpoint_every_steps": steps, "eval.ceiling_problems": 0,
+               "eval.num_problems": 16}
+  command += [f"--config.{k}={v}" for k, v in overrides.items()]
   if process_id is not None:
     command += [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                 f"--process_id={process_id}", "--cpu_collectives=gloo"]
@@ -71,7 +77,7 @@ def _wait_for_training(log_path, procs):
                 [log for _, log in procs], poll_s=0.1)
 
 
-def _preempt_then_rerun(tmp_path, workdir, launch):
+def _preempt_then_rerun(tmp_path, workdir, launch, steps=STEPS):
   """SIGTERM every process after step 8, check the clean exit, rerun to the end."""
   procs = launch(tmp_path / "first")
   _wait_for_training(procs[0][1].name, procs)
@@ -81,20 +87,20 @@ def _preempt_then_rerun(tmp_path, workdir, launch):
   assert codes == [preemption.EXIT_CODE] * len(procs), (codes, texts[0][-3000:])
   saved = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
   stopped = max(saved)
-  assert 8 <= stopped < STEPS, saved
+  assert 8 <= stopped < steps, saved
   assert not (workdir / "summary.json").exists()
   assert not [d for d in os.listdir(workdir / "checkpoints") if "tmp" in d]
   for text in texts:
     assert f"preempted: checkpoint saved at step {stopped}" in text, text[-2000:]
   codes, texts = _finish(launch(tmp_path / "second"))
   assert codes == [0] * len(procs), texts[0][-3000:]
-  assert restore.restore_params(str(workdir)).step == STEPS
+  assert restore.restore_params(str(workdir)).step == steps
   return stopped
 
 
-def _assert_same_params(workdir_a, workdir_b):
-  a = tl.flat_params(restore.restore_params(str(workdir_a), STEPS).params)
-  b = tl.flat_params(restore.restore_params(str(workdir_b), STEPS).params)
+def _assert_same_params(workdir_a, workdir_b, steps=STEPS):
+  a = tl.flat_params(restore.restore_params(str(workdir_a), steps).params)
+  b = tl.flat_params(restore.restore_params(str(workdir_b), steps).params)
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -122,16 +128,16 @@ def test_two_processes_agree_on_the_preemption_step(tmp_path):
   def launch_pair(workdir):
     def launch(log_stem):
       port = _free_port()
-      return [_start(workdir, f"{log_stem}_{i}.log", devices=2, process_id=i, port=port)
-              for i in (0, 1)]
+      return [_start(workdir, f"{log_stem}_{i}.log", devices=2, process_id=i, port=port,
+                     steps=TWO_PROCESS_STEPS) for i in (0, 1)]
     return launch
 
   workdir = tmp_path / "preempted"
-  _preempt_then_rerun(tmp_path, workdir, launch_pair(workdir))
+  _preempt_then_rerun(tmp_path, workdir, launch_pair(workdir), TWO_PROCESS_STEPS)
   reference = tmp_path / "uninterrupted"
   codes, texts = _finish(launch_pair(reference)(tmp_path / "reference"))
   assert codes == [0, 0], texts[0][-3000:]
-  _assert_same_params(workdir, reference)
+  _assert_same_params(workdir, reference, TWO_PROCESS_STEPS)
 
 
 _EARLY = """

@@ -45,12 +45,17 @@ def smoke_config(**mesh):
 
 
 def loss_curve(config, devices):
-  """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`."""
+  """Per-step training losses of `NUM_STEPS` steps from a fresh init on `devices`, in the
+  loop's own chunks (`steps_per_loop`): on 1 device and on the 2x2 mesh these are the
+  programs the runs below compile, so each is compiled once (the compilation cache)."""
   s = build.setup(config_checks.validate(config), devices)
   state = build.init_state(config, s.init_fn, s.shardings)
   trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
-  state, metrics = trainer.train_chunk(state, NUM_STEPS)
-  return [float(x) for x in jax.device_get(metrics.per_step["loss"])]
+  losses = []
+  for _ in range(NUM_STEPS // config.steps_per_loop):
+    state, metrics = trainer.train_chunk(state, config.steps_per_loop)
+    losses += [float(x) for x in jax.device_get(metrics.per_step["loss"])]
+  return losses
 
 
 def flat_params(params):
@@ -103,7 +108,7 @@ def process_mode(port, process_id, workdir, out_dir):
   assert jax.process_count() == 2 and jax.device_count() == 4, runtime.log_topology()
   if process_id == 1:
     # Peers a while apart, as on a loaded machine: beyond Gloo's fixed 30 s wait for a
-    # peer's key at its set-up (runtime.wait_for_all is what lets the run go on).
+    # peer's key at its set-up (multihost.sync's key-value barrier lets the run go on).
     time.sleep(PEER_SKEW_S)
   summary = loop.train_and_evaluate(smoke_config(), workdir)
   if process_id == 0:
