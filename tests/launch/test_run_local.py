@@ -77,7 +77,9 @@ def test_parallel_jobs_share_gpu_memory():
 
 def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
   """SIGKILL to run_local alone (not its process group): the kernel sends its trainer
-  SIGTERM (PR_SET_PDEATHSIG), which checkpoints and exits 75; a rerun resumes there."""
+  SIGTERM (PR_SET_PDEATHSIG), which checkpoints and exits 75; a rerun resumes there. Under
+  load the signal can land before the first step (the lock is taken before compiling): then
+  the trainer says it had nothing to save and exits 75 just the same, lock released."""
   root = str(tmp_path / "sweep")
   first = os.path.join(root, jobs.point_name(sweeps.load("smoke_fuzzy").get_sweep()[0]))
   lock_file = os.path.join(first, "lock.json")
@@ -101,7 +103,7 @@ def test_killed_run_local_takes_its_trainer_with_it(tmp_path):
   assert not os.path.exists(lock_file)  # It ended through the loop: lock released.
   with open(os.path.join(first, "run_local.log")) as f:
     log = f.read()
-  assert "SIGTERM received" in log, log[-3000:]
+  assert "SIGTERM received" in log or "preempted: not started yet" in log, log[-3000:]
 
 
 def test_sweep_runs_as_populations_and_collects_as_runs(tmp_path):
