@@ -39,7 +39,8 @@ from hypernet_attention.runs import cli
 from hypernet_attention.runs import run_files
 from hypernet_attention.train import profiling
 
-# The forward's schedule flags (`mosaic_kernel.Blocks` fields), as --configs suffixes.
+# The kernels' schedule flags (`mosaic_kernel.Blocks` fields; ds_two_warpgroups: the
+# backward's), as --configs suffixes.
 SCHEDULES = ("paired", "ds_two_warpgroups")
 
 

@@ -128,6 +128,9 @@ def main(argv=None) -> int:
                       help="the rungs' Blocks flag (not parity's)")
   args = parser.parse_args(argv)
   parser.check_positive(args, "batch", "seq_len", "heads", "head_dim")
+  if args.rung == "parity" and args.schedule != "default":
+    parser.error(f"--schedule={args.schedule!r} applies to the rungs; allowed with parity: "
+                 "default")
   try:
     seq_lens = [int(t) for t in args.seq_lens.split(",")]
   except ValueError:

@@ -27,6 +27,7 @@ from hypernet_attention.errors import BadInput
 from hypernet_attention.errors import check_choice
 from hypernet_attention.runs import registry
 from hypernet_attention.runs.run_files import MEMBER_KEYS
+from hypernet_attention.runs.run_files import MEMBER_NAME
 
 # Config fields that must be positive integers wherever they appear (sizes and intervals).
 POSITIVE_FIELDS = (
@@ -293,7 +294,7 @@ def check_member_names(config: ml_collections.ConfigDict, size: int) -> tuple[st
   if names and not size:
     raise BadInput(f"config.population.member_names={list(names)!r} but config.population.members "
                    "is empty; allowed: names only with members (a single run takes no names)")
-  names = tuple(names) or tuple(f"member{i}" for i in range(size))
+  names = tuple(names) or tuple(MEMBER_NAME.format(i) for i in range(size))
   bad = [n for n in names if _bad_name(n)]
   if len(names) != size or len(set(names)) != len(names) or bad:
     raise BadInput(

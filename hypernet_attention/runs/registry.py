@@ -2,13 +2,13 @@
 
 Everything that differs between experiments and is not in the config file sits in its record, and
 everything that needs it reads the record: the entry points (which trainer), `objectives.build` (the
-objective: an on-device task's is built from its `task` class), `config_checks` (population support,
-the task's host memory), `probing.extract` (the probe setting), the launchers, sweeps, campaign,
-plan and report (entry point, config file, config template, main metric, and the paper's grid,
-default setting, steps, reported splits, Table A1 column and reference rates: `Paper`). No other
-module keys a table by an experiment's name (tests/runs/test_registry.py), so a new task is its task
-module `tasks/<name>.py`, its config `experiments/configs/<name>.py` and one record here (the
-contributor's map in experiments/reference.md).
+objective: an on-device task's is built from its `task` class; the task's host memory),
+`config_checks` (population support), `probing.extract` (the probe setting), the launchers,
+sweeps, campaign, plan and report (entry point, config file, config template, main metric, and
+the paper's grid, default setting, steps, reported splits, Table A1 column and reference rates:
+`Paper`). No other module keys a table by an experiment's name (tests/runs/test_registry.py),
+so a new task is its task module `tasks/<name>.py`, its config `experiments/configs/<name>.py`
+and one record here (the contributor's map in experiments/reference.md).
 
 This module imports only the standard library, so a launching machine without JAX
 (`xm_launch --dry_run`, `tpu_pod.sh`, `launch/campaign`) can read it: a record names its

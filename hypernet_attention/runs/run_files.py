@@ -80,6 +80,9 @@ POPULATION_SUMMARY = "population_summary.json"  # Members' names, frozen members
 # not code (`population.py`); the launchers group sweep points by the other keys.
 MEMBER_KEYS = ("seed", "task.split_seed", "optimizer.learning_rate",
                "optimizer.weight_decay", "optimizer.warmup_steps")
+# Member i's directory where `population.member_names` is not set: one rule for the writer
+# (config_checks.check_member_names) and every reader (`member_names`).
+MEMBER_NAME = "member{}"
 
 
 def is_remote(p: epath.PathLike) -> bool:
@@ -250,7 +253,7 @@ def member_names(config: Any) -> tuple[str, ...]:
     return ()
   population = config["population"]
   names = tuple(population.get("member_names") or ())
-  return names or tuple(f"member{i}" for i in range(len(population["members"])))
+  return names or tuple(MEMBER_NAME.format(i) for i in range(len(population["members"])))
 
 
 def is_finished(workdir: epath.PathLike) -> bool:
@@ -414,13 +417,13 @@ def check(workdir: epath.PathLike, config: ml_collections.ConfigDict,
                      "directory you can write to") from None
 
 
-def check_run(workdir: epath.PathLike, config: ml_collections.ConfigDict,
-              members: Sequence[tuple[str, ml_collections.ConfigDict]] = (),
-              record: bool = True) -> None:
+def check_run_dirs(workdir: epath.PathLike, config: ml_collections.ConfigDict,
+                   members: Sequence[tuple[str, ml_collections.ConfigDict]] = (),
+                   record: bool = True) -> None:
   """`check` for a run's workdir and, for a population, each member's directory (`members`:
   (name, config) pairs): all pass before any config.json is recorded (`record`: then
-  recorded; else a dry pass)."""
-  for this_pass in (False, True) if record else (False,):
+  recorded; else a dry pass). A single run's one directory needs no dry pass first."""
+  for this_pass in (False, True) if record and members else (record,):
     check(workdir, config, record=this_pass)
     for name, member in members:
       check(str(path(workdir) / name), member, population=workdir, record=this_pass)

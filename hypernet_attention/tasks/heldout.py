@@ -3,7 +3,8 @@
 A task is a combination of symbols (fuzzy-logic terms, SRAVEN rules); `num_ood` of the combinations
 are held out. A split whose training combinations miss a symbol would make the OOD split partly a
 test of never-seen symbols, so the seeded permutation is re-drawn (from the same generator) until
-every symbol is in some training combination. A seed whose first draw covers keeps it."""
+every symbol is in some training combination. A seed whose first draw covers keeps it.
+`SplitTables` gives both task generators `split_tables()` and `combinations(split)` from it."""
 
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
     return FirstChunk(length, seconds)
 
   runs = tuple(zip(checked.member_names, checked.members))  # A population's member runs.
-  check = lambda workdir, record: run_files.check_run(workdir, config, runs, record)
+  check = lambda workdir, record: run_files.check_run_dirs(workdir, config, runs, record)
   with session(config, workdir, check, fits) as sess:
     return run(make(sess.workdir), config, sess)
 

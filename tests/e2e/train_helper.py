@@ -52,6 +52,7 @@ def loss_curve(config, devices):
   state = build.init_state(config, s.init_fn, s.shardings)
   trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
   losses = []
+  assert NUM_STEPS % config.steps_per_loop == 0, "the curve would drop the last steps"
   for _ in range(NUM_STEPS // config.steps_per_loop):
     state, metrics = trainer.train_chunk(state, config.steps_per_loop)
     losses += [float(x) for x in jax.device_get(metrics.per_step["loss"])]
