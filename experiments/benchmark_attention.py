@@ -4,21 +4,18 @@ The CPU table of experiments/results/kernels.md (B=4, H=8, d=64, causal, float32
   python experiments/benchmark_attention.py --seq_lens=256,512,1024,2048,4096 \
     --batch=4 --heads=8 --head_dim=64 --causal --dtype=float32 --repeats=5 \
     --out_dir=/tmp/bench_attention
-GPU (what `launch/gpu_window.py` runs): --dtype=bfloat16 --seq_lens=1024,4096,16384
-  --parity_lens=256,1000 --cell_budget_s=15.
-Each measurement runs --calls calls inside one jitted loop (`hypernet_attention/measure/
-benchmark.py`); rows give median and min ms per call, TFLOP/s and the ratio to cuDNN softmax
-(XLA's softmax where cuDNN does not run, named in the row) from the same process. Prints one
+GPU: --dtype=bfloat16 --seq_lens=1024,4096,16384 --parity_lens=256,1000 --cell_budget_s=15.
+How a cell is timed, sized and refused: `hypernet_attention/measure/benchmark.py`. Prints one
 line per cell, then a markdown table and the target ratios at --target_len; writes
 results.json and attention_benchmark.png to --out_dir, and with --jsonl appends each row to
-that file as soon as it is measured. A cell that cannot fit (abstract shapes, then the
-compiled loop's memory analysis) is refused before any array is allocated.
+that file as soon as it is measured.
 
 --parity_lens: first check values and gradients of every HYLA implementation against the
 float64 reference at those lengths (`measure/parity.py`); a failure exits with status 1 before
 anything is timed."""
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -66,15 +63,6 @@ def _check(parser: errors.ArgumentParser, args: argparse.Namespace) -> None:
                  f"{','.join(benchmark.allowed_names())}")
 
 
-def _appender(path: str | None, kind: str):
-  """Each row appended to `path` (JSON lines, with `kind`) as soon as it exists."""
-  def append(row: dict) -> None:
-    if path:
-      with open(path, "a") as f:
-        f.write(json.dumps({"kind": kind, **row}) + "\n")
-  return append
-
-
 def main():
   parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seq_lens", default="256,512,1024,2048,4096")
@@ -116,7 +104,8 @@ def main():
 
   if args.parity_lens:
     rows = parity.run(args.parity_lens, args.dtype, batch=args.batch, heads=args.heads,
-                      head_dim=args.head_dim, on_row=_appender(args.jsonl, "parity"))
+                      head_dim=args.head_dim,
+                      on_row=functools.partial(benchmark.append_jsonl, args.jsonl, kind="parity"))
     # "unsupported": a kernel that refused this device or dtype (e.g. mosaic off Hopper);
     # "error": one that does not compile here, recorded (its timing rows say "error" too).
     # Only a wrong answer ("fail") stops the window.
@@ -135,7 +124,8 @@ def main():
   rows = benchmark.run(
       args.seq_lens, args.implementations, batch=args.batch, heads=args.heads,
       head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, repeats=args.repeats,
-      calls=args.calls, limits=limits, on_row=_appender(args.jsonl, "attention"))
+      calls=args.calls, limits=limits,
+      on_row=functools.partial(benchmark.append_jsonl, args.jsonl, kind="attention"))
   print(benchmark.markdown_table(rows))
   meta["ratios_at_target_len"] = benchmark.ratios(rows, args.target_len)
   print(f"ratios at T={args.target_len}:", json.dumps(meta["ratios_at_target_len"], indent=1))

@@ -22,6 +22,7 @@ Needs a GPU, or --interpret (tiny sizes; Mosaic needs jax >= 0.11), or, timing n
 each Mosaic kernel's registers, spills, occupancy and instructions per pair, compiled for an H100
 on any machine (`measure/ptxas.py`; jax's CUDA plugin)."""
 
+import dataclasses
 import json
 import time
 
@@ -84,11 +85,6 @@ def kernel_fn(config: dict, interpret: bool):
       q, k, v, is_causal=True, blocks=blocks, dq=config["dq"], interpret=params)
 
 
-def time_ms(fn, args, calls: int, repeats: int) -> tuple[float, float]:
-  """Median ms per call of the forward and of forward+backward, `calls` per jitted loop."""
-  return tuple(benchmark.median_ms(f, args, calls, repeats) for f in (fn, benchmark.fwd_bwd(fn)))
-
-
 def _tiles(config: dict) -> str:
   """A row's tiles as its tables print them: BQxBKxBV (+ paired) or BQxBK."""
   tiles = "x".join(str(config[k]) for k in ("block_q", "block_k", "block_v") if k in config)
@@ -97,9 +93,7 @@ def _tiles(config: dict) -> str:
 
 def _emit(row: dict, out: str) -> None:
   print(json.dumps(row), flush=True)
-  if out:
-    with open(out, "a") as f:
-      f.write(json.dumps(row) + "\n")
+  benchmark.append_jsonl(out, row)
 
 
 # Program names by the kernels' entries (`hyla_*` in mosaic_kernel*.py); the matmul kernel's two
@@ -114,8 +108,7 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
   (`ptxas.occupancy`), and from its hot loop's static PTX (`ptxas.hot_loop`), per (q, k) pair over
   all V columns, the instructions one warpgroup (128 threads) issues and their FMA share."""
   ptxas.device()  # no CUDA plugin: one line, before any work
-  shape = jax.ShapeDtypeStruct((args.batch, args.seq_len, args.heads, args.head_dim),
-                               jnp.dtype(args.dtype))
+  shape = benchmark.Shape(args.batch, args.heads, args.head_dim, args.seq_len, True, args.dtype)
   print("| tiles | program | registers | spill stores / loads (B) | shared memory (B) | "
         "CTAs/SM | warps per scheduler | instructions per pair | FMA share |")
   print("|---|---|---|---|---|---|---|---|---|")
@@ -130,7 +123,7 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
       backward_done.add(backward)
     for pass_name, f in passes:
       names = {entry: list(programs) for entry, programs in PROGRAMS.items()}
-      for found in ptxas.kernels(f, shape, shape, shape):
+      for found in ptxas.kernels(f, *shape.specs()):
         name = names[found.pop("kernel")].pop(0)
         # (pairs, value columns) one pass of its hot loop covers: the forward's key tile, the dS
         # kernel's value column, the dV kernel's query tile; the matmuls have no per-pair loop.
@@ -142,10 +135,8 @@ def _ptxas_rows(configs: list[dict], args, version: str) -> int:
           found["fma_share"] = round(found["loop_fma"] / found["loop_instructions"], 3)
         fits = ptxas.occupancy(found["registers"], found["smem_bytes"], found["threads"] // 32)
         _emit(dict(config, **{"pass": pass_name}, kernel=name, **found, ctas_per_sm=fits.ctas,
-                   warps_per_scheduler=fits.warps_per_scheduler, seq_len=args.seq_len,
-                   batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-                   dtype=args.dtype, device="compile-only H100", ptxas=version,
-                   jax=jax.__version__), args.out)
+                   warps_per_scheduler=fits.warps_per_scheduler, **dataclasses.asdict(shape),
+                   device="compile-only H100", ptxas=version, jax=jax.__version__), args.out)
         print(f"| {_tiles(config)} | {name} | {found['registers']} | {found['spill_stores']} / "
               f"{found['spill_loads']} | {found['smem_bytes']:,} | {fits.ctas} | "
               f"{fits.warps_per_scheduler:g} | {found.get('instructions_per_pair', '-')} | "
@@ -188,19 +179,18 @@ def main():
   if jax.default_backend() != "gpu" and not args.interpret:
     parser.error(f"JAX's backend is {jax.default_backend()}: the kernels need a GPU; allowed "
                  "off a GPU: --interpret (tiny sizes)")
-  shape = (args.batch, args.seq_len, args.heads, args.head_dim)
-  keys = jax.random.split(jax.random.PRNGKey(0), 3)
-  qkv = tuple(jax.random.normal(k, shape, jnp.dtype(args.dtype)) for k in keys)
-  meta = dict(seq_len=args.seq_len, batch=args.batch, heads=args.heads,
-              head_dim=args.head_dim, dtype=args.dtype, causal=True,
-              device=jax.devices()[0].device_kind, interpret=args.interpret)
+  shape = benchmark.Shape(args.batch, args.heads, args.head_dim, args.seq_len, True, args.dtype)
+  qkv = benchmark.inputs(shape)
+  meta = dict(dataclasses.asdict(shape), device=jax.devices()[0].device_kind,
+              interpret=args.interpret)
   rows = []
 
   def record(config, make_fn):
     start = time.perf_counter()
     try:
       fn = make_fn()
-      fwd, both = time_ms(fn, qkv, args.calls, args.repeats)
+      fwd, both = (benchmark.median_ms(f, qkv, args.calls, args.repeats)
+                   for f in (fn, benchmark.fwd_bwd(fn)))
       row = dict(config, fwd_ms=fwd, fwd_bwd_ms=both, status="ok")
       if args.profile:
         kernels = profiling.kernel_ms(benchmark.fwd_bwd(fn), qkv, args.calls)

@@ -132,9 +132,7 @@ def fwd_bwd(fn: Callable) -> Callable:
   """(q, k, v) -> (sum out, d(sum out)/d(q, k, v)): forward+backward as a train step runs it.
 
   The value is returned: the tiled kernels' custom VJPs keep only the inputs as residuals,
-  so under `jax.grad` alone XLA drops their forward and times the backward only (what every
-  blockwise, Pallas and Mosaic "fwd+bwd" through 2026-11-27 measured), while softmax and the
-  reference keep theirs, which their gradients need."""
+  so under `jax.grad` alone XLA drops their forward (kernels.md's correction)."""
   return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2))
 
 
@@ -264,7 +262,8 @@ def median_ms(fn: Callable, args, calls: int, repeats: int) -> float:
   return statistics.median(time_loop(exe, args, calls, repeats, math.inf)["samples_ms"])
 
 
-def _inputs(shape: Shape) -> tuple[jax.Array, ...]:
+def inputs(shape: Shape) -> tuple[jax.Array, ...]:
+  """Fresh normal q, k, v of `shape`, seeded by its T."""
   keys = jax.random.split(jax.random.PRNGKey(shape.seq_len), 3)
   return tuple(jax.random.normal(key, s.shape, s.dtype) for key, s in zip(keys, shape.specs()))
 
@@ -311,7 +310,7 @@ def measure(name: str, shape: Shape, repeats: int, limits: Limits = Limits(),
       row.update(sizes)
       if refused:
         return {**row, **refused}
-    args = _inputs(shape)  # The first allocation, once everything fits.
+    args = inputs(shape)  # The first allocation, once everything fits.
     for kind, exe in compiled.items():
       budget_s = min(limits.cell_budget_s, limits.deadline - time.perf_counter())
       timed = time_loop(exe, args, calls, repeats, budget_s)
@@ -351,8 +350,16 @@ def loop_overhead_ms(shape: Shape, calls: int, repeats: int, limits: Limits) -> 
   if check_abstract_memory("softmax_xla", shape, limits):
     return None
   idle = {"fwd": lambda q, k, v: q, "fwd_bwd": lambda q, k, v: (q, k, v)}
-  args = _inputs(shape)
+  args = inputs(shape)
   return {kind: median_ms(fn, args, calls, repeats) for kind, fn in idle.items()}
+
+
+def append_jsonl(path: Optional[str], row: dict, **fields) -> None:
+  """`fields` and `row` appended to `path` (JSON lines) as soon as the row exists, so a run cut
+  short keeps it."""
+  if path:
+    with open(path, "a") as f:
+      f.write(json.dumps({**fields, **row}) + "\n")
 
 
 def add_ratios(rows: list[dict]) -> None:

@@ -2,10 +2,9 @@
 
 Why: a TMA copy or a wgmma whose shared-memory address breaks Hopper's alignment rules is not
 an error at lowering time, nor in interpret mode; on the GPU it is
-`CUDA_ERROR_MISALIGNED_ADDRESS`, which kills the process's CUDA context (the H100 window of
-2026-11-27: the forward's key-validity ring had 64-byte slots, so slot 1's TMA landed 64 bytes
-off the 128 that `cp.async.bulk.tensor` needs). Everything the rules need is known when the
-kernel lowers, so they are checked here, on a CPU, in CI.
+`CUDA_ERROR_MISALIGNED_ADDRESS`, which kills the process's CUDA context (the H200 window of
+2026-11-27, its README). Everything the rules need is known when the kernel lowers, so they are
+checked here, on a CPU, in CI.
 
 How: while a function lowers (`uses(fn, *shapes)`), Mosaic's own `LaunchContext.async_copy`,
 `LaunchContext._get_tma_desc` and `wgmma` are wrapped to record each TMA copy, each TMA

@@ -5,7 +5,7 @@ memory, in its inner loop, and no CPU test sees it. XLA compiles for a CUDA devi
 not there (deviceless ahead-of-time compilation: jax's CUDA PJRT plugin builds a
 compile-only H100 from a target description), and that runs Mosaic's whole pipeline down to
 ptxas, whose report (`MOSAIC_GPU_DUMP_PTXAS`) gives each kernel's registers and spill bytes
-(the first backward kernel's ~9 KB of spills per thread were found so: kernels.md has the tables).
+(kernels.md has the tables).
 
   pip install jax-cuda12-plugin==V jax-cuda12-pjrt==V nvidia-cuda-nvcc-cu12   # V: jax's
   python experiments/tune_kernels.py --ptxas --configs=mosaic:64x8x8:kernel:paired
@@ -48,9 +48,8 @@ _INSTALL = ("jax's CUDA plugin and ptxas (pip install jax-cuda12-plugin==V jax-c
 
 def prepare() -> str:
   """Before JAX's backends exist: let the CUDA plugin load without a CUDA install, and put
-  the nvidia-cuda-nvcc wheel's ptxas first on PATH. Without it XLA compiles with another
-  ptxas (the registers forward at Blocks(64, 16, 2): 232 registers instead of 199), so
-  the numbers name their ptxas. Returns its version ('' if the wheel is absent)."""
+  the nvidia-cuda-nvcc wheel's ptxas first on PATH (another ptxas allocates registers
+  differently, so the numbers name theirs). Returns its version ('' if the wheel is absent)."""
   os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
   os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
   try:
@@ -89,7 +88,7 @@ MAX_WARPS, MAX_CTAS = 64, 32
 class Occupancy:
   """How many CTAs of a kernel one multiprocessor holds, by registers and by shared memory, and so
   how many warps each scheduler can pick from: at one, every stall of that warp is an idle issue
-  slot (the dS kernel on the H200, 2026-11-28: issue active 55%)."""
+  slot."""
   ctas_by_registers: int
   ctas_by_smem: int
   ctas: int
@@ -106,22 +105,6 @@ def occupancy(registers: int, smem_bytes: int, warps_per_cta: int = 4) -> Occupa
   by_smem = SMEM // allocated
   ctas = min(by_registers, by_smem, MAX_CTAS, MAX_WARPS // warps_per_cta)
   return Occupancy(by_registers, by_smem, ctas, ctas * warps_per_cta / SCHEDULERS)
-
-
-def under_filled(kernels: dict[str, tuple[int, int, int]],
-                 min_warps_per_scheduler: float) -> list[str]:
-  """One line per kernel, {name: (registers, shared memory bytes, warps per CTA)}, whose
-  `occupancy` leaves a scheduler fewer warps than `min_warps_per_scheduler` (0 CTAs: it cannot
-  launch at all)."""
-  lines = []
-  for name, (registers, smem_bytes, warps) in kernels.items():
-    o = occupancy(registers, smem_bytes, warps)
-    if o.warps_per_scheduler < min_warps_per_scheduler:
-      limit = "registers" if o.ctas_by_registers <= o.ctas_by_smem else "shared memory"
-      lines.append(f"{name}: {o.warps_per_scheduler:g} warps per scheduler ({o.ctas} CTAs of "
-                   f"{warps} warps per multiprocessor, bound by {limit}: {registers} registers, "
-                   f"{smem_bytes:,} bytes); allowed: at least {min_warps_per_scheduler:g}")
-  return lines
 
 
 def parse(report: str) -> dict[str, int]:

@@ -27,6 +27,22 @@ ptxas info    : Compile time = 689.596 ms
 """
 
 
+def under_filled(kernels: dict[str, tuple[int, int, int]],
+                 min_warps_per_scheduler: float) -> list[str]:
+  """One line per kernel, {name: (registers, shared memory bytes, warps per CTA)}, whose
+  `ptxas.occupancy` leaves a scheduler fewer warps than `min_warps_per_scheduler` (0 CTAs: it
+  cannot launch at all)."""
+  lines = []
+  for name, (registers, smem_bytes, warps) in kernels.items():
+    o = ptxas.occupancy(registers, smem_bytes, warps)
+    if o.warps_per_scheduler < min_warps_per_scheduler:
+      limit = "registers" if o.ctas_by_registers <= o.ctas_by_smem else "shared memory"
+      lines.append(f"{name}: {o.warps_per_scheduler:g} warps per scheduler ({o.ctas} CTAs of "
+                   f"{warps} warps per multiprocessor, bound by {limit}: {registers} registers, "
+                   f"{smem_bytes:,} bytes); allowed: at least {min_warps_per_scheduler:g}")
+  return lines
+
+
 def test_reads_registers_and_spills():
   assert ptxas.parse(SPILLING) == dict(registers=255, spill_stores=20, spill_loads=20)
   clean = SPILLING.replace("20 bytes spill stores, 20 bytes spill loads",
@@ -99,14 +115,14 @@ def test_every_mosaic_kernel_launches_and_the_planted_over_budget_one_is_caught(
   (shared memory); a planted kernel over the budget (a 120 KiB dV: one CTA) is named."""
   table = _recorded()
   assert set(table) == {"forward", "dS", "dV", "dQ", "dK"}
-  assert ptxas.under_filled(table, 1) == []
-  below = ptxas.under_filled(table, 2)
+  assert under_filled(table, 1) == []
+  below = under_filled(table, 2)
   assert len(below) == 1 and below[0].startswith("dS: 1 warps per scheduler") and (
       "shared memory" in below[0]), below
   planted = dict(table, dV=(table["dV"][0], 120 * 1024, 4))
-  assert [line.split(":")[0] for line in ptxas.under_filled(planted, 2)] == ["dS", "dV"]
+  assert [line.split(":")[0] for line in under_filled(planted, 2)] == ["dS", "dV"]
   too_big = dict(table, forward=(255, 240 * 1024, 4))
-  assert ptxas.under_filled(too_big, 1)[0].startswith("forward: 0 warps")
+  assert under_filled(too_big, 1)[0].startswith("forward: 0 warps")
 
 
 def test_the_two_warpgroup_ds_kernel_gives_each_scheduler_two_warps():
@@ -114,7 +130,7 @@ def test_the_two_warpgroup_ds_kernel_gives_each_scheduler_two_warps():
   GPU): one CTA of 8 warps per multiprocessor, by shared memory (Q and dY shared, the V ring in
   bf16) and by registers, where the default's one CTA holds 4."""
   two = _recorded(ds_two_warpgroups=True)["dS"]
-  assert two[2] == 8 and ptxas.under_filled({"dS": two}, 2) == []
+  assert two[2] == 8 and under_filled({"dS": two}, 2) == []
   assert ptxas.occupancy(*two).ctas == 1
   assert ptxas.occupancy(*_recorded()["dS"]).warps_per_scheduler == 1
 
