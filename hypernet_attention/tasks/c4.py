@@ -59,17 +59,9 @@ def train_vocabulary(texts: Iterable[str], model_path: str, vocab_size: int = 32
 
 
 def c4_source(data_dir: str) -> seqio.TfdsDataSource:
-  """TFDS `c4/en` (the newest version prepared under `data_dir`); one clear error if none."""
-  found = tf.io.gfile.glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
-  if not data_dir or not found:
-    raise BadInput(lm_text.one_line(
-        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with `tfds "
-        f"build c4/en --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// bucket; set "
-        "--config.task.data_dir), or train on local files with --config.task.name=text_lm "
-        "--config.task.train_files=... --config.task.validation_files=..."))
-  versions = sorted((os.path.basename(os.path.dirname(p)) for p in found),
-                    key=lambda v: tuple(int(x) for x in v.split(".")))
-  return seqio.TfdsDataSource(tfds_name=f"c4/en:{versions[-1]}", tfds_data_dir=data_dir,
+  """TFDS `c4/en`, the newest version prepared under `data_dir` (`lm_text.newest_c4`)."""
+  version = os.path.basename(lm_text.newest_c4(data_dir, tf.io.gfile.glob))
+  return seqio.TfdsDataSource(tfds_name=f"c4/en:{version}", tfds_data_dir=data_dir,
                               splits=lm_text.SPLITS)
 
 
@@ -149,8 +141,7 @@ def register(name: str, source: seqio.DataSource,
 
   Re-registering replaces the previous definition, so a process can build tasks for
   different data directories (tests, eval on another corpus) under the same name."""
-  if name not in lm_text.TASKS:
-    raise BadInput(f"unknown LM task {name!r}; allowed: {', '.join(lm_text.TASKS)}.")
+  lm_text.check_task_name(name)
   seqio.TaskRegistry.remove(name)
 
   def text_preprocessor(dataset):
@@ -165,9 +156,7 @@ def register(name: str, source: seqio.DataSource,
 
 def source(task_config) -> seqio.DataSource:
   """`config.task` (name, data_dir or *_files) -> its seqio DataSource."""
-  if task_config.name not in lm_text.TASKS:
-    raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                     f"{', '.join(lm_text.TASKS)}.")
+  lm_text.check_task_name(task_config.name)
   if task_config.name == "c4_lm":
     return c4_source(task_config.data_dir)
   return text_source(task_config.train_files, task_config.validation_files)

@@ -117,30 +117,21 @@ def read_documents(files: Sequence[str]) -> list[str]:
 def c4_documents(data_dir: str, split: str) -> grain.MapDataset:
   """The texts of TFDS `c4/en` (newest version under `data_dir`, ArrayRecord) as a
   random-access Grain dataset; one clear error if it is absent or in another format."""
-  infos = _glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
-  if not data_dir or not infos:
-    raise BadInput(lm_text.one_line(
-        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with "
-        f"`tfds build c4/en --file_format=array_record --data_dir={data_dir or 'DIR'}` "
-        f"(a local folder or a gs:// bucket; set --config.task.data_dir), or train on local "
-        f"files with --config.task.name=text_lm --config.task.train_files=... "
-        f"--config.task.validation_files=..."))
-  version = lambda p: tuple(int(x) for x in os.path.basename(os.path.dirname(p)).split("."))
-  info = max(infos, key=version)
-  file_format = json.loads(epath.Path(info).read_text()).get("fileFormat", "tfrecord")
+  folder = lm_text.newest_c4(data_dir, _glob, " --file_format=array_record")
+  info = json.loads(epath.Path(folder, "dataset_info.json").read_text())
+  file_format = info.get("fileFormat", "tfrecord")
   if file_format != "array_record":
     raise BadInput(lm_text.one_line(
-        f"TFDS c4/en in {os.path.dirname(info)!r} is {file_format}; allowed with "
+        f"TFDS c4/en in {folder!r} is {file_format}; allowed with "
         f"task.pipeline='grain': array_record (`tfds build c4/en --file_format=array_record "
         f"--data_dir={data_dir}`), or task.pipeline='seqio' (needs TensorFlow)"))
-  if not _glob(os.path.join(os.path.dirname(info), f"c4-{split}.array_record*")):
+  if not _glob(os.path.join(folder, f"c4-{split}.array_record*")):
     raise BadInput(lm_text.one_line(  # (TFDS itself fails with a 76-line AssertionError)
-        f"TFDS c4/en in {os.path.dirname(info)!r} holds no {split} shards "
+        f"TFDS c4/en in {folder!r} holds no {split} shards "
         f"(c4-{split}.array_record-*); allowed: a complete build (`tfds build c4/en "
         f"--file_format=array_record --data_dir={data_dir}`)"))
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  # Only for c4.
-  source = tfds.data_source(f"c4/en:{'.'.join(map(str, version(info)))}", split=split,
-                            data_dir=data_dir)
+  source = tfds.data_source(f"c4/en:{os.path.basename(folder)}", split=split, data_dir=data_dir)
   return grain.MapDataset.source(source).map(lambda record: record["text"])
 
 
@@ -156,9 +147,7 @@ class Task:
 def build_task(task_config) -> Task:
   """`config.task` (name, data_dir or *_files, vocabulary) -> its `Task`. The vocabulary
   is checked first, then the data, so either error comes before any work."""
-  if task_config.name not in lm_text.TASKS:
-    raise BadInput(f"unknown config.task.name {task_config.name!r}; allowed: "
-                   f"{', '.join(lm_text.TASKS)}.")
+  lm_text.check_task_name(task_config.name)
   vocabulary = load_vocabulary(task_config.vocabulary)
   return Task(task_config.name, vocabulary,
               {split: build_documents(task_config, split) for split in lm_text.SPLITS})

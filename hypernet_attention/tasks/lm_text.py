@@ -55,6 +55,25 @@ def check_pipeline(task_config) -> str:
   return name
 
 
+def check_task_name(name: str) -> None:
+  if name not in TASKS:
+    raise BadInput(f"unknown config.task.name {name!r}; allowed: {', '.join(TASKS)}.")
+
+
+def newest_c4(data_dir: str, glob: Callable[[str], Iterable[str]], build_flags: str = "") -> str:
+  """The folder of the newest TFDS c4/en version under `data_dir` (`glob`: through its file
+  system), or one clear line naming the `tfds build` (with `build_flags`) that makes one."""
+  infos = glob(os.path.join(data_dir or ".", "c4", "en", "*", "dataset_info.json"))
+  if not data_dir or not infos:
+    raise BadInput(one_line(
+        f"no prepared TFDS c4/en under data_dir={data_dir!r}; allowed: build it there with `tfds "
+        f"build c4/en{build_flags} --data_dir={data_dir or 'DIR'}` (a local folder or a gs:// "
+        "bucket; set --config.task.data_dir), or train on local files with --config.task.name="
+        "text_lm --config.task.train_files=... --config.task.validation_files=..."))
+  version = lambda p: tuple(int(x) for x in os.path.basename(os.path.dirname(p)).split("."))
+  return os.path.dirname(max(infos, key=version))
+
+
 def load_vocabulary(path: str, exists: Callable[[str], bool], make: Callable[[str], object]):
   """`make(path)`, the SentencePiece vocabulary at `path` (local or gs://; `exists` and
   `make` read through the path's file system), or one clear line if it is unusable.
@@ -77,15 +96,11 @@ def load_vocabulary(path: str, exists: Callable[[str], bool], make: Callable[[st
     raise BadInput(one_line(
         f"vocabulary file {path!r} is not a SentencePiece model ({e}); allowed: "
         f"{VOCABULARY_HELP}.")) from None
-  check_special_ids(processor, path)
-  return vocabulary
-
-
-def check_special_ids(processor: spm.SentencePieceProcessor, path: str) -> None:
   if (processor.pad_id(), processor.eos_id()) != (PAD_ID, EOS_ID):
     raise BadInput(one_line(
         f"vocabulary {path!r} has pad={processor.pad_id()}, eos={processor.eos_id()}; "
         f"allowed: {VOCABULARY_HELP}."))
+  return vocabulary
 
 
 def sentencepiece_model(texts: Iterable[str], vocab_size: int, max_lines: int) -> bytes:
@@ -137,12 +152,6 @@ def text_files(pattern: str, split: str, glob: Callable[[str], Iterable[str]],
   `head` a file's first `CHECK_BYTES`); errors for none, mixed suffixes or no text. Every
   file is checked, not only up to the first with text."""
   files = sorted({f for p in pattern.split(",") if p.strip() for f in glob(p.strip())})
-  check_suffixes(files, pattern, split)
-  check_not_empty([check_text_head(f, head(f)) for f in files], pattern, split)
-  return files
-
-
-def check_suffixes(files: list[str], pattern: str, split: str) -> None:
   if not files:
     raise BadInput(one_line(
         f"no files match {split} pattern {pattern!r}; allowed: comma-separated globs of "
@@ -152,13 +161,11 @@ def check_suffixes(files: list[str], pattern: str, split: str) -> None:
     raise BadInput(one_line(
         f"{split} files {pattern!r} have suffixes {sorted(suffixes)}; allowed: all "
         f"{TEXT_SUFFIXES[0]} or all {TEXT_SUFFIXES[1]}."))
-
-
-def check_not_empty(found: list[bool], pattern: str, split: str) -> None:
-  if not any(found):
+  if not any([check_text_head(f, head(f)) for f in files]):
     raise BadInput(one_line(
-        f"empty corpus: the {len(found)} {split} file(s) matching {pattern!r} hold no "
+        f"empty corpus: the {len(files)} {split} file(s) matching {pattern!r} hold no "
         f"text; allowed: files with at least one non-empty document."))
+  return files
 
 
 def check_text_head(path: str, head: bytes) -> bool:
