@@ -418,35 +418,26 @@ def run(seq_lens: Sequence[int], names: Sequence[str], *, batch: int, heads: int
       rows.append(row)
       add_ratios(rows)
       on_row(row)
-      log(format_row(row))
+      log(markdown_row(row) + (f" {row['message']}" if row.get("message") else ""))
   return rows
 
 
-def format_row(row: dict) -> str:
-  mib = lambda b: "-" if b is None else f"{b / 2**20:9.1f}"
-  ms = lambda x: "-" if x is None else f"{x:9.3f}"
-  ratio = row.get("fwd_bwd_vs_baseline")
-  return (f"T={row['seq_len']:6d} {row['implementation']:22s} fwd {ms(row.get('fwd_ms'))} ms"
-          f"  fwd+bwd {ms(row.get('fwd_bwd_ms'))} ms (min {ms(row.get('fwd_bwd_min_ms'))})"
-          f"  temp fwd+bwd {mib(row.get('fwd_bwd_temp_bytes'))} MiB"
-          + (f"  x{ratio:.2f} {row['baseline']}" if ratio else "")
-          + f"  {row['status']}" + (f": {row['message']}" if row.get("message") else ""))
+def markdown_row(r: dict) -> str:
+  """One row of `markdown_table` (what `run` logs per cell, with its message if any)."""
+  fmt = lambda x, f: "-" if x is None else format(x, f)
+  temp = None if r.get("fwd_bwd_temp_bytes") is None else r["fwd_bwd_temp_bytes"] / 2**20
+  ms = lambda k: f"{fmt(r.get(k + '_ms'), '.3f')} ({fmt(r.get(k + '_min_ms'), '.3f')})"
+  ratio = (f"{r['fwd_bwd_vs_baseline']:.2f} ({r['baseline']})"
+           if "fwd_bwd_vs_baseline" in r else "-")
+  return (f"| {r['seq_len']} | {r['implementation']} | {ms('fwd')} | {ms('fwd_bwd')} | "
+          f"{fmt(temp, '.1f')} | {fmt(r.get('fwd_bwd_tflops'), '.3f')} | {ratio} | "
+          f"{r['status']} |")
 
 
 def markdown_table(rows: list[dict]) -> str:
-  lines = ["| T | implementation | fwd ms (min) | fwd+bwd ms (min) | fwd+bwd temp MiB | "
-           "fwd+bwd TFLOP/s | fwd+bwd / baseline | status |",
-           "|---|---|---|---|---|---|---|---|"]
-  fmt = lambda x, f: "-" if x is None else format(x, f)
-  for r in rows:
-    temp = None if r.get("fwd_bwd_temp_bytes") is None else r["fwd_bwd_temp_bytes"] / 2**20
-    ms = lambda k: f"{fmt(r.get(k + '_ms'), '.3f')} ({fmt(r.get(k + '_min_ms'), '.3f')})"  # noqa: B023
-    ratio = (f"{r['fwd_bwd_vs_baseline']:.2f} ({r['baseline']})"
-             if "fwd_bwd_vs_baseline" in r else "-")
-    lines.append(f"| {r['seq_len']} | {r['implementation']} | {ms('fwd')} | {ms('fwd_bwd')} | "
-                 f"{fmt(temp, '.1f')} | {fmt(r.get('fwd_bwd_tflops'), '.3f')} | {ratio} | "
-                 f"{r['status']} |")
-  return "\n".join(lines)
+  return "\n".join(["| T | implementation | fwd ms (min) | fwd+bwd ms (min) | fwd+bwd temp MiB | "
+                    "fwd+bwd TFLOP/s | fwd+bwd / baseline | status |",
+                    "|---|---|---|---|---|---|---|---|", *map(markdown_row, rows)])
 
 
 def ratios(rows: list[dict], seq_len: int) -> dict:

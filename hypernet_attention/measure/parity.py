@@ -13,6 +13,7 @@ float32 precision (XLA:GPU's default TF32 would make `err32` 1000x looser)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Iterator, Sequence
 
@@ -42,26 +43,12 @@ def hyla_reference(q, k, v):
   return reference.attention(q, k, v, mask=causal_QK, **HYLA)
 
 
-def _implementation(name: str) -> Callable:
-  """A `dispatch` implementation name, causal HYLA (dispatch refuses a name it lacks)."""
-  return lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, implementation=name, **HYLA)
-
-
 def value_and_grads(fn, q, k, v, cot) -> list[np.ndarray]:
   """[out, dq, dk, dv] of <fn(q, k, v), cot> as float64 numpy arrays, one compiled call."""
   def run(q, k, v):
     out, vjp = jax.vjp(fn, q, k, v)
     return (out, *vjp(cot.astype(out.dtype)))
   return [np.asarray(x, np.float64) for x in jax.jit(run)(q, k, v)]
-
-
-def _float64(fn, *arrays) -> list[np.ndarray]:
-  previous = jax.config.jax_enable_x64
-  jax.config.update("jax_enable_x64", True)
-  try:
-    return value_and_grads(fn, *(jnp.asarray(a, jnp.float64) for a in arrays))
-  finally:
-    jax.config.update("jax_enable_x64", previous)
 
 
 def _rel(x: np.ndarray, exact: np.ndarray) -> float:
@@ -82,7 +69,8 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
   n = seq_len * head_dim * heads
   floor = 4 * float(jnp.finfo(dtype).eps) / 2 if dtype == "bfloat16" else 0.0
   with jax.default_matmul_precision("float32"):
-    exact = _float64(hyla_reference, *rounded)
+    with jax.enable_x64(True):
+      exact = value_and_grads(hyla_reference, *(jnp.asarray(a, jnp.float64) for a in rounded))
     ref32 = value_and_grads(hyla_reference, *(jnp.asarray(a, jnp.float32) for a in rounded))
     bounds = [max(math.sqrt(n) * _rel(r, e), n * U_FLOAT32, floor) for r, e in zip(ref32, exact)]
     if dtype != "float32":
@@ -95,7 +83,9 @@ def check(seq_len: int, dtype: str, names: Sequence[str], *, batch: int, heads: 
       row = dict(implementation=name, seq_len=seq_len, dtype=dtype, batch=batch, heads=heads,
                  head_dim=head_dim, causal=True)
       try:
-        got = value_and_grads(_implementation(name), *inputs)
+        # Causal HYLA through `dispatch` by name (it refuses a name it lacks).
+        got = value_and_grads(functools.partial(
+            dispatch.attention, is_causal=True, implementation=name, **HYLA), *inputs)
       except Exception as err:  # pylint: disable=broad-except
         # A kernel that refuses this device or dtype in one line (BadInput: e.g. `mosaic`
         # off Hopper) is not wrong: "unsupported". One that does not compile here is an

@@ -171,14 +171,13 @@ def test_parity_passes_blockwise_and_catches_a_planted_bug(monkeypatch):
   kw = dict(batch=2, heads=2, head_dim=8)
   good = next(parity.check(24, "float32", ["blockwise"], **kw))
   assert good["status"] == "pass", good
-  real = parity._implementation
+  real = dispatch.attention
   # The bug: the causal mask dropped (keys after the query leak in).
-  monkeypatch.setattr(parity, "_implementation", lambda name: (
-      lambda q, k, v: dispatch.attention(q, k, v, is_causal=False, implementation=name,
-                                         **parity.HYLA)))
+  monkeypatch.setattr(dispatch, "attention", lambda q, k, v, **kwargs: real(
+      q, k, v, **{**kwargs, "is_causal": False}))
   bad = next(parity.check(24, "float32", ["blockwise"], **kw))
   assert bad["status"] == "fail" and bad["out_err"] > 10 * bad["out_bound"], bad
-  monkeypatch.setattr(parity, "_implementation", real)
+  monkeypatch.setattr(dispatch, "attention", real)
   rows = parity.run([24, 16], "bfloat16", names=["blockwise"], log=lambda line: None, **kw)
   assert [(r["seq_len"], r["dtype"]) for r in rows] == [
       (16, "float32"), (24, "bfloat16"), (16, "bfloat16")]
