@@ -123,14 +123,11 @@ class FuzzyLogic(heldout.SplitTables):
             'r2': self.r2_per_sequence(pred_B, batch).astype(jnp.float32)}
 
   def r2_per_sequence(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence).
+    """(B,) R^2 = 1 - (y_q - pred)^2 / Var(y of that sequence); its mean is the paper's R^2
+    (Fig. 2, Table A1).
 
     The variance is the population variance over all N targets of the sequence, query
     included (the authors' `base_mse`): the MSE of predicting the sequence's mean."""
     y_BN = batch['y']
     pred = jnp.reshape(pred, y_BN.shape[:1])
     return 1.0 - (y_BN[:, -1] - pred) ** 2 / jnp.var(y_BN, axis=-1)
-
-  def r2(self, pred: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Mean per-sequence R^2 (the paper's Fig. 2, Table A1)."""
-    return jnp.mean(self.r2_per_sequence(pred, batch))

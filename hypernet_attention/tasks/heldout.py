@@ -9,7 +9,6 @@ every symbol is in some training combination. A seed whose first draw covers kee
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,19 +43,6 @@ class SplitTables:
     return self._combinations[self._check_split(split)].copy()
 
 
-def covering_split(combinations: np.ndarray, num_ood: int, num_symbols: int,
-                   seed: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
-  """(train, ood) rows of `combinations` (n, K), each sorted, the training rows using every
-  symbol in [0, num_symbols); None if no draw in MAX_DRAWS does."""
-  rng = np.random.default_rng(seed)
-  for _ in range(MAX_DRAWS):
-    order = rng.permutation(len(combinations))
-    train = combinations[np.sort(order[num_ood:])]
-    if len(np.unique(train)) == num_symbols:
-      return train, combinations[np.sort(order[:num_ood])]
-  return None
-
-
 def authors_split(combinations: np.ndarray, num_ood: int,
                   seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(train, ood) rows of `combinations` as the authors' fuzzy-logic generator draws them.
@@ -66,7 +52,7 @@ def authors_split(combinations: np.ndarray, num_ood: int,
   False, the default before jax 0.5). It does not re-draw, so a split can leave a symbol
   out of training: at 70% held out, seed 2 trains none of its 20 tasks on terms 5 and 6,
   and 21 of the 46 held-out tasks contain one of them. For reproducing the paper's splits
-  exactly; `covering_split` is what every other number here uses."""
+  exactly; the covering split (`split`) is what every other number here uses."""
   key = jax.random.PRNGKey(seed, impl="threefry2x32")
   with jax.threefry_partitionable(False):
     order = np.asarray(jax.random.permutation(key, len(combinations)))
@@ -75,8 +61,8 @@ def authors_split(combinations: np.ndarray, num_ood: int,
 
 def split(combinations: np.ndarray, holdout_fraction: float, num_symbols: int, seed: int, *,
           what: str, authors: bool = False) -> tuple[np.ndarray, np.ndarray]:
-  """(train, ood) rows of `combinations` (n, K), `holdout_fraction` of them held out:
-  `covering_split` (or `authors_split`); a ValueError naming the fraction and `what` (the
+  """(train, ood) rows of `combinations` (n, K), each sorted, `holdout_fraction` of them held
+  out: the covering split (or `authors_split`); a ValueError naming the fraction and `what` (the
   rows, in words) when it holds out none or all of them, or no draw covers."""
   if not 0.0 < holdout_fraction < 1.0:
     raise ValueError(f'holdout_fraction={holdout_fraction!r}; allowed: 0 < x < 1.')
@@ -88,10 +74,13 @@ def split(combinations: np.ndarray, holdout_fraction: float, num_symbols: int, s
         f'allowed: a fraction that holds out between 1 and {n - 1}.')
   if authors:
     return authors_split(combinations, num_ood, seed)
-  found = covering_split(combinations, num_ood, num_symbols, seed)
-  if found is None:
-    raise ValueError(
-        f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of the {n} '
-        f'{what} keeps every symbol in a training combination; allowed: a smaller fraction '
-        'or longer combinations.')
-  return found
+  rng = np.random.default_rng(seed)
+  for _ in range(MAX_DRAWS):  # Until the training rows use every symbol in [0, num_symbols).
+    order = rng.permutation(n)
+    train = combinations[np.sort(order[num_ood:])]
+    if len(np.unique(train)) == num_symbols:
+      return train, combinations[np.sort(order[:num_ood])]
+  raise ValueError(
+      f'holdout_fraction={holdout_fraction}: no split holding out {num_ood} of the {n} '
+      f'{what} keeps every symbol in a training combination; allowed: a smaller fraction '
+      'or longer combinations.')
