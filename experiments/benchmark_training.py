@@ -76,9 +76,7 @@ def main():
                       help="--members: also XLA's FLOPs and bytes accessed per member-step "
                       "(cost analysis of one compiled step), to see what bounds a population")
   args = parser.parse_args()
-  for name in ("steps", "repeats"):  # A zero-step chunk times nothing (a division by 0).
-    if getattr(args, name) < 1:
-      parser.error(f"--{name}={getattr(args, name)}; allowed: an integer >= 1")
+  parser.check_positive(args, "steps", "repeats")  # A zero-step chunk times nothing.
   # Longer chunks time nothing more (100 million ran silently for days); the step is int32.
   most_steps = min(MAX_STEPS, (2**31 - 1) // (args.repeats + 1))
   if args.steps > most_steps:

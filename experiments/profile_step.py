@@ -25,12 +25,6 @@ from hypernet_attention.train import objectives  # noqa: E402
 from hypernet_attention.train import profiling  # noqa: E402
 
 
-def _data_overrides(experiment: str) -> str:
-  """On-device generators need nothing from the host; a host-data experiment (C4) is
-  profiled on random tokens through the same step (no TensorFlow, seqio or vocabulary)."""
-  return "" if registry.get(experiment).on_device else f"task.name={objectives.SYNTHETIC_LM}"
-
-
 def main():
   parser = errors.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--experiment", default="sraven", choices=sorted(registry.names()))
@@ -41,11 +35,12 @@ def main():
   parser.add_argument("--top", type=int, default=25, help="ops to print")
   parser.add_argument("--trace_dir", default=None, help="default: a fresh temporary dir")
   args = parser.parse_args()
-  if args.steps < 1:
-    parser.error(f"--steps={args.steps} must be a positive integer")
+  parser.check_positive(args, "steps")
+  # A host-data experiment (C4) is profiled on random tokens through the same step.
+  overrides = ("" if registry.get(args.experiment).on_device
+               else f"task.name={objectives.SYNTHETIC_LM}")
   try:  # Bad config arguments or overrides: one line, before any work.
-    config = benchmark.model_config(args.experiment, args.model, args.size,
-                                    _data_overrides(args.experiment))
+    config = benchmark.model_config(args.experiment, args.model, args.size, overrides)
   except (ValueError, KeyError, AttributeError) as e:
     parser.error(str(e))
   if args.trace_dir:

@@ -319,7 +319,7 @@ CLI_CASES = {
         "--out_dir='{tmp}/existing.model' is a file; allowed: a folder", 2),
     "benchmark_training_zero_steps": (
         [os.path.join("experiments", "benchmark_training.py"), "--steps=0"],
-        "benchmark_training.py: error: --steps=0; allowed: an integer >= 1", 2),
+        "benchmark_training.py: error: --steps=0; allowed: a positive integer", 2),
     # A step that cannot fit: one line before it runs, not the allocator's traceback.
     "benchmark_training_does_not_fit": (
         [os.path.join("experiments", "benchmark_training.py"), "--experiment=fuzzy_logic",

@@ -131,7 +131,7 @@ FLAG_CASES = {
     ("--config_overrides=key", "--members=1,2"): r"--config_overrides: 'key' is not key=value",
     ("--steps=99999999999",): r"--steps=99999999999 with --repeats=3 runs 399,999,999,996 "
                               r"steps; allowed: --steps <= 100,000 \(a timed chunk",
-    ("--steps=0",): r"--steps=0; allowed: an integer >= 1",
+    ("--steps=0",): r"--steps=0; allowed: a positive integer",
 }
 
 
