@@ -55,17 +55,14 @@ def parse_config(entry: str) -> dict:
   if parts[0] == "mosaic" and len(parts) >= 3 and parts[2] not in mosaic_kernel_bwd.DQ_PATHS:
     raise ValueError(f"--configs entry {entry!r}: DQ {parts[2]!r}; allowed: "
                      f"{', '.join(mosaic_kernel_bwd.DQ_PATHS)}")
-  try:
-    tiles = [int(x) for x in parts[1].split("x")]
-    flags = parts[3:]
-    if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) >= 3 and len(tiles) == 3
-        and set(flags) <= set(SCHEDULES) and len(set(flags)) == len(flags)):
-      return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
-                  dq=parts[2], **{flag: flag in flags for flag in SCHEDULES})
-    if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
-      return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
-  except (ValueError, IndexError):
-    pass
+  tiles = [int(x) if x.isdigit() else 0 for x in (parts + [""])[1].split("x")]  # 0: malformed
+  flags = parts[3:]
+  if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) >= 3 and len(tiles) == 3
+      and set(flags) <= set(SCHEDULES) and len(set(flags)) == len(flags)):
+    return dict(name="mosaic", block_q=tiles[0], block_k=tiles[1], block_v=tiles[2],
+                dq=parts[2], **{flag: flag in flags for flag in SCHEDULES})
+  if min(tiles) > 0 and parts[0] == "blockwise" and len(parts) == 2 and len(tiles) == 2:
+    return dict(name="blockwise", block_q=tiles[0], block_k=tiles[1])
   raise ValueError(f"--configs entry {entry!r}; allowed: mosaic:BQxBKxBV:DQ[:paired]"
                    "[:ds_two_warpgroups] (e.g. mosaic:64x8x4:kernel) or blockwise:BQxBK, tiles "
                    "positive integers")
