@@ -28,18 +28,14 @@ from hypernet_attention.tasks import fuzzy_logic
 ATTENTIONS = ("softmax", "hyla")
 
 
-def make_attention(kind: str, width: int, heads: int, rngs: nnx.Rngs) -> nnx.Module:
-  if kind == "softmax":
-    return nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs)
-  return nnx_attention.MultiHeadAttention(heads, width, attention=kind, rngs=rngs)
-
-
 class Block(nnx.Module):
   """Pre-norm transformer block: attention, then a GeLU MLP, each with a residual."""
 
   def __init__(self, kind: str, width: int, heads: int, *, rngs: nnx.Rngs):
     self.attention_norm = nnx.LayerNorm(width, rngs=rngs)
-    self.attention = make_attention(kind, width, heads, rngs)
+    self.attention = (  # The one line that differs: Flax's attention, or HYLA's drop-in.
+        nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs) if kind == "softmax"
+        else nnx_attention.MultiHeadAttention(heads, width, attention=kind, rngs=rngs))
     self.mlp_norm = nnx.LayerNorm(width, rngs=rngs)
     self.mlp_in = nnx.Linear(width, 4 * width, rngs=rngs)
     self.mlp_out = nnx.Linear(4 * width, width, rngs=rngs)

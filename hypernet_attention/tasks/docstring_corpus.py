@@ -23,20 +23,14 @@ PACKAGES = ("numpy", "scipy", "jax", "flax", "optax", "sklearn", "matplotlib",
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _package_dir(name: str) -> pathlib.Path | None:
-  spec = importlib.util.find_spec(name)
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  return pathlib.Path(list(spec.submodule_search_locations)[0])
-
-
 def docstrings(packages: Sequence[str] = PACKAGES, min_chars: int = 200) -> Iterator[str]:
   """Unique docstrings of the installed `packages`, in sorted file order (tests skipped)."""
   seen = set()
   for name in packages:
-    root = _package_dir(name)
-    if root is None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
       continue
+    root = pathlib.Path(list(spec.submodule_search_locations)[0])
     for path in sorted(root.rglob("*.py")):
       if "tests" in path.relative_to(root).parts:
         continue

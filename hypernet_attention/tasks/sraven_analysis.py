@@ -89,20 +89,17 @@ class Analysis:
 
   _jit_rule_fits = functools.partial(jax.jit, static_argnums=0)(_rule_fits)
 
-  def _possible_answers(self, grid_BGGK, authors=False):
-    """(B, C, F) bool: values some rule that fits the chain's context predicts."""
-    fits_BCR, answers_BCR = self._rule_fits(grid_BGGK, authors)
-    F = self.num_values
-    return jnp.any(fits_BCR[..., None] & (answers_BCR[..., None] == jnp.arange(F)), -2)
-
   def _reading_stats(self, grid_BGGK, authors=False):
     """Per reading: valid (B, P) and per chain `another value possible` (B, P, K)."""
-    possible_BCF = self._possible_answers(grid_BGGK, authors)
+    fits_BCR, answers_BCR = self._rule_fits(grid_BGGK, authors)
+    values_F = jnp.arange(self.num_values)
+    # The values that some rule fitting the chain's context predicts.
+    possible_BCF = jnp.any(fits_BCR[..., None] & (answers_BCR[..., None] == values_F), -2)
     chains_PK, slots_PK = self._readings
     truth_BK = grid_BGGK[:, -1, -1, :]
     truth_BPK = truth_BK[:, slots_PK]
     possible_BPKF = possible_BCF[:, chains_PK]
-    other_BPK = jnp.any(possible_BPKF & (jnp.arange(self.num_values) != truth_BPK[..., None]), -1)
+    other_BPK = jnp.any(possible_BPKF & (values_F != truth_BPK[..., None]), -1)
     valid_BP = jnp.all(jnp.any(possible_BPKF, -1), -1)
     return valid_BP, other_BPK, possible_BPKF
 
