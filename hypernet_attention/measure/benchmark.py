@@ -181,28 +181,20 @@ class Limits:
   deadline: float = math.inf
 
 
-def _size(num_bytes: float) -> str:
-  return f"{num_bytes / 2**30:.2f} GiB"
-
-
-def _advice(shape: Shape, need: float, have: float, limit: str) -> str:
-  """What to pass instead: a smaller batch where one is predicted to fit (memory grows at
-  least in proportion to it), else shorter sequences; never a batch below 1."""
-  batch = math.floor(shape.batch * have / need)
-  if batch >= 1:
-    return f"--batch={batch} at most, or shorter --seq_lens"
-  return ("shorter --seq_lens (memory grows with T, up to T^2 for the reference) at --batch=1"
-          + (", or a larger --max_temp_gb" if limit == "temp" else ", or a device with more "
-             "memory"))
-
-
 def _refusal(shape: Shape, what: str, need: float, have: float, limit: str, name: str,
              described: str = "") -> dict:
+  """A refusal row's fields, with what to pass instead: a smaller batch where one is predicted to
+  fit (memory grows at least in proportion to it), else shorter sequences; never a batch below 1."""
   budget = ("--max_temp_gb" if limit == "temp"
             else "the device" + (f" ({described})" if described else ""))
+  batch = math.floor(shape.batch * have / need)
+  advice = (f"--batch={batch} at most, or shorter --seq_lens" if batch >= 1 else
+            "shorter --seq_lens (memory grows with T, up to T^2 for the reference) at --batch=1"
+            + (", or a larger --max_temp_gb" if limit == "temp"
+               else ", or a device with more memory"))
   return dict(status="over_memory_budget" if limit == "temp" else "over_device_memory",
-              message=f"T={shape.seq_len} {name}: {what} {_size(need)} > {_size(have)} of "
-              f"{budget}; allowed: {_advice(shape, need, have, limit)}")
+              message=f"T={shape.seq_len} {name}: {what} {need / 2**30:.2f} GiB > "
+              f"{have / 2**30:.2f} GiB of {budget}; allowed: {advice}")
 
 
 def check_abstract_memory(name: str, shape: Shape, limits: Limits) -> Optional[dict]:

@@ -7,13 +7,11 @@ Two seqio Tasks, registered by name:
   text_lm  local text files: `.txt` (one document per line) or `.jsonl` (one JSON object
            per line, the document in its `text` field, as C4's own json dumps); one file
            pattern per split.
-Both tokenize with a SentencePiece vocabulary (a `.model` file, e.g. the 32k C4 vocabulary
-of T5; or one trained from the task's own text with `train_vocabulary`, see
-`experiments/train_vocabulary.py`), append EOS to every document, then *concatenate and
-split*: the token stream of all documents is cut into rows of exactly `sequence_length`
-tokens, so every token is used once and no row is padded (only the stream's last partial
-row is dropped). Inputs are the rows shifted right by one (seqio's `LMFeatureConverter`,
-BOS = pad id 0), so a row of T tokens gives T predictions.
+Both tokenize with a SentencePiece vocabulary (`lm_text`; e.g. T5's 32k C4 vocabulary, or one
+trained by `experiments/train_vocabulary.py`), append EOS to every document, then *concatenate
+and split* the token stream into rows of exactly `sequence_length` tokens: every token is used
+once, no row is padded (the stream's last partial row is dropped). Inputs are the rows shifted
+right (seqio's `LMFeatureConverter`, BOS = pad id 0): a row of T tokens gives T predictions.
 
 Order and sharding: files and rows are shuffled from `seed` (deterministic: the same seed
 gives the same batches); process `i` of `n` reads shard `seqio.ShardInfo(i, n)`, disjoint
@@ -82,10 +80,8 @@ def text_source(train_files: str, validation_files: str) -> seqio.TextLineDataSo
 
 
 def _parse_json_text(line: tf.Tensor) -> tf.Tensor:
-  """The document of one .jsonl line; "" (dropped as empty) for a line that is not a JSON
-  object with a string 'text', with one warning line naming it (the first time). Only the first
-  `lm_text.CHECK_BYTES` of each file are checked before work (a C4-sized corpus cannot be read
-  first); before, such a line printed a TensorFlow traceback per read and was dropped."""
+  """`lm_text.json_text_or_skip` of one .jsonl line, in tf.data: only each file's first
+  `lm_text.CHECK_BYTES` are checked before work (a C4-sized corpus cannot be read first)."""
   def parse(line_bytes):
     return lm_text.json_text_or_skip(line_bytes.numpy())
   return tf.py_function(parse, [line], tf.string)
