@@ -189,27 +189,25 @@ def check_text_head(path: str, head: bytes) -> bool:
     return any(line.strip() for line in lines)
   found = False
   for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise BadInput(f"corpus file {path!r} line {number} is not JSON ({e.msg}); allowed: "
-                     f"{TEXT_HELP}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
-      raise BadInput(f"corpus file {path!r} line {number} is {type(record).__name__}"
-                     + (" with a non-string 'text'" if isinstance(record, dict) else "")
-                     + f"; allowed: {TEXT_HELP}")
-    found = found or bool(record.get("text", "").strip())
+    try:  # Every line is checked, also after one with text.
+      found = bool(line.strip() and json_text(line.encode("utf-8")).strip()) or found
+    except ValueError as e:
+      raise BadInput(f"corpus file {path!r} line {number} {e}; allowed: {TEXT_HELP}") from None
   return found
 
 
 def json_text(line: bytes) -> str:
-  """The document of one .jsonl line; ValueError unless it is a JSON object whose 'text'
-  (absent: "") is a string."""
-  record = json.loads(line.decode("utf-8"))
+  """The document of one .jsonl line; ValueError saying what the line is unless it is a JSON
+  object whose 'text' (absent: "") is a string."""
+  try:
+    record = json.loads(line.decode("utf-8"))
+  except UnicodeDecodeError:
+    raise ValueError("is not UTF-8") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"is not JSON ({e.msg})") from None
   if not isinstance(record, dict) or not isinstance(record.get("text", ""), str):
-    raise ValueError(f"a {type(record).__name__}, not an object with a string 'text'")
+    raise ValueError(f"is {type(record).__name__}"
+                     + (" with a non-string 'text'" if isinstance(record, dict) else ""))
   return record.get("text", "")
 
 
@@ -223,15 +221,15 @@ def json_text_or_skip(raw: bytes) -> str:
   it (the first time, for the first `WARN_SKIPPED` bad lines)."""
   try:
     return json_text(raw)
-  except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors.
+  except ValueError as e:
     with _SKIPPED_LOCK:
       new = hash(raw) not in _SKIPPED and len(_SKIPPED) < WARN_SKIPPED
       if new:
         _SKIPPED.add(hash(raw))
       count = len(_SKIPPED)
     if new:
-      logging.warning("skipped a .jsonl corpus line that is not a JSON object with a string "
-                      "'text' (%s): %r%s", str(e).splitlines()[0], raw[:60],
+      logging.warning("skipped a .jsonl corpus line that %s (allowed: a JSON object with a "
+                      "string 'text'): %r%s", e, raw[:60],
                       "" if count < WARN_SKIPPED else "; further bad lines are skipped "
                       "without a warning")
     return ""
