@@ -17,7 +17,6 @@ aggregate member-steps/s, the speedup over training the members one by one, and 
 memory per member (XLA's memory analysis of the compiled chunk) against the single run's:
   python experiments/benchmark_training.py --experiment=sraven --size=paper --models=hyla \
       --members=1,4,16,64 --steps=50
-`--config_overrides` takes `key=value` pairs, e.g. `model.implementation=reference`.
 `--cost` adds XLA's FLOPs and bytes accessed per member-step: bytes over the device's
 memory bandwidth bound what more members can gain.
 

@@ -13,10 +13,10 @@ epoch -> repeated -> SentencePiece ids + EOS, empty documents dropped ->
 `ConcatThenSplitIterDataset`: the token stream cut into rows of exactly `sequence_length` tokens (no
 padding; the stream's last partial row is dropped) -> batches {'inputs', 'targets', 'weights'},
 inputs = targets shifted right (BOS = pad id 0), as seqio's `LMFeatureConverter` makes them.
-Unshuffled, one shard, the rows equal the seqio path's (tests/test_c4_grain.py). Where they differ:
-seqio shuffles files and then rows in a 1,000-row buffer, Grain all documents; and a repeated Grain
-stream packs across the epoch boundary (seqio starts each epoch on a new row), which only the
-unshuffled evaluation of a split shorter than `eval.num_problems` rows would show.
+Unshuffled, one shard, the rows equal the seqio path's (tests/e2e/test_c4_grain.py). Where they
+differ: seqio shuffles files and then rows in a 1,000-row buffer, Grain all documents; and a
+repeated Grain stream packs across the epoch boundary (seqio starts each epoch on a new row), which
+only the unshuffled evaluation of a split shorter than `eval.num_problems` rows would show.
 
 The training iterator is Grain's `DatasetIterator`: its position is saved with each Orbax
 checkpoint by Grain's own handler (`train/data.GrainIteratorHandler`), so a resume is exact.
