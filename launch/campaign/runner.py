@@ -179,22 +179,20 @@ def _pause_for_tests() -> None:
     time.sleep(0.1)
 
 
-def _source_places(cell: cells_lib.Cell, options: Options) -> tuple[str, str]:
-  """Where a probe cell's source run may be: its workdir here, its kept parameters."""
-  return (os.path.join(options.root, cell.source),
-          records.kept_params_dir(options.results_dir, cell.source))
-
-
-def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str], list[str]]:
-  """(`source_dir`, []), or (None, why each place that holds a run holds another one)."""
+def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str], Optional[str]]:
+  """(`source_dir`, None), or (None, `blocker`'s reason: where the source run may be, its
+  workdir here or its kept parameters, and why each place that holds a run holds another)."""
   source = cells_lib.BY_NAME[cell.source]
+  workdir, kept = (os.path.join(options.root, cell.source),
+                   records.kept_params_dir(options.results_dir, cell.source))
   reasons = []
-  for directory in _source_places(cell, options):
+  for directory in (workdir, kept):
     why = foreign(source, directory) if os.path.isdir(directory) else None
     if why is None and run_files.is_finished(directory):
-      return directory, []
+      return directory, None
     reasons += [why] if why else []
-  return None, reasons
+  return None, (f"needs {cell.source}'s kept parameters ({kept}) or its finished workdir "
+                f"({workdir})" + "".join(f"; {why}" for why in reasons))
 
 
 def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
@@ -206,12 +204,7 @@ def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
 
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
-  if cell.kind != "probe":
-    return None
-  found, reasons = _find_source(cell, options)
-  workdir, kept = _source_places(cell, options)
-  return None if found else (f"needs {cell.source}'s kept parameters ({kept}) or its finished "
-                             f"workdir ({workdir})" + "".join(f"; {why}" for why in reasons))
+  return _find_source(cell, options)[1] if cell.kind == "probe" else None
 
 
 def _tail(log_path: str, size: int = 20_000) -> Optional[str]:
@@ -384,40 +377,37 @@ class Campaign:
     """Collects a cell that exited: its cell file, or its progress and resume state, whole
     (a SIGTERM or Ctrl-C meanwhile waits until the claim is released)."""
     with signals_held(self._forward_stop):
-      self._collect(run)
-
-  def _collect(self, run: _Running) -> None:
-    cell, code = run.cell, run.process.returncode
-    del self.running[cell.name]
-    collect_cell.add_segment(self.workdir(cell), {
-        "wall_s": time.time() - run.started, "returncode": code,
-        "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
-    try:
-      if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
-        self._publish(cell)
-        return
-      # Stopped (exit 75, or any exit while this runner was stopping it: during compile a
-      # trainer may die of the signal itself) or failed: either way, a train cell's newest
-      # checkpoint is saved beside the cell files, so no step it paid for is lost.
-      step = plan.checkpointed_step(self.workdir(cell))
-      saved = ("no checkpoint yet: nothing to resume" if not step
-               else partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
-               if cell.kind == "train" else "rerun on this machine to resume")
-      if code == cli.PREEMPTED_EXIT_CODE or self.stopping:
-        self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
-                  else f"stopped (exit {code}) before its first checkpoint; {saved}")
-      else:
-        # A run resumed from a committed state that fails (e.g. the code changed the model
-        # since): the fix is that state, not "a fresh --workdir" as the trainer says.
-        fix = (f"; it resumed from {run.resumed_from}: if that state is the cause, delete it "
-               f"and {self.workdir(cell)} to start afresh" if run.resumed_from else "")
-        self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
-                  f"{run.log_path}" + (f"; {saved}" if step else "") + fix)
-    except (OSError, ValueError, KeyError) as e:
-      self._end(cell, "failed", f"could not collect: {e}")
-    finally:
-      records.release(self.options.results_dir, cell.name)
+      cell, code = run.cell, run.process.returncode
+      del self.running[cell.name]
+      collect_cell.add_segment(self.workdir(cell), {
+          "wall_s": time.time() - run.started, "returncode": code,
+          "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
+              "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
+      try:
+        if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
+          self._publish(cell)
+          return
+        # Stopped (exit 75, or any exit while this runner was stopping it: during compile a
+        # trainer may die of the signal itself) or failed: either way, a train cell's newest
+        # checkpoint is saved beside the cell files, so no step it paid for is lost.
+        step = plan.checkpointed_step(self.workdir(cell))
+        saved = ("no checkpoint yet: nothing to resume" if not step
+                 else partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
+                 if cell.kind == "train" else "rerun on this machine to resume")
+        if code == cli.PREEMPTED_EXIT_CODE or self.stopping:
+          self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
+                    else f"stopped (exit {code}) before its first checkpoint; {saved}")
+        else:
+          # A run resumed from a committed state that fails (e.g. the code changed the model
+          # since): the fix is that state, not "a fresh --workdir" as the trainer says.
+          fix = (f"; it resumed from {run.resumed_from}: if that state is the cause, delete it "
+                 f"and {self.workdir(cell)} to start afresh" if run.resumed_from else "")
+          self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
+                    f"{run.log_path}" + (f"; {saved}" if step else "") + fix)
+      except (OSError, ValueError, KeyError) as e:
+        self._end(cell, "failed", f"could not collect: {e}")
+      finally:
+        records.release(self.options.results_dir, cell.name)
 
   def stop_all(self, why: str) -> None:
     if not self.stopping:
