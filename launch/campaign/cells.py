@@ -101,7 +101,9 @@ class Cell:
 
   @property
   def member_names(self) -> tuple[str, ...]:
-    return tuple(member_name(m) for m in self.members)
+    """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
+    return tuple(",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
+                          for k, v in m.items()) for m in self.members)
 
   def point(self) -> dict[str, Any]:
     """The population job as a sweep point (`launch.jobs` turns it into flags)."""
@@ -129,12 +131,6 @@ def run_differences(cell: Cell, recorded: Any) -> list[str]:
   # The trainer's own resume rule, so that what is published is what would resume.
   return run_files._config_differences(  # pylint: disable=protected-access
       recorded, recorded_config(cell))
-
-
-def member_name(member: dict[str, Any]) -> str:
-  """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
-  return ",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
-                  for k, v in member.items())
 
 
 def paper(experiment: str) -> registry.Paper:

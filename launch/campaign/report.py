@@ -244,10 +244,9 @@ def curves_figure(records, experiment: str, path: str,
          and p["stage"] in cells_lib.MAIN_ROW_STAGES]
   if not chosen and not cut:
     return None
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
+  fig = figure.Figure(figsize=(7, 4.5))  # No pyplot: nothing to close, no backend to pick.
+  ax = fig.subplots()
   labelled = set()
   for r, is_cut in [(r, False) for r in chosen] + [(p, True) for p in cut]:
     for m in r["members"]:
@@ -275,7 +274,6 @@ def curves_figure(records, experiment: str, path: str,
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -401,9 +399,7 @@ def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear")
 def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   """Held-out decoding score by layer, one bar per model (trained), the untrained code as a
   black tick and the best chance level as a dashed line: the layout of the paper's Fig. 2B."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
   layers = sorted(dict.fromkeys(layer for r in probes for m in r["members"]
                                 for layer in m["feature_sets"]),
                   key=lambda layer: (layer.startswith("all"), layer))  # "all layers" last
@@ -413,7 +409,8 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   width = 0.8 / len(runs)
   # Several cells of one model (fuzzy logic's *_seed0, *_seed1, ...): their seeds in the legend.
   shared_model = len({r["model"] for r in probes}) < len(probes)
-  fig, ax = plt.subplots(figsize=(3.2 + 1.4 * len(layers), 3.8))
+  fig = figure.Figure(figsize=(3.2 + 1.4 * len(layers), 3.8))
+  ax = fig.subplots()
   chance = None
   for i, (r, m) in enumerate(runs):
     xs = np.arange(len(layers)) + (i - (len(runs) - 1) / 2) * width
@@ -439,7 +436,6 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 

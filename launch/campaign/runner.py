@@ -64,7 +64,6 @@ class Options:
   # trainer's own bound is its preemption grace (30 s by default) plus a save. Whoever stops
   # the runner must allow it longer (launch/device_window.sh's kill grace).
   stop_wait_s: float = 90.0
-  python: str = sys.executable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,26 +85,26 @@ class _Running:
   resumed_from: Optional[str] = None  # The partial/ state it was unpacked from, if any.
 
 
-def device_info(python: str = sys.executable) -> dict[str, Any]:
+def device_info() -> dict[str, Any]:
   """The accelerator the cells will run on, asked of jax in a subprocess (this module stays
   importable where JAX is not installed)."""
   code = ("import jax, json; d = jax.devices()[0]; print(json.dumps(dict(platform=d.platform, "
           "kind=d.device_kind, count=jax.device_count(), jax_version=jax.__version__)))")
-  out = children.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+  out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
   if cell.kind == "train":
-    return jobs.local_command(options.python, cell.point(), cell.experiment, workdir)
+    return jobs.local_command(sys.executable, cell.point(), cell.experiment, workdir)
   if cell.kind == "probe":
     source = cells_lib.BY_NAME[cell.source]
     directory = source_dir(cell, options) or os.path.join(options.root, source.name)
-    return [options.python, "experiments/probe_latents.py",
+    return [sys.executable, "experiments/probe_latents.py",
             *[f"--workdir={os.path.join(directory, n)}" for n in source.member_names],
             f"--output_dir={os.path.join(workdir, 'probe')}", *_flags(cell.overrides)]
-  return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
+  return [sys.executable, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
           f"--steps={cell.num_steps}", "--repeats=3",
           f"--data_dir={os.path.join(workdir, 'data')}", *_flags(cell.overrides)]
@@ -260,7 +259,7 @@ class Campaign:
     in a subprocess (this module imports no JAX); the record's fields saying where, or why
     not. Not kept is a note, not a failure: the metrics are still the cell's result."""
     out = records.kept_params_dir(self.options.results_dir, cell.name)
-    argv = [self.options.python, "experiments/export_params.py",
+    argv = [sys.executable, "experiments/export_params.py",
             f"--workdir={self.workdir(cell)}", f"--output_dir={out}",
             f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
     try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
