@@ -46,10 +46,10 @@ def flags_list(args: Mapping[str, str]) -> list[str]:
 
 
 def local_command(python: str, point: Mapping[str, Any], experiment: str,
-                  workdir: str, extra_flags: Sequence[str] = ()) -> list[str]:
+                  workdir: str) -> list[str]:
   """argv of one point as a local process: `python <script> --config=... --workdir=...`."""
   script = registry.get(experiment).script
-  return [python, script, *flags_list(job_args(point, experiment, workdir)), *extra_flags]
+  return [python, script, *flags_list(job_args(point, experiment, workdir))]
 
 
 def shell_line(argv: Sequence[str]) -> str:

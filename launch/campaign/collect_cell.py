@@ -126,8 +126,5 @@ def benchmark_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any])
   return {**_base(cell, device, workdir), "rows": rows}
 
 
+# A finished cell's record by its kind: (cell, workdir, device) -> its cell file's record.
 BUILDERS = {"train": train_record, "probe": probe_record, "benchmark": benchmark_record}
-
-
-def build(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
-  return BUILDERS[cell.kind](cell, workdir, device)

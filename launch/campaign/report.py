@@ -105,13 +105,12 @@ def table_a1(records, experiment: str, stages: Sequence[str] = cells_lib.TABLE_A
     return f"No finished cell of {experiment} yet.\n"
   paper = cells_lib.paper(experiment)
   grid_size = math.prod(len(v) for v in paper.grid.values())
-  split_cols = paper.splits
   default = _default_setting(experiment)
   means = {key: _stat(settings[default].values(), f"ood/{metric}").mean
            for key, settings in rows.items() if default in settings}
-  lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
+  lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in paper.splits)
            + " | eval. error | OOD per seed | paper OOD | ours - paper (p) | paper's order |",
-           "|---" * (8 + len(split_cols)) + "|"]
+           "|---" * (8 + len(paper.splits)) + "|"]
   for key, settings in rows.items():  # In Table A1's order.
     name, paper_ood = common.TABLE_A1_ROWS[key], paper.table_a1[key]
     complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
@@ -122,7 +121,7 @@ def table_a1(records, experiment: str, stages: Sequence[str] = cells_lib.TABLE_A
       shown.append((next(iter(settings)), "only"))
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
-      stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
+      stats = [str(_stat(members, f"{s}/{metric}")) for s in paper.splits]
       per_seed = ", ".join(f"seed {s}: {m.summary[f'ood/{metric}'] * 100:.1f}" + (
           f" ± {100 * se:.1f}" if (se := m.summary.get("eval_se", {}).get(f"ood/{metric}"))
           else "") for s, m in sorted(settings[setting].items()))

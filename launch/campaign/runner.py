@@ -79,7 +79,6 @@ class _Running:
   process: subprocess.Popen
   started: float
   log_path: str
-  estimate: plan.Estimate
   commit: str  # The code it runs (`git describe --dirty` when it started).
   first: Optional[tuple[float, int]] = None  # (time, step) when progress was first seen.
   resumed_from: Optional[str] = None  # The partial/ state it was unpacked from, if any.
@@ -285,7 +284,7 @@ class Campaign:
   def _publish(self, cell: cells_lib.Cell) -> None:
     """Publishes `cell`'s finished workdir as its cell file, whole: a stop meanwhile waits
     (the caller holds the signals)."""
-    record = collect_cell.build(cell, self.workdir(cell), self.device)
+    record = collect_cell.BUILDERS[cell.kind](cell, self.workdir(cell), self.device)
     if cell.kind == "train":
       record.update(self._keep_params(cell))
     _pause_for_tests()
@@ -366,7 +365,7 @@ class Campaign:
       f.flush()
       process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
                                env=run_local.child_env(self.options.max_concurrent))
-    self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
+    self.running[cell.name] = _Running(cell, process, time.time(), log_path,
                                        collect_cell.commit(sweeps.REPO), resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")

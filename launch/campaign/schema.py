@@ -139,14 +139,12 @@ def either(first: Check, second: Check, allowed: str) -> Check:
 # A curve: [[step, value], ...]; curves: {tag: curve}.
 CURVES = table(items(items(number(), length=2)))
 DEVICE = fields({"kind": text()}, {"jax_version": text(), "host_cpu": text(optional=True)})
-KINDS = tuple(cells_lib.KINDS)
-STAGES = tuple(cells_lib.BY_LETTER)
 
 
 def _common() -> dict[str, Check]:
   """The fields both files share (the experiments as registered when a file is read)."""
-  return {"cell": text(), "stage": text(STAGES), "experiment": text(tuple(registry.EXPERIMENTS)),
-          "model": text()}
+  return {"cell": text(), "stage": text(tuple(cells_lib.STAGES)),
+          "experiment": text(tuple(registry.EXPERIMENTS)), "model": text()}
 
 
 NUMBER_OR_NULL = number(optional=True)
@@ -191,8 +189,9 @@ _RESTORE = "restore it from git (`git checkout -- <file>`) or delete it"
 
 def cell_file(path: str, schema: int) -> dict[str, Any]:
   """The cell file at `path`, checked (`records.read`)."""
-  common = fields({**_common(), "kind": text(KINDS), "device": DEVICE, "jax_version": text(),
-                   "commit": text(), "wall_s": number(0), "overrides": table(anything)},
+  common = fields({**_common(), "kind": text(cells_lib.KINDS), "device": DEVICE,
+                   "jax_version": text(), "commit": text(), "wall_s": number(0),
+                   "overrides": table(anything)},
                   {"processes": items(table(anything)), "python": text(), "title": text(),
                    "config": text()})
   return _read(path, "cell file", f"{_RESTORE} to rerun the cell", schema,
