@@ -85,7 +85,6 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "config": cell.config, "overrides": dict(cell.overrides),
       "device": {**device, "host_cpu": machine.host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
-      # The code that trained it: each process's commit (one, unless resumed across commits).
       "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "wall_s": sum(r["wall_s"] for r in runs), "processes": runs}

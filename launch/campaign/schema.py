@@ -124,18 +124,6 @@ def fields(required: dict[str, Check], optional: Optional[dict[str, Check]] = No
   return _or_null(check, nullable)
 
 
-def either(first: Check, second: Check, allowed: str) -> Check:
-  def check(value, where):
-    try:
-      first(value, where)
-    except _Bad:
-      try:
-        second(value, where)
-      except _Bad:
-        raise _Bad(where, value, allowed) from None
-  return check
-
-
 # A curve: [[step, value], ...]; curves: {tag: curve}.
 CURVES = table(items(items(number(), length=2)))
 DEVICE = fields({"kind": text()}, {"jax_version": text(), "host_cpu": text(optional=True)})
@@ -148,12 +136,20 @@ def _common() -> dict[str, Check]:
 
 
 NUMBER_OR_NULL = number(optional=True)
-# A score per metric (SRAVEN's) where fuzzy logic has one number.
-NUMBERS = either(NUMBER_OR_NULL, table(NUMBER_OR_NULL, nonempty=True),
-                 "a number, null or a non-empty object of them")
-DECODE = fields({}, {"macro_f1": NUMBER_OR_NULL, "chance": table(NUMBERS, optional=True),
+
+
+def numbers(value, where):
+  """A number or null, or (SRAVEN's score per metric, where fuzzy logic has one) an object."""
+  try:
+    (table(NUMBER_OR_NULL, nonempty=True) if isinstance(value, dict) else NUMBER_OR_NULL)(
+        value, where)
+  except _Bad:
+    raise _Bad(where, value, "a number, null or a non-empty object of them") from None
+
+
+DECODE = fields({}, {"macro_f1": NUMBER_OR_NULL, "chance": table(numbers, optional=True),
                      "scores": fields({}, {"accuracy": NUMBER_OR_NULL}, nullable=True),
-                     "p_value": NUMBERS})
+                     "p_value": numbers})
 TRAIN_MEMBER = fields({
     "name": text(), "frozen_at_step": number(0, integer=True, optional=True),
     "settings": fields({"seed": number(0, integer=True),
