@@ -95,7 +95,6 @@ class Window:
   out: str
   sizes: Sizes
   deadline: float  # time.monotonic() after which no stage runs.
-  dry_run: bool
 
   def record(self, kind: str, **row) -> None:
     """Appends one JSON line and flushes it: a window cut short keeps every line written."""
@@ -453,7 +452,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   except OSError as e:  # Below a file (or not writable): named before anything runs.
     parser.error(f"--out={args.out!r} cannot be made ({e.strerror}: a file in its path?); "
                  "allowed: a folder path")
-  w = Window(args.out, sizes, time.monotonic() + deadline_s, args.dry_run)
+  w = Window(args.out, sizes, time.monotonic() + deadline_s)
   env = {**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
          "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
   if args.dry_run:

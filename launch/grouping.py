@@ -30,10 +30,6 @@ MAX_MEMBERS = 64
 DEFAULT_BUDGET_GIB = 16.0
 
 
-def is_population_point(point: Mapping[str, Any]) -> bool:
-  return MEMBERS_KEY in point
-
-
 def population_name(common_name: str, member_names: Sequence[str]) -> str:
   """`<shared overrides>,population=<P>x<hash of the member names>`: unique, stable."""
   digest = hashlib.sha1("\n".join(member_names).encode()).hexdigest()[:8]

@@ -25,7 +25,7 @@ def point_name(point: Mapping[str, Any]) -> str:
   """A readable, unique directory name for a point: its config argument, then the overrides
   in the point's order (`model=hyla,size=local,optimizer.learning_rate=0.001,seed=0`).
   A population point: its shared overrides, then `population=<P>x<hash>`."""
-  if grouping.is_population_point(point):
+  if grouping.MEMBERS_KEY in point:
     common = {k: v for k, v in point.items() if k not in (grouping.MEMBERS_KEY, grouping.NAMES_KEY)}
     return grouping.population_name(point_name(common), point[grouping.NAMES_KEY])
   parts = [point["config"]] + [f"{k}={v}" for k, v in point.items() if k != "config"]
@@ -46,10 +46,10 @@ def flags_list(args: Mapping[str, str]) -> list[str]:
 
 
 def local_command(python: str, point: Mapping[str, Any], experiment: str,
-                  workdir: str, extra_flags: Sequence[str] = ()) -> list[str]:
+                  workdir: str) -> list[str]:
   """argv of one point as a local process: `python <script> --config=... --workdir=...`."""
   script = registry.get(experiment).script
-  return [python, script, *flags_list(job_args(point, experiment, workdir)), *extra_flags]
+  return [python, script, *flags_list(job_args(point, experiment, workdir))]
 
 
 def shell_line(argv: Sequence[str]) -> str:

@@ -150,18 +150,16 @@ def child_env(num_jobs: int, env: Optional[Mapping[str, str]] = None) -> dict[st
 
 
 def run_point(point: Mapping[str, Any], experiment: str, root: str,
-              extra_flags: Sequence[str] = (), python: str = sys.executable,
-              env: Optional[Mapping[str, str]] = None, log=None) -> Outcome:
+              env: Optional[Mapping[str, str]] = None, log=print) -> Outcome:
   """Runs one point to completion (or skips it); output goes to `<workdir>/run_local.log`."""
   name = jobs.point_name(point)
   workdir = os.path.join(root, name)
   if is_done(point, root, finished_points(root), log):
     return Outcome(name, "skipped")
   os.makedirs(workdir, exist_ok=True)
-  wait_for_previous_trainer(workdir, log or print)
-  argv = jobs.local_command(python, point, experiment, workdir, extra_flags)
-  if log is not None:
-    log(f"started: {name} (console output in its {LOG})")
+  wait_for_previous_trainer(workdir, log)
+  argv = jobs.local_command(sys.executable, point, experiment, workdir)
+  log(f"started: {name} (console output in its {LOG})")
   start = time.time()
   with open(os.path.join(workdir, LOG), "a") as log:
     log.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: "
@@ -186,7 +184,7 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
 
 
 def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
-              num_jobs: int = 1, extra_flags: Sequence[str] = (), log=print) -> list[Outcome]:
+              num_jobs: int = 1, log=print) -> list[Outcome]:
   """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
   if num_jobs < 1:
     raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")
@@ -198,7 +196,7 @@ def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
   atexit.register(stop_children)
   with concurrent.futures.ThreadPoolExecutor(num_jobs) as pool:
     env = child_env(num_jobs)
-    futures = [pool.submit(run_point, p, experiment, root, extra_flags, env=env, log=log)
+    futures = [pool.submit(run_point, p, experiment, root, env=env, log=log)
                for p in points]
     try:
       for future in concurrent.futures.as_completed(futures):
@@ -255,17 +253,16 @@ class Grouping:
   @classmethod
   def from_flags(cls) -> "Grouping":
     f = flags.FLAGS
-    return cls(f.single_runs, f.members_per_job, f.member_memory_gib).checked()
+    return cls(f.single_runs, f.members_per_job, f.member_memory_gib)
 
-  def checked(self) -> "Grouping":
-    """Itself; `BadInput` for a cap or memory budget that cannot size a job."""
+  def __post_init__(self):
+    """`BadInput` for a cap or memory budget that cannot size a job."""
     if self.members_per_job is not None and self.members_per_job < 1:
       raise errors.BadInput(f"--members_per_job={self.members_per_job}; allowed: an "
                                 "integer >= 1 (or leave it out: sized by --member_memory_gib)")
     if not (math.isfinite(self.member_memory_gib) and self.member_memory_gib > 0):
       raise errors.BadInput(f"--member_memory_gib={self.member_memory_gib}; allowed: a "
                                 "finite number of GiB > 0")
-    return self
 
 
 def sweep_jobs(sweep, max_points: Optional[int] = None,

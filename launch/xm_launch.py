@@ -81,12 +81,6 @@ def dry_run_lines(sweep_name: str, executor: str, num_hosts: int, root: str,
   return lines
 
 
-def _requirements(xm, replicas: int):
-  accelerator = _ACCELERATOR.value
-  resources = {accelerator: _TOPOLOGY.value or _ACCELERATOR_COUNT.value} if accelerator else {}
-  return xm.JobRequirements(resources, replicas=replicas)
-
-
 def main(argv: list[str]) -> None:
   del argv
   if _SWEEP.value is None:
@@ -124,6 +118,7 @@ def main(argv: list[str]) -> None:
   directory = os.path.basename(os.getcwd())
   accelerator = _ACCELERATOR.value or ""
   extras = "[tpu]" if accelerator.startswith("tpu") else "[cuda]" if accelerator else ""
+  resources = {accelerator: _TOPOLOGY.value or _ACCELERATOR_COUNT.value} if accelerator else {}
   with xm_local.create_experiment(experiment_title=f"hypernet-{_SWEEP.value}") as experiment:
     spec = xm.PythonContainer(
         path=".", base_image=_BASE_IMAGE.value, entrypoint=xm.CommandList([f"python {script}"]),
@@ -146,8 +141,8 @@ def main(argv: list[str]) -> None:
         host_jobs = jobs.xm_jobs(point, experiment_name, workdir, executor=_EXECUTOR.value,
                                  num_hosts=_NUM_HOSTS.value, host_address=address)
         work_unit.add(xm.JobGroup(**{
-            job.name: xm.Job(executable=executable, args=job.args,
-                             executor=executor(requirements=_requirements(xm, job.replicas)))
+            job.name: xm.Job(executable=executable, args=job.args, executor=executor(
+                requirements=xm.JobRequirements(resources, replicas=job.replicas)))
             for job in host_jobs}))
       return add_jobs
 

@@ -51,9 +51,8 @@ def _define_flags() -> None:
   flags.DEFINE_bool("report", False, "Write the report from the cell files; run nothing.")
   flags.DEFINE_string("report_path", report.DEFAULT_PATH, "Where --report writes (figures go "
                       "beside it, in paper_scale/figures/).")
-  flags.DEFINE_integer("max_concurrent", 1, "Cells run at once. 1: two paper-size SRAVEN "
-                       "cells at once on one H200 ran at 163 steps/s each against 350 alone "
-                       "(the GPU time-slices between processes), so one at a time is faster.")
+  flags.DEFINE_integer("max_concurrent", 1, "Cells run at once (1: two at once on one GPU "
+                       "each run at half the speed, experiments/results/training_throughput.md).")
   flags.DEFINE_float("stop_margin_s", 120.0, "SIGTERM a running cell this many seconds before "
                      "the budget ends (it checkpoints and exits).")
   flags.DEFINE_string("device_kind", None, "--dry_run: plan for this device kind instead of "

@@ -25,34 +25,26 @@ from launch.sweeps import fig4_sraven_scaling
 from launch.sweeps import fig5c_heads_sraven
 from launch.sweeps import figa5_holdout_sraven
 
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-  """A stage of the campaign: its cells' name prefix and `Cell.stage`, and what it is."""
-  letter: str
-  title: str
-
-
-STAGES = (
-    Stage("a", "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's "
-          "default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU "
-          "finishes one in a session; seeds interleaved so that paired comparisons come first"),
-    Stage("b", "SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), "
-          "lr 1e-3, wd 0.1, warmup 1000, 3 seeds per cell"),
-    Stage("c", "decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members "
-          "(Fig. 5F), from the final parameters every finished train cell keeps"),
-    Stage("d", "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting (3 "
-          "seeds, one population each; the paper's claim that both of HYLA's changes matter rests "
-          "on them), then the rest of each main row's grid (Table A1 reports the best grid point)"),
-    Stage("e", "the ablation and '+ MoE' rows over the rest of their grids (fuzzy logic: "
-          "the default setting ran in d) or their whole grid (SRAVEN)"),
-    Stage("f", "Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the "
-          "default setting"),
-    Stage("g", "the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA"),
-    Stage("h", "fuzzy logic's main rows on the authors' own held-out splits "
-          "(task.split_draw=authors), seed 2 first: at 70% held out the authors' seed-2 split "
-          "trains neither term 5 nor 6, which our default (covering) re-draws away"))
-BY_LETTER = {s.letter: s for s in STAGES}
+# Each stage: its letter (its cells' name prefix and `Cell.stage`) and what it runs.
+STAGES = {
+    "a": "fuzzy logic, Table A1 main rows (softmax, linear, HYLA), paper size, the paper's "
+        "default setting (lr 1e-3, wd 0.1, warmup 100), one cell per seed so that a 2-core CPU "
+        "finishes one in a session; seeds interleaved so that paired comparisons come first",
+    "b": "SRAVEN, Table A1 main rows, paper size (width 1, depth 4, 156,250 steps), "
+        "lr 1e-3, wd 0.1, warmup 1000, 3 seeds per cell",
+    "c": "decoding from the latent codes of a's seed-0 cells (Fig. 2) and b's members "
+        "(Fig. 5F), from the final parameters every finished train cell keeps",
+    "d": "fuzzy logic's ablation and '+ MoE' rows of Table A1 at the default setting (3 "
+        "seeds, one population each; the paper's claim that both of HYLA's changes matter rests "
+        "on them), then the rest of each main row's grid (Table A1 reports the best grid point)",
+    "e": "the ablation and '+ MoE' rows over the rest of their grids (fuzzy logic: "
+        "the default setting ran in d) or their whole grid (SRAVEN)",
+    "f": "Fig. 4's corners, Fig. 5C (heads), Fig. A5 (held-out fraction) at the "
+        "default setting",
+    "g": "the C4 50M training step: tokens/s, MFU, peak memory, softmax vs HYLA",
+    "h": "fuzzy logic's main rows on the authors' own held-out splits "
+        "(task.split_draw=authors), seed 2 first: at 70% held out the authors' seed-2 split "
+        "trains neither term 5 nor 6, which our default (covering) re-draws away"}
 # What the report reads from each stage: Table A1's rows (every run of a Table A1 row at
 # the paper's size, each run once), the main rows' learning curves, the authors' splits.
 TABLE_A1_STAGES = ("a", "b", "d", "e")
@@ -101,7 +93,9 @@ class Cell:
 
   @property
   def member_names(self) -> tuple[str, ...]:
-    return tuple(member_name(m) for m in self.members)
+    """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
+    return tuple(",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
+                          for k, v in m.items()) for m in self.members)
 
   def point(self) -> dict[str, Any]:
     """The population job as a sweep point (`launch.jobs` turns it into flags)."""
@@ -129,12 +123,6 @@ def run_differences(cell: Cell, recorded: Any) -> list[str]:
   # The trainer's own resume rule, so that what is published is what would resume.
   return run_files._config_differences(  # pylint: disable=protected-access
       recorded, recorded_config(cell))
-
-
-def member_name(member: dict[str, Any]) -> str:
-  """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
-  return ",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
-                  for k, v in member.items())
 
 
 def paper(experiment: str) -> registry.Paper:
@@ -283,7 +271,7 @@ CELLS: tuple[Cell, ...] = tuple(_stage_a() + _stage_b() + _stage_c() + _stage_d(
                                 + _stage_e() + _stage_f() + _stage_g() + _stage_h())
 BY_NAME = {c.name: c for c in CELLS}
 assert len(BY_NAME) == len(CELLS), "cell names must be unique"
-assert all(c.stage in BY_LETTER and c.name.startswith(c.stage + "_") for c in CELLS)
+assert all(c.stage in STAGES and c.name.startswith(c.stage + "_") for c in CELLS)
 
 # A campaign in a minute on a CPU (`--set=smoke`): every kind of cell at `size=smoke`, for
 # trying the runner and for the tests. Its cells are never mixed with the paper's.

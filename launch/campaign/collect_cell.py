@@ -85,7 +85,6 @@ def _base(cell: cells_lib.Cell, device: dict[str, Any], workdir: str) -> dict[st
       "config": cell.config, "overrides": dict(cell.overrides),
       "device": {**device, "host_cpu": machine.host_cpu() if device["kind"] == "cpu" else None},
       "jax_version": device["jax_version"], "python": platform.python_version(),
-      # The code that trained it: each process's commit (one, unless resumed across commits).
       "commit": commits(runs) or commit(sweeps.REPO), "finished_utc": time.strftime(
           "%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "wall_s": sum(r["wall_s"] for r in runs), "processes": runs}
@@ -126,8 +125,5 @@ def benchmark_record(cell: cells_lib.Cell, workdir: str, device: dict[str, Any])
   return {**_base(cell, device, workdir), "rows": rows}
 
 
+# A finished cell's record by its kind: (cell, workdir, device) -> its cell file's record.
 BUILDERS = {"train": train_record, "probe": probe_record, "benchmark": benchmark_record}
-
-
-def build(cell: cells_lib.Cell, workdir: str, device: dict[str, Any]) -> dict[str, Any]:
-  return BUILDERS[cell.kind](cell, workdir, device)

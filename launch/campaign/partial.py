@@ -17,6 +17,7 @@ every window sees."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tarfile
@@ -164,13 +165,11 @@ def forget(results_dir: str, cell: str) -> None:
       os.unlink(path)
 
 
+# One progress record; BadInput naming the file and its first bad field (corrupt, truncated, a
+# field missing, of the wrong type or out of range), so --dry_run and --report say which file.
+read = functools.partial(schema.progress_file, schema=SCHEMA)
+
+
 def read_all(results_dir: str) -> dict[str, dict[str, Any]]:
   """Every progress record under `<results_dir>/partial/`, by cell name."""
   return records.read_all(os.path.join(results_dir, DIR), read)
-
-
-def read(path: str) -> dict[str, Any]:
-  """One progress record; BadInput naming the file and its first bad field if it is not
-  one (corrupt, truncated, a field missing, of the wrong type or out of range: the
-  checks of `schema.progress_file`), so --dry_run and --report say which file."""
-  return schema.progress_file(path, SCHEMA)

@@ -25,11 +25,8 @@ EVAL_OVERHEAD = 1.15  # Evaluations and checkpoints on top of the training steps
 FIXED_MINUTES = {("probe", "cpu"): 30.0, ("probe", "gpu"): 8.0, ("probe", "tpu"): 8.0,
                  ("benchmark", "cpu"): 15.0, ("benchmark", "gpu"): 5.0, ("benchmark", "tpu"): 5.0}
 H100 = "NVIDIA H100 80GB HBM3"
-# A MoE feed-forward step over the dense one, fuzzy logic at paper size, timed interleaved on a
-# 2-core AMD EPYC (`benchmark_training.py --experiment=fuzzy_logic --size=paper
-# --models=linear,linear@model.feed_forward=moe,hyla,hyla@model.feed_forward=moe`, its step-time
-# column): linear 4.29, HYLA 3.93. Without it a MoE cell was planned at its dense family's 118
-# minutes and ran at ~1.1 s per population step (~15 h).
+# A MoE feed-forward step over the dense one (fuzzy logic, paper size, a 2-core CPU; the timing
+# is in experiments/reference.md, "The paper-scale campaign").
 MOE_STEP_COST = 4.3
 
 

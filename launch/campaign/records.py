@@ -15,6 +15,7 @@ a claim whose process is gone (same host) is stale and taken over.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -58,10 +59,8 @@ def check_writable(results_dir: str) -> None:
                           f"({e.strerror}); allowed: a writable directory") from None
 
 
-def read(path: str) -> dict[str, Any]:
-  """One cell file; BadInput naming it and its first bad field if it is not a cell file
-  this version can read (`schema.cell_file`: types, ranges, its cell's definition)."""
-  return schema.cell_file(path, SCHEMA)
+# One cell file; BadInput naming it and its first bad field if this version cannot read it.
+read = functools.partial(schema.cell_file, schema=SCHEMA)
 
 
 def read_all(results_dir: str, read_one=read) -> dict[str, dict[str, Any]]:

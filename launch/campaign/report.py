@@ -105,13 +105,12 @@ def table_a1(records, experiment: str, stages: Sequence[str] = cells_lib.TABLE_A
     return f"No finished cell of {experiment} yet.\n"
   paper = cells_lib.paper(experiment)
   grid_size = math.prod(len(v) for v in paper.grid.values())
-  split_cols = paper.splits
   default = _default_setting(experiment)
   means = {key: _stat(settings[default].values(), f"ood/{metric}").mean
            for key, settings in rows.items() if default in settings}
-  lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in split_cols)
+  lines = ["| row | setting | n | " + " | ".join(f"{s} (ours)" for s in paper.splits)
            + " | eval. error | OOD per seed | paper OOD | ours - paper (p) | paper's order |",
-           "|---" * (8 + len(split_cols)) + "|"]
+           "|---" * (8 + len(paper.splits)) + "|"]
   for key, settings in rows.items():  # In Table A1's order.
     name, paper_ood = common.TABLE_A1_ROWS[key], paper.table_a1[key]
     complete = len(settings) == grid_size and all(len(s) >= 3 for s in settings.values())
@@ -122,7 +121,7 @@ def table_a1(records, experiment: str, stages: Sequence[str] = cells_lib.TABLE_A
       shown.append((next(iter(settings)), "only"))
     for setting, why in shown:
       members = [settings[setting][s] for s in sorted(settings[setting])]
-      stats = [str(_stat(members, f"{s}/{metric}")) for s in split_cols]
+      stats = [str(_stat(members, f"{s}/{metric}")) for s in paper.splits]
       per_seed = ", ".join(f"seed {s}: {m.summary[f'ood/{metric}'] * 100:.1f}" + (
           f" ± {100 * se:.1f}" if (se := m.summary.get("eval_se", {}).get(f"ood/{metric}"))
           else "") for s, m in sorted(settings[setting].items()))
@@ -244,10 +243,9 @@ def curves_figure(records, experiment: str, path: str,
          and p["stage"] in cells_lib.MAIN_ROW_STAGES]
   if not chosen and not cut:
     return None
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
+  fig = figure.Figure(figsize=(7, 4.5))  # No pyplot: nothing to close, no backend to pick.
+  ax = fig.subplots()
   labelled = set()
   for r, is_cut in [(r, False) for r in chosen] + [(p, True) for p in cut]:
     for m in r["members"]:
@@ -275,7 +273,6 @@ def curves_figure(records, experiment: str, path: str,
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -401,9 +398,7 @@ def decoding_paired_text(records, pairs=(("hyla", "softmax"), ("hyla", "linear")
 def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   """Held-out decoding score by layer, one bar per model (trained), the untrained code as a
   black tick and the best chance level as a dashed line: the layout of the paper's Fig. 2B."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import figure  # pylint: disable=g-import-not-at-top
   layers = sorted(dict.fromkeys(layer for r in probes for m in r["members"]
                                 for layer in m["feature_sets"]),
                   key=lambda layer: (layer.startswith("all"), layer))  # "all layers" last
@@ -413,7 +408,8 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   width = 0.8 / len(runs)
   # Several cells of one model (fuzzy logic's *_seed0, *_seed1, ...): their seeds in the legend.
   shared_model = len({r["model"] for r in probes}) < len(probes)
-  fig, ax = plt.subplots(figsize=(3.2 + 1.4 * len(layers), 3.8))
+  fig = figure.Figure(figsize=(3.2 + 1.4 * len(layers), 3.8))
+  ax = fig.subplots()
   chance = None
   for i, (r, m) in enumerate(runs):
     xs = np.arange(len(layers)) + (i - (len(runs) - 1) / 2) * width
@@ -439,7 +435,6 @@ def decoding_figure(probes, experiment: str, path: str) -> Optional[str]:
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 

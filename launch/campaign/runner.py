@@ -64,7 +64,6 @@ class Options:
   # trainer's own bound is its preemption grace (30 s by default) plus a save. Whoever stops
   # the runner must allow it longer (launch/device_window.sh's kill grace).
   stop_wait_s: float = 90.0
-  python: str = sys.executable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,32 +79,31 @@ class _Running:
   process: subprocess.Popen
   started: float
   log_path: str
-  estimate: plan.Estimate
   commit: str  # The code it runs (`git describe --dirty` when it started).
   first: Optional[tuple[float, int]] = None  # (time, step) when progress was first seen.
   resumed_from: Optional[str] = None  # The partial/ state it was unpacked from, if any.
 
 
-def device_info(python: str = sys.executable) -> dict[str, Any]:
+def device_info() -> dict[str, Any]:
   """The accelerator the cells will run on, asked of jax in a subprocess (this module stays
   importable where JAX is not installed)."""
   code = ("import jax, json; d = jax.devices()[0]; print(json.dumps(dict(platform=d.platform, "
           "kind=d.device_kind, count=jax.device_count(), jax_version=jax.__version__)))")
-  out = children.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+  out = children.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def command(cell: cells_lib.Cell, workdir: str, options: Options) -> list[str]:
   if cell.kind == "train":
-    return jobs.local_command(options.python, cell.point(), cell.experiment, workdir)
+    return jobs.local_command(sys.executable, cell.point(), cell.experiment, workdir)
   if cell.kind == "probe":
     source = cells_lib.BY_NAME[cell.source]
     directory = source_dir(cell, options) or os.path.join(options.root, source.name)
-    return [options.python, "experiments/probe_latents.py",
+    return [sys.executable, "experiments/probe_latents.py",
             *[f"--workdir={os.path.join(directory, n)}" for n in source.member_names],
             f"--output_dir={os.path.join(workdir, 'probe')}", *_flags(cell.overrides)]
-  return [options.python, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
+  return [sys.executable, "experiments/benchmark_training.py", f"--experiment={cell.experiment}",
           f"--size={cell.config}", f"--models={','.join(cell.models)}",
           f"--steps={cell.num_steps}", "--repeats=3",
           f"--data_dir={os.path.join(workdir, 'data')}", *_flags(cell.overrides)]
@@ -179,22 +177,20 @@ def _pause_for_tests() -> None:
     time.sleep(0.1)
 
 
-def _source_places(cell: cells_lib.Cell, options: Options) -> tuple[str, str]:
-  """Where a probe cell's source run may be: its workdir here, its kept parameters."""
-  return (os.path.join(options.root, cell.source),
-          records.kept_params_dir(options.results_dir, cell.source))
-
-
-def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str], list[str]]:
-  """(`source_dir`, []), or (None, why each place that holds a run holds another one)."""
+def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str], Optional[str]]:
+  """(`source_dir`, None), or (None, `blocker`'s reason: where the source run may be, its
+  workdir here or its kept parameters, and why each place that holds a run holds another)."""
   source = cells_lib.BY_NAME[cell.source]
+  workdir, kept = (os.path.join(options.root, cell.source),
+                   records.kept_params_dir(options.results_dir, cell.source))
   reasons = []
-  for directory in _source_places(cell, options):
+  for directory in (workdir, kept):
     why = foreign(source, directory) if os.path.isdir(directory) else None
     if why is None and run_files.is_finished(directory):
-      return directory, []
+      return directory, None
     reasons += [why] if why else []
-  return None, reasons
+  return None, (f"needs {cell.source}'s kept parameters ({kept}) or its finished workdir "
+                f"({workdir})" + "".join(f"; {why}" for why in reasons))
 
 
 def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
@@ -206,12 +202,7 @@ def source_dir(cell: cells_lib.Cell, options: Options) -> Optional[str]:
 
 def blocker(cell: cells_lib.Cell, options: Options) -> Optional[str]:
   """Why `cell` cannot run on this machine now (None: it can)."""
-  if cell.kind != "probe":
-    return None
-  found, reasons = _find_source(cell, options)
-  workdir, kept = _source_places(cell, options)
-  return None if found else (f"needs {cell.source}'s kept parameters ({kept}) or its finished "
-                             f"workdir ({workdir})" + "".join(f"; {why}" for why in reasons))
+  return _find_source(cell, options)[1] if cell.kind == "probe" else None
 
 
 def _tail(log_path: str, size: int = 20_000) -> Optional[str]:
@@ -267,7 +258,7 @@ class Campaign:
     in a subprocess (this module imports no JAX); the record's fields saying where, or why
     not. Not kept is a note, not a failure: the metrics are still the cell's result."""
     out = records.kept_params_dir(self.options.results_dir, cell.name)
-    argv = [self.options.python, "experiments/export_params.py",
+    argv = [sys.executable, "experiments/export_params.py",
             f"--workdir={self.workdir(cell)}", f"--output_dir={out}",
             f"--max_mib={partial.MAX_STATE_BYTES / 2**20:g}"]
     try:  # In a session of its own: a stop sent to the window's process group (timeout(1))
@@ -293,7 +284,7 @@ class Campaign:
   def _publish(self, cell: cells_lib.Cell) -> None:
     """Publishes `cell`'s finished workdir as its cell file, whole: a stop meanwhile waits
     (the caller holds the signals)."""
-    record = collect_cell.build(cell, self.workdir(cell), self.device)
+    record = collect_cell.BUILDERS[cell.kind](cell, self.workdir(cell), self.device)
     if cell.kind == "train":
       record.update(self._keep_params(cell))
     _pause_for_tests()
@@ -374,7 +365,7 @@ class Campaign:
       f.flush()
       process = children.spawn(argv, stdout=f, stderr=subprocess.STDOUT, cwd=sweeps.REPO,
                                env=run_local.child_env(self.options.max_concurrent))
-    self.running[cell.name] = _Running(cell, process, time.time(), log_path, estimate,
+    self.running[cell.name] = _Running(cell, process, time.time(), log_path,
                                        collect_cell.commit(sweeps.REPO), resumed_from=resumed_from)
     self.log(f"started: {cell.name} ({len(cell.members) or 1} member(s), "
              f"~{plan.fmt_minutes(estimate.minutes)} min, {estimate.source}; log {log_path})")
@@ -384,40 +375,37 @@ class Campaign:
     """Collects a cell that exited: its cell file, or its progress and resume state, whole
     (a SIGTERM or Ctrl-C meanwhile waits until the claim is released)."""
     with signals_held(self._forward_stop):
-      self._collect(run)
-
-  def _collect(self, run: _Running) -> None:
-    cell, code = run.cell, run.process.returncode
-    del self.running[cell.name]
-    collect_cell.add_segment(self.workdir(cell), {
-        "wall_s": time.time() - run.started, "returncode": code,
-        "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
-    try:
-      if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
-        self._publish(cell)
-        return
-      # Stopped (exit 75, or any exit while this runner was stopping it: during compile a
-      # trainer may die of the signal itself) or failed: either way, a train cell's newest
-      # checkpoint is saved beside the cell files, so no step it paid for is lost.
-      step = plan.checkpointed_step(self.workdir(cell))
-      saved = ("no checkpoint yet: nothing to resume" if not step
-               else partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
-               if cell.kind == "train" else "rerun on this machine to resume")
-      if code == cli.PREEMPTED_EXIT_CODE or self.stopping:
-        self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
-                  else f"stopped (exit {code}) before its first checkpoint; {saved}")
-      else:
-        # A run resumed from a committed state that fails (e.g. the code changed the model
-        # since): the fix is that state, not "a fresh --workdir" as the trainer says.
-        fix = (f"; it resumed from {run.resumed_from}: if that state is the cause, delete it "
-               f"and {self.workdir(cell)} to start afresh" if run.resumed_from else "")
-        self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
-                  f"{run.log_path}" + (f"; {saved}" if step else "") + fix)
-    except (OSError, ValueError, KeyError) as e:
-      self._end(cell, "failed", f"could not collect: {e}")
-    finally:
-      records.release(self.options.results_dir, cell.name)
+      cell, code = run.cell, run.process.returncode
+      del self.running[cell.name]
+      collect_cell.add_segment(self.workdir(cell), {
+          "wall_s": time.time() - run.started, "returncode": code,
+          "device_kind": self.device["kind"], "commit": run.commit, "started_utc": time.strftime(
+              "%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started)), "host": machine.host()})
+      try:
+        if code == 0 and (cell.kind != "train" or run_files.is_finished(self.workdir(cell))):
+          self._publish(cell)
+          return
+        # Stopped (exit 75, or any exit while this runner was stopping it: during compile a
+        # trainer may die of the signal itself) or failed: either way, a train cell's newest
+        # checkpoint is saved beside the cell files, so no step it paid for is lost.
+        step = plan.checkpointed_step(self.workdir(cell))
+        saved = ("no checkpoint yet: nothing to resume" if not step
+                 else partial.save(cell, self.workdir(cell), self.options.results_dir, self.device)
+                 if cell.kind == "train" else "rerun on this machine to resume")
+        if code == cli.PREEMPTED_EXIT_CODE or self.stopping:
+          self._end(cell, "stopped", f"checkpointed at step {step:,}; {saved}" if step
+                    else f"stopped (exit {code}) before its first checkpoint; {saved}")
+        else:
+          # A run resumed from a committed state that fails (e.g. the code changed the model
+          # since): the fix is that state, not "a fresh --workdir" as the trainer says.
+          fix = (f"; it resumed from {run.resumed_from}: if that state is the cause, delete it "
+                 f"and {self.workdir(cell)} to start afresh" if run.resumed_from else "")
+          self._end(cell, "failed", f"exit {code}: {_last_line(run.log_path)}; see "
+                    f"{run.log_path}" + (f"; {saved}" if step else "") + fix)
+      except (OSError, ValueError, KeyError) as e:
+        self._end(cell, "failed", f"could not collect: {e}")
+      finally:
+        records.release(self.options.results_dir, cell.name)
 
   def stop_all(self, why: str) -> None:
     if not self.stopping:

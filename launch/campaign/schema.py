@@ -124,38 +124,32 @@ def fields(required: dict[str, Check], optional: Optional[dict[str, Check]] = No
   return _or_null(check, nullable)
 
 
-def either(first: Check, second: Check, allowed: str) -> Check:
-  def check(value, where):
-    try:
-      first(value, where)
-    except _Bad:
-      try:
-        second(value, where)
-      except _Bad:
-        raise _Bad(where, value, allowed) from None
-  return check
-
-
 # A curve: [[step, value], ...]; curves: {tag: curve}.
 CURVES = table(items(items(number(), length=2)))
 DEVICE = fields({"kind": text()}, {"jax_version": text(), "host_cpu": text(optional=True)})
-KINDS = tuple(cells_lib.KINDS)
-STAGES = tuple(cells_lib.BY_LETTER)
 
 
 def _common() -> dict[str, Check]:
   """The fields both files share (the experiments as registered when a file is read)."""
-  return {"cell": text(), "stage": text(STAGES), "experiment": text(tuple(registry.EXPERIMENTS)),
-          "model": text()}
+  return {"cell": text(), "stage": text(tuple(cells_lib.STAGES)),
+          "experiment": text(tuple(registry.EXPERIMENTS)), "model": text()}
 
 
 NUMBER_OR_NULL = number(optional=True)
-# A score per metric (SRAVEN's) where fuzzy logic has one number.
-NUMBERS = either(NUMBER_OR_NULL, table(NUMBER_OR_NULL, nonempty=True),
-                 "a number, null or a non-empty object of them")
-DECODE = fields({}, {"macro_f1": NUMBER_OR_NULL, "chance": table(NUMBERS, optional=True),
+
+
+def numbers(value, where):
+  """A number or null, or (SRAVEN's score per metric, where fuzzy logic has one) an object."""
+  try:
+    (table(NUMBER_OR_NULL, nonempty=True) if isinstance(value, dict) else NUMBER_OR_NULL)(
+        value, where)
+  except _Bad:
+    raise _Bad(where, value, "a number, null or a non-empty object of them") from None
+
+
+DECODE = fields({}, {"macro_f1": NUMBER_OR_NULL, "chance": table(numbers, optional=True),
                      "scores": fields({}, {"accuracy": NUMBER_OR_NULL}, nullable=True),
-                     "p_value": NUMBERS})
+                     "p_value": numbers})
 TRAIN_MEMBER = fields({
     "name": text(), "frozen_at_step": number(0, integer=True, optional=True),
     "settings": fields({"seed": number(0, integer=True),
@@ -191,8 +185,9 @@ _RESTORE = "restore it from git (`git checkout -- <file>`) or delete it"
 
 def cell_file(path: str, schema: int) -> dict[str, Any]:
   """The cell file at `path`, checked (`records.read`)."""
-  common = fields({**_common(), "kind": text(KINDS), "device": DEVICE, "jax_version": text(),
-                   "commit": text(), "wall_s": number(0), "overrides": table(anything)},
+  common = fields({**_common(), "kind": text(cells_lib.KINDS), "device": DEVICE,
+                   "jax_version": text(), "commit": text(), "wall_s": number(0),
+                   "overrides": table(anything)},
                   {"processes": items(table(anything)), "python": text(), "title": text(),
                    "config": text()})
   return _read(path, "cell file", f"{_RESTORE} to rerun the cell", schema,

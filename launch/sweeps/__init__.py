@@ -9,6 +9,8 @@ key is a `--config.<key>=<value>` override. One point is one job. Run them with 
 import importlib
 import os
 
+from hypernet_attention import errors
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SWEEPS = ("table_a1_sraven", "table_a1_fuzzy", "table_a1_fuzzy_local", "table_a1_sraven_local",
@@ -18,6 +20,5 @@ SWEEPS = ("table_a1_sraven", "table_a1_fuzzy", "table_a1_fuzzy_local", "table_a1
 
 def load(name: str):
   """Returns the sweep module `name`, with a clear error for unknown names."""
-  if name not in SWEEPS:
-    raise ValueError(f"Unknown sweep {name!r}; allowed: {', '.join(SWEEPS)}.")
+  errors.check_choice("sweep", name, SWEEPS)
   return importlib.import_module(f"launch.sweeps.{name}")

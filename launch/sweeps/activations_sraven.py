@@ -14,4 +14,4 @@ ACTIVATIONS = ("gelu", "relu", "sigmoid", "silu", "tanh")
 def get_sweep():
   configs = [{"config": "model=hyla,size=paper,width=1,depth=4", "model.activation": a}
              for a in ACTIVATIONS]
-  return common.grid_points(configs, common.grid(EXPERIMENT))
+  return common.grid_points(configs, EXPERIMENT)

@@ -47,15 +47,11 @@ def product(**axes: list[Any]) -> list[dict[str, Any]]:
   return [dict(zip(names, values)) for values in itertools.product(*axes.values())]
 
 
-def grid(experiment: str) -> dict[str, tuple[Any, ...]]:
-  """The paper's hyperparameter grid of `experiment` (its record's `paper.grid`)."""
-  return registry.get(experiment).paper.grid
-
-
-def grid_points(configs: list[dict[str, Any]], grid: dict[str, list[Any]],
-                seeds=SEEDS) -> list[dict[str, Any]]:
-  """Every config (a point without seed) x every grid setting x every seed."""
-  return [{**c, **s, "seed": seed} for c in configs for s in product(**grid) for seed in seeds]
+def grid_points(configs: list[dict[str, Any]], experiment: str) -> list[dict[str, Any]]:
+  """Every config (a point without seed) x every setting of the paper's grid of `experiment`
+  (its record's `paper.grid`) x every seed."""
+  grid = registry.get(experiment).paper.grid
+  return [{**c, **s, "seed": seed} for c in configs for s in product(**grid) for seed in SEEDS]
 
 
 def table_a1_configs(config_template: str) -> list[dict[str, Any]]:

@@ -14,4 +14,4 @@ def get_sweep():
               "task.holdout_fraction": p["holdout"]}
              for p in common.product(model=list(common.MAIN_MODELS), n=[16, 32, 64, 96],
                                      holdout=[0.3, 0.5, 0.7])]
-  return common.grid_points(configs, common.grid(EXPERIMENT))
+  return common.grid_points(configs, EXPERIMENT)

@@ -17,4 +17,4 @@ def get_sweep():
               "num_train_steps": p["problems"] // BATCH_SIZE}
              for p in common.product(model=list(common.MAIN_MODELS), width=[1, 2, 4],
                                      depth=[4, 8, 16], problems=list(PROBLEMS))]
-  return common.grid_points(configs, common.grid(EXPERIMENT))
+  return common.grid_points(configs, EXPERIMENT)

@@ -19,4 +19,4 @@ def get_sweep():
   configs = [{"config": f"model={p['model']},size=paper,width=1,depth=4",
               "model.num_heads": p["heads"]}
              for p in common.product(model=list(common.MAIN_MODELS), heads=list(HEADS))]
-  return common.grid_points(configs, common.grid(EXPERIMENT))
+  return common.grid_points(configs, EXPERIMENT)

@@ -19,4 +19,4 @@ def get_sweep():
               "task.holdout_fraction": p["fraction"]}
              for p in common.product(model=list(common.MAIN_MODELS),
                                      fraction=list(HOLDOUT_FRACTIONS))]
-  return common.grid_points(configs, common.grid(EXPERIMENT))
+  return common.grid_points(configs, EXPERIMENT)

@@ -10,5 +10,4 @@ EXPERIMENT = "fuzzy_logic"
 
 
 def get_sweep():
-  return common.grid_points(common.table_a1_configs("model={model},size=paper"),
-                            common.grid(EXPERIMENT))
+  return common.grid_points(common.table_a1_configs("model={model},size=paper"), EXPERIMENT)

@@ -13,5 +13,5 @@ EXPERIMENT = "sraven"
 
 
 def get_sweep():
-  return common.grid_points(common.table_a1_configs("model={model},size=paper,width=1,depth=4"),
-                            common.grid(EXPERIMENT))
+  return common.grid_points(
+      common.table_a1_configs("model={model},size=paper,width=1,depth=4"), EXPERIMENT)

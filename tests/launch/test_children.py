@@ -22,7 +22,7 @@ REPO = tl.REPO
 WINDOW = """
 import math, sys
 from launch import gpu_window
-window = gpu_window.Window(sys.argv[1], gpu_window.GPU, math.inf, dry_run=False)
+window = gpu_window.Window(sys.argv[1], gpu_window.GPU, math.inf)
 child = "import os, time; print(os.getpid(), flush=True); time.sleep(10**6)"
 stage = gpu_window.Stage("sleeper", 10**6, lambda w, limit: [sys.executable, "-c", child],
                          parse=lambda w, line: print("stage", line, flush=True), min_s=0)

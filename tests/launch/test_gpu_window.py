@@ -99,7 +99,7 @@ def test_mosaic_is_timed_beside_others_only_after_passing_parity_in_this_window(
   out, as does an "error" or "fail" row (recorded, with the reason); another kernel's error
   does not matter."""
   from launch import gpu_window  # pylint: disable=g-import-not-at-top
-  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
+  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf)
   def argv(name="time_T4096"):
     stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == name)
     return stage.argv(window, 100)
@@ -165,7 +165,7 @@ def test_counters_run_ncu_on_the_passed_kernels_and_keep_one_row_per_kernel(tmp_
   units line, then one line per kernel; numbers may carry thousands separators) becomes one
   `ncu` row with its metrics as numbers."""
   from launch import gpu_window  # pylint: disable=g-import-not-at-top
-  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf, dry_run=False)
+  window = gpu_window.Window(str(tmp_path), gpu_window.GPU, math.inf)
   stage = next(s for s in gpu_window.stages(gpu_window.GPU) if s.name == "counters")
   monkeypatch.setattr(gpu_window, "_cuda_tool", lambda name: None)
   assert "parity" in stage.requires(window)

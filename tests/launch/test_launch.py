@@ -23,7 +23,6 @@ from hypernet_attention.train import runtime
 from launch import jobs
 from launch import sweeps
 from launch import xm_launch
-from launch.sweeps import common
 
 import train_testlib as tl
 
@@ -119,7 +118,7 @@ def test_every_sweep_point_is_a_valid_distinct_config(name):
 
 @pytest.mark.parametrize("name", ["table_a1_fuzzy", "table_a1_sraven"])
 def test_table_a1_grid_is_the_papers(name):
-  grid = common.grid(sweeps.load(name).EXPERIMENT)
+  grid = registry.get(sweeps.load(name).EXPERIMENT).paper.grid
   points = sweeps.load(name).get_sweep()
   settings = collections.Counter(tuple(p[k] for k in grid) for p in points)
   expected = {"table_a1_fuzzy": {(lr, wd) for lr in (1e-3, 3e-3) for wd in (0.03, 0.1)},
