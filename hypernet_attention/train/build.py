@@ -42,8 +42,7 @@ class Setup:
     return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state), self.shardings)
 
 
-def setup(checked: config_checks.Checked, devices=None,
-          member_of_population: bool = False) -> Setup:
+def setup(checked: config_checks.Checked, devices=None, members: int = 1) -> Setup:
   """Everything that needs the devices or the task: objective, model, optimizer, mesh. No
   side effects.
 
@@ -51,23 +50,23 @@ def setup(checked: config_checks.Checked, devices=None,
   enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
   data with its record, so no layer below checks it or looks it up again. Any problem with
   the task or the devices is a `errors.BadInput`. A population (`population.setup`) builds
-  its members' run with `member_of_population=True`, which allows a mesh with a `member`
-  axis."""
+  its member 0's run with `members` = its size: a mesh with a `member` axis is allowed, and
+  the host's memory is weighed for every member's task."""
   if not isinstance(checked, config_checks.Checked):
     raise TypeError(f"build.setup takes config_checks.validate(config), not a "
                     f"{type(checked).__name__}")
   try:
-    return _setup(checked.config, checked.experiment, devices, member_of_population)
+    return _setup(checked.config, checked.experiment, devices, members)
   except errors.BadInput:
     raise
   except ValueError as e:
     raise errors.BadInput(str(e)) from e
 
 
-def _setup(config, experiment, devices, member_of_population: bool) -> Setup:
-  objective = objectives.build(config, experiment)
+def _setup(config, experiment, devices, members: int) -> Setup:
+  objective = objectives.build(config, experiment, members=members)
   mesh = sharding.make_mesh(config.mesh, devices)
-  if mesh.shape["member"] > 1 and not member_of_population:
+  if mesh.shape["member"] > 1 and members == 1:
     raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "
                      "over devices; a single run needs mesh.member=1")
   sharding.check_batch_size(config.batch_size, mesh)

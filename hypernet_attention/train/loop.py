@@ -77,7 +77,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   if checked.members:
     p = population.setup(checked, devices)
     trainer, target, members = population.PopulationTrainer(p), p.restore_target(), p.size
-    make = lambda workdir: population_loop.PopulationRun(checked, workdir, p, start_time, trainer)
+    make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
   else:
     s = build.setup(checked, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)

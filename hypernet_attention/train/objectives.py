@@ -225,16 +225,17 @@ def c4_lm(config: ml_collections.ConfigDict, experiment: registry.Experiment) ->
 
 
 def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | None = None,
-          budget: int | None = None) -> Objective:
+          budget: int | None = None, members: int = 1) -> Objective:
   """The objective of `config.experiment`'s record (`experiment`, as `config_checks.validate`
   found it); ValueError for an unknown name (naming the known ones) or a data source other
   than the record declares. First the estimate the record names (bytes from the config alone)
-  is weighed against `budget` (default: half this host's memory, where the task tables and
-  the ceilings' readings live): sizes that would not fit (e.g. SRAVEN's K! readings) are
-  refused before the task is built."""
+  for the tasks of `members` runs the host holds at once (a population's size; 0 for its
+  other members, weighed with the first) is weighed against `budget` (default: half this
+  host's memory, where the task tables and the ceilings' readings live): sizes that would not
+  fit (e.g. SRAVEN's K! readings) are refused before the task is built."""
   experiment = experiment or registry.get(config.experiment)
   try:
-    need = registry.load(experiment.memory)(config) if experiment.memory else 0
+    need = members * registry.load(experiment.memory)(config) if experiment.memory else 0
   except (TypeError, ValueError):
     need = 0  # Wrong types: the task's own constructor names them.
   if budget is None:
@@ -243,10 +244,11 @@ def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | N
     sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
                       if k in ("num_features", "num_values", "grid_size"))
     raise errors.BadInput(
-        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
-        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
-        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
-        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
+        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems}"
+        + (f" for {members} members" if members > 1 else "") + f" needs ~{need / 2**30:,.1f} "
+        f"GiB for the task's tables; allowed: at most {budget / 2**30:,.1f} GiB (half this "
+        "host's memory): fewer features or members, or --config.eval.ceiling_problems=0 (the "
+        "ceilings' readings grow as K!**(G-1))")
   objective = registry.load(experiment.objective)(config, experiment)
   if objective.source.on_device != experiment.on_device:
     raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "

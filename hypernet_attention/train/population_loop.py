@@ -25,7 +25,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
 from hypernet_attention.runs import run_files
@@ -38,10 +37,10 @@ from hypernet_attention.train import trainer as trainer_lib
 class PopulationRun:
   """One invocation of a population's loop: its state, writers and per-member records."""
 
-  def __init__(self, checked: config_checks.Checked, workdir: str, p: population.PopulationSetup,
-               start_time: float, trainer: population.PopulationTrainer):
-    self.config, self.workdir, self.p, self.start_time = checked.config, workdir, p, start_time
-    self.dirs = [str(run_files.path(workdir) / name) for name in checked.member_names]
+  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float,
+               trainer: population.PopulationTrainer):
+    self.config, self.workdir, self.p, self.start_time = config, workdir, p, start_time
+    self.dirs = [str(run_files.path(workdir) / name) for name in p.member_names]
     self.trainer = trainer
     self.data_iterator = None  # On-device data only.
     self.frozen: list[Optional[int]] = [None] * p.size
