@@ -35,15 +35,6 @@ from hypernet_attention.runs import run_files
 from hypernet_attention.train import data
 
 
-def _identity(metrics):
-  return metrics
-
-
-def _no_run_metrics(config, workdir):
-  del config, workdir
-  return {}
-
-
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """What the loop needs to know about an experiment; nothing else is task-specific."""
@@ -55,9 +46,9 @@ class Objective:
   model_overrides: dict[str, Any]  # Fields of TransformerConfig the task fixes.
   # Metrics derived from the means over a log window or an eval split (e.g. perplexity =
   # exp(mean loss)): {name: mean} -> {name: value}.
-  finalize: Callable[[dict[str, float]], dict[str, float]] = _identity
+  finalize: Callable[[dict[str, float]], dict[str, float]] = lambda metrics: metrics
   # (config, workdir) -> constants reported once per run (SRAVEN's accuracy ceilings).
-  run_metrics: Callable[[Any, str], dict[str, float]] = _no_run_metrics
+  run_metrics: Callable[[Any, str], dict[str, float]] = lambda config, workdir: {}
   task: Any = None  # The task object, for analysis code.
 
 
@@ -95,22 +86,23 @@ def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
 def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
 
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing."""
+  Stored in the workdir (by process 0) so that a resumed run reports the same numbers
+  without recomputing."""
   if config.eval.ceiling_problems <= 0:
     return {}
-
-  def estimate():
-    ceilings = {}
-    for i, split in enumerate(config.eval.splits):
-      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
-      ceilings[f"{split}/accuracy_ceiling"] = float(
-          task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
-    logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
-                 ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+  stored = run_files.path(workdir) / run_files.CEILINGS
+  if (ceilings := run_files.read_json(stored)) is not None:
     return ceilings
-
-  return run_files.cached_json(run_files.path(workdir) / run_files.CEILINGS, estimate,
-                                write=jax.process_index() == 0)
+  ceilings = {}
+  for i, split in enumerate(config.eval.splits):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
+    ceilings[f"{split}/accuracy_ceiling"] = float(
+        task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
+  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
+               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+  if jax.process_index() == 0:
+    run_files.write_json(stored, ceilings)
+  return ceilings
 
 
 def on_device(config: ml_collections.ConfigDict, experiment: registry.Experiment) -> Objective:
