@@ -61,23 +61,20 @@ def announce_workdir(workdir: str) -> None:
   _RUN_WORKDIR[:] = [str(workdir)]
 
 
-def resume_command(workdir: str) -> str:
-  """This process's own command line with `--workdir=<workdir>`: what resumes the run (the
-  same command without --workdir would start a new, timestamped one)."""
+def resume_hint() -> str:
+  """How a closing line says to resume: once the run's workdir is known, this process's own
+  command line with `--workdir=<workdir>` (without it the same command would start a new,
+  timestamped run); before (this process wrote nothing yet) the same command does what this
+  one would have."""
+  if not _RUN_WORKDIR:
+    return "rerun the same command"
   args, skip = [], False
   for arg in sys.argv[1:]:
     if not skip and arg != "--workdir" and not arg.startswith("--workdir="):
       args.append(arg)
     skip = arg == "--workdir"
-  return shlex.join(["python", sys.argv[0], *args, f"--workdir={workdir}"])
-
-
-def resume_hint() -> str:
-  """How a closing line says to resume: the exact command once the run's workdir is known;
-  before (this process wrote nothing yet) the same command does what this one would have."""
-  if not _RUN_WORKDIR:
-    return "rerun the same command"
-  return f"resume with: {resume_command(_RUN_WORKDIR[0])}"
+  return "resume with: " + shlex.join(["python", sys.argv[0], *args,
+                                       f"--workdir={_RUN_WORKDIR[0]}"])
 
 
 def _fail(message: str) -> NoReturn:
@@ -210,9 +207,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # pylint: disable=broad-except
     # A config file's own error (syntax, missing file, get_config) arrives wrapped in any
     # exception type with its traceback: keep the last line.
-    if (override := _unknown_override(argv, spec)) is not None:
-      _fail(override)
-    _fail(_missing_get_config(spec, e) or _last_line(e))
+    _fail(_unknown_override(argv, spec) or _missing_get_config(spec, e) or _last_line(e))
   _load_config_flags()
   return rest
 
@@ -234,28 +229,26 @@ def _guarded(call: Callable[[], object]) -> object:
           f"{resume_hint()}", file=sys.stderr, flush=True)
     sys.exit(INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
-    if _raised(e, _CHECKPOINTING, "CheckpointWriteError"):
-      if logging.get_verbosity() >= 1:
-        logging.exception("checkpoint write failed")
-      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
-      # Orbax's threads of the failed save wait minutes for signals that never come, and
-      # a normal exit waits for them: leave now (finalized checkpoints are on disk).
-      sys.stdout.flush()
-      os._exit(1)  # pylint: disable=protected-access
     if _raised(e, _PREEMPTION, "Preempted"):
       print(f"{_program()}: {e}", file=sys.stderr, flush=True)
       sys.exit(PREEMPTED_EXIT_CODE)
-    if isinstance(e, FloatingPointError):  # A diverged run (`trainer.diverged`).
-      if logging.get_verbosity() >= 1:
-        logging.exception("diverged")
-      print(f"{_program()}: error: {e}", file=sys.stderr, flush=True)
-      sys.exit(1)
-    if not isinstance(e, OSError) or not e.strerror:
+    # A failed checkpoint write, a diverged run (`trainer.diverged`), a file error.
+    write_failed = _raised(e, _CHECKPOINTING, "CheckpointWriteError")
+    if write_failed or isinstance(e, FloatingPointError):
+      line = str(e)
+    elif isinstance(e, OSError) and e.strerror:
+      line = (f"{e.filename or 'a file'}: {e.strerror}; files written before are kept: fix "
+              f"the cause, then {resume_hint()}")
+    else:
       raise
     if logging.get_verbosity() >= 1:
-      logging.exception("file error")
-    print(f"{_program()}: error: {e.filename or 'a file'}: {e.strerror}; files written "
-          f"before are kept: fix the cause, then {resume_hint()}", file=sys.stderr, flush=True)
+      logging.exception("failed")
+    print(f"{_program()}: error: {line}", file=sys.stderr, flush=True)
+    if write_failed:
+      # Orbax's threads of the failed save wait minutes for signals that never come, and a
+      # normal exit waits for them: leave now (finalized checkpoints are on disk).
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
     sys.exit(1)
 
 

@@ -9,7 +9,8 @@ anything is copied or submitted, `loop.train_and_evaluate` for library callers),
 a `Checked`: the config with what later stages would otherwise look up again (its registry
 record, its members' configs and directory names), the only thing `build.setup` and
 `population.setup` take. What needs the training host (the task's memory, the mesh, batch
-divisibility) is checked there (`objectives.build`, `sharding.py`, `data.py`).
+divisibility) is checked there (`objectives.build`, `sharding.py`, `data.py`). A restore
+validates a run's recorded config as it reads it (`restore.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`), so a
 launching machine without JAX can run `validate` and `check_preset`."""
@@ -64,50 +65,32 @@ def _is_int(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_positive(config: ml_collections.ConfigDict) -> None:
-  """Raises `BadInput` naming the first of `POSITIVE_FIELDS` that is not a positive int."""
+def check_run(config: ml_collections.ConfigDict) -> None:
+  """Sizes (`POSITIVE_FIELDS`), finite numbers in range (`RANGES`) and the run-level fields no
+  single module owns: seed, schedule (the authors' needs a cosine part), stop step, eval
+  (whole batches), dtypes. All a population member may change (`MEMBER_KEYS`) is checked
+  here. Raises `BadInput` naming the first bad key."""
   for key in POSITIVE_FIELDS:
     value = get_dotted(config, key)
     if value is not None and (not _is_int(value) or value <= 0):
       raise BadInput(f"config.{key}={value!r} must be a positive integer")
-
-
-def _interval(low: float, high: float, low_in: bool, high_in: bool) -> str:
-  if high == math.inf:
-    return f"a finite number {'>=' if low_in else '>'} {low:g}"
-  return f"a number in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-
-
-def check_ranges(config: ml_collections.ConfigDict) -> None:
-  """Raises `BadInput` naming the first of `RANGES` that is not a finite number in range."""
   for key, low, high, low_in, high_in in RANGES:
     value = get_dotted(config, key)
-    if value is None:
-      continue
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (low <= value if low_in else low < value)
-          and (value <= high if high_in else value < high))
-    if not ok:
-      raise BadInput(f"config.{key}={value!r}; allowed: {_interval(low, high, low_in, high_in)}")
-
-
-def check_run(config: ml_collections.ConfigDict) -> None:
-  """Sizes (`check_positive`), ranges (`check_ranges`) and the run-level fields no single
-  module owns: seed, schedule (the authors' needs a cosine part), stop step, eval (whole
-  batches), dtypes. All a population member may change (`MEMBER_KEYS`) is checked here."""
-  check_positive(config)
-  check_ranges(config)
-  seed = config.get("seed")
-  if not _is_int(seed) or not 0 <= seed < 2**32:
-    raise BadInput(f"config.seed={seed!r}; allowed: an integer in [0, 2**32)")
+    if value is not None and not (
+        (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+        and (low <= value if low_in else low < value)
+        and (value <= high if high_in else value < high)):
+      allowed = (f"a finite number {'>=' if low_in else '>'} {low:g}" if high == math.inf else
+                 f"a number in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}")
+      raise BadInput(f"config.{key}={value!r}; allowed: {allowed}")
+  for key, or_none in (("seed", ""), ("task.split_seed", "None (the run's seed) or ")):
+    seed = get_dotted(config, key)
+    if (seed is not None or not or_none) and (not _is_int(seed) or not 0 <= seed < 2**32):
+      raise BadInput(f"config.{key}={seed!r}; allowed: {or_none}an integer in [0, 2**32)")
   warmup, steps = get_dotted(config, "optimizer.warmup_steps"), config.num_train_steps
   if warmup is not None and (not _is_int(warmup) or not 0 <= warmup < steps):
     raise BadInput(f"config.optimizer.warmup_steps={warmup!r}; allowed: an integer in "
                    f"[0, config.num_train_steps={steps})")
-  split_seed = get_dotted(config, "task.split_seed")
-  if split_seed is not None and (not _is_int(split_seed) or not 0 <= split_seed < 2**32):
-    raise BadInput(f"config.task.split_seed={split_seed!r}; allowed: None (the run's seed) "
-                   "or an integer in [0, 2**32)")
   stop = config.get("stop_after_steps")
   if stop is not None and (not _is_int(stop) or stop <= 0):
     raise BadInput(f"config.stop_after_steps={stop!r}; allowed: None (no stop) or a positive "
@@ -144,13 +127,9 @@ def check_preset(name: str) -> str:
 
 class Checked(NamedTuple):
   """A config `validate` passed, with what it looked up: the run's record and, for a
-  population, each member's config and directory name.
-
-  Why a type: the config is checked once, where it enters (the entry point before start-up,
-  `preflight` on the launching machine, `loop.train_and_evaluate` and `lm.train_and_sample` for
-  library callers, a restore for a run's recorded config), and what the layers below (`build.setup`,
-  `population.setup`) receive says it was; they take nothing else, check nothing again and
-  look nothing up again."""
+  population, each member's config and directory name. Why a type: what the layers below
+  (`build.setup`, `population.setup`) receive says that the config was checked where it
+  entered (the module docstring), so they check nothing again and look nothing up again."""
   config: ml_collections.ConfigDict
   experiment: registry.Experiment
   members: tuple[ml_collections.ConfigDict, ...] = ()

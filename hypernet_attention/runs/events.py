@@ -4,12 +4,10 @@ CLU's `metric_writers` imports TensorFlow for its summary writer (so does everyt
 imports that package, e.g. `clu.periodic_actions`), yet only the language-model data needs
 TensorFlow. The records are tensorboard's own (`scalar_pb`, `hparams_pb`, framed by its
 `RecordWriter`), so `tensorboard --logdir` and `curves.read_scalars` read them as CLU's; what
-is written here is only where they go. tensorboardX (TF-free, 88 kB) was weighed and not
-taken: it reaches gs:// through google-cloud-storage, beside the epath/fsspec layer every
-other run file goes through (`run_files.py`, tests/e2e/test_gcs.py's emulator), and its
-hparams land in a sub-run of their own. Locally new records are appended at each flush; in a
-bucket, where objects cannot be appended to, the whole file is rewritten as one object
-(scalars only: kilobytes), at most every `remote_flush_s` seconds and on `close`."""
+is written here is only where they go (why not tensorboardX: experiments/reference.md,
+"Versions"). Locally new records are appended at each flush; in a bucket, where objects
+cannot be appended to, the whole file is rewritten as one object (scalars only: kilobytes),
+at most every `remote_flush_s` seconds and on `close`."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ File names, the `~` / gs:// path step, JSON reads and atomic writes, "is this a 
 this a population" and its members' names, the `--workdir` / output-path checks and the workdir
 guard (`check`: config.json must match to resume): what the training code, the launchers (`launch/`,
 which run where JAX is not installed) and `collect` share. In a multi-process run the training loop
-lets process 0 write (`check(record=...)`, `cached_json(write=...)`).
+lets process 0 write (`check(record=...)`).
 
 All workdir I/O goes through `etils.epath`, so a pod's hosts can share one workdir in a
 bucket: `path("gs://b/run")` stays a bucket path (no `os.path.abspath`, which would make it
@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 # Before any gs:// path picks its backend (the choice is cached on first use).
 os.environ.setdefault("EPATH_USE_TF", "false")
@@ -39,28 +39,23 @@ fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 from hypernet_attention import errors
 
+_BUCKET_WARNINGS: set[tuple[int, str]] = set()  # (line, bucket) of the gcsfs warnings shown.
 
-class _OncePerBucket(logging.Filter):
+
+def _once_per_bucket(record: logging.LogRecord) -> bool:
   """gcsfs warns that it cannot tell a bucket's type (no storage-layout permission, an
   emulator) once per file it opens: hundreds of identical lines a run. One per bucket
   and kind of warning says the same."""
-
-  def __init__(self):
-    super().__init__()
-    self.seen: set[tuple[int, str]] = set()
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    match = re.search(r"[Bb]ucket (?:name )?([^\s:]+)", record.getMessage())
-    if record.levelno < logging.WARNING or "bucket type" not in record.getMessage() or not match:
-      return True
-    key = (record.lineno, match.group(1))
-    if key in self.seen:
-      return False
-    self.seen.add(key)
+  match = re.search(r"[Bb]ucket (?:name )?([^\s:]+)", record.getMessage())
+  if record.levelno < logging.WARNING or "bucket type" not in record.getMessage() or not match:
     return True
+  key = (record.lineno, match.group(1))
+  shown_before = key in _BUCKET_WARNINGS
+  _BUCKET_WARNINGS.add(key)
+  return not shown_before
 
 
-logging.getLogger("gcsfs").addFilter(_OncePerBucket())
+logging.getLogger("gcsfs").addFilter(_once_per_bucket)
 
 CONFIG = "config.json"  # The run's config; what a resume must match.
 SUMMARY = "summary.json"  # Written once, when the run finished.
@@ -427,18 +422,3 @@ def check_run_dirs(workdir: epath.PathLike, config: ml_collections.ConfigDict,
     check(workdir, config, record=this_pass)
     for name, member in members:
       check(str(path(workdir) / name), member, population=workdir, record=this_pass)
-
-
-def cached_json(p: epath.PathLike, compute: Callable[[], Any], write: bool = True) -> Any:
-  """`p`'s contents if it exists, else `compute()`, written to `p` if `write` (by one
-  process of a multi-process run: the caller passes `jax.process_index() == 0`).
-
-  For per-run constants (the accuracy ceilings) that a resumed run must report unchanged
-  without recomputing them."""
-  cached = read_json(p)
-  if cached is not None:
-    return cached
-  value = compute()
-  if write:
-    write_json(p, value)
-  return value

@@ -40,12 +40,11 @@ def parse_overrides(text: str, flag: str = "--config_overrides",
   """Comma-separated dotted `key=value` pairs -> [(key, value)]; `errors.BadInput` naming
   `flag` and what is `allowed` for an item that is not one (a missing '=' or key)."""
   pairs = []
-  for item in (s.strip() for s in text.split(",")):
+  for item in filter(None, (s.strip() for s in text.split(","))):
     key, equals, value = item.partition("=")
-    if item and (not equals or not key.strip()):
+    if not equals or not key.strip():
       raise errors.BadInput(f"{flag}: {item!r} is not key=value; allowed: {allowed}")
-    if item:
-      pairs.append((key.strip(), value.strip()))
+    pairs.append((key.strip(), value.strip()))
   return pairs
 
 
@@ -94,12 +93,6 @@ class _Prepared:
   compile_s: float = 0.0
   final_loss: float = float("nan")
 
-  config = property(lambda self: self.plan.config)
-  setup = property(lambda self: self.plan.setup)
-  members = property(lambda self: self.plan.members)
-  bytes = property(lambda self: self.plan.bytes)
-  compiled = property(lambda self: self.plan.compiled)
-
   def run_chunk(self, steps: int) -> float:
     """Seconds for one chunk of `steps` steps (the state advances)."""
     start = time.perf_counter()
@@ -113,9 +106,8 @@ def step_cost(config: ml_collections.ConfigDict) -> dict[str, float]:
   """XLA's cost analysis of one compiled training step of `config` (a 1-step chunk, since
   the analysis may count a loop's body once): FLOPs and bytes accessed, all members together.
 
-  Why: a population's gain is capped by what a step must move. On one H200 the paper-size
-  SRAVEN step of 24 members took 16.5 ms, about its bytes over the HBM bandwidth, so more
-  members could not help (`experiments/results/training_throughput.md`)."""
+  Why: a population's gain is capped by what a step must move (a paper-size SRAVEN step runs
+  at the memory bandwidth: `experiments/results/training_throughput.md`)."""
   analysis = plan(config, 1).compiled.cost_analysis()  # No state is built for it.
   analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
   return {"flops": float(analysis.get("flops", 0.0)),
@@ -130,22 +122,6 @@ def population_config(config: ml_collections.ConfigDict, members: int) -> ml_col
   return config
 
 
-def trainer_for(config: ml_collections.ConfigDict, devices=None):
-  """(trainer, its abstract state, the single run's setup, members, a function building the
-  real state) of a run or a population config, on `devices` (default: jax's). Nothing is
-  allocated: `plan` checks memory first."""
-  checked = config_checks.validate(config)  # The benchmark's config enters here.
-  if checked.members:
-    p = population.setup(checked, devices)
-    trainer = population.PopulationTrainer(p)
-    return trainer, p.restore_target(), p.single, p.size, trainer.init_state
-  single = build.setup(checked, devices)
-  trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
-                                single.mesh, single.shardings)
-  return (trainer, single.restore_target(), single, 1,
-          lambda: build.init_state(config, single.init_fn, single.shardings))
-
-
 def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   """`config`'s trainer with its `steps`-step chunk compiled for the abstract state and the
   memory check passed, or `errors.BadInput` in one line; no array of the state is built.
@@ -155,7 +131,17 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
   analysis needs only shapes and shardings (`memory.py`); the jitted call on the real state
   later reuses the executable compiled here."""
   start = time.perf_counter()
-  trainer, target, single, members, init = trainer_for(config)
+  checked = config_checks.validate(config)  # The benchmark's config enters here.
+  if checked.members:
+    p = population.setup(checked)
+    trainer, single, members = population.PopulationTrainer(p), p.single, p.size
+    target, init = p.restore_target(), trainer.init_state
+  else:
+    single, members = build.setup(checked), 1
+    trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
+                                  single.mesh, single.shardings)
+    target = single.restore_target()
+    init = lambda: build.init_state(config, single.init_fn, single.shardings)
   compiled = trainer.compile_chunk(target, steps)
   fit = memory.check_fits(compiled, list(single.mesh.devices.flat), config.batch_size, members)
   return _Plan(config, single, trainer, init, compiled, time.perf_counter() - start,
@@ -191,7 +177,7 @@ def train_steps_per_second(configs: Sequence[ml_collections.ConfigDict | _Plan],
   for planned, label in zip(plans, labels):
     prepared.append(prepare(planned, steps))
     log(f"compiled {label}: {prepared[-1].compile_s:.1f} s, "
-        f"{prepared[-1].bytes / 2**20:.1f} MiB on device")
+        f"{planned.bytes / 2**20:.1f} MiB on device")
   times = [[] for _ in prepared]
   for r in range(repeats):
     for p, t in zip(prepared, times):
@@ -239,7 +225,7 @@ def population_rows(config: ml_collections.ConfigDict, member_counts: Sequence[i
 
 
 def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]) -> dict[str, Any]:
-  config, s = p.config, p.setup
+  config, s = p.plan.config, p.plan.setup
   median = float(np.median(times))
   steps_per_s = steps / median
   row = {"experiment": config.experiment, "model": config.model.attention,
@@ -248,7 +234,7 @@ def _row(p: _Prepared, steps: int, times: list[float], base_times: list[float]) 
          "problems_per_s": steps_per_s * config.batch_size,
          "step_time_ratio": float(np.median(np.array(times) / np.array(base_times))),
          "compile_s": p.compile_s - median, "final_loss": p.final_loss,
-         "device_bytes": p.bytes, "device_bytes_per_member": p.bytes / p.members}
+         "device_bytes": p.plan.bytes, "device_bytes_per_member": p.plan.bytes / p.plan.members}
   example = jax.eval_shape(lambda b: s.objective.encode(b)[0],
                            s.objective.source.example(config.batch_size))
   if s.model.config.input_kind == "embed":  # Token sequences: tokens/s and MFU.

@@ -8,6 +8,7 @@ start here, so analysis never imports the training loop or its writers."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Mapping
 
@@ -42,56 +43,55 @@ class Setup:
     return checkpointing.abstract_with_shardings(nn.meta.unbox(self.abstract_state), self.shardings)
 
 
-def setup(checked: config_checks.Checked, devices=None,
-          member_of_population: bool = False) -> Setup:
-  """Everything that needs the devices or the task: objective, model, optimizer, mesh. No
-  side effects.
-
-  `checked` is `config_checks.validate(config)`: the config is validated once, where it
-  enters (the entry point, `loop.train_and_evaluate`, a restore), and handed down as checked
-  data with its record, so no layer below checks it or looks it up again. Any problem with
-  the task or the devices is a `errors.BadInput`. A population (`population.setup`) builds
-  its members' run with `member_of_population=True`, which allows a mesh with a `member`
-  axis."""
-  if not isinstance(checked, config_checks.Checked):
-    raise TypeError(f"build.setup takes config_checks.validate(config), not a "
-                    f"{type(checked).__name__}")
+@contextlib.contextmanager
+def as_bad_input():
+  """A `ValueError` raised in the block as the `errors.BadInput` it is (one line, exit 2)."""
   try:
-    return _setup(checked.config, checked.experiment, devices, member_of_population)
+    yield
   except errors.BadInput:
     raise
   except ValueError as e:
     raise errors.BadInput(str(e)) from e
 
 
-def _setup(config, experiment, devices, member_of_population: bool) -> Setup:
-  objective = objectives.build(config, experiment)
-  mesh = sharding.make_mesh(config.mesh, devices)
-  if mesh.shape["member"] > 1 and not member_of_population:
-    raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "
-                     "over devices; a single run needs mesh.member=1")
-  sharding.check_batch_size(config.batch_size, mesh)
-  sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
-  if not objective.source.on_device:  # Every process reads an equal slice.
-    data.local_batch_size(config.batch_size)
-    data.local_batch_size(config.eval.batch_size, "eval.batch_size")
-  unknown = sorted(set(config.eval.splits) - set(objective.source.splits))
-  if unknown:
-    raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
-  example = jax.eval_shape(lambda b: objective.encode(b)[0],
-                           objective.source.example(config.batch_size))
-  model_config = transformer_config(
-      {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
-  model = transformer.Transformer(model_config)
-  tx = state_lib.make_optimizer(config)
-  # One example per batch shard initializes the parameters: a batch-sized zeros array
-  # would be allocated for nothing (and a huge batch_size would fail here, unnamed).
-  shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
-  init_fn = state_lib.make_init_fn(
-      model, jnp.zeros((shards,) + example.shape[1:], example.dtype), tx)
-  abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
-  shardings = sharding.state_shardings(abstract_boxed, mesh)
-  return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
+def setup(checked: config_checks.Checked, devices=None, members: int = 1) -> Setup:
+  """Everything that needs the devices or the task: objective, model, optimizer, mesh. No
+  side effects. `checked` is `config_checks.validate(config)`, checked where it entered (a
+  `config_checks.Checked`); any problem with the task or the devices is a `errors.BadInput`.
+  A population (`population.setup`) builds its member 0's run with `members` = its size: a
+  mesh with a `member` axis is allowed, and the host's memory is weighed for every member."""
+  if not isinstance(checked, config_checks.Checked):
+    raise TypeError(f"build.setup takes config_checks.validate(config), not a "
+                    f"{type(checked).__name__}")
+  config, experiment = checked.config, checked.experiment
+  with as_bad_input():
+    objective = objectives.build(config, experiment, members=members)
+    mesh = sharding.make_mesh(config.mesh, devices)
+    if mesh.shape["member"] > 1 and members == 1:
+      raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "
+                       "over devices; a single run needs mesh.member=1")
+    sharding.check_batch_size(config.batch_size, mesh)
+    sharding.check_batch_size(config.eval.batch_size, mesh, "eval.batch_size")
+    if not objective.source.on_device:  # Every process reads an equal slice.
+      data.local_batch_size(config.batch_size)
+      data.local_batch_size(config.eval.batch_size, "eval.batch_size")
+    unknown = sorted(set(config.eval.splits) - set(objective.source.splits))
+    if unknown:
+      raise ValueError(f"unknown eval splits {unknown}; allowed: {list(objective.source.splits)}")
+    example = jax.eval_shape(lambda b: objective.encode(b)[0],
+                             objective.source.example(config.batch_size))
+    model_config = transformer_config(
+        {k: v for k, v in config.model.items() if v is not None}, **objective.model_overrides)
+    model = transformer.Transformer(model_config)
+    tx = state_lib.make_optimizer(config)
+    # One example per batch shard initializes the parameters: a batch-sized zeros array
+    # would be allocated for nothing (and a huge batch_size would fail here, unnamed).
+    shards = int(np.prod([mesh.shape[a] for a in sharding.BATCH_AXES]))
+    init_fn = state_lib.make_init_fn(
+        model, jnp.zeros((shards,) + example.shape[1:], example.dtype), tx)
+    abstract_boxed = jax.eval_shape(init_fn, jax.random.key(0))
+    shardings = sharding.state_shardings(abstract_boxed, mesh)
+    return Setup(objective, model, tx, mesh, init_fn, abstract_boxed, shardings)
 
 
 def transformer_config(model: Mapping[str, Any], **overrides: Any):

@@ -50,12 +50,8 @@ class CheckpointMismatchError(ValueError):
 
 def _leaf_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
   """'params/layers_0/attention/query/kernel' -> (shape, dtype) for every array leaf."""
-  def name(key):
-    for attr in ("key", "name", "idx"):
-      if hasattr(key, attr):
-        return str(getattr(key, attr))
-    return str(key)
-  return {"/".join(name(k) for k in path): (tuple(leaf.shape), str(jax.numpy.dtype(leaf.dtype)))
+  return {jax.tree_util.keystr(path, simple=True, separator="/"):
+          (tuple(leaf.shape), str(jax.numpy.dtype(leaf.dtype)))
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
@@ -120,10 +116,8 @@ def _without_warning(prefix: str):
 
 
 class Checkpointer:
-  """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest.
-
-  `read_only=True` opens existing checkpoints for restoring only: no directory is created,
-  no temporary directory cleaned, nothing quarantined."""
+  """Saves every `save_every` steps (async), keeps the newest `keep`, resumes the newest;
+  `read_only=True`: the read-only path (the module docstring)."""
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: Optional[int] = None,
                use_async: bool = True, read_only: bool = False):
@@ -186,21 +180,20 @@ class Checkpointer:
     names = ocp.step.tmp_checkpoints(self.directory) if self.directory.exists() else []
     return sorted({int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()})
 
-  def _saved_tree(self, step: int) -> Any:
-    """The step's array metadata tree; raises if its metadata cannot be read."""
+  def _check_saved(self, step: int, abstract_state: Any) -> None:
+    """Raises unless the step's array metadata reads and matches `abstract_state`."""
     metadata = self.manager.item_metadata(step)["state"]
     tree = getattr(metadata, "tree", metadata)
     if tree is None:
       raise ValueError(f"no readable state metadata in step {step}")
-    return tree
+    check_compatible(tree, abstract_state, f"checkpoint step {step} in {self.directory}")
 
   def restore(self, step: int, abstract_state: Any, data_iterator: Any = None) -> Any:
     """Step `step` onto `abstract_state`'s shardings; mismatches raise, nothing is moved.
 
     With `data_iterator`, its position is restored too; a step saved without one (or by
     a different number of processes) cannot resume a host-data run and raises."""
-    check_compatible(self._saved_tree(step), abstract_state,
-                     f"checkpoint step {step} in {self.directory}")
+    self._check_saved(step, abstract_state)
     items = dict(state=self._restore_args(abstract_state))
     if data_iterator is not None:
       name, args = data_lib.checkpoint_item(data_iterator)
@@ -216,8 +209,7 @@ class Checkpointer:
   def restore_params(self, step: int, abstract_state: Any) -> Any:
     """Only the parameters of `step`, on `abstract_state`'s shardings: the optimizer state
     (Adam's moments, twice the parameters' size) is left unread."""
-    check_compatible(self._saved_tree(step), abstract_state,
-                     f"checkpoint step {step} in {self.directory}")
+    self._check_saved(step, abstract_state)
     if not self.read_only:
       raise ValueError("restore_params reads through a Checkpointer(..., read_only=True)")
     target = abstract_state.replace(
@@ -249,22 +241,19 @@ class Checkpointer:
       except Exception as e:  # pylint: disable=broad-except
         # Its metadata or array files are corrupt or truncated (reads still in flight then
         # meet a closed event loop: `_drop_closed_loop`); the step is moved aside.
-        self._unreadable(step, e)
+        self._quarantine(step, e)
         continue
       logging.info("Restored checkpoint at step %d from %s", step, run_files.shown(self.directory))
       return state
     return None
 
-  def _unreadable(self, step: int, error: Exception) -> None:
-    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    logging.warning("Checkpoint at step %d is unreadable (%s); moving it to "
-                    "corrupt_checkpoints/ and trying an older one", step, reason)
-    self._quarantine(step, reason)
-
-  def _quarantine(self, step: int, reason: str) -> None:
+  def _quarantine(self, step: int, error: Exception) -> None:
     """Moves an unreadable step out of the way (kept for inspection, never deleted)."""
     if self.read_only:
       raise ValueError(f"checkpoint step {step} in {self.directory} is unreadable")
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    logging.warning("Checkpoint at step %d is unreadable (%s); moving it to "
+                    "corrupt_checkpoints/ and trying an older one", step, reason)
     if jax.process_index() == 0:
       src = self.directory / str(step)
       dst_dir = self.workdir / run_files.CORRUPT_CHECKPOINTS

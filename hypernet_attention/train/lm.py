@@ -49,21 +49,16 @@ def check_before_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     raise errors.BadInput(f"config.task.sequence_length={length!r}; allowed: an integer "
                               ">= 2 (one input and one target token)")
   lm_text.check_sequence_length(length, config.model.get("max_len"))
-  try:
+  with build.as_bad_input():
     mesh = sharding.make_mesh(config.mesh)
     for key, size in (("batch_size", config.batch_size),
                       ("eval.batch_size", config.eval.batch_size)):
       sharding.check_batch_size(size, mesh, key)
       data.local_batch_size(size, key)
-  except ValueError as e:
-    raise errors.BadInput(str(e)) from None
   root = run_files.path(workdir)
   if root.exists() and not root.is_dir():
     raise errors.BadInput(f"--workdir={workdir!r} is a file, not a directory")
-  try:
-    recorded = run_files.read_config(workdir)
-  except ValueError as e:
-    raise errors.BadInput(str(e)) from None
+  recorded = run_files.read_config(workdir)
   if recorded is not None and recorded.get("experiment") != config.experiment:
     raise errors.BadInput(
         f"workdir {workdir!r} holds a different experiment ({recorded.get('experiment')!r}, "
@@ -109,10 +104,8 @@ def train_and_sample(config: ml_collections.ConfigDict | config_checks.Checked, 
 def sample_from_workdir(workdir: str, *, prompt: str, num_tokens: int, temperature: float,
                         step: Optional[int] = None, num_samples: int = 2) -> str:
   """Samples from checkpoint `step` (default: the newest) of the run in `workdir`."""
-  try:
+  with build.as_bad_input():
     experiment = restore.load_config(workdir).experiment
-  except ValueError as e:
-    raise errors.BadInput(str(e)) from None
   language_models = registry.names(train=f"{__name__}:train")  # Records trained here.
   if experiment not in language_models:
     raise errors.BadInput(f"--workdir={workdir!r} holds a {experiment!r} run; allowed: the "

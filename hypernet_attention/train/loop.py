@@ -47,11 +47,11 @@ class Program(Protocol):
   (start step, `metrics.ChunkMetrics`) of the chunks since the last log, on the host."""
   data_iterator: Any  # Saved with every checkpoint (host data sources), else None.
   evaluated: bool  # Whether `evaluate` ran in this invocation.
+  trainer: Any  # `train_chunk(state, length)`: `trainer.Trainer` or `population.PopulationTrainer`.
 
   def restore_or_init(self, ckpt: checkpointing.Checkpointer) -> tuple[Any, int]: ...
   def finished(self, state) -> Optional[dict[str, Any]]: ...  # The result if already done.
   def open(self, step: int, state) -> None: ...  # Writers, hparams, ceilings.
-  def train_chunk(self, state, length: int) -> tuple[Any, Any]: ...
   def check_finite(self, pending, ckpt: checkpointing.Checkpointer) -> None: ...
   def saved(self, step: int, start_step: int) -> None: ...
   def log(self, step: int, pending, progress: console.Progress) -> None: ...
@@ -77,23 +77,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
   if checked.members:
     p = population.setup(checked, devices)
     trainer, target, members = population.PopulationTrainer(p), p.restore_target(), p.size
-    make = lambda workdir: population_loop.PopulationRun(checked, workdir, p, start_time, trainer)
+    make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
   else:
     s = build.setup(checked, devices)
     trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
     target, members = s.restore_target(), 1
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 
-  def fits() -> FirstChunk:
+  def fits() -> tuple[int, float]:
     """The first chunk compiled ahead of time (a fresh run's; a resume whose first chunk is
-    shorter compiles that one too), refused with one line when it cannot fit in memory."""
+    shorter compiles that one too), refused with one line when it cannot fit in memory; its
+    (length, seconds)."""
     length = _next_boundary(0, config, _chunk_bound(config).length)
     compile_start = time.time()
     compiled = trainer.compile_chunk(target, length)
     fit = memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size, members)
     seconds = time.time() - compile_start
     logging.info("First chunk (%d steps) compiled in %.1fs; %s", length, seconds, fit.describe())
-    return FirstChunk(length, seconds)
+    return length, seconds
 
   runs = tuple(zip(checked.member_names, checked.members))  # A population's member runs.
   check = lambda workdir, record: run_files.check_run_dirs(workdir, config, runs, record)
@@ -106,25 +107,20 @@ def _chunk_bound(config: ml_collections.ConfigDict) -> preemption.ChunkBound:
 
 
 @dataclasses.dataclass(frozen=True)
-class FirstChunk:
-  """The chunk compiled before the session (`memory.py`), and how long that took."""
-  length: int
-  compile_s: float
-
-
-@dataclasses.dataclass(frozen=True)
 class Session:
   """What one invocation of a training loop holds while it runs."""
   workdir: str  # `~` expanded
   watcher: preemption.Watcher
   ckpt: checkpointing.Checkpointer
   release: Callable[[], None]  # Frees the workdir's lock (for an exit without unwinding).
-  first_chunk: FirstChunk  # Compiled before the session; its time counts for ChunkBound.
+  # (length, seconds) of the chunk compiled before the session (`memory.py`): its time counts
+  # for ChunkBound.
+  first_chunk: tuple[int, float]
 
 
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
-            check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
+            check: Callable[[str, bool], None], fits: Callable[[], tuple[int, float]]):
   """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError becomes
   BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is refused in one line
   before any compilation; `fits` (the memory check: a notice during its compilation exits at once);
@@ -145,13 +141,13 @@ def session(config: ml_collections.ConfigDict, workdir: str,
   not_started = f"not started yet; nothing in {workdir} was written"
   agree = _chief_outcome if jax.process_count() > 1 else None
   # The signal handlers first: a SIGTERM from here on is a preemption.
-  with preemption.Watcher() as watcher:
-    with watcher.nothing_to_save(not_started, lambda: None), _as_bad_input():
+  with contextlib.closing(preemption.Watcher()) as watcher:
+    with watcher.nothing_to_save(not_started, lambda: None), build.as_bad_input():
       check(workdir, False)
       multihost.sync("lock")  # The lock's broadcast may be the first collective: Gloo's 30 s.
     with lock.hold(workdir, is_chief, agree) as held:
       try:
-        with watcher.nothing_to_save(not_started, held.release), _as_bad_input():
+        with watcher.nothing_to_save(not_started, held.release), build.as_bad_input():
           first_chunk = fits()
           check(workdir, is_chief)  # Process 0 records the config; the others wait for it.
           multihost.sync("check_workdir")
@@ -167,19 +163,12 @@ def session(config: ml_collections.ConfigDict, workdir: str,
           workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
           use_async=config.async_checkpoints)
       try:
-        with _debug_nans(config.get("debug_nans", False)):
+        # `config.debug_nans`: JAX re-runs the first op that makes a NaN un-jitted and raises
+        # there (slow: for hunting the op, not for production runs).
+        with jax.debug_nans(bool(config.get("debug_nans", False))):
           yield Session(workdir, watcher, ckpt, held.release, first_chunk)
       finally:
         ckpt.close()
-
-
-@contextlib.contextmanager
-def _as_bad_input():
-  """The workdir guard's ValueError as the `BadInput` it is."""
-  try:
-    yield
-  except ValueError as e:
-    raise errors.BadInput(str(e)) from e
 
 
 def _chief_outcome(held: bool) -> bool:
@@ -212,7 +201,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
   start_step = step
   progress = console.Progress(step, config.num_train_steps)
   chunks = _chunk_bound(config)
-  chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
+  chunks.compiled(*sess.first_chunk)
   pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
 
   def idle(step: int):
@@ -253,7 +242,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
         ckpt.wait()
       chunk_start = time.time()
       with idle(step):
-        state, metrics = program.train_chunk(state, end - step)
+        state, metrics = program.trainer.train_chunk(state, end - step)
         # The chunk ends before the notice is read, so one that came during it stops the
         # run here, with no chunk queued behind it (`preemption.py`).
         jax.block_until_ready(metrics)
@@ -290,13 +279,10 @@ class SingleRun:
   def __init__(self, config, workdir: str, s: build.Setup, start_time: float,
                trainer: trainer_lib.Trainer):
     self.config, self.workdir, self.setup, self.start_time = config, workdir, s, start_time
-    self.trainer = trainer
-    self.data_iterator = self.trainer.data_iterator
+    self.trainer, self.data_iterator = trainer, trainer.data_iterator
     self.main_metric = s.objective.main_metric
-    self.writer = None
+    self.writer, self.evaluated, self.num_params = None, False, 0
     self.ceilings, self.last_train, self.eval_metrics = {}, {}, {}
-    self.evaluated = False
-    self.num_params = 0
 
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.setup.restore_target(), data_iterator=self.data_iterator)
@@ -325,9 +311,6 @@ class SingleRun:
         state.params, include_stats=False))
     self.ceilings = self.setup.objective.run_metrics(self.config, self.workdir)
     events.write_run_start(self.writer, step, self.config, self.ceilings)
-
-  def train_chunk(self, state, length: int):
-    return self.trainer.train_chunk(state, length)
 
   def check_finite(self, pending, ckpt) -> None:
     bad = trainer_lib.first_nonfinite([(start, m.per_step) for start, m in pending])
@@ -402,15 +385,3 @@ def _result_line(summary: dict[str, Any], main_metric: str, workdir: str) -> str
           f"{console.duration(summary['wall_time_s'])}. Summary: "
           f"{run_files.shown(run_files.path(workdir) / run_files.SUMMARY)}; TensorBoard: "
           f"tensorboard --logdir {run_files.shown(workdir)}")
-
-
-@contextlib.contextmanager
-def _debug_nans(enabled: bool):
-  """`config.debug_nans`: JAX re-runs the first op that makes a NaN un-jitted and raises
-  there (slow: for hunting the op, not for production runs)."""
-  previous = jax.config.jax_debug_nans
-  jax.config.update("jax_debug_nans", bool(enabled))
-  try:
-    yield
-  finally:
-    jax.config.update("jax_debug_nans", previous)

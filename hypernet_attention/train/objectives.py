@@ -35,15 +35,6 @@ from hypernet_attention.runs import run_files
 from hypernet_attention.train import data
 
 
-def _identity(metrics):
-  return metrics
-
-
-def _no_run_metrics(config, workdir):
-  del config, workdir
-  return {}
-
-
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """What the loop needs to know about an experiment; nothing else is task-specific."""
@@ -55,9 +46,9 @@ class Objective:
   model_overrides: dict[str, Any]  # Fields of TransformerConfig the task fixes.
   # Metrics derived from the means over a log window or an eval split (e.g. perplexity =
   # exp(mean loss)): {name: mean} -> {name: value}.
-  finalize: Callable[[dict[str, float]], dict[str, float]] = _identity
+  finalize: Callable[[dict[str, float]], dict[str, float]] = lambda metrics: metrics
   # (config, workdir) -> constants reported once per run (SRAVEN's accuracy ceilings).
-  run_metrics: Callable[[Any, str], dict[str, float]] = _no_run_metrics
+  run_metrics: Callable[[Any, str], dict[str, float]] = lambda config, workdir: {}
   task: Any = None  # The task object, for analysis code.
 
 
@@ -95,22 +86,23 @@ def synthetic_overrides(config, source: data.OnDeviceSource, encode, **fixed):
 def _accuracy_ceilings(task, config, workdir: str) -> dict[str, float]:
   """Each eval split's best achievable accuracy (SRAVEN), estimated once per run.
 
-  Stored in the workdir so that a resumed run reports the same numbers without recomputing."""
+  Stored in the workdir (by process 0) so that a resumed run reports the same numbers
+  without recomputing."""
   if config.eval.ceiling_problems <= 0:
     return {}
-
-  def estimate():
-    ceilings = {}
-    for i, split in enumerate(config.eval.splits):
-      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
-      ceilings[f"{split}/accuracy_ceiling"] = float(
-          task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
-    logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
-                 ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+  stored = run_files.path(workdir) / run_files.CEILINGS
+  if (ceilings := run_files.read_json(stored)) is not None:
     return ceilings
-
-  return run_files.cached_json(run_files.path(workdir) / run_files.CEILINGS, estimate,
-                                write=jax.process_index() == 0)
+  ceilings = {}
+  for i, split in enumerate(config.eval.splits):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), 3), i)
+    ceilings[f"{split}/accuracy_ceiling"] = float(
+        task.accuracy_ceiling(key, config.eval.ceiling_problems, split))
+  logging.info("Accuracy ceilings (%d problems per split): %s", config.eval.ceiling_problems,
+               ", ".join(f"{k.split('/')[0]} {v:.4f}" for k, v in ceilings.items()))
+  if jax.process_index() == 0:
+    run_files.write_json(stored, ceilings)
+  return ceilings
 
 
 def on_device(config: ml_collections.ConfigDict, experiment: registry.Experiment) -> Objective:
@@ -225,16 +217,17 @@ def c4_lm(config: ml_collections.ConfigDict, experiment: registry.Experiment) ->
 
 
 def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | None = None,
-          budget: int | None = None) -> Objective:
+          budget: int | None = None, members: int = 1) -> Objective:
   """The objective of `config.experiment`'s record (`experiment`, as `config_checks.validate`
   found it); ValueError for an unknown name (naming the known ones) or a data source other
   than the record declares. First the estimate the record names (bytes from the config alone)
-  is weighed against `budget` (default: half this host's memory, where the task tables and
-  the ceilings' readings live): sizes that would not fit (e.g. SRAVEN's K! readings) are
-  refused before the task is built."""
+  for the tasks of `members` runs the host holds at once (a population's size; 0 for its
+  other members, weighed with the first) is weighed against `budget` (default: half this
+  host's memory, where the task tables and the ceilings' readings live): sizes that would not
+  fit (e.g. SRAVEN's K! readings) are refused before the task is built."""
   experiment = experiment or registry.get(config.experiment)
   try:
-    need = registry.load(experiment.memory)(config) if experiment.memory else 0
+    need = members * registry.load(experiment.memory)(config) if experiment.memory else 0
   except (TypeError, ValueError):
     need = 0  # Wrong types: the task's own constructor names them.
   if budget is None:
@@ -243,10 +236,11 @@ def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | N
     sizes = ", ".join(f"task.{k}={v!r}" for k, v in config.task.items()
                       if k in ("num_features", "num_values", "grid_size"))
     raise errors.BadInput(
-        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems} needs "
-        f"~{need / 2**30:,.1f} GiB for the task's tables; allowed: at most "
-        f"{budget / 2**30:,.1f} GiB (half this host's memory): fewer features, or "
-        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
+        f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems}"
+        + (f" for {members} members" if members > 1 else "") + f" needs ~{need / 2**30:,.1f} "
+        f"GiB for the task's tables; allowed: at most {budget / 2**30:,.1f} GiB (half this "
+        "host's memory): fewer features or members, or --config.eval.ceiling_problems=0 (the "
+        "ceilings' readings grow as K!**(G-1))")
   objective = registry.load(experiment.objective)(config, experiment)
   if objective.source.on_device != experiment.on_device:
     raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "

@@ -58,6 +58,7 @@ class PopulationSetup:
   """A population built from its config before any work: validated, nothing materialized."""
   single: build.Setup  # Member 0's run: model, objective, mesh, one member's shardings.
   member_configs: tuple[ml_collections.ConfigDict, ...]
+  member_names: tuple[str, ...]  # Each member's directory in the population's workdir.
   member_objectives: tuple[objectives.Objective, ...]  # Each member's task (split tables).
   abstract_state: Any  # Unboxed TrainState of ShapeDtypeStructs with a leading (P,) axis.
   shardings: Any  # NamedSharding per leaf: member axis over the mesh's `member` axis.
@@ -80,15 +81,12 @@ def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
   """Builds the population abstractly from its checked config (`config_checks.validate`:
   each member validated as the run it is), checking what needs devices and tasks (mesh,
   split tables). Any problem is `BadInput`."""
-  if not isinstance(checked, config_checks.Checked):
-    raise TypeError(f"population.setup takes config_checks.validate(config), not a "
-                    f"{type(checked).__name__}")
   single = build.setup(config_checks.Checked(checked.members[0], checked.experiment), devices,
-                       member_of_population=True)
+                       len(checked.members))
   member_objectives = [single.objective]
   for i, member in enumerate(checked.members[1:], 1):
     try:
-      member_objectives.append(objectives.build(member, checked.experiment))
+      member_objectives.append(objectives.build(member, checked.experiment, members=0))
     except ValueError as e:
       raise errors.BadInput(f"config.population.members[{i}]: {e}") from e
   shapes = [jax.tree.map(jnp.shape, o.task.split_tables()) for o in member_objectives]
@@ -104,7 +102,8 @@ def setup(checked: config_checks.Checked, devices=None) -> PopulationSetup:
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct((size, *x.shape), x.dtype),
                           nn.meta.unbox(single.abstract_state))
   shardings = jax.tree.map(stack_sharding, single.shardings)
-  return PopulationSetup(single, checked.members, tuple(member_objectives), abstract, shardings)
+  return PopulationSetup(single, checked.members, checked.member_names, tuple(member_objectives),
+                         abstract, shardings)
 
 
 def member_arrays(p: PopulationSetup) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 Layout of a population workdir (what `launch.collect`, probing and TensorBoard read):
 
-  <workdir>/config.json                the population's config (resume guard) <workdir>/checkpoints/
-  one stacked state (leading member axis) <workdir>/population_summary.json    members' names,
-  frozen members, throughput <workdir>/<member name>/config.json  the single run each member is
+  <workdir>/config.json                the population's config (resume guard)
+  <workdir>/checkpoints/               one stacked state (leading member axis)
+  <workdir>/population_summary.json    members' names, frozen members, throughput
+  <workdir>/<member name>/config.json  the single run each member is
   <workdir>/<member name>/summary.json as a single run's summary (+ `frozen_at_step`)
   <workdir>/<member name>/events...    TensorBoard scalars of the member
 
@@ -25,7 +26,6 @@ from absl import logging
 import jax
 import numpy as np
 
-from hypernet_attention.runs import config_checks
 from hypernet_attention.runs import console
 from hypernet_attention.runs import events
 from hypernet_attention.runs import run_files
@@ -38,10 +38,10 @@ from hypernet_attention.train import trainer as trainer_lib
 class PopulationRun:
   """One invocation of a population's loop: its state, writers and per-member records."""
 
-  def __init__(self, checked: config_checks.Checked, workdir: str, p: population.PopulationSetup,
-               start_time: float, trainer: population.PopulationTrainer):
-    self.config, self.workdir, self.p, self.start_time = checked.config, workdir, p, start_time
-    self.dirs = [str(run_files.path(workdir) / name) for name in checked.member_names]
+  def __init__(self, config, workdir: str, p: population.PopulationSetup, start_time: float,
+               trainer: population.PopulationTrainer):
+    self.config, self.workdir, self.p, self.start_time = config, workdir, p, start_time
+    self.dirs = [str(run_files.path(workdir) / name) for name in p.member_names]
     self.trainer = trainer
     self.data_iterator = None  # On-device data only.
     self.frozen: list[Optional[int]] = [None] * p.size
@@ -73,12 +73,8 @@ class PopulationRun:
       self.frozen = recorded.get("frozen_at_step", self.frozen)
 
   def finished(self, state):
-    if self.rewrite_summary:  # Unreadable population_summary.json: the members' summaries.
-      done = all((run_files.path(d) / run_files.SUMMARY).exists() for d in self.dirs)
-    else:
-      done = run_files.is_finished(self.workdir)
-    if not done:
-      return None
+    if not all((run_files.path(d) / run_files.SUMMARY).exists() for d in self.dirs):
+      return None  # Every member's summary: whether population_summary.json reads or not.
     logging.info("%s already holds a finished population (step %d)",
                  run_files.shown(self.workdir), self.config.num_train_steps)
     if self.rewrite_summary:
@@ -93,9 +89,6 @@ class PopulationRun:
         self.p.member_objectives, self.p.member_configs, self.dirs)]
     for writer, config, c in zip(self.writers, self.p.member_configs, self.ceilings):
       events.write_run_start(writer, step, config, c)
-
-  def train_chunk(self, state, length: int):
-    return self.trainer.train_chunk(state, length)
 
   def check_finite(self, pending, ckpt) -> None:
     """Records each member's first non-finite step; raises when every member is frozen."""
@@ -150,7 +143,18 @@ class PopulationRun:
       writer.close()
 
   def summarize(self, step: int, start_step: int, state) -> dict[str, Any]:
-    summaries = self._summaries(step, start_step)
+    wall_time = time.time() - self.start_time
+    num_params = state_lib.count_params(self.p.single.abstract_state.params)
+    summaries = []
+    for i in range(self.p.size):
+      summaries.append({
+          "step": step, "wall_time_s": wall_time, "params": num_params,
+          "steps_per_s_overall": (step - start_step) / wall_time,
+          "num_devices": jax.device_count(), "num_processes": jax.process_count(),
+          "population": {"workdir": self.workdir, "member": i, "size": self.p.size},
+          **self.last_train[i], **self.eval_metrics[i], **self.ceilings[i]})
+      if self.frozen[i] is not None:
+        summaries[-1]["frozen_at_step"] = self.frozen[i]
     if step >= self.config.num_train_steps and jax.process_index() == 0:
       for d, summary in zip(self.dirs, summaries):
         run_files.write_summary(d, summary)
@@ -159,21 +163,6 @@ class PopulationRun:
                    f"{step:,}", console.duration(time.time() - self.start_time),
                    ", ".join(map(run_files.shown, self.dirs)))
     return {"members": summaries, "state": state}
-
-  def _summaries(self, step: int, start_step: int) -> list[dict[str, Any]]:
-    wall_time = time.time() - self.start_time
-    num_params = state_lib.count_params(self.p.single.abstract_state.params)
-    out = []
-    for i in range(self.p.size):
-      summary = {"step": step, "wall_time_s": wall_time, "params": num_params,
-                 "steps_per_s_overall": (step - start_step) / wall_time,
-                 "num_devices": jax.device_count(), "num_processes": jax.process_count(),
-                 "population": {"workdir": self.workdir, "member": i, "size": self.p.size},
-                 **self.last_train[i], **self.eval_metrics[i], **self.ceilings[i]}
-      if self.frozen[i] is not None:
-        summary["frozen_at_step"] = self.frozen[i]
-      out.append(summary)
-    return out
 
   def _write_population_summary(self, step: int, start_step: int) -> None:
     if jax.process_index() != 0:

@@ -56,7 +56,8 @@ class Preempted(Exception):
 
 
 class Watcher:
-  """`reached()` is True on every process at the same chunk boundary after a SIGTERM."""
+  """`reached()` is True on every process at the same chunk boundary after a SIGTERM;
+  `close()` puts the previous signal handlers back."""
 
   def __init__(self):
     self._received = threading.Event()
@@ -147,12 +148,6 @@ class Watcher:
       signal.set_wakeup_fd(previous)
       os.close(write_fd)  # The watching thread reads end-of-file, closes `read_fd`, returns.
       self._wakeup = None
-
-  def __enter__(self) -> "Watcher":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
 
 
 PROBE_STEPS = 50  # The longest first chunk while the bound is on: 50 paper-size steps take

@@ -3,8 +3,7 @@
 XLA:CPU's trace names each executed HLO instruction (`ynn_fusion.33`, `dot.12`), which says little.
 The compiled HLO text carries each instruction's JAX `op_name` metadata (e.g.
 `.../transpose(jvp(Transformer))/layers_2/attention/relative_position/hn,qkn->hqk`), so this module
-joins the two and sums the time per op over layers. This is how the profile in
-experiments/results/training_throughput.md found the T5 bias gradient's slow batch reduction.
+joins the two and sums the time per op over layers.
 
 On a GPU the trace has a device process (`/device:GPU:0`) whose stream events are the
 kernels: only those count (the host's thunk events would count each op twice), and a kernel
@@ -124,7 +123,7 @@ def profile_train_step(config: ml_collections.ConfigDict, steps: int = 10,
   trace_dir = trace_dir or tempfile.mkdtemp(prefix="profile_step_")
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
     prepared.run_chunk(steps)
-  rows = op_times(trace_events(trace_dir), instruction_ops(prepared.compiled.as_text()), steps)
+  rows = op_times(trace_events(trace_dir), instruction_ops(prepared.plan.compiled.as_text()), steps)
   return Profile(sum(r.ms_per_step for r in rows), rows, trace_dir)
 
 

@@ -62,9 +62,13 @@ def restore_params(workdir: str, step: Optional[int] = None,
   if member is None and (owner := population_of(workdir)) is not None:
     workdir, member = owner  # A member's directory: restore from its population.
   config, devices = _analysis_config(workdir, devices)
-  if run_files.is_population(config) or member is not None:
-    return _restore_member(workdir, config, step, devices, member)
-  s, step, params = _single_params(workdir, step, config, devices)
+  if run_files.is_population(config) or member is not None:  # Its slice of the stacked state.
+    directory = member_dir(workdir, member)  # Refuses a member the population does not have.
+    p, step, params = _params(workdir, step, config, devices)
+    return RestoredRun(workdir=directory, step=int(step), config=p.member_configs[member],
+                       params=metrics_lib.member(params, member), model=p.single.model,
+                       objective=p.member_objectives[member])
+  s, step, params = _params(workdir, step, config, devices)
   return RestoredRun(workdir=workdir, step=step, config=config, params=params,
                      model=s.model, objective=s.objective)
 
@@ -75,8 +79,7 @@ def all_params(workdir: str, step: Optional[int] = None,
   """(config, step, params) of the run in `workdir` at `step` (default: the newest); for a
   population, every member's parameters stacked on a leading member axis."""
   config, devices = _analysis_config(workdir, devices)
-  restore = _population_params if run_files.is_population(config) else _single_params
-  _, step, params = restore(workdir, step, config, devices)
+  _, step, params = _params(workdir, step, config, devices)
   return config, step, params
 
 
@@ -89,20 +92,18 @@ def _analysis_config(workdir: str, devices: Optional[Sequence[jax.Device]]
   return config, list(devices) if devices is not None else jax.local_devices()[:1]
 
 
-def _single_params(workdir, step, config, devices) -> tuple[build.Setup, int, Any]:
-  s = build.setup(config_checks.validate(config), devices)  # The recorded config enters here.
-  step, params = _params_at(workdir, step, s.restore_target(),
-                            lambda: build.init_state(config, s.init_fn, s.shardings).params)
+def _params(workdir, step, config, devices) -> tuple[Any, int, Any]:
+  """(its `build.Setup`, step, params) of a single run; (its `population.PopulationSetup`,
+  step, every member's parameters stacked on the leading member axis) of a population."""
+  checked = config_checks.validate(config)  # The recorded config enters here.
+  if checked.members:
+    s = population.setup(checked, devices)
+    init = lambda: population.PopulationTrainer(s).init_state().params
+  else:
+    s = build.setup(checked, devices)
+    init = lambda: build.init_state(config, s.init_fn, s.shardings).params
+  step, params = _params_at(workdir, step, s.restore_target(), init)
   return s, step, params
-
-
-def _population_params(workdir, step, config, devices
-                       ) -> tuple[population.PopulationSetup, int, Any]:
-  """Every member's parameters, stacked on the leading member axis."""
-  p = population.setup(config_checks.validate(config), devices)  # Enters here, as above.
-  step, params = _params_at(workdir, step, p.restore_target(),
-                            lambda: population.PopulationTrainer(p).init_state().params)
-  return p, step, params
 
 
 def _kept_params(workdir: str, step: Optional[int], target: Any,
@@ -210,12 +211,3 @@ def member_dir(workdir: str, member: int) -> str:
         f"a population of {len(names)} members; allowed: 0..{len(names) - 1}"
         if run_files.is_population(config) else "a single run, not a population"))
   return str(run_files.path(workdir) / names[member])
-
-
-def _restore_member(workdir, config, step, devices, member) -> RestoredRun:
-  """One member of a population: its slice of the stacked checkpoint."""
-  directory = member_dir(workdir, member)  # Refuses a member the population does not have.
-  p, step, params = _population_params(workdir, step, config, devices)
-  return RestoredRun(workdir=directory, step=int(step), config=p.member_configs[member],
-                     params=metrics_lib.member(params, member), model=p.single.model,
-                     objective=p.member_objectives[member])

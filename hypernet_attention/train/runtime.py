@@ -110,15 +110,11 @@ def initialize(multi_process: bool = False, coordinator_address: Optional[str] =
   return cluster
 
 
-def initialize_from_flags() -> Optional[Cluster]:
-  f = flags.FLAGS
-  return initialize(f.multi_process, f.coordinator_address, f.num_processes, f.process_id,
-                    f.cpu_collectives)
-
-
 def start() -> str:
   """The entry points' start-up: join the cluster if any, then log the topology."""
-  initialize_from_flags()
+  f = flags.FLAGS
+  initialize(f.multi_process, f.coordinator_address, f.num_processes, f.process_id,
+             f.cpu_collectives)
   return log_topology()
 
 
@@ -149,9 +145,6 @@ def define_run_flags(config_flag: Optional[str]):
 def train_experiment(checked: config_checks.Checked, workdir: Optional[str] = None) -> Any:
   """Trains the `config_checks.validate`d config with the record's `train` (the loop, or
   the language model's) into `workdir`, or a fresh one named after it."""
-  if not isinstance(checked, config_checks.Checked):
-    raise TypeError(f"train_experiment takes config_checks.validate(config), not a "
-                    f"{type(checked).__name__}")
   experiment = checked.experiment
   train = registry.load(experiment.train)
   return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)

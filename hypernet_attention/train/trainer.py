@@ -37,10 +37,8 @@ def _constrain_batch(tree: Any, mesh) -> Any:
 
 
 class Trainer:
-  """Jitted train chunks and evaluation for one (config, objective, mesh).
-
-  For a host source it owns this process's training iterator (`self.data_iterator`),
-  whose position the checkpoints save and restore."""
+  """Jitted train chunks and evaluation for one (config, objective, mesh); for a host source,
+  this process's training iterator too (`self.data_iterator`)."""
 
   def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
                state_shardings):

@@ -151,9 +151,9 @@ cli.run(main)
 """
 
 _AFTER_NOTICE = """
-import os, signal, time
+import contextlib, os, signal, time
 from hypernet_attention.train import preemption
-with preemption.Watcher() as watcher:
+with contextlib.closing(preemption.Watcher()) as watcher:
   os.kill(os.getpid(), signal.SIGINT)  # A first Ctrl-C: the loop would checkpoint now.
   time.sleep(0.5)
   assert watcher.reached()

@@ -21,6 +21,7 @@ from hypernet_attention.runs import curves
 from hypernet_attention.train import loop
 from hypernet_attention.train import preemption
 from hypernet_attention.train import restore
+from hypernet_attention.train import trainer as trainer_lib
 
 import train_testlib as tl
 
@@ -211,7 +212,7 @@ def test_slow_chunk_is_split_and_the_notice_answered_within_the_bound(tmp_path):
 def test_notice_during_an_evaluation_dispatches_no_further_chunk(tmp_path, monkeypatch):
   """In-process, a real SIGTERM sent while the step-4 evaluation runs: the run saves at
   step 4 and stops, with no chunk dispatched after the evaluation."""
-  chunks, original_chunk = [], loop.SingleRun.train_chunk
+  chunks, original_chunk = [], trainer_lib.Trainer.train_chunk
   original_evaluate = loop.SingleRun.evaluate
 
   def train_chunk(self, state, length):
@@ -222,7 +223,7 @@ def test_notice_during_an_evaluation_dispatches_no_further_chunk(tmp_path, monke
     original_evaluate(self, step, state)
     os.kill(os.getpid(), signal.SIGTERM)  # Handled by the run's `preemption.Watcher`.
 
-  monkeypatch.setattr(loop.SingleRun, "train_chunk", train_chunk)
+  monkeypatch.setattr(trainer_lib.Trainer, "train_chunk", train_chunk)
   monkeypatch.setattr(loop.SingleRun, "evaluate", evaluate)
   config = tl.smoke("sraven", num_train_steps=16, checkpoint_every_steps=16,
                     **{"eval.ceiling_problems": 0})  # Chunks of 4, evaluation every 4.
@@ -235,15 +236,15 @@ def test_notice_during_an_evaluation_dispatches_no_further_chunk(tmp_path, monke
 
 SLOW_FIRST_CHUNK = """
 import runpy, sys, time
-from hypernet_attention.train import loop
-original = loop.SingleRun.train_chunk
+from hypernet_attention.train import trainer
+original = trainer.Trainer.train_chunk
 def train_chunk(self, state, length):  # The first chunk blocks like a long compilation.
   if not getattr(self, "slowed", False):
     self.slowed = True
     print("first chunk dispatched", flush=True)
     time.sleep(600)
   return original(self, state, length)
-loop.SingleRun.train_chunk = train_chunk
+trainer.Trainer.train_chunk = train_chunk
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -264,15 +265,15 @@ def test_notice_before_the_first_chunk_finished_exits_at_once(tmp_path):
 
 SLOW_NEW_LENGTHS = """
 import runpy, sys, time
-from hypernet_attention.train import loop
-original, seen = loop.SingleRun.train_chunk, set()
+from hypernet_attention.train import trainer
+original, seen = trainer.Trainer.train_chunk, set()
 def train_chunk(self, state, length):  # Each new chunk length "compiles" slowly.
   if length not in seen:
     seen.add(length)
     print(f"compiling a chunk of {length} steps", flush=True)
     time.sleep(3 if not seen - {length} else 600)
   return original(self, state, length)
-loop.SingleRun.train_chunk = train_chunk
+trainer.Trainer.train_chunk = train_chunk
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -31,7 +31,7 @@ def test_step_cost_scales_with_members_and_covers_the_dense_flops():
   assert two["flops"] == pytest.approx(2 * one["flops"], rel=0.1)
   assert two["bytes_accessed"] == pytest.approx(2 * one["bytes_accessed"], rel=0.25)
   # At least the dense layers' forward + backward: 6 x params x tokens (biases aside).
-  example = single.setup.objective.source.example(config.batch_size)
+  example = single.plan.setup.objective.source.example(config.batch_size)
   tokens = config.batch_size * jax.tree.leaves(example)[0].shape[1]
   params = state_lib.count_params(single.state.params)
   assert 6 * params * tokens * 0.5 < one["flops"] < 6 * params * tokens * 20
