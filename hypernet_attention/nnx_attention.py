@@ -141,8 +141,8 @@ class MultiHeadAttention(nnx.Module):
   def _dropout_rng(self, deterministic, rngs) -> Optional[jax.Array]:
     if self.dropout_rate <= 0.0:
       return None
-    deterministic = _first(deterministic, self.deterministic, name="deterministic")
-    if deterministic:
+    if nnx.module.first_from(deterministic, self.deterministic, error_msg=(
+        "No `deterministic` given, in the call or the constructor; allowed: True/False.")):
       return None
     rngs = self.rngs if rngs is None else rngs
     if rngs is None:
@@ -178,7 +178,7 @@ class MultiHeadAttention(nnx.Module):
         "inputs_k": ("in_kv_features", self.in_kv_features),
         "inputs_v": ("in_kv_features", self.in_kv_features)})
     dropout_rng = self._dropout_rng(deterministic, rngs)
-    decode = bool(_first(decode, self.decode, name="decode", default=False))
+    decode = bool(self.decode if decode is None else decode)  # None in both: no cache
     placed = linen_attention.place_heads(
         self, self.query(inputs_q), self.key(inputs_k), self.value(inputs_v),
         self._cache(decode))
@@ -200,16 +200,6 @@ class MultiHeadAttention(nnx.Module):
     if sow_weights and attended.latent_code_BHQK is not None:
       self.sow(nnx.Intermediate, "latent_code", attended.latent_code_BHQK)
     return self.out(attended.out_BQHV)
-
-
-def _first(*values, name: str, default=None):
-  """The first value that is not None (call argument, then attribute), as flax's modules."""
-  for value in values:
-    if value is not None:
-      return value
-  if default is None:
-    raise ValueError(f"No `{name}` given, in the call or the constructor; allowed: True/False.")
-  return default
 
 
 def linen_params(source: Union[nnx.Module, Params]) -> dict:
