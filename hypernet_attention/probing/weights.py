@@ -74,16 +74,6 @@ def _spectrum(matrix_RXY: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return p_RK[:, :TOP_SINGULAR_VALUES], np.exp(entropy)
 
 
-def class_labels(setting, batch, num_pairs: int) -> np.ndarray:
-  """Each probed sample's class (N,) or classes (N, R), in `setting.samples` order."""
-  dummy = np.zeros((batch_size(batch), 1, 1, num_pairs), np.float32)
-  return setting.samples(batch, dummy)["labels"]
-
-
-def batch_size(batch) -> int:
-  return int(next(iter(jax.tree.leaves(batch))).shape[0])
-
-
 def generated_weights(run: Any, num_problems: int = 256, features: str = "all",
                       seed: int = extract.PROBE_SEED, query: str = "fixed"
                       ) -> list[GeneratedWeights]:
@@ -92,8 +82,9 @@ def generated_weights(run: Any, num_problems: int = 256, features: str = "all",
   split = setting.splits[1]
   batch = setting.batch(jax.random.key(seed), num_problems, split)
   inputs = run.objective.encode(batch)[0]
-  num_pairs = len(setting.query_P)
-  labels = class_labels(setting, batch, num_pairs)
+  # Each probed sample's class (N,) or classes (N, R), in `setting.samples` order.
+  no_codes = np.zeros((num_problems, 1, 1, len(setting.query_P)), np.float32)
+  labels = setting.samples(batch, no_codes)["labels"]
   params = nn.meta.unbox(run.params)
   results = []
   for path, module, layer_inputs in attention_calls(run.model, params, inputs):
