@@ -255,12 +255,6 @@ def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV,
   return _scan_tiles(body, init, cfg)
 
 
-def _reduce_to(x, shape):
-  """Sums a tile cotangent over the axes that `shape` broadcasts (size 1)."""
-  axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
-  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
 def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg):
   """Key-major schedule: consecutive steps share a key tile, whose dk, dv rows they update."""
 
@@ -282,7 +276,8 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg
       starts = (0, 0, 0 if dbias4.shape[2] == 1 else q_start,
                 0 if dbias4.shape[3] == 1 else k_start)
       old = tiling.pair_tile(dbias4, q_start, k_start, cfg)
-      dbias4 = jax.lax.dynamic_update_slice(dbias4, old + _reduce_to(ds, old.shape), starts)
+      dbias4 = jax.lax.dynamic_update_slice(
+          dbias4, old + reference.sum_to_shape(ds, old.shape), starts)
     return (_add_at(dq_BHQD, q_start, dq_tile), _add_at(dk_BHKD, k_start, dk_tile),
             _add_at(dv_BHKV, k_start, dv_tile), dbias4)
 
