@@ -36,21 +36,13 @@ class TileConfig:
   block_q: int
   block_k: int
   # Accumulation dtype: float32, or float64 for float64 inputs (x64 tests).
-  compute_dtype_name: str = "float32"
+  compute_dtype: jnp.dtype = jnp.dtype("float32")
   # The per-pair tensors' dtype (blockwise's code operands and hidden u, z, dz, du): the
   # inputs' dtype when narrower than float32 (bf16 in, bf16 per-pair tensors, float32
   # accumulation), else `compute_dtype`.
-  pair_dtype_name: str = "float32"
+  pair_dtype: jnp.dtype = jnp.dtype("float32")
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
-
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.compute_dtype_name)
-
-  @property
-  def pair_dtype(self):
-    return jnp.dtype(self.pair_dtype_name)
 
   @property
   def num_q_blocks(self) -> int:
@@ -96,8 +88,7 @@ def make_config(
       eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
       q_len=q_len, k_len=k_len,
       block_q=balanced_block(q_len, block_q), block_k=balanced_block(k_len, block_k),
-      compute_dtype_name=compute_dtype.name,
-      pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
+      compute_dtype=compute_dtype, pair_dtype=jnp.dtype(dtype) if narrow else compute_dtype,
       dropout_rate=float(dropout_rate))
 
 
