@@ -44,14 +44,6 @@ Dtype = Any
 Params = Mapping[str, Any]
 
 
-class RelativePositionTable(nnx.Module):
-  """The T5 bias table (H, N), `rel_embedding` as in `positions.RelativePositionBias`."""
-
-  def __init__(self, num_heads: int, num_buckets: int, *, param_dtype: Dtype, rngs: nnx.Rngs):
-    self.rel_embedding = nnx.Param(nn.linear.default_embed_init(
-        rngs.params(), (num_heads, num_buckets), param_dtype))
-
-
 class MultiHeadAttention(nnx.Module):
   """`nnx.MultiHeadAttention` with the latent-code normalization and value network of a preset.
 
@@ -112,8 +104,7 @@ class MultiHeadAttention(nnx.Module):
           kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias,
           precision=precision, rngs=rngs)
 
-    in_kv_features = in_kv_features or in_features
-    self.in_kv_features = in_kv_features
+    self.in_kv_features = in_kv_features = in_kv_features or in_features
     self.query = linear(in_features, (num_heads, head_qk))
     self.key = linear(in_kv_features, (num_heads, head_qk))
     self.value = linear(in_kv_features, (num_heads, head_v))
@@ -121,8 +112,9 @@ class MultiHeadAttention(nnx.Module):
     self.relative_position = nnx.data(None)
     if position == "t5":
       positions.check_buckets(num_buckets, max_distance, bidirectional)
-      self.relative_position = RelativePositionTable(
-          num_heads, num_buckets, param_dtype=param_dtype, rngs=rngs)
+      # The (H, N) table named as `positions.RelativePositionBias` names it.
+      self.relative_position = nnx.Dict(rel_embedding=nnx.Param(nn.linear.default_embed_init(
+          rngs.params(), (num_heads, num_buckets), param_dtype)))
     self.value_hidden = nnx.data(None)
     if self.preset.value_network == "deep_mlp":
       self.value_hidden = nnx.Param(linen_attention.VALUE_HIDDEN_INIT(
