@@ -3,13 +3,10 @@
 Shape letters as in `attention.py`: B batch, Q/K query/key positions, H heads, D per-head
 query/key width, V per-head value width, E input width, O output width, N T5 buckets.
 
-`MultiHeadAttention` here has the constructor and call of `flax.nnx.MultiHeadAttention`
-(`num_heads`, `in_features`, `qkv_features`, `out_features`, `dropout_rate`,
-`broadcast_dropout`, `deterministic`, `decode` with `init_cache`, `rngs`, ...) plus the
-paper's choices: `attention=` a preset of Table A1, `activation=` the value network's phi,
-`position=` 'none' / 't5' / 'rope', `implementation=` for `ops.dispatch`. It is a shell
-around the Linen module's own math (`attention.place_heads`, `attention.attend`): it owns
-parameters, the decoding cache and the dropout stream, nothing else.
+`MultiHeadAttention` here has the constructor and call of `flax.nnx.MultiHeadAttention` plus
+the paper's choices (its docstring). It is a shell around the Linen module's own math
+(`attention.place_heads`, `attention.attend`): it owns parameters, the decoding cache and the
+dropout stream, nothing else.
 
 Parameters are named and shaped as in the Linen module and in Flax's own attention
 (`query`, `key`, `value`, `out`, each `kernel` and `bias`; HYLA+ adds `value_hidden`, the
