@@ -21,10 +21,9 @@ attention module applies dropout (rate 0.1 by default, never overridden by their
 active in training steps) to the *normalized* attention weights, i.e. to the latent code,
 after softmax / RMSHead / identity and before the value network, with one (Q, K) keep-mask
 broadcast over batch and heads; for HYLA the same dropped code then enters both generated
-layers, and the sown weights are the dropped ones. We do the same. The broadcast mask is
-`ops/dropout.py`'s hash of (seed, q, k), the seed drawn from the `dropout` rng, so every
-path, tiled or materialized, drops the same pairs. `broadcast_dropout=False` (a mask per
-batch element and head) uses `jax.random.bernoulli` on the materialized code.
+layers, and the sown weights are the dropped ones. We do the same, with `ops/dropout.py`'s
+mask, its seed drawn from the `dropout` rng. `broadcast_dropout=False` (a mask per batch
+element and head) uses `jax.random.bernoulli` on the materialized code.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def layer(kind: str, **settings) -> nn.Module:
   return cls(**{k: v for k, v in settings.items() if k in cls.__dataclass_fields__})
 
 
-def _dense(features, names, dtype, param_dtype, use_bias=True, name=None):
+def dense(features, names, dtype, param_dtype, use_bias=True, name=None):
+  """`nn.Dense` with its kernel and bias boxed with logical axis `names` (the bias: the last)."""
   return nn.Dense(
       features, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
       kernel_init=nn.with_logical_partitioning(nn.linear.default_kernel_init, names),
@@ -46,10 +47,10 @@ class GeluMlp(_Mlp):
 
   @nn.compact
   def __call__(self, x_BTE: jax.Array) -> jax.Array:
-    h_BTM = nn.gelu(_dense(self.hidden_dim, ("embed", "mlp"), self.dtype, self.param_dtype,
-                           name="up")(x_BTE))
-    return _dense(x_BTE.shape[-1], ("mlp", "embed"), self.dtype, self.param_dtype,
-                  name="down")(h_BTM)
+    h_BTM = nn.gelu(dense(self.hidden_dim, ("embed", "mlp"), self.dtype, self.param_dtype,
+                          name="up")(x_BTE))
+    return dense(x_BTE.shape[-1], ("mlp", "embed"), self.dtype, self.param_dtype,
+                 name="down")(h_BTM)
 
 
 class SwiGlu(_Mlp):
@@ -57,11 +58,11 @@ class SwiGlu(_Mlp):
 
   @nn.compact
   def __call__(self, x_BTE: jax.Array) -> jax.Array:
-    dense = lambda f, names, name: _dense(f, names, self.dtype, self.param_dtype,
-                                          use_bias=False, name=name)
-    gate_BTM = nn.silu(dense(self.hidden_dim, ("embed", "mlp"), "gate")(x_BTE))
-    up_BTM = dense(self.hidden_dim, ("embed", "mlp"), "up")(x_BTE)
-    return dense(x_BTE.shape[-1], ("mlp", "embed"), "down")(gate_BTM * up_BTM)
+    proj = lambda f, names, name: dense(f, names, self.dtype, self.param_dtype,
+                                        use_bias=False, name=name)
+    gate_BTM = nn.silu(proj(self.hidden_dim, ("embed", "mlp"), "gate")(x_BTE))
+    up_BTM = proj(self.hidden_dim, ("embed", "mlp"), "up")(x_BTE)
+    return proj(x_BTE.shape[-1], ("mlp", "embed"), "down")(gate_BTM * up_BTM)
 
 
 def top_k_gates(logits_BTX: jax.Array, top_k: int) -> jax.Array:
@@ -94,8 +95,8 @@ class MoE(nn.Module):
       raise ValueError(f"top_k={self.top_k} with num_experts={self.num_experts}; allowed: "
                        "1 <= top_k <= num_experts.")
     width = x_BTE.shape[-1]
-    logits_BTX = _dense(self.num_experts, ("embed", "experts"), self.dtype, self.param_dtype,
-                        use_bias=False, name="router")(x_BTE)
+    logits_BTX = dense(self.num_experts, ("embed", "experts"), self.dtype, self.param_dtype,
+                       use_bias=False, name="router")(x_BTE)
     gates_BTX = top_k_gates(logits_BTX, self.top_k)
     self.sow("intermediates", "router_gates", gates_BTX)
     param = lambda name, names, shape, fn: self.param(

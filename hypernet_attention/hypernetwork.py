@@ -39,17 +39,6 @@ from hypernet_attention.ops import reference
 Params = Any
 
 
-def _position_bias(module, params, q_len, k_len):
-  if module.position != "t5":
-    return None
-  table_HN = params["relative_position"]["rel_embedding"]
-  relative_QK = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
-  bucket_QK = positions.relative_position_bucket(
-      relative_QK, bidirectional=module.bidirectional,
-      num_buckets=module.num_buckets, max_distance=module.max_distance)
-  return table_HN[:, bucket_QK][None]  # (1, H, Q, K)
-
-
 def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs_q: jax.Array,
                 inputs_kv: Optional[jax.Array] = None, *, mask: Optional[jax.Array] = None,
                 bias: Optional[jax.Array] = None, is_causal: bool = False) -> jax.Array:
@@ -74,9 +63,13 @@ def latent_code(module: attention_lib.MultiHeadAttention, params: Params, inputs
   reference.check_pair_operands((inputs_q.shape[0], module.num_heads, q_len, k_len), bias=bias,
                                 mask=mask)
   scores_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q_BQHD, k_BKHD) / math.sqrt(q_BQHD.shape[-1])
-  for extra in (_position_bias(module, params, q_len, k_len), bias):
-    if extra is not None:
-      scores_BHQK = scores_BHQK + extra
+  if module.position == "t5":
+    table_HN = params["relative_position"]["rel_embedding"]
+    scores_BHQK = scores_BHQK + positions.relative_position_bias(
+        table_HN, jnp.arange(q_len), jnp.arange(k_len), bidirectional=module.bidirectional,
+        max_distance=module.max_distance, dtype=table_HN.dtype)
+  if bias is not None:
+    scores_BHQK = scores_BHQK + bias
   mask = reference.with_causal(mask, is_causal, q_len, k_len)
   chex.assert_shape(scores_BHQK, (inputs_q.shape[0], module.num_heads, q_len, k_len))
   return reference.normalize_scores(scores_BHQK, mask, module.preset.normalization, module.eps)

@@ -3,13 +3,10 @@
 Shape letters as in `attention.py`: B batch, Q/K query/key positions, H heads, D per-head
 query/key width, V per-head value width, E input width, O output width, N T5 buckets.
 
-`MultiHeadAttention` here has the constructor and call of `flax.nnx.MultiHeadAttention`
-(`num_heads`, `in_features`, `qkv_features`, `out_features`, `dropout_rate`,
-`broadcast_dropout`, `deterministic`, `decode` with `init_cache`, `rngs`, ...) plus the
-paper's choices: `attention=` a preset of Table A1, `activation=` the value network's phi,
-`position=` 'none' / 't5' / 'rope', `implementation=` for `ops.dispatch`. It is a shell
-around the Linen module's own math (`attention.place_heads`, `attention.attend`): it owns
-parameters, the decoding cache and the dropout stream, nothing else.
+`MultiHeadAttention` here has the constructor and call of `flax.nnx.MultiHeadAttention` plus
+the paper's choices (its docstring). It is a shell around the Linen module's own math
+(`attention.place_heads`, `attention.attend`): it owns parameters, the decoding cache and the
+dropout stream, nothing else.
 
 Parameters are named and shaped as in the Linen module and in Flax's own attention
 (`query`, `key`, `value`, `out`, each `kernel` and `bias`; HYLA+ adds `value_hidden`, the
@@ -42,14 +39,6 @@ from hypernet_attention.ops import reference
 
 Dtype = Any
 Params = Mapping[str, Any]
-
-
-class RelativePositionTable(nnx.Module):
-  """The T5 bias table (H, N), `rel_embedding` as in `positions.RelativePositionBias`."""
-
-  def __init__(self, num_heads: int, num_buckets: int, *, param_dtype: Dtype, rngs: nnx.Rngs):
-    self.rel_embedding = nnx.Param(nn.linear.default_embed_init(
-        rngs.params(), (num_heads, num_buckets), param_dtype))
 
 
 class MultiHeadAttention(nnx.Module):
@@ -112,8 +101,7 @@ class MultiHeadAttention(nnx.Module):
           kernel_init=kernel_init, bias_init=bias_init, use_bias=use_bias,
           precision=precision, rngs=rngs)
 
-    in_kv_features = in_kv_features or in_features
-    self.in_kv_features = in_kv_features
+    self.in_kv_features = in_kv_features = in_kv_features or in_features
     self.query = linear(in_features, (num_heads, head_qk))
     self.key = linear(in_kv_features, (num_heads, head_qk))
     self.value = linear(in_kv_features, (num_heads, head_v))
@@ -121,8 +109,9 @@ class MultiHeadAttention(nnx.Module):
     self.relative_position = nnx.data(None)
     if position == "t5":
       positions.check_buckets(num_buckets, max_distance, bidirectional)
-      self.relative_position = RelativePositionTable(
-          num_heads, num_buckets, param_dtype=param_dtype, rngs=rngs)
+      # The (H, N) table named as `positions.RelativePositionBias` names it.
+      self.relative_position = nnx.Dict(rel_embedding=nnx.Param(nn.linear.default_embed_init(
+          rngs.params(), (num_heads, num_buckets), param_dtype)))
     self.value_hidden = nnx.data(None)
     if self.preset.value_network == "deep_mlp":
       self.value_hidden = nnx.Param(linen_attention.VALUE_HIDDEN_INIT(
@@ -141,8 +130,8 @@ class MultiHeadAttention(nnx.Module):
   def _dropout_rng(self, deterministic, rngs) -> Optional[jax.Array]:
     if self.dropout_rate <= 0.0:
       return None
-    deterministic = _first(deterministic, self.deterministic, name="deterministic")
-    if deterministic:
+    if nnx.module.first_from(deterministic, self.deterministic, error_msg=(
+        "No `deterministic` given, in the call or the constructor; allowed: True/False.")):
       return None
     rngs = self.rngs if rngs is None else rngs
     if rngs is None:
@@ -178,7 +167,7 @@ class MultiHeadAttention(nnx.Module):
         "inputs_k": ("in_kv_features", self.in_kv_features),
         "inputs_v": ("in_kv_features", self.in_kv_features)})
     dropout_rng = self._dropout_rng(deterministic, rngs)
-    decode = bool(_first(decode, self.decode, name="decode", default=False))
+    decode = bool(self.decode if decode is None else decode)  # None in both: no cache
     placed = linen_attention.place_heads(
         self, self.query(inputs_q), self.key(inputs_k), self.value(inputs_v),
         self._cache(decode))
@@ -200,16 +189,6 @@ class MultiHeadAttention(nnx.Module):
     if sow_weights and attended.latent_code_BHQK is not None:
       self.sow(nnx.Intermediate, "latent_code", attended.latent_code_BHQK)
     return self.out(attended.out_BQHV)
-
-
-def _first(*values, name: str, default=None):
-  """The first value that is not None (call argument, then attribute), as flax's modules."""
-  for value in values:
-    if value is not None:
-      return value
-  if default is None:
-    raise ValueError(f"No `{name}` given, in the call or the constructor; allowed: True/False.")
-  return default
 
 
 def linen_params(source: Union[nnx.Module, Params]) -> dict:

@@ -26,15 +26,9 @@ PRESETS: dict[str, AttentionPreset] = {
     "linear": AttentionPreset("linear", "linear", "identity"),
     "hyla": AttentionPreset("rms_head", "mlp", "relu"),
     "linear_rmshead": AttentionPreset("rms_head", "linear", "identity"),
-    # Table A1's "Linear attention + RMSHead + nonlinear value". The authors' repository
-    # (smonsays/hypernetwork-attention) has no configuration for this row: its sequence
-    # mixers are softmax/linear attention, linear attention + RMSHead, HYLA (+/- RMSHead,
-    # +/- nonlinearity), softmax + HYLA, and a 'swiglu_hypatt' whose target network the
-    # attention module does not define. We read the row as the natural control for HYLA:
-    # keep the value network linear *in the latent code* but make the values nonlinear,
-    # y_q = sum_h W_h^out sum_k a_hqk phi(W_h^v x_k). In hypernetwork terms only the
-    # read-out layer is generated; the hidden layer phi(W_h^v x) is fixed per head. So
-    # the nonlinearity alone, without a generated hidden layer, is what it ablates.
+    # Table A1's "Linear attention + RMSHead + nonlinear value", a row the authors' code has
+    # no configuration for; our reading (experiments/reference.md): y_q = sum_h W_h^out sum_k
+    # a_hqk phi(W_h^v x_k), only the read-out generated: it ablates the nonlinearity alone.
     "linear_rmshead_nonlinear_value": AttentionPreset("rms_head", "nonlinear_value", "relu"),
     "hyla_no_rmshead": AttentionPreset("linear", "mlp", "relu"),
     "hyla_linear_value": AttentionPreset("rms_head", "mlp", "identity"),

@@ -172,11 +172,8 @@ class Transformer(nn.Module):
           raise ValueError(f"inputs of shape {inputs.shape} (width {inputs.shape[-1]}); "
                            f"allowed: width {kernel.shape[0]}, that of these parameters "
                            f"(input_dense kernel {kernel.shape})")
-      x_BTE = nn.Dense(
-          c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="input_dense",
-          kernel_init=nn.with_logical_partitioning(
-              nn.linear.default_kernel_init, ("input", "embed")),
-          bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)))(inputs)
+      x_BTE = feed_forward.dense(c.emb_dim, ("input", "embed"), c.dtype, c.param_dtype,
+                                 name="input_dense")(inputs)
     else:
       embedding = nn.Embed(
           c.vocab_size, c.emb_dim, dtype=c.dtype, param_dtype=c.param_dtype,
@@ -190,8 +187,5 @@ class Transformer(nn.Module):
       # The transposed embedding, scaled by 1/sqrt(E) as the authors' code does, so the logits
       # start at unit scale.
       return embedding.attend(x_BTE) / np.sqrt(c.emb_dim).astype(np.float32)
-    return nn.Dense(
-        c.output_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="readout",
-        kernel_init=nn.with_logical_partitioning(
-            nn.linear.default_kernel_init, ("embed", "output")),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("output",)))(x_BTE)
+    return feed_forward.dense(c.output_dim, ("embed", "output"), c.dtype, c.param_dtype,
+                              name="readout")(x_BTE)

@@ -7,13 +7,11 @@ tile) pairs, so only one (B, H, bq, bk) code tile and one (B, bq, bk, V) hidden 
 at a time; a custom VJP recomputes them tile by tile in the backward pass instead of storing
 them. Causal attention skips the key tiles that lie entirely in the future.
 
-For accelerators (issue 41): the schedule of tiles is static (`tiling.tile_schedule`), so every loop
-has a trip count XLA knows at compile time (XLA:GPU runs a loop of unknown trip count with a
-device-to-host copy of its predicate per iteration). And the per-pair tensors take the inputs'
-dtype: with bf16 inputs the code operands and the (B, bq, bk, V) hidden tensors u, z, dz, du (and
-phi, exact in bf16 for ReLU) are bf16, the contractions accumulate in float32, and the scores,
-RMSHead, softmax statistics, the code's gradient and every accumulator (output, dq, dk, dv, dbias)
-stay float32. float32 and float64 inputs compute exactly as before.
+For accelerators: the schedule of tiles is static (`tiling.tile_schedule` says why). And the
+per-pair tensors take the inputs' dtype: with bf16 inputs the code operands and the (B, bq, bk, V)
+hidden tensors u, z, dz, du (and phi, exact in bf16 for ReLU) are bf16, the contractions accumulate
+in float32, and the scores, RMSHead, softmax statistics, the code's gradient and every accumulator
+(output, dq, dk, dv, dbias) stay float32.
 
 RMSHead and linear normalization are local to a (q, k) pair, so a tile needs nothing from
 other tiles. Softmax needs the row statistic logsumexp over keys first: the forward then
@@ -65,24 +63,16 @@ def tile_mask(q_start, k_start, mask_tile, cfg: tiling.TileConfig):
   return valid
 
 
-def _contract(spec, x, y, cfg):
-  """A contraction of per-pair operands, accumulated and returned in `compute_dtype`."""
-  return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
-                    preferred_element_type=cfg.compute_dtype)
+def _contract(spec, x, y, cfg, out_dtype=None):
+  """A contraction of per-pair operands, returned in `out_dtype` (default `compute_dtype`).
 
-
-def _per_pair(spec, x, y, cfg):
-  """A (B, bq, bk, V) per-pair tensor (V times the score tile) in `pair_dtype`.
-
-  With bf16 inputs the contraction is declared bf16 -> bf16, never as a float32 result
-  rounded afterwards: that float32 (B, bq, bk, V) tensor is what costs the HBM traffic, and
-  XLA:GPU only avoids it when the dot itself outputs bf16. GPUs (cuBLAS, Triton) and TPUs
-  accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds the result.
-  These products as multiply-reduces instead of matmuls (no transpose of a per-pair tensor
-  between them) ran slower on an H100 and on CPU, and were retired (issue 54).
+  A (B, bq, bk, V) per-pair tensor (V times the score tile) is declared `pair_dtype` -> itself,
+  never as a float32 result rounded afterwards: that float32 tensor is what costs the HBM
+  traffic, and XLA:GPU only avoids it when the dot itself outputs bf16. GPUs (cuBLAS, Triton)
+  and TPUs accumulate such a dot in float32; XLA:CPU computes it in float32 and rounds it.
   """
   return jnp.einsum(spec, x.astype(cfg.pair_dtype), y.astype(cfg.pair_dtype),
-                    preferred_element_type=cfg.pair_dtype)
+                    preferred_element_type=out_dtype or cfg.compute_dtype)
 
 
 def tile_scores(q_BHqD, k_BHkD, bias_tile, cfg):
@@ -139,7 +129,7 @@ def tile_value(a_BHqk, v_BHkV, cfg):
     return _contract("bhqk,bhkv->bhqv", a_BHqk, v_BHkV, cfg)
   if cfg.value_network == "mlp":
     phi = reference.get_activation(cfg.activation)  # In pair_dtype: exact for ReLU.
-    z_BqkV = phi(_per_pair("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg))
+    z_BqkV = phi(_contract("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg, cfg.pair_dtype))
     return _contract("bhqk,bqkv->bhqv", a_BHqk, z_BqkV, cfg)
   raise ValueError(f"blockwise has no value network {cfg.value_network!r}; it computes "
                    f"{COMPUTES.value_networks}.")
@@ -152,9 +142,9 @@ def tile_value_grad(a_BHqk, v_BHkV, dy_BHqV, cfg, need_dv=True):
     dv = _contract("bhqk,bhqv->bhkv", a_BHqk, dy_BHqV, cfg) if need_dv else None
     return da, dv
   if cfg.value_network == "mlp":
-    u_BqkV = _per_pair("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg)
+    u_BqkV = _contract("bhqk,bhkv->bqkv", a_BHqk, v_BHkV, cfg, cfg.pair_dtype)
     z_BqkV, phi_vjp = jax.vjp(reference.get_activation(cfg.activation), u_BqkV)
-    (du_BqkV,) = phi_vjp(_per_pair("bhqk,bhqv->bqkv", a_BHqk, dy_BHqV, cfg))
+    (du_BqkV,) = phi_vjp(_contract("bhqk,bhqv->bqkv", a_BHqk, dy_BHqV, cfg, cfg.pair_dtype))
     da = (_contract("bhqv,bqkv->bhqk", dy_BHqV, z_BqkV, cfg)
           + _contract("bqkv,bhkv->bhqk", du_BqkV, v_BHkV, cfg))
     dv = _contract("bhqk,bqkv->bhkv", a_BHqk, du_BqkV, cfg) if need_dv else None
@@ -167,8 +157,7 @@ def tile_value_grad(a_BHqk, v_BHkV, dy_BHqV, cfg, need_dv=True):
 #
 # Every pass is one `lax.scan` over the static schedule `tiling.tile_schedule` (query-major in
 # the forward, key-major in the backward), carrying whole-sequence accumulators that each
-# step updates at its tile's rows. The trip count is known at trace time: no while loop of
-# unknown trip count, which XLA:GPU would run with a host round-trip per iteration.
+# step updates at its tile's rows.
 
 
 def _q_tile(x_BHTX, qi, cfg):
@@ -266,12 +255,6 @@ def _softmax_row_stat(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, out_BHQV,
   return _scan_tiles(body, init, cfg)
 
 
-def _reduce_to(x, shape):
-  """Sums a tile cotangent over the axes that `shape` broadcasts (size 1)."""
-  axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
-  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
 def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg):
   """Key-major schedule: consecutive steps share a key tile, whose dk, dv rows they update."""
 
@@ -293,7 +276,8 @@ def _backward(q_BHQD, k_BHKD, v_BHKV, bias4, mask4, seed, lse, row, dy_BHQV, cfg
       starts = (0, 0, 0 if dbias4.shape[2] == 1 else q_start,
                 0 if dbias4.shape[3] == 1 else k_start)
       old = tiling.pair_tile(dbias4, q_start, k_start, cfg)
-      dbias4 = jax.lax.dynamic_update_slice(dbias4, old + _reduce_to(ds, old.shape), starts)
+      dbias4 = jax.lax.dynamic_update_slice(
+          dbias4, old + reference.sum_to_shape(ds, old.shape), starts)
     return (_add_at(dq_BHQD, q_start, dq_tile), _add_at(dk_BHKD, k_start, dk_tile),
             _add_at(dv_BHKV, k_start, dv_tile), dbias4)
 

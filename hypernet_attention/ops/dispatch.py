@@ -13,14 +13,10 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
   auto       softmax + linear value network (plain softmax attention) goes to
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
-Each fast path declares what it computes (`reference.Computes`, collected in `FAST_PATHS`),
-and this module checks every call against it: `auto` takes a fast path only for what it
-declares and runs the reference for the rest (`deep_mlp`, HYLA+, has no tiled kernel; a
-normalization or value network added to the reference runs there until a kernel declares
-it), while an explicit fast implementation refuses anything else in one line. Before that,
-every call's operands meet `reference.check_operands` (floating, keys as long as values, no
-empty sequence, bool mask, eps > 0), whichever path runs them, and on each a NaN or Inf in a
-masked key or value contributes nothing (`reference.isolate_nonfinite`).
+Each fast path declares what it computes (`reference.Computes`, collected in `FAST_PATHS`;
+`deep_mlp`, HYLA+, has no tiled kernel), and this module checks every call against it. Before
+that, every call's operands meet `reference.check_operands`, whichever path runs them, and on
+each a NaN or Inf in a masked key or value contributes nothing (`reference.isolate_nonfinite`).
 """
 
 from __future__ import annotations
@@ -69,19 +65,11 @@ REFERENCE_MAX_PAIRS_DROPOUT = 36 * 36
 # (`experiments/benchmark_training.py`, write-up in
 # experiments/results/training_throughput.md); wider heads untested.
 FACTORED_MAX_HEAD_DIM = 8
-# Blockwise's largest tiles (block_q, block_k) per backend; per length,
-# `tiling.balanced_block` splits each sequence into equal tiles no larger than these (T=36
-# is one 36 x 36 tile, T=130 two of 65, not 128 + 2 padded to 256).
-#   cpu: 32 x 64 was fastest on a 2-core CPU at T=256-4096 (kernels.md): small tiles stay in
-#        cache, and a step of the static schedule costs little there.
-#   gpu: 256 x 256, measured fastest (B=4, H=8, D=V=64, bf16, causal; the backward, which
-#        those windows timed as "fwd+bwd": kernels.md's correction): on an H100 31.7 ms vs
-#        40.8 at 128 x 128 (T=4096) and 2.45 vs 2.90 (T=1024), 2026-11-27; on an H200 27.5
-#        ms at T=4096 (experiments/results/gpu_windows/2026-11-27_h200_kernel).
-#        Fewer schedule steps (each launches a dozen kernels: 2,866 vs 14,795 per call at
-#        T=4096) for a 4x larger bf16 (B, bq, bk, V) hidden tensor (536 MB at C4's B=64).
-#   tpu: 128 x 128, whole MXU tiles; unchanged, not re-measured here.
-# Backend-specific on purpose: the CPU's cache-sized tiles would starve matrix units.
+# Blockwise's largest tiles (block_q, block_k) per backend, each measured fastest there
+# (experiments/results/kernels.md, "Blockwise's tiles per backend"; TPU: whole MXU tiles); per
+# length, `tiling.balanced_block` splits each sequence into equal tiles no larger than these
+# (T=130: two of 65, not 128 + 2 padded to 256). Backend-specific on purpose: the CPU's
+# cache-sized tiles stay in cache, and would starve a GPU's matrix units.
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
 
 

@@ -1,11 +1,10 @@
 """Dropout on the latent code from a counter-based hash: keep(seed, q, k), any tile, any time.
 
-The paper's dropout (as the authors' code: rate 0.1 on the latent code, one (Q, K) keep-mask
-per step shared by batch and heads) used to need the whole (Q, K) mask, so training with it
-took the materialized reference path. Here the mask of pair (q, k) is a pure function of
-(seed, q, k): a tiled kernel recomputes exactly the mask of the tile it is working on, in the
-forward and again in the backward pass, and nothing quadratic is stored. The reference draws
-the same mask from the same function, so every implementation drops the same pairs.
+The paper's dropout (`attention.py` says whose and where) needs one (Q, K) keep-mask per step,
+shared by batch and heads. Here the mask of pair (q, k) is a pure function of (seed, q, k): a
+tiled kernel recomputes exactly the mask of the tile it is working on, in the forward and again
+in the backward pass, and nothing quadratic is stored. The reference draws the same mask from
+the same function, so every implementation drops the same pairs.
 
 Hash: two rounds of `lowbias32` (a 32-bit integer bijection with low bias, from Chris
 Wellons' hash-prospector), h = mix(mix(seed ^ q) + k); the pair is kept when the top 24 bits

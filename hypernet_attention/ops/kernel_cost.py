@@ -8,8 +8,7 @@ T=1024, B=4 the dS kernel's 64 CTAs leave half the GPU idle; C4's B=64, T=512 ha
 
 Calibration (`CALIBRATION`): one H200, 2026-11-28, B=4, T=4096, H=8, D=V=64, bf16, causal
 (experiments/results/gpu_windows/2026-11-28_h200, gpu_window.jsonl: the paired 64x8x8 row's
-kernels_ms, blockwise 256 x 256's fwd_bwd_ms). tests/ops/test_kernel_cost.py holds it to the rows
-it was not fitted on: T=1024 and 16384 (B=4), kernels 2.64 and 299 ms, blockwise 2.73 and 573.
+kernels_ms, blockwise 256 x 256's fwd_bwd_ms); tests/ops/test_kernel_cost.py checks other rows.
 Extrapolated, untimed: per-CTA fixed costs as key loops shorten (no row below T=1024: `MIN_KEYS`);
 blockwise below B=4 (`BLOCKWISE_FLOOR_MS`); H, D, V other than 8, 64, 64 (per-pair costs scaled by
 each kernel's multiply-adds per pair)."""

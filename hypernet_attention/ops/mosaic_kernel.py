@@ -60,8 +60,7 @@ class Blocks:
   """The kernels' tiles and schedule flags (the tiles are the forward's; `ds_two_warpgroups` is
   the backward's dS kernel's): bq queries (wgmma M: a multiple of 64), bk keys (wgmma N: a
   multiple of 8), bv value columns (a loop); and its schedule. The default, paired 64x8x8, was
-  the fastest on an H200 (2026-11-28, fwd+bwd at T=4096, B=4: 22.5 ms against 25.0 for plain
-  64x8x4); registers, spills and timings of the others: experiments/results/kernels.md.
+  the fastest on an H200 (experiments/results/gpu_windows/2026-11-28_h200; kernels.md).
 
   paired: each (bq, 8) accumulator of y holds two value columns j, j+1 (in its even and its odd
   columns) instead of one, each summed over the thread's two keys in-thread, so y takes half the

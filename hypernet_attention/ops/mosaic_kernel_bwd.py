@@ -62,8 +62,7 @@ DV_BLOCK_Q, DV_BLOCK_V = 8, 4  # queries per dV step, value columns per dV progr
 # Keys per dS program at most: a query tile's keys split over several programs (dS of a pair needs
 # no other key, so nothing is reduced), so that no program runs a whole causal row alone while the
 # GPU idles: at T=1024, B=4 the 64 query tiles filled 64 of 132 multiprocessors; at T=4096 the
-# last tiles' 4096-key loops set the kernel's time (kernel_cost.py's model, the query tiles in
-# reversed order either way: dS 1.62 -> 0.81 ms at T=1024, B=4; 9.6 -> 6.8 at T=4096).
+# last tiles' 4096-key loops set the kernel's time (modeled: kernels.md).
 DS_SPLIT_KEYS = 512
 
 

@@ -24,9 +24,8 @@ HOPPER_SMEM_BYTES = 232_448
 
 
 # A TMA copy's SMEM address must be 128-byte aligned (PTX `cp.async.bulk.tensor`): each slot
-# of a ring written by TMA spans a multiple of 128 bytes, though only its first bk are used.
-# The first version's 64-byte slots put slot 1 off by 64: CUDA_ERROR_MISALIGNED_ADDRESS on
-# every size of the H100 window of 2026-11-27 (measure/hopper_rules.py checks this on a CPU).
+# of a ring written by TMA spans a multiple of 128 bytes, though only its first bk are used
+# (measure/hopper_rules.py checks this on a CPU).
 TMA_SMEM_ALIGNMENT = 128
 
 
@@ -118,7 +117,7 @@ def query_program(*, block_q: int, block_k: int, num_q_tiles: int, num_k_tiles: 
   steps): example, first query, mask row, and the key tiles it reads (all, or to the causal
   diagonal). Causal, the query tiles run last first: the GPU starts the CTAs in grid order, and
   the longest (the last queries, which read every key) would otherwise start last and run alone
-  (kernel_cost.py's model: the dS kernel 10.5 -> 9.6 ms at T=4096, B=4)."""
+  (modeled: kernels.md)."""
   import jax.experimental.pallas as pl  # pylint: disable=g-import-not-at-top
   b = jax.lax.axis_index("batch")
   q_tile = jax.lax.axis_index("q_tile")

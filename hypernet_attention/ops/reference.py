@@ -79,12 +79,16 @@ def _add_batch_shared_bias_bwd(bias_1HQK, grad_BHQK):
   batch = grad_BHQK.shape[0]
   grad_bias = jnp.dot(jnp.ones((batch,), grad_BHQK.dtype), grad_BHQK.reshape(batch, -1),
                       precision=jax.lax.Precision.HIGHEST).reshape((1,) + grad_BHQK.shape[1:])
-  # Any other axis the bias broadcasts along (e.g. a bias shared by the heads).
-  axes = tuple(i for i, n in enumerate(bias_1HQK.shape) if n == 1 and grad_bias.shape[i] > 1)
-  return grad_BHQK, jnp.sum(grad_bias, axis=axes, keepdims=True) if axes else grad_bias
+  return grad_BHQK, sum_to_shape(grad_bias, bias_1HQK.shape)  # e.g. a bias shared by heads
 
 
 _add_batch_shared_bias.defvjp(_add_batch_shared_bias_fwd, _add_batch_shared_bias_bwd)
+
+
+def sum_to_shape(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """A cotangent summed over the axes that `shape` (of the same rank) broadcasts (size 1)."""
+  axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+  return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
 def _softmax(scores_BHQK, mask, eps):

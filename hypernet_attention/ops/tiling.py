@@ -36,21 +36,13 @@ class TileConfig:
   block_q: int
   block_k: int
   # Accumulation dtype: float32, or float64 for float64 inputs (x64 tests).
-  compute_dtype_name: str = "float32"
+  compute_dtype: jnp.dtype = jnp.dtype("float32")
   # The per-pair tensors' dtype (blockwise's code operands and hidden u, z, dz, du): the
   # inputs' dtype when narrower than float32 (bf16 in, bf16 per-pair tensors, float32
   # accumulation), else `compute_dtype`.
-  pair_dtype_name: str = "float32"
+  pair_dtype: jnp.dtype = jnp.dtype("float32")
   # Dropout on the latent code (`dropout.py`); the seed travels as an array argument.
   dropout_rate: float = 0.0
-
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.compute_dtype_name)
-
-  @property
-  def pair_dtype(self):
-    return jnp.dtype(self.pair_dtype_name)
 
   @property
   def num_q_blocks(self) -> int:
@@ -96,8 +88,7 @@ def make_config(
       eps=float(eps), is_causal=bool(is_causal), scale=1.0 / math.sqrt(depth),
       q_len=q_len, k_len=k_len,
       block_q=balanced_block(q_len, block_q), block_k=balanced_block(k_len, block_k),
-      compute_dtype_name=compute_dtype.name,
-      pair_dtype_name=jnp.dtype(dtype).name if narrow else compute_dtype.name,
+      compute_dtype=compute_dtype, pair_dtype=jnp.dtype(dtype) if narrow else compute_dtype,
       dropout_rate=float(dropout_rate))
 
 
@@ -147,12 +138,14 @@ def tile_schedule(cfg: TileConfig, key_major: bool = False
   every iteration. Two arrays of one entry per major tile are kept, not the pairs (at
   T=10^6 those would be ~10^8); `schedule_tile` finds a pair's tiles on device.
   """
-  if key_major:
-    firsts = np.array([causal_first_q_block(j, cfg) for j in range(cfg.num_k_blocks)], np.int64)
+  if key_major:  # Causal: key tile j's first query tile is the one holding its first key.
+    firsts = np.arange(cfg.num_k_blocks, dtype=np.int64) * cfg.block_k // cfg.block_q
+    firsts = firsts if cfg.is_causal else np.zeros_like(firsts)
     counts = cfg.num_q_blocks - firsts
   else:
     firsts = np.zeros(cfg.num_q_blocks, np.int64)
-    counts = np.array([causal_k_blocks(i, cfg) for i in range(cfg.num_q_blocks)], np.int64)
+    counts = np.array([visible_k_blocks(i, cfg.block_q, cfg.block_k, cfg.num_k_blocks,
+                                        cfg.is_causal) for i in range(cfg.num_q_blocks)], np.int64)
   ends = np.cumsum(counts)
   return int(ends[-1]), ends, firsts - (ends - counts)  # minor = first + (p - start)
 
@@ -166,21 +159,9 @@ def schedule_tile(p: jax.Array, ends: np.ndarray, offsets: np.ndarray
   return major, p + jnp.asarray(offsets)[major]
 
 
-def causal_k_blocks(q_block: int, cfg: TileConfig) -> int:
-  """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
-  return visible_k_blocks(q_block, cfg.block_q, cfg.block_k, cfg.num_k_blocks, cfg.is_causal)
-
-
 def visible_k_blocks(q_block: int, block_q: int, block_k: int, num_k_blocks: int,
                      is_causal: bool) -> int:
-  """`causal_k_blocks` from the tiles alone (`ops/kernel_cost.py` counts blockwise's pairs)."""
+  """Number of key tiles that query tile `q_block` can see (all of them when not causal)."""
   if not is_causal:
     return num_k_blocks
   return min(((q_block + 1) * block_q - 1) // block_k + 1, num_k_blocks)
-
-
-def causal_first_q_block(k_block: int, cfg: TileConfig) -> int:
-  """First query tile that can see key tile `k_block` (0 when not causal)."""
-  if not cfg.is_causal:
-    return 0
-  return (k_block * cfg.block_k) // cfg.block_q

@@ -224,16 +224,13 @@ def decode_multilabel(fit: Side, score: Side, num_permutations: int, seed: int =
     probe, cs[t] = fit_probe(dataclasses.replace(fit, y=fit.y[:, t]), "f1", seed, balanced=True)
     f1[t] = _f1(score.y[:, t], probe.predict(score.x_NC))
   macro = float(np.mean([f1[t] for t in terms]))
-  chance = {}
-  for name, strategy, kw in (("most_frequent", "most_frequent", {}),
-                             ("always_positive", "constant", {"constant": 1})):
-    chance[name] = float(np.mean([_f1(score.y[:, t], dummy.DummyClassifier(
-        strategy=strategy, **kw).fit(fit.x_NC, fit.y[:, t]).predict(score.x_NC))
-                                  for t in terms]))
-  chance["stratified"] = float(np.mean([
-      _f1(score.y[:, t], dummy.DummyClassifier(strategy="stratified", random_state=seed + i)
-          .fit(fit.x_NC, fit.y[:, t]).predict(score.x_NC))
-      for t in terms for i in range(STRATIFIED_DRAWS)]))
+  dummies = {"most_frequent": [dict(strategy="most_frequent")],
+             "always_positive": [dict(strategy="constant", constant=1)],
+             "stratified": [dict(strategy="stratified", random_state=seed + i)
+                            for i in range(STRATIFIED_DRAWS)]}
+  chance = {name: float(np.mean([_f1(score.y[:, t], dummy.DummyClassifier(**kw).fit(
+      fit.x_NC, fit.y[:, t]).predict(score.x_NC)) for t in terms for kw in kws]))
+            for name, kws in dummies.items()}
   rng = np.random.default_rng(seed)
   null = []
   for _ in range(num_permutations):

@@ -183,7 +183,8 @@ class FuzzyLogicSetting:
     np.put_along_axis(self.task_meaning, combos, 1, axis=1)
     self._task_id = {tuple(c): i for i, c in enumerate(combos)}
     self._bit_weights = 2 ** np.arange(task.num_variables - 1, -1, -1)
-    self.class_names = np.array([self._term_name(t) for t in range(self.num_known)])
+    self.class_names = np.array(["&".join(f"x{l}" if b else f"~x{l}" for l, b in enumerate(bits))
+                                 for bits in task.terms_table[:self.num_known]])
     self.code_axes = "head (query token attending to itself)"
 
   def batch(self, key: jax.Array, size: int, split: str) -> dict[str, jax.Array]:
@@ -194,10 +195,6 @@ class FuzzyLogicSetting:
       return batch
     x_BNL = batch["x"].at[:, -1].set(fixed_query_point(self.task.num_variables))
     return dict(batch, x=x_BNL, y=self.task.evaluate(batch["terms"], x_BNL))
-
-  def _term_name(self, term: int) -> str:
-    bits = self.task.terms_table[term]
-    return "&".join(f"x{l}" if b else f"~x{l}" for l, b in enumerate(bits))
 
   def samples(self, batch, codes_BLHP) -> dict[str, np.ndarray]:
     B = codes_BLHP.shape[0]

@@ -72,17 +72,12 @@ def _layers(codes) -> list[str]:
   return [f"layer {l}" for l in range(codes.codes_NLC.shape[1])]
 
 
-def _colour_labels(codes) -> tuple[np.ndarray, np.ndarray]:
-  """One colour class per sample: the rule, or for multi-label codes the first term."""
-  if codes.multilabel:
-    return codes.labels.argmax(1), codes.class_names
-  return codes.labels, codes.class_names
-
-
 def embeddings(codes, path: str, max_points: int = 600, seed: int = 0) -> None:
   rng = np.random.default_rng(seed)
   keep = rng.permutation(len(codes.task_N))[:max_points]
-  colour, names = _colour_labels(codes)
+  # One colour class per sample: the rule, or for multi-label codes the first term.
+  colour = codes.labels.argmax(1) if codes.multilabel else codes.labels
+  names = codes.class_names
   layers = _layers(codes)
   fig, axes = plt.subplots(2, len(layers), figsize=(3.6 * len(layers), 6.4), squeeze=False)
   cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")

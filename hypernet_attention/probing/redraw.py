@@ -34,7 +34,6 @@ import numpy as np
 import threadpoolctl
 
 from hypernet_attention import errors
-from hypernet_attention.probing import decode
 from hypernet_attention.probing import extract
 from hypernet_attention.probing import report
 
@@ -96,15 +95,9 @@ def metric_draws(run, options: RedrawOptions, metric: str) -> list[float]:
 def probe_scores(codes: extract.Codes, seed: int) -> dict[str, float]:
   """Held-out decoding score per feature set (macro-F1, or accuracy over rules), as the
   probe cells score it, without the permutation null (its p is the cell's own)."""
-  out = {}
-  for name, x_NC in report.feature_sets(codes).items():
-    fit, score = report.side(codes, x_NC, 0), report.side(codes, x_NC, 1)
-    if codes.multilabel:
-      out[name] = decode.decode_multilabel(fit, score, 0, seed).macro_f1
-    else:
-      out[name] = decode.decode_multiclass(fit, score, len(codes.class_names), 0,
-                                           seed).scores["accuracy"]
-  return out
+  metric = report.headline(codes)[0]
+  return {name: report.score_of(report.decode_codes(codes, x_NC, 0, seed)[1], metric)
+          for name, x_NC in report.feature_sets(codes).items()}
 
 
 def probe_draws(run, options: RedrawOptions) -> dict[str, list[float]]:

@@ -68,6 +68,14 @@ def side(codes: extract.Codes, x_NC: np.ndarray, split: int) -> decode.Side:
                      codes.stratum_N[keep])
 
 
+def decode_codes(codes: extract.Codes, x_NC: np.ndarray, permutations: int, seed: int):
+  """(fitting side, decoder result): fit on split 0, scored on the held-out tasks of split 1."""
+  fit, score = side(codes, x_NC, 0), side(codes, x_NC, 1)
+  if codes.multilabel:
+    return fit, decode.decode_multilabel(fit, score, permutations, seed)
+  return fit, decode.decode_multiclass(fit, score, len(codes.class_names), permutations, seed)
+
+
 def _topographic(codes, x_NC, keep, options) -> stats.Topographic:
   tasks, means = stats.task_means(x_NC[keep], codes.task_N[keep], codes.stratum_N[keep])
   return stats.topographic_similarity(means, codes.task_meaning[tasks],
@@ -80,14 +88,11 @@ def analyse(codes: extract.Codes, options: ProbeOptions, permutations: Optional[
   permutations = options.permutations if permutations is None else permutations
   out = {}
   for name, x_NC in feature_sets(codes).items():
-    fit, score = side(codes, x_NC, 0), side(codes, x_NC, 1)
+    fit, result = decode_codes(codes, x_NC, permutations, options.seed)
     if codes.multilabel:
-      result = decode.decode_multilabel(fit, score, permutations, options.seed)
       control = decode.selectivity_multilabel(fit, result.c, options.seed)
       extra = {"ridge_r2_authors_metric": decode.ridge_r2(fit.x_NC, fit.y)}
     else:
-      result = decode.decode_multiclass(fit, score, len(codes.class_names), permutations,
-                                        options.seed)
       control, extra = decode.selectivity(fit, result.c, options.seed), {}
     topo = {"held-out tasks": _topographic(codes, x_NC, codes.split_N == 1, options),
             "all tasks": _topographic(codes, x_NC, np.ones(len(x_NC), bool), options)}
@@ -107,6 +112,10 @@ def chance_of(result, metric: str) -> dict[str, float]:
   if metric == "macro_f1":
     return dict(result.chance)
   return {k: v[metric] for k, v in result.chance.items()}
+
+
+def p_value_of(result, metric: str) -> float:
+  return result.p_value if metric == "macro_f1" else result.p_value[metric]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +188,7 @@ def probe_run(run, run0, name: str, options: ProbeOptions, out_dir: str) -> RunP
     figures.generated_cosines(gen, codes.class_names, _join(out_dir, "generated_weights.png"))
   probe = dataclasses.replace(probe, seconds=time.time() - start)
   _write_json(_join(out_dir, "metrics.json"), probe.metrics(options))
-  _write_text(_join(out_dir, "report.md"), run_report(probe, options))
+  run_files.write_bytes(_join(out_dir, "report.md"), run_report(probe, options).encode())
   return probe
 
 
@@ -200,18 +209,15 @@ def _write_json(path: str, data) -> None:
   run_files.write_bytes(path, json.dumps(_finite(data), indent=1).encode())
 
 
-def _write_text(path: str, text: str) -> None:
-  run_files.write_bytes(path, text.encode())
-
-
 def _fmt(x: Optional[float], digits: int = 3) -> str:
   return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.{digits}f}"
 
 
 def table(probes: Sequence[RunProbe]) -> str:
   """One markdown row per (run, feature set): held-out score vs chance, step 0, controls."""
-  multilabel = probes[0].codes.multilabel
-  metric = "macro-F1" if multilabel else "accuracy / balanced acc."
+  metrics = headline(probes[0].codes)
+  metric = "macro-F1" if probes[0].codes.multilabel else "accuracy / balanced acc."
+  joined = lambda of, result: " / ".join(_fmt(of(result, m)) for m in metrics)
   first = next(iter(probes[0].analysis.values()))["decode"]
   head = (f"| run | code | {metric} | step 0 | chance ({' / '.join(first.chance)}) | perm. p | "
           "selectivity (real - control) | topographic rho (p; ceiling), held-out tasks |")
@@ -219,15 +225,8 @@ def table(probes: Sequence[RunProbe]) -> str:
   for p in probes:
     for name, a in p.analysis.items():
       d, d0 = a["decode"], p.analysis0[name]["decode"]
-      if multilabel:
-        score, step0 = _fmt(d.macro_f1), _fmt(d0.macro_f1)
-        chance = " / ".join(_fmt(v) for v in d.chance.values())
-        pval = _fmt(d.p_value)
-      else:
-        score = f"{_fmt(d.scores['accuracy'])} / {_fmt(d.scores['balanced_accuracy'])}"
-        step0 = f"{_fmt(d0.scores['accuracy'])} / {_fmt(d0.scores['balanced_accuracy'])}"
-        chance = " / ".join(_fmt(d.chance[k]["accuracy"]) for k in d.chance)
-        pval = f"{_fmt(d.p_value['accuracy'])} / {_fmt(d.p_value['balanced_accuracy'])}"
+      score, step0, pval = joined(score_of, d), joined(score_of, d0), joined(p_value_of, d)
+      chance = " / ".join(_fmt(v) for v in chance_of(d, metrics[0]).values())
       s, t = a["selectivity"], a["topographic"]["held-out tasks"]
       rows.append(f"| {p.name} | {name} | {score} | {step0} | {chance} | {pval} | "
                   f"{_fmt(s['selectivity'])} ({_fmt(s['real'])} - {_fmt(s['control'])}) | "
@@ -270,9 +269,9 @@ def comparison_report(probes: Sequence[RunProbe], options: ProbeOptions, out_dir
                    f"[{p.name}/report.md]({p.name}/report.md), {p.seconds:.0f} s" for p in probes)
   tables = "\n\n".join(table([p for p in probes if p.codes.experiment == kind])
                         for kind in dict.fromkeys(p.codes.experiment for p in probes))
-  _write_text(_join(out_dir, "report.md"),
-              f"# Latent-code probes side by side\n\n{runs}\n\n{tables}\n\n"
-              "![decoder_vs_layer](decoder_vs_layer.png)\n")
+  run_files.write_bytes(_join(out_dir, "report.md"), (
+      f"# Latent-code probes side by side\n\n{runs}\n\n{tables}\n\n"
+      "![decoder_vs_layer](decoder_vs_layer.png)\n").encode())
 
 
 def _join(directory: str, name: str) -> str:

@@ -104,9 +104,8 @@ class Topographic:
   meaning_distance: np.ndarray  # condensed Hamming distances (counts)
 
   def summary(self) -> dict:
-    return dict(rho=self.rho, p_value=self.p_value, rho_ceiling=self.rho_ceiling,
-                num_tasks=self.num_tasks,
-                num_permutations=self.num_permutations)
+    """The numbers, without the distances."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if not isinstance(v, np.ndarray)}
 
 
 def topographic_similarity(means_TC: np.ndarray, meaning_TM: np.ndarray,
