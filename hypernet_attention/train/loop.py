@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from absl import logging
 from clu import parameter_overview  # No TensorFlow (unlike clu.metric_writers).
@@ -84,17 +84,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
     target, members = s.restore_target(), 1
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 
-  def fits() -> tuple[int, float]:
+  def fits() -> FirstChunk:
     """The first chunk compiled ahead of time (a fresh run's; a resume whose first chunk is
-    shorter compiles that one too), refused with one line when it cannot fit in memory; its
-    (length, seconds)."""
+    shorter compiles that one too), refused with one line when it cannot fit in memory."""
     length = _next_boundary(0, config, _chunk_bound(config).length)
     compile_start = time.time()
     compiled = trainer.compile_chunk(target, length)
     fit = memory.check_fits(compiled, list(trainer.mesh.devices.flat), config.batch_size, members)
     seconds = time.time() - compile_start
     logging.info("First chunk (%d steps) compiled in %.1fs; %s", length, seconds, fit.describe())
-    return length, seconds
+    return FirstChunk(length, seconds)
 
   runs = tuple(zip(checked.member_names, checked.members))  # A population's member runs.
   check = lambda workdir, record: run_files.check_run_dirs(workdir, config, runs, record)
@@ -106,6 +105,12 @@ def _chunk_bound(config: ml_collections.ConfigDict) -> preemption.ChunkBound:
   return preemption.ChunkBound(config.steps_per_loop, config.get("preemption_grace_s"))
 
 
+class FirstChunk(NamedTuple):
+  """The chunk compiled before the session (`memory.py`), and how long that took."""
+  length: int
+  compile_s: float
+
+
 @dataclasses.dataclass(frozen=True)
 class Session:
   """What one invocation of a training loop holds while it runs."""
@@ -113,14 +118,12 @@ class Session:
   watcher: preemption.Watcher
   ckpt: checkpointing.Checkpointer
   release: Callable[[], None]  # Frees the workdir's lock (for an exit without unwinding).
-  # (length, seconds) of the chunk compiled before the session (`memory.py`): its time counts
-  # for ChunkBound.
-  first_chunk: tuple[int, float]
+  first_chunk: FirstChunk  # Compiled before the session; its time counts for ChunkBound.
 
 
 @contextlib.contextmanager
 def session(config: ml_collections.ConfigDict, workdir: str,
-            check: Callable[[str, bool], None], fits: Callable[[], tuple[int, float]]):
+            check: Callable[[str, bool], None], fits: Callable[[], FirstChunk]):
   """The signal handlers; the workdir guard (`check(workdir, record)`, whose ValueError becomes
   BadInput), dry; the one-writer lock (`lock.py`), so that a second trainer is refused in one line
   before any compilation; `fits` (the memory check: a notice during its compilation exits at once);
@@ -201,7 +204,7 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
   start_step = step
   progress = console.Progress(step, config.num_train_steps)
   chunks = _chunk_bound(config)
-  chunks.compiled(*sess.first_chunk)
+  chunks.compiled(sess.first_chunk.length, sess.first_chunk.compile_s)
   pending, last_saved = [], start_step  # `last_saved`: the newest step saved (or restored).
 
   def idle(step: int):
@@ -281,8 +284,10 @@ class SingleRun:
     self.config, self.workdir, self.setup, self.start_time = config, workdir, s, start_time
     self.trainer, self.data_iterator = trainer, trainer.data_iterator
     self.main_metric = s.objective.main_metric
-    self.writer, self.evaluated, self.num_params = None, False, 0
+    self.writer = None
     self.ceilings, self.last_train, self.eval_metrics = {}, {}, {}
+    self.evaluated = False
+    self.num_params = 0
 
   def restore_or_init(self, ckpt):
     state = ckpt.restore_latest(self.setup.restore_target(), data_iterator=self.data_iterator)
