@@ -46,7 +46,7 @@ def _once_per_bucket(record: logging.LogRecord) -> bool:
   """gcsfs warns that it cannot tell a bucket's type (no storage-layout permission, an
   emulator) once per file it opens: hundreds of identical lines a run. One per bucket
   and kind of warning says the same."""
-  match = re.search(r"[Bb]ucket (?:name )?([^\s:]+)", record.getMessage())
+  match = re.search(r"(?:Bucket|bucket name) ([^\s:]+)", record.getMessage())
   if record.levelno < logging.WARNING or "bucket type" not in record.getMessage() or not match:
     return True
   key = (record.lineno, match.group(1))

@@ -587,18 +587,23 @@ def test_bucket_path_without_gcsfs_names_the_extra(monkeypatch):
 
 
 def test_gcsfs_bucket_type_warning_shown_once_per_bucket(caplog):
+  """gcsfs's two warnings (extended_gcsfs: bucket not found, bucket type unknown), each logged
+  from one line for every bucket: keyed by the bucket's name, not by the line alone."""
   gcsfs_logger = logging.getLogger("gcsfs")
   with caplog.at_level(logging.WARNING, logger="gcsfs"):
     for i in range(50):
-      gcsfs_logger.warning("Could not determine bucket type for bucket name bkt1: "
-                           f"error {i}, falling back to GCSFileSystem")
-      gcsfs_logger.warning("Could not determine bucket type for bucket name bkt2: "
-                           f"error {i}, falling back to GCSFileSystem")
+      for bucket in ("bkt1", "bkt2"):
+        gcsfs_logger.warning(f"Could not determine bucket type for bucket name {bucket}: "
+                             f"error {i}, falling back to GCSFileSystem")
+        gcsfs_logger.warning(f"Error: Bucket {bucket} not found or you lack permissions for "
+                             "storage layout api used to detect bucket type.")
     gcsfs_logger.warning("something else")
     gcsfs_logger.warning("something else")
   assert [r.getMessage()[:55] for r in caplog.records] == [
       "Could not determine bucket type for bucket name bkt1: e",
+      "Error: Bucket bkt1 not found or you lack permissions fo",
       "Could not determine bucket type for bucket name bkt2: e",
+      "Error: Bucket bkt2 not found or you lack permissions fo",
       "something else", "something else"]
 
 
