@@ -55,7 +55,8 @@ def parse_config(entry: str) -> dict:
   if parts[0] == "mosaic" and len(parts) >= 3 and parts[2] not in mosaic_kernel_bwd.DQ_PATHS:
     raise ValueError(f"--configs entry {entry!r}: DQ {parts[2]!r}; allowed: "
                      f"{', '.join(mosaic_kernel_bwd.DQ_PATHS)}")
-  tiles = [int(x) if x.isdigit() else 0 for x in (parts + [""])[1].split("x")]  # 0: malformed
+  # 0: malformed. isdecimal, not isdigit: int() refuses digits such as '²' that isdigit passes.
+  tiles = [int(x) if x.isdecimal() else 0 for x in (parts[1] if len(parts) > 1 else "").split("x")]
   flags = parts[3:]
   if (min(tiles) > 0 and parts[0] == "mosaic" and len(parts) >= 3 and len(tiles) == 3
       and set(flags) <= set(SCHEDULES) and len(set(flags)) == len(flags)):

@@ -276,6 +276,9 @@ CLI_CASES = {
     "tune_kernels_zero_tile": (  # refused before softmax is timed
         [os.path.join("experiments", "tune_kernels.py"), "--configs=mosaic:0x16x16:kernel"],
         "--configs entry 'mosaic:0x16x16:kernel'; allowed:", 2),
+    "tune_kernels_superscript_tile": (  # '²'.isdigit() holds, int('²') raises: still refused
+        [os.path.join("experiments", "tune_kernels.py"), "--configs=blockwise:\u00b2x8"],
+        "--configs entry 'blockwise:\u00b2x8'; allowed:", 2),
     "tune_kernels_off_a_gpu": (
         [os.path.join("experiments", "tune_kernels.py")],
         "the kernels need a GPU; allowed off a GPU: --interpret", 2),
