@@ -185,9 +185,10 @@ def run_point(point: Mapping[str, Any], experiment: str, root: str,
 
 def run_sweep(points: Sequence[Mapping[str, Any]], experiment: str, root: str,
               num_jobs: int = 1, log=print) -> list[Outcome]:
-  """Runs every point (`num_jobs` at a time), printing one line per point as it ends."""
+  """Runs every point (`num_jobs` at a time), printing one line per point as it ends; `BadInput`
+  for fewer than 1, before anything is read or started (the one check of `--jobs`)."""
   if num_jobs < 1:
-    raise ValueError(f"--jobs={num_jobs}; allowed: an integer >= 1")
+    raise errors.BadInput(f"--jobs={num_jobs}; allowed: an integer >= 1")
   finished = finished_points(root)
   done = sum(is_done(p, root, finished, log) for p in points)
   log(f"{len(points)} points in {root}: {done} already finished, running the other "
@@ -290,8 +291,6 @@ def main(argv: list[str]) -> Optional[int]:
   f = flags.FLAGS
   if f.sweep is None:
     raise errors.BadInput(f"--sweep is required; allowed: {', '.join(sweeps.SWEEPS)}")
-  if f.jobs < 1:
-    raise errors.BadInput(f"--jobs={f.jobs}; allowed: an integer >= 1")
   if f.max_jobs is not None and f.max_jobs < 1:
     raise errors.BadInput(f"--max_jobs={f.max_jobs}; allowed: an integer >= 1")
   if f.root is not None and not f.root.strip():

@@ -9,6 +9,9 @@ import sys
 import threading
 import time
 
+import pytest
+
+from hypernet_attention import errors
 from launch import collect
 from launch import jobs
 from launch import run_local
@@ -148,6 +151,16 @@ def test_points_finished_either_way_are_skipped(tmp_path):
   job = {**points[0], "population.members": ({"seed": 0}, {"seed": 1}),
          "population.member_names": tuple(names)}
   assert run_local.is_done(job, single_root, run_local.finished_points(single_root))
+
+
+def test_zero_jobs_is_refused_before_anything_is_read_or_started(tmp_path):
+  """`--jobs` is checked once, where every caller passes (`run_sweep`): one BadInput line
+  (what the CLI prints, exit 2), no log line, no workdir."""
+  lines = []
+  with pytest.raises(errors.BadInput, match=r"^--jobs=0; allowed: an integer >= 1$"):
+    run_local.run_sweep(sweeps.load("smoke_fuzzy").get_sweep(), "fuzzy_logic",
+                        str(tmp_path / "root"), num_jobs=0, log=lines.append)
+  assert lines == [] and not os.path.exists(tmp_path / "root")
 
 
 def test_truncated_population_summary_is_named_and_rerun(tmp_path):

@@ -298,6 +298,8 @@ CLI_CASES = {
         "members[1]: config.optimizer.learning_rate=nan; allowed: a finite number > 0", 2),
     "workdir_malformed_bucket": (SRAVEN + ["--workdir=gs:/b/run"],
                                  "--workdir='gs:/b/run' is not a valid bucket path", 2),
+    "run_local_zero_jobs": (["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--jobs=0",
+                             "--root={tmp}/runs"], "--jobs=0; allowed: an integer >= 1", 2),
     "run_local_zero_members_per_job": (
         ["-m", "launch.run_local", "--sweep=smoke_fuzzy", "--members_per_job=0", "--dry_run"],
         "--members_per_job=0; allowed: an integer >= 1", 2),
