@@ -48,12 +48,11 @@ def main(argv: Sequence[str]) -> int:
           "WORKDIR [--config.key=value ...]", file=sys.stderr)
     return 2
   try:
-    experiment = check(argv[0], argv[1], argv[2], argv[3:])
+    check(argv[0], argv[1], argv[2], argv[3:])
   except (errors.BadInput, ValueError) as e:
     print(f"preflight: error: {e}", file=sys.stderr)
     return 2
-  print(experiment.script, experiment.config_file)
-  return 0
+  return registry.main(argv[:1])  # Its printout, which the launch scripts read.
 
 
 if __name__ == "__main__":
