@@ -631,11 +631,11 @@ def write(records: dict[str, dict[str, Any]], path: str = DEFAULT_PATH,
       rel = os.path.relpath(figure, out_dir)
       parts.append(f"![learning curves, {experiment}]({rel})\n")
   parts += ["## Fuzzy logic on the authors' own held-out splits (stage h)\n",
-            "Our default split (`task.split_draw=covering`) is re-drawn until every known "
-            "term is in some training task. The authors' code draws once "
-            "(`task.split_draw=authors` reproduces its draw exactly), and at 70% held out "
-            "its seed-2 split trains neither term 5 nor 6: 21 of its 46 held-out tasks then "
-            "contain a term the model never saw. Same default setting as stage a.\n",
+            "Our default split (`task.split_draw=covering`) is re-drawn until every known term "
+            "is in some training task. The authors' code draws once (`task.split_draw=authors` "
+            "reproduces its draw exactly), so held-out tasks may hold a term no training task has "
+            "(the terms per seed below the table; how many tasks for seed 2: "
+            "`experiments/configs/fuzzy_logic.py`). Same default setting as stage a.\n",
             authors_split_text(records)]
   parts += ["## Decoding the operation from the latent code, by layer (Fig. 2, Fig. 5F)\n",
             decoding_text(records, figures, out_dir),
