@@ -78,13 +78,14 @@ def run_rung(rung: str, batch: int, seq_len: int, heads: int, head_dim: int,
   from hypernet_attention.ops import mosaic_kernel  # pylint: disable=g-import-not-at-top
   row = dict(rung=rung, schedule=schedule, batch=batch, seq_len=seq_len, heads=heads,
              head_dim=head_dim, dtype="bfloat16", causal=True, device=jax.devices()[0].device_kind)
-  # Off a GPU: Mosaic's interpret mode; on one: compiled, where dispatch's own check passes.
-  interpret, why_not = interpret_params() if jax.default_backend() != "gpu" else (None, None)
-  try:
-    if not why_not and interpret is None:
-      mosaic_kernel.check_device(jnp.bfloat16)  # a Hopper GPU
-  except errors.BadInput as e:
-    why_not = str(e)
+  if jax.default_backend() != "gpu":  # Mosaic's interpret mode, where this jax has one.
+    interpret, why_not = interpret_params()
+  else:  # Compiled, where dispatch's own check passes: a Hopper GPU.
+    interpret, why_not = None, None
+    try:
+      mosaic_kernel.check_device(jnp.bfloat16)
+    except errors.BadInput as e:
+      why_not = str(e)
   if why_not:
     return {**row, "status": "unsupported", "message": why_not}
   row["mode"] = "compiled" if interpret is None else "interpret"

@@ -94,8 +94,9 @@ class Cell:
   @property
   def member_names(self) -> tuple[str, ...]:
     """`lr0.003,wd0.03,seed1` (just `seed1` at the default setting): readable, unique."""
-    return tuple(",".join(common.SHORT.get(k, k) + (f"{v:g}" if isinstance(v, float) else str(v))
-                          for k, v in m.items()) for m in self.members)
+    def part(key, value):  # `lr0.003`, `seed1`
+      return common.SHORT.get(key, key) + (f"{value:g}" if isinstance(value, float) else str(value))
+    return tuple(",".join(part(k, v) for k, v in m.items()) for m in self.members)
 
   def point(self) -> dict[str, Any]:
     """The population job as a sweep point (`launch.jobs` turns it into flags)."""

@@ -181,8 +181,8 @@ def _find_source(cell: cells_lib.Cell, options: Options) -> tuple[Optional[str],
   """(`source_dir`, None), or (None, `blocker`'s reason: where the source run may be, its
   workdir here or its kept parameters, and why each place that holds a run holds another)."""
   source = cells_lib.BY_NAME[cell.source]
-  workdir, kept = (os.path.join(options.root, cell.source),
-                   records.kept_params_dir(options.results_dir, cell.source))
+  workdir = os.path.join(options.root, cell.source)
+  kept = records.kept_params_dir(options.results_dir, cell.source)
   reasons = []
   for directory in (workdir, kept):
     why = foreign(source, directory) if os.path.isdir(directory) else None

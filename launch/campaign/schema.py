@@ -140,9 +140,9 @@ NUMBER_OR_NULL = number(optional=True)
 
 def numbers(value, where):
   """A number or null, or (SRAVEN's score per metric, where fuzzy logic has one) an object."""
+  check = table(NUMBER_OR_NULL, nonempty=True) if isinstance(value, dict) else NUMBER_OR_NULL
   try:
-    (table(NUMBER_OR_NULL, nonempty=True) if isinstance(value, dict) else NUMBER_OR_NULL)(
-        value, where)
+    check(value, where)
   except _Bad:
     raise _Bad(where, value, "a number, null or a non-empty object of them") from None
 
