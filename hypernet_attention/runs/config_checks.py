@@ -5,12 +5,12 @@ the run's schedule and intervals, the attention preset, and a population's membe
 the single run it is (`check_population`), and the names the model and the task choose
 among (`presets.check_model_names`, the record's `names`). It runs once, where the config
 enters (`experiment_main` in `runtime.py`, `preflight.py` on the launching machine before
-anything is copied or submitted, `loop.train_and_evaluate` for library callers), and returns
-a `Checked`: the config with what later stages would otherwise look up again (its registry
-record, its members' configs and directory names), the only thing `build.setup` and
-`population.setup` take. What needs the training host (the task's memory, the mesh, batch
-divisibility) is checked there (`objectives.build`, `sharding.py`, `data.py`). A restore
-validates a run's recorded config as it reads it (`restore.py`).
+anything is copied or submitted, `loop.train_and_evaluate` and `lm.train_and_sample` for library
+callers), and returns a `Checked`: the config with what later stages would otherwise look up
+again (its registry record, its members' configs and directory names), the only thing
+`build.setup` and `population.setup` take. What needs the training host (the task's memory, the
+mesh, batch divisibility) is checked there (`objectives.build`, `sharding.py`, `data.py`). A
+restore validates a run's recorded config as it reads it (`restore.py`).
 
 JAX is not imported here (the attention presets are plain data in `presets.py`), so a
 launching machine without JAX can run `validate` and `check_preset`."""

@@ -138,8 +138,7 @@ def plan(config: ml_collections.ConfigDict, steps: int) -> _Plan:
     target, init = p.restore_target(), trainer.init_state
   else:
     single, members = build.setup(checked), 1
-    trainer = trainer_lib.Trainer(config, single.objective, single.model, single.tx,
-                                  single.mesh, single.shardings)
+    trainer = trainer_lib.Trainer(config, single)
     target = single.restore_target()
     init = lambda: build.init_state(config, single.init_fn, single.shardings)
   compiled = trainer.compile_chunk(target, steps)

@@ -54,20 +54,20 @@ def as_bad_input():
     raise errors.BadInput(str(e)) from e
 
 
-def setup(checked: config_checks.Checked, devices=None, members: int = 1) -> Setup:
+def setup(checked: config_checks.Checked, devices=None, members: int | None = None) -> Setup:
   """Everything that needs the devices or the task: objective, model, optimizer, mesh. No
   side effects. `checked` is `config_checks.validate(config)`, checked where it entered (a
   `config_checks.Checked`); any problem with the task or the devices is a `errors.BadInput`.
-  A population (`population.setup`) builds its member 0's run with `members` = its size: a
-  mesh with a `member` axis is allowed, and the host's memory is weighed for every member."""
+  A population (`population.setup`) builds its member 0's run with `members` = its size (None:
+  a single run), which allows a `member` mesh axis and weighs the host's memory for all."""
   if not isinstance(checked, config_checks.Checked):
     raise TypeError(f"build.setup takes config_checks.validate(config), not a "
                     f"{type(checked).__name__}")
   config, experiment = checked.config, checked.experiment
   with as_bad_input():
-    objective = objectives.build(config, experiment, members=members)
+    objective = objectives.build(config, experiment, members=members or 1)
     mesh = sharding.make_mesh(config.mesh, devices)
-    if mesh.shape["member"] > 1 and members == 1:
+    if mesh.shape["member"] > 1 and members is None:
       raise ValueError(f"config.mesh.member={config.mesh.member} spreads population members "
                        "over devices; a single run needs mesh.member=1")
     sharding.check_batch_size(config.batch_size, mesh)

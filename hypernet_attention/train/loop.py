@@ -80,7 +80,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | config_checks.Checked
     make = lambda workdir: population_loop.PopulationRun(config, workdir, p, start_time, trainer)
   else:
     s = build.setup(checked, devices)
-    trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    trainer = trainer_lib.Trainer(config, s)
     target, members = s.restore_target(), 1
     make = lambda workdir: SingleRun(config, workdir, s, start_time, trainer)
 

@@ -239,8 +239,8 @@ def build(config: ml_collections.ConfigDict, experiment: registry.Experiment | N
         f"config {sizes} with eval.ceiling_problems={config.eval.ceiling_problems}"
         + (f" for {members} members" if members > 1 else "") + f" needs ~{need / 2**30:,.1f} "
         f"GiB for the task's tables; allowed: at most {budget / 2**30:,.1f} GiB (half this "
-        "host's memory): fewer features or members, or --config.eval.ceiling_problems=0 (the "
-        "ceilings' readings grow as K!**(G-1))")
+        f"host's memory): fewer features{' or members' if members > 1 else ''}, or "
+        "--config.eval.ceiling_problems=0 (the ceilings' readings grow as K!**(G-1))")
   objective = registry.load(experiment.objective)(config, experiment)
   if objective.source.on_device != experiment.on_device:
     raise ValueError(f"experiment {experiment.name!r}: its objective's data source is "

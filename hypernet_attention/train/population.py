@@ -139,7 +139,7 @@ class PopulationTrainer:
     self.setup = p
     self.config = p.member_configs[0]
     self.mesh = s.mesh
-    self.trainer = trainer_lib.Trainer(self.config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+    self.trainer = trainer_lib.Trainer(self.config, s)
     self._member_arrays = member_arrays(p)
     self._member_sharding = stack_sharding(sharding.replicated(self.mesh))
     self.spmd_axis = MEMBER_AXIS if MEMBER_AXIS in self.mesh.axis_names else None

@@ -147,14 +147,14 @@ class PopulationRun:
     num_params = state_lib.count_params(self.p.single.abstract_state.params)
     summaries = []
     for i in range(self.p.size):
-      summaries.append({
-          "step": step, "wall_time_s": wall_time, "params": num_params,
-          "steps_per_s_overall": (step - start_step) / wall_time,
-          "num_devices": jax.device_count(), "num_processes": jax.process_count(),
-          "population": {"workdir": self.workdir, "member": i, "size": self.p.size},
-          **self.last_train[i], **self.eval_metrics[i], **self.ceilings[i]})
+      summary = {"step": step, "wall_time_s": wall_time, "params": num_params,
+                 "steps_per_s_overall": (step - start_step) / wall_time,
+                 "num_devices": jax.device_count(), "num_processes": jax.process_count(),
+                 "population": {"workdir": self.workdir, "member": i, "size": self.p.size},
+                 **self.last_train[i], **self.eval_metrics[i], **self.ceilings[i]}
       if self.frozen[i] is not None:
-        summaries[-1]["frozen_at_step"] = self.frozen[i]
+        summary["frozen_at_step"] = self.frozen[i]
+      summaries.append(summary)
     if step >= self.config.num_train_steps and jax.process_index() == 0:
       for d, summary in zip(self.dirs, summaries):
         run_files.write_summary(d, summary)

@@ -18,15 +18,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hypernet_attention.train import build
 from hypernet_attention.train import data
 from hypernet_attention.train import metrics as metrics_lib
-from hypernet_attention.train import objectives
 from hypernet_attention.train import sharding
 from hypernet_attention.train import state as state_lib
 
@@ -37,17 +36,17 @@ def _constrain_batch(tree: Any, mesh) -> Any:
 
 
 class Trainer:
-  """Jitted train chunks and evaluation for one (config, objective, mesh); for a host source,
-  this process's training iterator too (`self.data_iterator`)."""
+  """Jitted train chunks and evaluation for one config and its `build.setup` (objective, model,
+  optimizer, mesh, state shardings); for a host source, this process's training iterator too
+  (`self.data_iterator`)."""
 
-  def __init__(self, config, objective: objectives.Objective, model: nn.Module, tx, mesh,
-               state_shardings):
+  def __init__(self, config, s: build.Setup):
     self.config, self.objective, self.model, self.tx, self.mesh = (
-        config, objective, model, tx, mesh)
-    self.state_shardings = state_shardings
+        config, s.objective, s.model, s.tx, s.mesh)
+    self.state_shardings = s.shardings
     self.rng = jax.random.key(config.seed)
     self.eval_splits = tuple(config.eval.splits)
-    self.source = objective.source
+    self.source = s.objective.source
     self.data_iterator = None
     if not self.source.on_device:
       self.data_iterator = self.source.train(

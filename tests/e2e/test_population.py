@@ -35,7 +35,7 @@ MEMBERS = ({"seed": 0},
 
 def _single_run(config):
   s = build.setup(config_checks.validate(config))
-  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s)
   state, metrics = trainer.train_chunk(build.init_state(config, s.init_fn, s.shardings), STEPS)
   return (np.asarray(metrics.per_step["loss"]), tl.flat_params(state.params),
           trainer.evaluate(state.params))

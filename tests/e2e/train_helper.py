@@ -50,7 +50,7 @@ def loss_curve(config, devices):
   programs the runs below compile, so each is compiled once (the compilation cache)."""
   s = build.setup(config_checks.validate(config), devices)
   state = build.init_state(config, s.init_fn, s.shardings)
-  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s)
   losses = []
   assert NUM_STEPS % config.steps_per_loop == 0, "the curve would drop the last steps"
   for _ in range(NUM_STEPS // config.steps_per_loop):

@@ -73,7 +73,7 @@ def losses(mesh, devices, steps=2):
     config.model.implementation = "blockwise"
     config.mesh.update(mesh)
   s = build.setup(config_checks.validate(config), devices)
-  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s)
   state = build.init_state(config, s.init_fn, s.shardings)
   seen.clear()  # Only the calls traced by the training step.
   state, metrics = trainer.train_chunk(state, steps)

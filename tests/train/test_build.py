@@ -1,6 +1,9 @@
 """A run built from its config, without the loop: what `build.setup` derives, what
 `init_state` materializes, and which configs it refuses (as `errors.BadInput`, before work)."""
 
+import json
+import sys
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -75,3 +78,39 @@ def test_unusable_configs_are_bad_input_before_any_work(updates, message):
   with pytest.raises(errors.BadInput, match=message) as error:
     build.setup(config_checks.validate(tl.smoke("sraven", **updates)))
   assert "\n" not in str(error.value)
+
+
+_TWO_DEVICES = r"""
+import json, sys
+sys.path[:0] = sys.argv[1:2]  # The shared helpers.
+import train_testlib as tl
+from hypernet_attention import errors
+from hypernet_attention.runs import config_checks
+from hypernet_attention.train import build, population
+out = {}
+for members in (0, 1, 3):  # 0: a single run.
+  config = tl.smoke("sraven", **{"mesh.member": 2, "eval.ceiling_problems": 0})
+  if members:
+    config.population.members = tuple({"seed": i} for i in range(members))
+  try:
+    (population.setup if members else build.setup)(config_checks.validate(config))
+  except errors.BadInput as e:
+    out[members] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_member_mesh_axis_is_refused_for_a_run_and_sized_for_a_population():
+  """With 2 fake CPU devices (set before jax starts, so in a subprocess), `mesh.member=2`: a
+  single run is told it needs mesh.member=1; a population, even of one member, is told its
+  size does not divide the member devices (it is a population, not a single run)."""
+  env = dict(tl.subprocess_env(), JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
+  proc = tl.run([sys.executable, "-c", _TWO_DEVICES, tl.TESTS], env=env, cwd=tl.REPO,
+                capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["0"] == ("config.mesh.member=2 spreads population members over devices; a single "
+                      "run needs mesh.member=1"), out
+  for members in ("1", "3"):
+    assert out[members].startswith(f"{members} population members cannot be split over the "
+                                   "mesh's 2 member devices"), out

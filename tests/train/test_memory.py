@@ -27,7 +27,7 @@ MiB = 2**20
 
 def _footprint(config) -> memory.Footprint:
   s = build.setup(config_checks.validate(config))
-  trainer = trainer_lib.Trainer(config, s.objective, s.model, s.tx, s.mesh, s.shardings)
+  trainer = trainer_lib.Trainer(config, s)
   return memory.footprint(trainer.compile_chunk(s.restore_target(), config.steps_per_loop))
 
 
