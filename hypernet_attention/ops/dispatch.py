@@ -73,13 +73,6 @@ FACTORED_MAX_HEAD_DIM = 8
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
 
 
-def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
-  """Blockwise (block_q, block_k) for this backend and these lengths (`BLOCKS`, balanced as
-  `blockwise.attention` will); an unlisted backend takes the GPU's."""
-  block_q, block_k = BLOCKS.get(backend or jax.default_backend(), BLOCKS["gpu"])
-  return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
-
-
 def choose_implementation(
     q_len: int, k_len: int, normalization: str, value_network: str,
     backend: Optional[str] = None, dropout: bool = False, head_dim: Optional[int] = None,
@@ -181,7 +174,8 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
                                value_weight_HVV=value_weight_HVV,
                                dropout_seed=dropout_seed, **kwargs)
   if implementation == "blockwise":
-    block_q, block_k = tile_sizes(q_len, k_len)
+    # The largest tiles (an unlisted backend takes the GPU's); blockwise balances them.
+    block_q, block_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
     kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
   elif implementation == "mosaic":
     mosaic_kernel.check_device(query_BQHD.dtype)  # One line off Hopper, not a compile error.
