@@ -72,6 +72,8 @@ CASES = {
     "full_bias_pair_mask": (17, 21, False, (2, 3, 17, 21), (2, 3, 17, 21)),
     "broadcast_bias_causal": (21, 21, True, (3, 1, 21), None),
     "key_bias_head_mask": (19, 13, False, (2, 1, 19, 1), (1, 3, 19, 13)),
+    # Causal with keys past the last query: key tiles no query sees (dk, dv, dbias 0 there).
+    "causal_fewer_queries": (9, 23, True, (1, 3, 9, 23), None),
 }
 
 
