@@ -14,7 +14,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
 Each fast path declares what it computes (`reference.Computes`, collected in `FAST_PATHS`;
-`deep_mlp`, HYLA+, has no tiled kernel), and this module checks every call against it. Before
+`deep_mlp`, HYLA+, has no tiled kernel): `auto` takes one only for what it declares (the
+reference runs the rest); a fast path named explicitly refuses the rest in one line. Before
 that, every call's operands meet `reference.check_operands`, whichever path runs them, and on
 each a NaN or Inf in a masked key or value contributes nothing (`reference.isolate_nonfinite`).
 """
