@@ -130,8 +130,11 @@ class MultiHeadAttention(nnx.Module):
   def _dropout_rng(self, deterministic, rngs) -> Optional[jax.Array]:
     if self.dropout_rate <= 0.0:
       return None
-    if nnx.module.first_from(deterministic, self.deterministic, error_msg=(
-        "No `deterministic` given, in the call or the constructor; allowed: True/False.")):
+    deterministic = self.deterministic if deterministic is None else deterministic
+    if deterministic is None:
+      raise ValueError("No `deterministic` given, in the call or the constructor; allowed: "
+                       "True/False.")
+    if deterministic:
       return None
     rngs = self.rngs if rngs is None else rngs
     if rngs is None:

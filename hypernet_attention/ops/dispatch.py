@@ -14,7 +14,8 @@ Implementations (all with `reference.attention`'s contract, plus `is_causal`):
              `jax.nn.dot_product_attention` (cuDNN flash on GPU where cuDNN supports the
              call); otherwise `choose_implementation` picks by backend and shape.
 Each fast path declares what it computes (`reference.Computes`, collected in `FAST_PATHS`;
-`deep_mlp`, HYLA+, has no tiled kernel), and this module checks every call against it. Before
+`deep_mlp`, HYLA+, has no tiled kernel): `auto` takes one only for what it declares (the
+reference runs the rest); a fast path named explicitly refuses the rest in one line. Before
 that, every call's operands meet `reference.check_operands`, whichever path runs them, and on
 each a NaN or Inf in a masked key or value contributes nothing (`reference.isolate_nonfinite`).
 """
@@ -71,13 +72,6 @@ FACTORED_MAX_HEAD_DIM = 8
 # (T=130: two of 65, not 128 + 2 padded to 256). Backend-specific on purpose: the CPU's
 # cache-sized tiles stay in cache, and would starve a GPU's matrix units.
 BLOCKS = {"cpu": (32, 64), "gpu": (256, 256), "tpu": (128, 128)}
-
-
-def tile_sizes(q_len: int, k_len: int, backend: Optional[str] = None) -> tuple[int, int]:
-  """Blockwise (block_q, block_k) for this backend and these lengths (`BLOCKS`, balanced as
-  `blockwise.attention` will); an unlisted backend takes the GPU's."""
-  block_q, block_k = BLOCKS.get(backend or jax.default_backend(), BLOCKS["gpu"])
-  return tiling.balanced_block(q_len, block_q), tiling.balanced_block(k_len, block_k)
 
 
 def choose_implementation(
@@ -181,7 +175,8 @@ def attention(query_BQHD: jax.Array, key_BKHD: jax.Array, value_BKHV: jax.Array,
                                value_weight_HVV=value_weight_HVV,
                                dropout_seed=dropout_seed, **kwargs)
   if implementation == "blockwise":
-    block_q, block_k = tile_sizes(q_len, k_len)
+    # The largest tiles (an unlisted backend takes the GPU's); blockwise balances them.
+    block_q, block_k = BLOCKS.get(jax.default_backend(), BLOCKS["gpu"])
     kernel = functools.partial(blockwise.attention, block_q=block_q, block_k=block_k)
   elif implementation == "mosaic":
     mosaic_kernel.check_device(query_BQHD.dtype)  # One line off Hopper, not a compile error.

@@ -138,8 +138,9 @@ def tile_schedule(cfg: TileConfig, key_major: bool = False
   every iteration. Two arrays of one entry per major tile are kept, not the pairs (at
   T=10^6 those would be ~10^8); `schedule_tile` finds a pair's tiles on device.
   """
-  if key_major:  # Causal: key tile j's first query tile is the one holding its first key.
-    firsts = np.arange(cfg.num_k_blocks, dtype=np.int64) * cfg.block_k // cfg.block_q
+  if key_major:  # Causal: key tile j's first query tile holds its first key (or none does).
+    firsts = np.minimum(np.arange(cfg.num_k_blocks, dtype=np.int64) * cfg.block_k // cfg.block_q,
+                        cfg.num_q_blocks)
     firsts = firsts if cfg.is_causal else np.zeros_like(firsts)
     counts = cfg.num_q_blocks - firsts
   else:

@@ -22,6 +22,7 @@ from hypernet_attention.ops import factored
 from hypernet_attention.ops import kernel_cost
 from hypernet_attention.ops import mosaic_kernel
 from hypernet_attention.ops import reference
+from hypernet_attention.ops import tiling
 
 from numerics import NAMES
 from numerics import assert_close
@@ -71,6 +72,8 @@ CASES = {
     "full_bias_pair_mask": (17, 21, False, (2, 3, 17, 21), (2, 3, 17, 21)),
     "broadcast_bias_causal": (21, 21, True, (3, 1, 21), None),
     "key_bias_head_mask": (19, 13, False, (2, 1, 19, 1), (1, 3, 19, 13)),
+    # Causal with keys past the last query: key tiles no query sees (dk, dv, dbias 0 there).
+    "causal_fewer_queries": (9, 23, True, (1, 3, 9, 23), None),
 }
 
 
@@ -435,15 +438,22 @@ def test_add_bias_gradient_is_the_broadcast_sum(bias_shape):
                              np.asarray(scores) + np.asarray(bias), rtol=0, atol=0)
 
 
-def test_tile_sizes_per_backend_and_length():
-  assert dispatch.tile_sizes(4096, 4096, "cpu") == (32, 64)
-  assert dispatch.tile_sizes(4096, 4096, "gpu") == (256, 256)
-  assert dispatch.tile_sizes(4096, 4096, "tpu") == (128, 128)
-  # Short or uneven lengths: equal tiles, one tile for SRAVEN's T=36 on accelerators.
-  assert dispatch.tile_sizes(36, 36, "gpu") == (36, 36)
-  assert dispatch.tile_sizes(130, 130, "gpu") == (130, 130)
-  assert dispatch.tile_sizes(300, 300, "gpu") == (150, 150)
-  assert dispatch.tile_sizes(130, 130, "tpu") == (65, 65)
+@pytest.mark.parametrize("backend,length,tiles", [
+    # Equal tiles no larger than the backend's: 130 = 5 x 26 = 3 x 44 on CPU (32 x 64), one
+    # tile of 130 on a GPU (256; not 128 + 2 padded to 256), 2 x 150, 2 x 65 on a TPU (128).
+    ("cpu", 130, (26, 44)), ("gpu", 36, (36, 36)), ("gpu", 130, (130, 130)),
+    ("gpu", 300, (150, 150)), ("tpu", 130, (65, 65))])
+def test_dispatched_blockwise_runs_the_backends_tiles_balanced(monkeypatch, backend, length,
+                                                              tiles):
+  configs, make_config = [], tiling.make_config
+  monkeypatch.setattr(tiling, "make_config",
+                      lambda *a, **kw: configs.append(make_config(*a, **kw)) or configs[-1])
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  q, k, v, _, _, _ = make_inputs(14, batch=1, q_len=length, k_len=length, heads=1, depth=4,
+                                 v_dim=2)
+  dispatch.attention(q, k, v, normalization="rms_head", value_network="mlp",
+                     implementation="blockwise")
+  assert [(c.block_q, c.block_k) for c in configs] == [tiles]
 
 
 def _loops(jaxpr, found=None):
