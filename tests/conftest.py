@@ -27,6 +27,18 @@ CACHE_ENV = {
 }
 _created_cache_dir = None  # The folder this process made (the session's first), to delete.
 
+# Mosaic GPU's interpreter runs each warpgroup of a block as its own XLA computation, started
+# from a Python thread by a callback of the kernel's computation that then waits for them all.
+# Each computation's callbacks (a barrier wait among them) need a thread of XLA's CPU pool, one
+# per core by default: on 2 cores the parent's callback holds one and the two-warpgroup dS kernel
+# (`Blocks.ds_two_warpgroups`) gets one thread for two warpgroups; when its second warpgroup takes
+# it first and waits for the Q tile the first loads, neither moves again (a hang in 2 of 3 runs).
+# Three threads (parent + two warpgroups) suffice. NPROC sizes the pool (XLA's CPU client); jax
+# reads it when it first starts its CPU backend, after this import, here and in every process
+# the suite starts.
+if int(os.environ.get("NPROC") or os.cpu_count() or 1) < 3:
+  os.environ["NPROC"] = "3"
+
 
 @pytest.fixture
 def x64():
@@ -63,13 +75,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
   """`TESTS_REVERSED=1` runs the suite in reverse order: no test may depend on another
-  having run first (or on which process compiled first). Tests marked `two_warpgroups` run only
-  when `-m` names them (pytest.ini says why): a `-m` of its own, such as CI's `-m 'not slow'`,
-  would otherwise bring them back."""
-  if "two_warpgroups" not in (config.getoption("markexpr") or ""):
-    suspect = [item for item in items if item.get_closest_marker("two_warpgroups")]
-    config.hook.pytest_deselected(items=suspect)
-    items[:] = [item for item in items if not item.get_closest_marker("two_warpgroups")]
+  having run first (or on which process compiled first)."""
+  del config
   if os.environ.get("TESTS_REVERSED") == "1":
     items.reverse()
 
