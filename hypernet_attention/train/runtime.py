@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Optional
 from absl import flags
 from absl import logging
 import jax
+import ml_collections
 
 from hypernet_attention import errors
 from hypernet_attention.runs import cli
@@ -142,9 +143,12 @@ def define_run_flags(config_flag: Optional[str]):
   return config, workdir
 
 
-def train_experiment(checked: config_checks.Checked, workdir: Optional[str] = None) -> Any:
-  """Trains the `config_checks.validate`d config with the record's `train` (the loop, or
-  the language model's) into `workdir`, or a fresh one named after it."""
+def train_experiment(config: ml_collections.ConfigDict | config_checks.Checked,
+                     workdir: Optional[str] = None) -> Any:
+  """Trains the config with the record's `train` (the loop, or the language model's) into
+  `workdir`, or a fresh one named after it; a plain config (a library caller) is validated
+  first, a `config_checks.Checked` taken as it is."""
+  checked = config_checks.validate(config)
   experiment = checked.experiment
   train = registry.load(experiment.train)
   return train(checked, fresh_workdir(experiment.name) if workdir is None else workdir)

@@ -89,6 +89,14 @@ def test_a_task_added_as_one_record_trains_through_the_entry_point(toy, tmp_path
   assert TOY in registry.names(on_device=True) and TOY not in registry.names(population=True)
 
 
+def test_a_plain_config_from_a_library_caller_is_validated_before_any_work(toy, tmp_path):
+  config = toy.get_config("size=smoke")
+  config.num_train_steps = 0
+  with pytest.raises(errors.BadInput, match=r"num_train_steps"):
+    runtime.train_experiment(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 def test_every_question_about_the_toy_is_answered_by_its_record(toy):
   config = toy.get_config("size=smoke")
   config.population.members = ({"seed": 0}, {"seed": 1})
