@@ -12,6 +12,7 @@ in a group of its own and kill the group on any exit, the test's failure include
 
 import contextlib
 import fcntl
+import json
 import math
 import os
 import signal
@@ -196,6 +197,16 @@ def subprocess_env() -> dict:
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("XLA_FLAGS", None)
   return env
+
+
+def run_on_cpu_devices(script: str, devices: int, *args: str) -> dict:
+  """`python -c script *args` with `devices` fake CPU devices (jax's own option, which must be
+  set before jax starts: so in a subprocess); the JSON object its last line prints."""
+  env = dict(subprocess_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+  proc = run([sys.executable, "-c", script, *args], env=env, cwd=REPO, capture_output=True,
+             text=True, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def smoke(experiment: str = "sraven", model: str = "hyla", **updates):

@@ -6,9 +6,6 @@ over the shards) must match the single-device call, with dropout on. The trainin
 sets the mesh in context, so a data x fsdp-sharded training run takes that path too.
 """
 
-import json
-import os
-import sys
 
 import jax.numpy as jnp
 
@@ -89,18 +86,8 @@ print(json.dumps(dict(one=one, four=four, tokens=tokens, axes_one=axes_one,
 """
 
 
-def _run(script, *args):
-  env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")  # jax's own options
-  env["PYTHONPATH"] = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")) + (
-      os.pathsep + env.get("PYTHONPATH", ""))
-  proc = tl.run([sys.executable, "-c", script, *args], env=env,
-                capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_four_devices_match_one():
-  result = _run(SCRIPT, "blockwise")
+  result = tl.run_on_cpu_devices(SCRIPT, 4, "blockwise")
   assert result["devices"] == 4
   # Each device runs the same per-example arithmetic; only dbias sums shards in another order.
   assert max(result["errors"]) < 1e-5, result
@@ -113,7 +100,7 @@ def test_batch_axes_match_training_mesh():
 
 
 def test_sharded_training_runs_kernels_per_device_and_matches_one_device():
-  result = _run(TRAIN_SCRIPT)
+  result = tl.run_on_cpu_devices(TRAIN_SCRIPT, 4)
   # Traced under the loop's mesh: every attention call split over both batch axes.
   assert result["axes_four"] and all(a == ["data", "fsdp"] for a in result["axes_four"]), result
   assert result["axes_one"] and all(a == [] for a in result["axes_one"]), result

@@ -1,9 +1,6 @@
 """A run built from its config, without the loop: what `build.setup` derives, what
 `init_state` materializes, and which configs it refuses (as `errors.BadInput`, before work)."""
 
-import json
-import sys
-
 import flax.linen as nn
 import jax
 import numpy as np
@@ -104,11 +101,7 @@ def test_a_member_mesh_axis_is_refused_for_a_run_and_sized_for_a_population():
   """With 2 fake CPU devices (set before jax starts, so in a subprocess), `mesh.member=2`: a
   single run is told it needs mesh.member=1; a population, even of one member, is told its
   size does not divide the member devices (it is a population, not a single run)."""
-  env = dict(tl.subprocess_env(), JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
-  proc = tl.run([sys.executable, "-c", _TWO_DEVICES, tl.TESTS], env=env, cwd=tl.REPO,
-                capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = tl.run_on_cpu_devices(_TWO_DEVICES, 2, tl.TESTS)
   assert out["0"] == ("config.mesh.member=2 spreads population members over devices; a single "
                       "run needs mesh.member=1"), out
   for members in ("1", "3"):

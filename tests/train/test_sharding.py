@@ -7,9 +7,7 @@ batches are really split, a width that does not divide fsdp is refused naming th
 parameter, and a mesh that leaves devices unused is refused.
 """
 
-import json
 import os
-import sys
 
 import flax.linen as nn
 import jax
@@ -96,12 +94,8 @@ print(json.dumps(out))
 
 
 def test_four_fake_devices_split_parameters_and_batches():
-  env = dict(tl.subprocess_env(), JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")  # jax's own
   here = os.path.dirname(os.path.abspath(__file__))
-  proc = tl.run([sys.executable, "-c", _FOUR_DEVICES, here, tl.TESTS], env=env, cwd=tl.REPO,
-                capture_output=True, text=True, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  out = tl.run_on_cpu_devices(_FOUR_DEVICES, 4, here, tl.TESTS)
   assert out["mesh"] == {"member": 1, "data": 2, "fsdp": 2}
   assert out["kernel_shards"] == [[4, 3]]  # embed 8 split over fsdp 2; mlp 3 whole.
   assert out["batch_shards"] == [[2, 2]] and out["batch_equal"]  # 8 rows over 4 devices.
