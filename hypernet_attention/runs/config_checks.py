@@ -316,6 +316,9 @@ def check_population(config: ml_collections.ConfigDict, experiment: registry.Exp
     raise BadInput(f"config.population.members set for experiment {experiment.name!r}, "
                    f"which {why}; allowed: populations of "
                    f"{', '.join(registry.names(population=True))} (on-device tasks)")
+  if settings and config.get("debug_nans"):  # It would stop all members at one's first NaN.
+    raise BadInput("config.debug_nans=True with config.population.members; allowed: false (a "
+                   "population freezes a diverged member): find the op in that member's own run")
   names = check_member_names(config, len(settings))
   configs, seen = [], {}
   for i in range(len(settings)):

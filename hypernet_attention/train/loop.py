@@ -143,8 +143,11 @@ def session(config: ml_collections.ConfigDict, workdir: str,
     lock.check_writable(checkpoints)  # Before `check` records anything.
   not_started = f"not started yet; nothing in {workdir} was written"
   agree = _chief_outcome if jax.process_count() > 1 else None
-  # The signal handlers first: a SIGTERM from here on is a preemption.
-  with contextlib.closing(preemption.Watcher()) as watcher:
+  # The signal handlers first: a SIGTERM from here on is a preemption. `config.debug_nans`
+  # (JAX re-runs a call that made a NaN op by op) from here on too: JAX donates no buffers
+  # only in what it compiles with the flag on, `fits` included, and the re-run needs them.
+  with contextlib.closing(preemption.Watcher()) as watcher, jax.debug_nans(
+      bool(config.get("debug_nans", False))):
     with watcher.nothing_to_save(not_started, lambda: None), build.as_bad_input():
       check(workdir, False)
       multihost.sync("lock")  # The lock's broadcast may be the first collective: Gloo's 30 s.
@@ -166,10 +169,7 @@ def session(config: ml_collections.ConfigDict, workdir: str,
           workdir, save_every=config.checkpoint_every_steps, keep=config.keep_checkpoints,
           use_async=config.async_checkpoints)
       try:
-        # `config.debug_nans`: JAX re-runs the first op that makes a NaN un-jitted and raises
-        # there (slow: for hunting the op, not for production runs).
-        with jax.debug_nans(bool(config.get("debug_nans", False))):
-          yield Session(workdir, watcher, ckpt, held.release, first_chunk)
+        yield Session(workdir, watcher, ckpt, held.release, first_chunk)
       finally:
         ckpt.close()
 
@@ -245,7 +245,11 @@ def run(program: Program, config: ml_collections.ConfigDict, sess: Session) -> d
         ckpt.wait()
       chunk_start = time.time()
       with idle(step):
-        state, metrics = program.trainer.train_chunk(state, end - step)
+        try:
+          state, metrics = program.trainer.train_chunk(state, end - step)
+        except FloatingPointError as e:  # `config.debug_nans` found the op: one line.
+          ckpt.wait()
+          raise trainer_lib.diverged(str(e), ckpt.latest_step()) from e
         # The chunk ends before the notice is read, so one that came during it stops the
         # run here, with no chunk queued behind it (`preemption.py`).
         jax.block_until_ready(metrics)

@@ -16,6 +16,8 @@ log step, as `clu.metrics` collections (`metrics.py`). A population (`population
 from __future__ import annotations
 
 import functools
+import os
+import traceback
 from typing import Any, Optional
 
 import jax
@@ -43,6 +45,9 @@ class Trainer:
   def __init__(self, config, s: build.Setup):
     self.config, self.objective, self.model, self.tx, self.mesh = (
         config, s.objective, s.model, s.tx, s.mesh)
+    # One jitted step per call for a host source, and under `config.debug_nans`: JAX's op-by-op
+    # re-run of the call that made a NaN names the op, not the scan around it.
+    self.stepwise = not s.objective.source.on_device or bool(config.get("debug_nans", False))
     self.state_shardings = s.shardings
     self.rng = jax.random.key(config.seed)
     self.eval_splits = tuple(config.eval.splits)
@@ -86,8 +91,9 @@ class Trainer:
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
 
   @functools.cached_property
-  def _host_step_jit(self):
-    batch_shardings = data.global_shardings(self.source.example(self.config.batch_size), self.mesh)
+  def _step_jit(self):
+    batch_shardings = None if self.source.on_device else data.global_shardings(
+        self.source.example(self.config.batch_size), self.mesh)
     return jax.jit(self.train_step, donate_argnums=0,
                    in_shardings=(self.state_shardings, batch_shardings),
                    out_shardings=(self.state_shardings, sharding.replicated(self.mesh)))
@@ -106,29 +112,37 @@ class Trainer:
       return self._train_chunk(state, length)
 
   def _train_chunk(self, state, length: int):
-    if self.source.on_device:
+    if not self.stepwise:
       return self._train_chunk_jit(state, length)
-    per_step, collections, batch = [], [], self._next_batch()
+    next_batch = (lambda: None) if self.source.on_device else self._next_batch
+    per_step, collections, batch = [], [], next_batch()
     for i in range(length):
-      state, (scalars, collection) = self._host_step_jit(state, batch)  # Asynchronous.
+      try:
+        state, (scalars, collection) = self._step_jit(state, batch)  # Asynchronous.
+      except FloatingPointError as e:  # `config.debug_nans` named the op; `state` is kept.
+        raise FloatingPointError(f"{e} in training step {int(state.step) + 1:,}, at "
+                                 f"{_made_at(e)}") from None
       per_step.append(scalars)
       collections.append(collection)
       if i + 1 < length:
-        batch = self._next_batch()  # Read and transfer while the device works.
+        batch = next_batch()  # Read and transfer while the device works.
     return state, metrics_lib.ChunkMetrics(jax.tree.map(lambda *xs: jnp.stack(xs), *per_step),
                                            metrics_lib.merge_all(collections))
 
   def compile_chunk(self, state, length: int) -> jax.stages.Compiled:
     """Compiles the first `length`-step chunk for `state` (arrays or shape/sharding structs)
     ahead of time; the jitted call with those shapes then reuses it (`memory.py`). A host
-    source compiles its one-step function for a batch of `example`'s shapes."""
+    source, and any under `config.debug_nans`, compiles its one-step function (a host
+    source's for a batch of `example`'s shapes)."""
     with jax.set_mesh(self.mesh):
-      if self.source.on_device:
+      if not self.stepwise:
         return self._train_chunk_jit.lower(state, length).compile()
-      example = self.source.example(self.config.batch_size)
-      batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                           example, data.global_shardings(example, self.mesh))
-      return self._host_step_jit.lower(state, batch).compile()
+      batch = None
+      if not self.source.on_device:
+        example = self.source.example(self.config.batch_size)
+        batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             example, data.global_shardings(example, self.mesh))
+      return self._step_jit.lower(state, batch).compile()
 
   def _batch_metrics(self, params, batch):
     inputs, _ = self.objective.encode(batch)
@@ -195,6 +209,14 @@ def first_nonfinite(chunks) -> Optional[int]:
     if bad.size:
       return start + int(bad[0]) + 1
   return None
+
+
+def _made_at(error: BaseException) -> str:
+  """The innermost line of this package in the traceback of JAX's op-by-op re-run (a
+  library's op, e.g. optax's, is named by the line that called it)."""
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  *_, f = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith(package)]
+  return f"{os.path.relpath(f.filename, os.path.dirname(package))}:{f.lineno} ({f.name})"
 
 
 def diverged(what: str, latest_step: Optional[int]) -> FloatingPointError:

@@ -210,6 +210,30 @@ def test_nonfinite_loss_stops_with_the_step_in_one_true_line(tmp_path):
           if saved else "no checkpoint was saved before it") in line, (saved, line)
 
 
+def test_debug_nans_names_the_step_and_the_line_of_the_first_nan(tmp_path):
+  """`--config.debug_nans=true`, which the line above recommends: JAX re-runs the call that
+  made the NaN op by op and raises at the op. The run says which op, training step and line
+  of this package, in one line (was a RuntimeError "Array has been deleted" after 40 lines:
+  the state had been donated to the call JAX re-ran; in a scan the op was only "scan")."""
+  workdir = tmp_path / "wd"
+  result = tl.run([sys.executable, os.path.join("experiments", "sraven_scaling.py"),
+                   "--config=experiments/configs/sraven.py:model=hyla,size=smoke",
+                   f"--workdir={workdir}", "--config.optimizer.learning_rate=3e38",
+                   "--config.optimizer.warmup_steps=0", "--config.eval.ceiling_problems=0",
+                   "--config.debug_nans=true"],
+                  env=tl.subprocess_env(), cwd=tl.REPO, capture_output=True, text=True)
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  (line,) = [l for l in result.stderr.splitlines() if "error:" in l]
+  match = re.fullmatch(r"sraven_scaling\.py: error: invalid value \(nan\) encountered in (\w+) "
+                       r"in training step 2, at (hypernet_attention/[\w/]+\.py):(\d+) \(\w+\); "
+                       r"stopped \(.*\)", line)
+  assert match, line
+  op, path, lineno = match.groups()
+  assert op != "scan", line  # The op itself, not the loop of steps around it.
+  with open(os.path.join(tl.REPO, path)) as f:
+    assert 0 < int(lineno) <= len(f.readlines()), line
+
+
 def test_learning_rate_schedule_matches_formula():
   config = tl.smoke("sraven", num_train_steps=100, **{
       "optimizer.learning_rate": 2e-3, "optimizer.warmup_steps": 10})

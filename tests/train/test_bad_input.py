@@ -553,6 +553,15 @@ def test_population_refused_before_any_work(case, tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+def test_population_with_debug_nans_refused_before_any_work(tmp_path):
+  """JAX's op-by-op re-run would stop every member at the first one's NaN, where a
+  population freezes that member and trains on."""
+  with pytest.raises(errors.BadInput, match=r"^config.debug_nans=True with config.population"
+                     r".members; allowed: false"):
+    loop.train_and_evaluate(_population(M2, debug_nans=True), str(tmp_path / "wd"))
+  assert os.listdir(tmp_path) == []
+
+
 def test_launch_check_runs_the_population_checks():
   """`preflight` (tpu_pod.sh, slurm.sh) refuses a bad member on the laptop (point 6)."""
   with pytest.raises(errors.BadInput, match=r"members\[1\]: config.optimizer.learning_rate"):
