@@ -1,13 +1,17 @@
 """How long a cell will take on a device, and which cells fit in a budget.
 
-An estimate comes, in this order, from (1) finished cells of the same experiment and model family on
-the same device kind (their cell files: member-steps per wall-second, evaluation and compilation
-included), or (2) the single-run training rates measured in the repository (the `reference_rates` of
-the experiment's record, `registry.Paper`, each with its source), assuming no population gain
-(conservative: a window then runs fewer cells than it could, never more). Cells of another width or
-depth (Fig. 4) scale by width x depth; a MoE feed-forward cell with no finished MoE cell to go by
-takes its dense family's rate over MOE_STEP_COST. Probes and benchmarks take twice the longest
-finished cell of their kind and experiment on the device kind, else a fixed allowance."""
+An estimate comes, in this order, from (1) finished cells of the same experiment and model
+preset on the same device kind (their cell files: member-steps per wall-second, evaluation and
+compilation included), (2) the cell's own run so far on that device kind, where a window cut it
+off (its progress record in `partial/`), (3) finished cells of the same model family there (a
+last resort among measurements: HYLA+'s two-hidden-layer value network, Eq. 10, makes its step
+dearer than HYLA's), or (4) the single-run training rates measured in the repository (the
+`reference_rates` of the experiment's record, `registry.Paper`, each with its source), assuming
+no population gain (conservative: a window then runs fewer cells than it could, never more).
+Cells of another width or depth (Fig. 4) scale by width x depth; a MoE feed-forward cell with no
+finished MoE cell to go by takes its dense family's rate over MOE_STEP_COST. Probes and
+benchmarks take twice the longest finished cell of their kind and experiment on the device kind,
+else a fixed allowance."""
 
 from __future__ import annotations
 
@@ -63,27 +67,38 @@ def checkpointed_step(workdir: str) -> int:
   return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
 
 
-def measured_rate(cell: cells_lib.Cell, device_kind: str,
-                  records: Sequence[dict[str, Any]]) -> Optional[tuple[float, int]]:
-  """The best member-steps per wall-second of finished cells like `cell` on `device_kind`
-  (same experiment, model family, size and feed-forward), and how many there were. The best, not the
-  median: a cell slowed by a shared machine would otherwise keep every later cell from
-  starting, and a cell that overruns is only checkpointed, not lost."""
+def measured_rate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
+                  saved: Optional[dict[str, Any]] = None) -> Optional[tuple[float, str]]:
+  """Member-steps per wall-second of `cell` on `device_kind` and where that comes from: the
+  best of finished cells of its model preset (same experiment, size and feed-forward), else
+  the cell's own cut-off run (`saved`: its progress record), else the best of its model
+  family. The best, not the median: a cell slowed by a shared machine would otherwise keep
+  every later cell from starting, and a cell that overruns is only checkpointed, not lost."""
   moe = cells_lib.is_moe(dict(cell.overrides))
-  rates = [r["member_steps_per_s"] for r in records
-           if r["kind"] == "train" and r["device"]["kind"] == device_kind
-           and r["experiment"] == cell.experiment and r.get("member_steps_per_s")
-           and model_family(r["model"]) == model_family(cell.model)
-           and r.get("scale", 1.0) == scale(cell)
-           and cells_lib.is_moe(r.get("overrides", {})) == moe]
-  return (max(rates), len(rates)) if rates else None
+  like = [r for r in records
+          if r["kind"] == "train" and r["device"]["kind"] == device_kind
+          and r["experiment"] == cell.experiment and r.get("member_steps_per_s")
+          and model_family(r["model"]) == model_family(cell.model)
+          and r.get("scale", 1.0) == scale(cell)
+          and cells_lib.is_moe(r.get("overrides", {})) == moe]
+  preset = [r["member_steps_per_s"] for r in like if r["model"] == cell.model]
+  if preset:
+    return max(preset), f"measured: {len(preset)} {cell.model} cell(s) on {device_kind}"
+  if saved and saved["device"]["kind"] == device_kind and saved["step"] and saved["wall_s"]:
+    return (saved["step"] * len(cell.members) / saved["wall_s"],
+            f"measured: its own {saved['step']:,} steps on {device_kind}")
+  if like:
+    return (max(r["member_steps_per_s"] for r in like),
+            f"measured: {len(like)} {model_family(cell.model)} cell(s) on {device_kind}")
+  return None
 
 
 def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str, Any]],
-             workdir: Optional[str] = None, saved_step: int = 0) -> Optional[Estimate]:
-  """Minutes `cell` needs on `device_kind` from where its workdir is, or from `saved_step`
-  (a cut-off cell's state in `partial/`, which the runner unpacks into a workdir without a
-  checkpoint); None if unknown."""
+             workdir: Optional[str] = None,
+             saved: Optional[dict[str, Any]] = None) -> Optional[Estimate]:
+  """Minutes `cell` needs on `device_kind` from where its workdir is, or from the step of
+  `saved` (a cut-off cell's progress record in `partial/`, whose state the runner unpacks
+  into a workdir without a checkpoint); None if unknown."""
   fam = family(device_kind)
   if cell.kind != "train":
     walls = [r["wall_s"] for r in records if r["kind"] == cell.kind and r.get("wall_s")
@@ -93,16 +108,16 @@ def estimate(cell: cells_lib.Cell, device_kind: str, records: Sequence[dict[str,
     minutes = FIXED_MINUTES.get((cell.kind, fam))
     return Estimate(minutes, "allowance") if minutes else None
   done = min(checkpointed_step(workdir) if workdir else 0, cell.num_steps) or min(
-      saved_step, cell.num_steps)
+      saved["step"] if saved else 0, cell.num_steps)
   member_steps = (cell.num_steps - done) * len(cell.members)
-  measured = measured_rate(cell, device_kind, records)
+  measured = measured_rate(cell, device_kind, records, saved)
   if measured:
-    rate, n = measured
-    return Estimate(member_steps / rate / 60, f"measured: {n} cell(s) on {device_kind}", done)
+    rate, source = measured
+    return Estimate(member_steps / rate / 60, source, done)
   if cells_lib.is_moe(dict(cell.overrides)):  # no MoE cell done here: the dense rate, scaled
     dense = estimate(dataclasses.replace(cell, overrides=tuple(
         o for o in cell.overrides if o != cells_lib.MOE)), device_kind, records, workdir,
-                     saved_step)
+                     saved)
     return dense and Estimate(dense.minutes * MOE_STEP_COST,
                               f"{dense.source} x {MOE_STEP_COST} (MoE)", dense.done_steps)
   paper = registry.get(cell.experiment).paper

@@ -475,17 +475,18 @@ def benchmark_text(records) -> str:
 def remaining(records, cell_set=cells_lib.CELLS, root: Optional[str] = None,
               device_kind: Optional[str] = None, partials=None) -> list[tuple]:
   """(cell, here, cpu, h100) minutes of every cell without a file, in priority order, from
-  its workdir's checkpoint or else the step of its saved state (`partials`)."""
+  its workdir's checkpoint or else the step of its saved state (`partials`), at its own
+  measured rate where no finished cell of its preset ran on that device."""
   recs = list(records.values())
   out = []
   for c in cell_set:
     if c.name in records:
       continue
     workdir = os.path.join(root, c.name) if root else None
-    saved = (partials or {}).get(c.name, {}).get("step", 0)
+    saved = (partials or {}).get(c.name)
     here = plan.estimate(c, device_kind, recs, workdir, saved) if device_kind else None
-    out.append((c, here, plan.estimate(c, "cpu", recs, saved_step=saved),
-                plan.estimate(c, plan.H100, recs, saved_step=saved)))
+    out.append((c, here, plan.estimate(c, "cpu", recs, saved=saved),
+                plan.estimate(c, plan.H100, recs, saved=saved)))
   return out
 
 

@@ -244,6 +244,7 @@ class Campaign:
     self.stopping = False
     self.stopped_at = 0.0
     self.records = list(records.read_all(options.results_dir).values())
+    self.partials = partial.read_all(options.results_dir)  # Cut-off cells' rates so far.
 
   def workdir(self, cell: cells_lib.Cell) -> str:
     return os.path.join(self.options.root, cell.name)
@@ -350,7 +351,8 @@ class Campaign:
     if finished:  # Trained before and its own run (a cut-off publish, a runner's crash).
       self._publish(cell)
       return False
-    estimate = plan.estimate(cell, self.device["kind"], self.records, workdir)
+    estimate = plan.estimate(cell, self.device["kind"], self.records, workdir,
+                             self.partials.get(cell.name))
     left = self.deadline - time.time() - self.options.stop_margin_s
     if estimate is None or estimate.minutes * 60 > left:
       need = plan.fmt_minutes(estimate.minutes if estimate else None)

@@ -212,14 +212,45 @@ def test_estimates_use_measured_cells_then_references_and_resume_points(tmp_path
   assert plan.estimate(cell, plan.H100, []).minutes < reference.minutes / 10
   # A cut-off cell's saved state (partial/) counts where its workdir has no checkpoint yet
   # (another machine); a checkpoint in the workdir wins.
-  saved = plan.estimate(cell, "cpu", [], str(tmp_path / "elsewhere"), saved_step=40_000)
+  saved = plan.estimate(cell, "cpu", [], str(tmp_path / "elsewhere"),
+                        _progress(cell.name, 40_000, device="TPU v5e"))
   assert saved.done_steps == 40_000
   assert saved.minutes == pytest.approx(
       (10_000 / rate + plan.COMPILE_S["cpu"]) / 60)
-  assert plan.estimate(cell, "cpu", [], str(tmp_path), saved_step=40_000).done_steps == 30_000
+  assert plan.estimate(cell, "cpu", [], str(tmp_path),
+                       _progress(cell.name, 40_000)).done_steps == 30_000
   ((_, here, cpu, _),) = report.remaining({}, [cell], str(tmp_path / "elsewhere"), "cpu",
-                                          {cell.name: {"step": 45_000}})
+                                          {cell.name: _progress(cell.name, 45_000)})
   assert here.done_steps == cpu.done_steps == 45_000
+
+
+def _progress(cell, step, wall_s=1000.0, device="cpu"):
+  """The fields of a cut-off cell's progress record (`partial.py`) that estimates read."""
+  return {"cell": cell, "step": step, "wall_s": wall_s, "device": {"kind": device}}
+
+
+def test_estimates_prefer_the_preset_then_the_cells_own_run_over_its_family():
+  """HYLA+ (Eq. 10) steps slower than HYLA: a finished HYLA cell's rate would promise a
+  HYLA+ cell too soon. Its own preset's finished cells come first, then its own cut-off run
+  on this device kind (steps x members / wall seconds so far), then its family."""
+  cell = cells_lib.BY_NAME["d_fuzzy_hyla_deep_default"]
+  members = len(cell.members)
+  hyla = _record("d_fuzzy_hyla_default", "hyla", [(0, 0.9)], stage="d", rate=30.0)
+  family = plan.estimate(cell, "cpu", [hyla])
+  assert family.minutes == pytest.approx(50_000 * members / 30.0 / 60)
+  assert "1 hyla cell(s)" in family.source
+  own = _progress(cell.name, 10_000, wall_s=4000.0)  # 2.5 steps/s on this cpu
+  resumed = plan.estimate(cell, "cpu", [hyla], saved=own)
+  assert resumed.minutes == pytest.approx(40_000 / 2.5 / 60)
+  assert resumed.done_steps == 10_000 and "its own 10,000 steps" in resumed.source
+  # Its run on another device kind says nothing of this one's rate (only of where it is).
+  elsewhere = plan.estimate(cell, "cpu", [hyla], saved=_progress(cell.name, 10_000,
+                                                                 device=plan.H100))
+  assert elsewhere.minutes == pytest.approx(40_000 * members / 30.0 / 60)
+  deep = _record("a_fuzzy_hyla_deep_seed0", "hyla_deep", [(0, 0.9)], rate=6.0)
+  preset = plan.estimate(cell, "cpu", [hyla, deep], saved=own)
+  assert preset.minutes == pytest.approx(40_000 * members / 6.0 / 60)
+  assert "1 hyla_deep cell(s)" in preset.source
 
 
 def _redraw(cell, seeds_draws, untrained=None):
