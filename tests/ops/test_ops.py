@@ -401,6 +401,33 @@ def test_reference_mlp_value_network_matches_formula_in_float64(x64, activation)
     np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("heads,width", [(8, 2), (3, 4)])
+def test_reference_deep_mlp_value_network_matches_formula_in_float64(x64, heads, width):
+  """HYLA+'s value network (Eq. 10) and its gradients (code, values and W'_h) against broadcast
+  products in float64, at H > V (the synthetic tasks' 8 heads of width 2, where the reference
+  contracts each pair's (V, V) weight first) and H < V (per-head products first)."""
+  rng = np.random.default_rng(4)
+  code = jnp.asarray(rng.standard_normal((2, heads, 6, 5)))  # (B, H, Q, K)
+  value = jnp.asarray(rng.standard_normal((2, 5, heads, width)))  # (B, K, H, V)
+  weight = jnp.asarray(rng.standard_normal((heads, width, width)))  # (H, V, W)
+  cot = jnp.asarray(rng.standard_normal((2, 6, heads, width)))  # (B, Q, H, V)
+  relu = reference.get_activation("relu")
+
+  def formula(a, v, w):
+    a_BQKH = jnp.transpose(a, (0, 2, 3, 1))
+    z = relu((a_BQKH[..., None] * v[:, None]).sum(3))  # BQKV
+    mixed = (a_BQKH[..., None, None] * w * z[..., None, :, None]).sum((3, 4))  # BQKW
+    z = relu(mixed)
+    return (jnp.transpose(a, (0, 2, 1, 3))[..., None] * z[:, :, None]).sum(3)  # BQHV
+
+  out, vjp = jax.vjp(lambda a, v, w: reference.apply_value_network(
+      a, v, "deep_mlp", "relu", value_weight_HVV=w), code, value, weight)
+  want, want_vjp = jax.vjp(formula, code, value, weight)
+  np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+  for got, expected in zip(vjp(cot), want_vjp(cot)):
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_auto_on_faked_gpu_backend_runs_blockwise(monkeypatch):
   """With JAX reporting a GPU backend, `auto` HYLA calls blockwise, never the Mosaic kernel."""
   calls = []
