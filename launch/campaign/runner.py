@@ -356,7 +356,9 @@ class Campaign:
     left = self.deadline - time.time() - self.options.stop_margin_s
     if estimate is None or estimate.minutes * 60 > left:
       need = plan.fmt_minutes(estimate.minutes if estimate else None)
-      self._end(cell, "skipped", f"needs ~{need} min, {max(left, 0) / 60:.0f} left")
+      resumable = ("; a larger --budget_minutes starts it: a stop before the end saves its "
+                   "state to resume" if cell.kind == "train" else "")
+      self._end(cell, "skipped", f"needs ~{need} min, {max(left, 0) / 60:.0f} left{resumable}")
       return False
     os.makedirs(workdir, exist_ok=True)
     argv = command(cell, workdir, self.options)

@@ -410,6 +410,7 @@ def test_the_budget_is_honoured_before_any_work(tmp_path):
   campaign = _campaign(tmp_path, [cells_lib.BY_NAME["a_fuzzy_hyla_seed0"]], budget_s=600)
   (outcome,) = campaign.run()
   assert outcome.status == "skipped" and "needs ~" in outcome.detail
+  assert "a larger --budget_minutes starts it" in outcome.detail  # and how to run it anyway
   assert not os.path.exists(tmp_path / "root" / "a_fuzzy_hyla_seed0")
 
 
