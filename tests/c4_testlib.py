@@ -8,6 +8,7 @@ vocabulary and the ArrayRecord c4/en are written without it; only the seqio path
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -125,11 +126,12 @@ def run_two_processes(corpus: dict, out_dir, *pipeline: str) -> dict:
   logs = [open(os.path.join(out_dir, f"log{i}.txt"), "w") for i in (0, 1)]
   procs = [(subprocess.Popen(
       [sys.executable, helper, str(port), str(i), os.path.dirname(corpus["train"]),
-       os.path.join(out_dir, "wd"), str(out_dir), *pipeline], env=tl.subprocess_env(),
+       os.path.join(out_dir, "wd"), str(out_dir), *pipeline], env=tl.multiprocess_env(),
       stdout=logs[i], stderr=subprocess.STDOUT), logs[i]) for i in (0, 1)]
   # Waited for while they progress, not for a fixed time a loaded machine exceeds.
-  texts = tl.reap(procs, "the two c4_process_helper.py processes")
-  for (proc, _), text in zip(procs, texts):
-    assert proc.returncode == 0, text[-3000:]
+  texts = tl.reap(procs, "the two c4_process_helper.py processes", stacks_signal=signal.SIGUSR1)
+  assert [proc.returncode for proc, _ in procs] == [0, 0], "\n".join(
+      f"--- process {i} (exit {proc.returncode}): {text[-3000:]}"
+      for i, ((proc, _), text) in enumerate(zip(procs, texts)))
   with open(os.path.join(out_dir, "summary.json")) as f:
     return json.load(f)

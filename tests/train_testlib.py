@@ -153,11 +153,39 @@ def wait_for(procs, what: str, outputs=(), idle_s: float = IDLE_S) -> None:
              idle_s)
 
 
-def reap(procs, what: str = "the helper processes", idle_s: float = IDLE_S) -> list[str]:
-  """Waits for every (process, open log file) pair while they progress (`wait_for`), killing
-  them all when they stop; closes the logs and returns their texts."""
+# How long the peers of a process that failed may take to end by themselves (a collective
+# with it fails at once: "Connection closed by peer") before they are killed.
+PEERS_END_S = 60
+
+
+def reap(procs, what: str = "the helper processes", idle_s: float = IDLE_S,
+         stacks_signal: int | None = None) -> list[str]:
+  """Waits for every (process, open log file) pair while they progress (`wait_until`), killing
+  them all when they stop; closes the logs and returns their texts.
+
+  With `stacks_signal` (for helpers that register `faulthandler` on it), once one process has
+  failed each other one still running is sent it at once, so that its log shows where each
+  of its threads waits (the half of a multi-process hang that the failing process's own
+  traceback cannot show), and gets `PEERS_END_S` to end by itself before it is killed."""
+  failed_at = None
+
+  def done() -> bool:
+    nonlocal failed_at
+    codes = [proc.poll() for proc, _ in procs]
+    if None not in codes:
+      return True
+    if stacks_signal is None:
+      return False
+    if failed_at is None and any(code not in (None, 0) for code in codes):
+      failed_at = time.monotonic()
+      for (proc, _), code in zip(procs, codes):
+        if code is None:
+          with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, stacks_signal)
+    return failed_at is not None and time.monotonic() - failed_at > PEERS_END_S
+
   try:
-    wait_for([proc for proc, _ in procs], what, [log for _, log in procs], idle_s)
+    wait_until(done, [proc for proc, _ in procs], what, [log for _, log in procs], idle_s)
   finally:
     texts = []
     for proc, log in procs:
@@ -192,11 +220,25 @@ def run(args, *, capture_output: bool = False, text: bool = False, check: bool =
   return result
 
 
+# How long a CPU collective of a multi-process test waits for its peers before failing
+# (XLA's own default, 1,800 s, made one hang cost CI 30 minutes). Far above a peer's
+# legitimate lag: a compilation, a checkpoint, a loaded machine.
+COLLECTIVE_TIMEOUT_S = 300
+
+
 def subprocess_env() -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
   env.pop("XLA_FLAGS", None)
   return env
+
+
+def multiprocess_env() -> dict:
+  """`subprocess_env` for the processes of one multi-process run. Only theirs: an XLA flag is
+  part of the compilation cache's key, which the single-process subprocesses share with the
+  suite."""
+  return dict(subprocess_env(),
+              XLA_FLAGS=f"--xla_cpu_collective_timeout_seconds={COLLECTIVE_TIMEOUT_S}")
 
 
 def run_on_cpu_devices(script: str, devices: int, *args: str) -> dict:

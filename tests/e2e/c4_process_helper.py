@@ -6,10 +6,14 @@ tests/e2e/test_c4_grain.py (Grain; runs without TensorFlow).
       `text_lm` config into the shared WORKDIR; writes the training batches it read to
       OUT_DIR/batches_<PROCESS_ID>.npy and process 0 the summary to OUT_DIR/summary.json.
       PIPELINE: config.task.pipeline, seqio (default) or grain.
+SIGUSR1 prints every thread's stack to the log (`train_testlib.reap` sends it to a process
+still running when its peer has failed).
 """
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -32,6 +36,7 @@ from hypernet_attention.train import trainer
 
 
 def main(port, process_id, corpus_dir, workdir, out_dir, pipeline="seqio"):
+  faulthandler.register(signal.SIGUSR1, all_threads=True)
   runtime.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                      process_id=int(process_id), cpu_collectives="gloo")
   config = c4_lm.get_config("model=hyla,size=smoke")

@@ -7,6 +7,7 @@ bounded in time and killed by the test that started it.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,15 +28,17 @@ HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_helper.
 
 def _run(args, out_dir, name):
   log = open(os.path.join(out_dir, f"log_{name}.txt"), "w")
-  return subprocess.Popen([sys.executable, HELPER, *map(str, args)], env=tl.subprocess_env(),
-                          stdout=log, stderr=subprocess.STDOUT, cwd=tl.REPO), log
+  env = tl.multiprocess_env() if args[0] == "process" else tl.subprocess_env()
+  return subprocess.Popen([sys.executable, HELPER, *map(str, args)], env=env, stdout=log,
+                          stderr=subprocess.STDOUT, cwd=tl.REPO), log
 
 
 def _wait_all(procs, out_dir):
   del out_dir
-  for (proc, _), text in zip(procs, tl.reap(procs, "the training processes")):
-    if proc.returncode != 0:
-      pytest.fail(f"{proc.args} exited with {proc.returncode}:\n{text[-4000:]}")
+  texts = tl.reap(procs, "the training processes", stacks_signal=signal.SIGUSR1)
+  if any(proc.returncode != 0 for proc, _ in procs):  # Every log: a hang has two halves.
+    pytest.fail("\n".join(f"--- {proc.args} exited with {proc.returncode}:\n{text[-4000:]}"
+                          for (proc, _), text in zip(procs, texts)))
 
 
 def test_four_fake_devices_data_parallel_and_fsdp_match_one_device(tmp_path):

@@ -45,8 +45,8 @@ def _command(workdir, process_id=None, port=None, steps=STEPS):
   return command
 
 
-def _env(devices):
-  env = tl.subprocess_env()
+def _env(devices, multi_process=False):
+  env = tl.multiprocess_env() if multi_process else tl.subprocess_env()
   env["JAX_NUM_CPU_DEVICES"] = str(devices)  # jax's own option (no XLA flag string)
   env["JAX_PLATFORMS"] = "cpu"
   return env
@@ -54,8 +54,8 @@ def _env(devices):
 
 def _start(workdir, log_path, devices=1, **kw):
   log = open(log_path, "w")
-  proc = subprocess.Popen(_command(workdir, **kw), env=_env(devices), stdout=log,
-                          stderr=subprocess.STDOUT, cwd=tl.REPO)
+  proc = subprocess.Popen(_command(workdir, **kw), env=_env(devices, "process_id" in kw),
+                          stdout=log, stderr=subprocess.STDOUT, cwd=tl.REPO)
   return proc, log
 
 

@@ -5,11 +5,15 @@
       devices resumed on 1; a batch that does not divide 4 devices. Writes OUT_DIR/result.json.
   python tests/e2e/train_helper.py process PORT PROCESS_ID WORKDIR OUT_DIR
       One of 2 processes (2 fake devices each, gloo collectives): trains the smoke SRAVEN
-      config into the shared WORKDIR; process 0 writes OUT_DIR/params.npz.
+      config into the shared WORKDIR; process 0 writes OUT_DIR/params.npz. SIGUSR1 prints
+      every thread's stack to the log (`train_testlib.reap` sends it to a process still
+      running when its peer has failed).
 """
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -104,6 +108,7 @@ def devices_mode(out_dir):
 
 
 def process_mode(port, process_id, workdir, out_dir):
+  faulthandler.register(signal.SIGUSR1, all_threads=True)
   runtime.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                      process_id=process_id, cpu_collectives="gloo")
   assert jax.process_count() == 2 and jax.device_count() == 4, runtime.log_topology()
