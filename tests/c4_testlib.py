@@ -130,8 +130,6 @@ def run_two_processes(corpus: dict, out_dir, *pipeline: str) -> dict:
       stdout=logs[i], stderr=subprocess.STDOUT), logs[i]) for i in (0, 1)]
   # Waited for while they progress, not for a fixed time a loaded machine exceeds.
   texts = tl.reap(procs, "the two c4_process_helper.py processes", stacks_signal=signal.SIGUSR1)
-  assert [proc.returncode for proc, _ in procs] == [0, 0], "\n".join(
-      f"--- process {i} (exit {proc.returncode}): {text[-3000:]}"
-      for i, ((proc, _), text) in enumerate(zip(procs, texts)))
+  assert [proc.returncode for proc, _ in procs] == [0, 0], tl.tails(texts)
   with open(os.path.join(out_dir, "summary.json")) as f:
     return json.load(f)

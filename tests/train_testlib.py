@@ -196,6 +196,12 @@ def reap(procs, what: str = "the helper processes", idle_s: float = IDLE_S,
   return texts
 
 
+def tails(texts: list[str], chars: int = 3000) -> str:
+  """Every process's log tail (from `reap`), for a failure message: a failure between
+  processes has a side in each."""
+  return "\n".join(f"--- process {i}: {text[-chars:]}" for i, text in enumerate(texts))
+
+
 def run(args, *, capture_output: bool = False, text: bool = False, check: bool = False,
         idle_s: float = IDLE_S, **kwargs) -> subprocess.CompletedProcess:
   """`subprocess.run(args, ...)` without a wall-clock `timeout`: waits while the process

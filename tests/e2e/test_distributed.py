@@ -36,9 +36,10 @@ def _run(args, out_dir, name):
 def _wait_all(procs, out_dir):
   del out_dir
   texts = tl.reap(procs, "the training processes", stacks_signal=signal.SIGUSR1)
-  if any(proc.returncode != 0 for proc, _ in procs):  # Every log: a hang has two halves.
-    pytest.fail("\n".join(f"--- {proc.args} exited with {proc.returncode}:\n{text[-4000:]}"
-                          for (proc, _), text in zip(procs, texts)))
+  codes = [proc.returncode for proc, _ in procs]
+  if any(codes):
+    pytest.fail(f"train_helper.py {procs[0][0].args[2]} exited with {codes}:\n"
+                f"{tl.tails(texts, 4000)}")
 
 
 def test_four_fake_devices_data_parallel_and_fsdp_match_one_device(tmp_path):

@@ -65,11 +65,6 @@ def _finish(procs):
   return [proc.returncode for proc, _ in procs], texts
 
 
-def _tails(texts) -> str:
-  """Every process's log tail: a failure between processes has a side in each."""
-  return "\n".join(f"--- process {i}: {text[-3000:]}" for i, text in enumerate(texts))
-
-
 def _wait_for_training(log_path, procs):
   def trained():
     with open(log_path) as f:
@@ -89,7 +84,7 @@ def _preempt_then_rerun(tmp_path, workdir, launch, steps=STEPS):
   for proc, _ in procs:
     proc.send_signal(signal.SIGTERM)
   codes, texts = _finish(procs)
-  assert codes == [preemption.EXIT_CODE] * len(procs), (codes, _tails(texts))
+  assert codes == [preemption.EXIT_CODE] * len(procs), (codes, tl.tails(texts))
   saved = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
   stopped = max(saved)
   assert 8 <= stopped < steps, saved
@@ -98,7 +93,7 @@ def _preempt_then_rerun(tmp_path, workdir, launch, steps=STEPS):
   for text in texts:
     assert f"preempted: checkpoint saved at step {stopped}" in text, text[-2000:]
   codes, texts = _finish(launch(tmp_path / "second"))
-  assert codes == [0] * len(procs), _tails(texts)
+  assert codes == [0] * len(procs), tl.tails(texts)
   assert restore.restore_params(str(workdir)).step == steps
   return stopped
 
@@ -141,7 +136,7 @@ def test_two_processes_agree_on_the_preemption_step(tmp_path):
   _preempt_then_rerun(tmp_path, workdir, launch_pair(workdir), TWO_PROCESS_STEPS)
   reference = tmp_path / "uninterrupted"
   codes, texts = _finish(launch_pair(reference)(tmp_path / "reference"))
-  assert codes == [0, 0], _tails(texts)
+  assert codes == [0, 0], tl.tails(texts)
   _assert_same_params(workdir, reference, TWO_PROCESS_STEPS)
 
 
